@@ -1,0 +1,47 @@
+"""Turning a conversation into prompt token ids: the model's chat template, or Vicuna v1.1 without one."""
+
+from __future__ import annotations
+
+VICUNA_SYSTEM = (
+    "A chat between a curious user and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the user's questions."
+)
+
+# FastChat's "vicuna_v1.1" conversation (sep " ", sep2 "</s>") written as a Jinja chat template, so that a
+# tokenizer carrying it renders exactly what the fallback below renders by hand.
+VICUNA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}"
+    "{% set loop_messages = messages[1:] %}"
+    "{% else %}" + VICUNA_SYSTEM + "{% set loop_messages = messages %}{% endif %}{{ ' ' }}"
+    "{% for message in loop_messages %}"
+    "{% if message['role'] == 'user' %}{{ 'USER: ' + message['content'] + ' ' }}"
+    "{% else %}{{ 'ASSISTANT: ' + message['content'] + eos_token }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+
+
+def vicuna_prompt(messages: list[dict[str, str]], bos: str = "", eos: str = "</s>") -> str:
+    """Render a conversation (ending with a user turn) in the Vicuna v1.1 format, generation prompt included."""
+    system = VICUNA_SYSTEM
+    if messages and messages[0]["role"] == "system":
+        system, messages = messages[0]["content"], messages[1:]
+    text = bos + system + " "
+    for message in messages:
+        if message["role"] == "user":
+            text += "USER: " + message["content"] + " "
+        else:
+            text += "ASSISTANT: " + message["content"] + eos
+    return text + "ASSISTANT:"
+
+
+def prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of the prompt for the next assistant turn of `messages`."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+    text = vicuna_prompt(messages, eos=tokenizer.eos_token or "</s>")
+    return tokenizer(text, add_special_tokens=True)["input_ids"]

@@ -1,0 +1,97 @@
+"""The one decode loop every method shares: propose -> verify -> accept -> commit -> update."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from . import acceptance
+from .errors import SpecbenchError
+from .methods.base import Proposer
+from .sampling import probabilities
+from .target import Target
+
+
+@dataclass(frozen=True)
+class Step:
+    accept_length: int  # tokens this step appended (the target's own token included)
+    tested: int  # draft depth examined along the accepted path (see acceptance.Accepted)
+    tree_size: int  # tokens sent to the target in the verification forward
+    draft_time: float
+    verify_time: float  # the target's forward, acceptance and cache commit
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # new tokens, up to and including the first stop token
+    steps: list[Step] = field(default_factory=list)
+    wall_time: float = 0.0
+    prefill_draft_time: float = 0.0  # the proposer's own set-up for this turn (e.g. the draft's prefill)
+
+    @property
+    def accept_lengths(self) -> list[int]:
+        return [s.accept_length for s in self.steps]
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def decode(
+    target: Target,
+    proposer: Proposer,
+    prompt: list[int],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    stop_ids: set[int],
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """Generate up to max_new_tokens after `prompt`, timing prefill to last token (device synchronised)."""
+    if max_new_tokens <= 0:
+        raise SpecbenchError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    if len(prompt) >= target.context_length:
+        raise SpecbenchError(
+            f"prompt of {len(prompt)} tokens does not fit the model's context of {target.context_length} tokens"
+        )
+    budget = min(max_new_tokens, target.context_length - len(prompt))
+    device = target.device
+    start = _clock(device)
+    target.reset()
+    if len(prompt) > 1:
+        target.forward(prompt[:-1])
+    proposer.start(prompt, temperature, generator)
+    tokens = list(prompt)
+    gen = Generation([], prefill_draft_time=_clock(device) - start)
+    while len(gen.tokens) < budget:
+        remaining = budget - len(gen.tokens)
+        t0 = _clock(device)
+        proposal = proposer.propose(tokens).pruned(remaining - 1)
+        t1 = _clock(device)
+        past = target.cached
+        logits = target.verify(tokens[-1], proposal.tree)
+        if temperature == 0:
+            accepted = acceptance.greedy(proposal.tree, logits)
+        else:
+            probs = probabilities(logits, temperature)
+            accepted = acceptance.speculative_sampling(proposal.tree, probs, proposal.draft_probs, generator)
+        target.commit(past, [0, *accepted.rows])
+        new = [proposal.tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
+        stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
+        if stop_at is not None:
+            new = new[: stop_at + 1]
+        new = new[:remaining]
+        tokens.extend(new)
+        gen.tokens.extend(new)
+        t2 = _clock(device)
+        proposer.update(tokens, proposal, accepted)
+        t3 = _clock(device)
+        gen.steps.append(Step(len(new), accepted.tested, len(proposal.tree) + 1, t1 - t0 + t3 - t2, t2 - t1))
+        if stop_at is not None:
+            break
+    gen.wall_time = _clock(device) - start
+    return gen

@@ -1,0 +1,48 @@
+"""Chain speculative sampling: a small draft model sharing the tokenizer drafts k tokens autoregressively."""
+
+from __future__ import annotations
+
+import torch
+
+from ..acceptance import Accepted
+from ..sampling import probabilities, sample
+from ..target import Target
+from ..tree import chain
+from .base import NO_PROPOSAL, Proposal, Proposer
+
+
+class DraftModel(Proposer):
+    name = "sps"
+
+    def __init__(self, draft_model, num_draft_tokens: int = 4) -> None:
+        if num_draft_tokens < 1:
+            raise ValueError("sps needs num_draft_tokens >= 1")
+        self.draft = Target(draft_model)
+        self.k = num_draft_tokens
+
+    def start(self, prompt: list[int], temperature: float, generator: torch.Generator | None) -> None:
+        super().start(prompt, temperature, generator)
+        self.draft.reset()
+        if len(prompt) > 1:
+            self.draft.forward(prompt[:-1])
+
+    def propose(self, tokens: list[int]) -> Proposal:
+        if len(tokens) + self.k > self.draft.context_length:
+            return NO_PROPOSAL
+        logits = self.draft.forward(tokens[self.draft.cached :])[-1]
+        drafted: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(self.k):
+            if self.temperature == 0:
+                drafted.append(int(logits.argmax()))
+            else:
+                q = probabilities(logits, self.temperature)
+                rows.append(q)
+                drafted.append(sample(q, self.generator))
+            if i < self.k - 1:
+                logits = self.draft.forward(drafted[-1:])[-1]
+        return Proposal(chain(drafted), torch.stack(rows) if rows else None)
+
+    def update(self, tokens: list[int], proposal: Proposal, accepted: Accepted) -> None:
+        # Cached drafted tokens stay valid up to the last accepted one; the newest token is the next root.
+        self.draft.crop(min(self.draft.cached, len(tokens) - 1))
