@@ -1,0 +1,96 @@
+"""Every number of docs/metrics.md, defined once. Inputs are lists of `results.Answer`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .results import Answer
+
+
+def tau(answers: list[Answer]) -> float:
+    """Mean accepted length: total new tokens / total decoding steps (the target's own token counted)."""
+    steps = sum(sum(a.decoding_steps) for a in answers)
+    return sum(sum(a.new_tokens) for a in answers) / steps if steps else float("nan")
+
+
+def acceptance_by_position(answers: list[Answer], max_depth: int | None = None) -> list[float]:
+    """alpha_k for k = 1..: among steps that examined draft depth k, the share that accepted the k-th token."""
+    tested: list[int] = []
+    accepted: list[int] = []
+    for a in answers:
+        if a.tested is None:
+            continue
+        tested.extend(a.tested)
+        accepted.extend(n - 1 for n in a.accept_lengths)
+    if not tested:
+        return []
+    tested_arr, accepted_arr = np.asarray(tested), np.asarray(accepted)
+    depth = int(tested_arr.max()) if max_depth is None else max_depth
+    out = []
+    for k in range(1, depth + 1):
+        reached = tested_arr >= k
+        out.append(float((accepted_arr[reached] >= k).mean()) if reached.any() else float("nan"))
+    return out
+
+
+def question_throughput(answer: Answer) -> float:
+    """Tokens/s of one question: its new tokens over its wall time, all turns."""
+    return sum(answer.new_tokens) / sum(answer.wall_time)
+
+
+def tokens_per_second(answers: list[Answer]) -> float:
+    return sum(sum(a.new_tokens) for a in answers) / sum(sum(a.wall_time) for a in answers)
+
+
+@dataclass(frozen=True)
+class Speedup:
+    value: float
+    low: float  # 95% bootstrap interval over questions
+    high: float
+    pairs: int
+
+
+def paired_speedup(method: list[Answer], baseline: list[Answer], n_boot: int = 2000, seed: int = 0) -> Speedup:
+    """Geometric mean over questions of tokens/s(method) / tokens/s(baseline), paired by question id."""
+    base = {a.question_id: question_throughput(a) for a in baseline}
+    logs = np.array([np.log(question_throughput(a) / base[a.question_id]) for a in method if a.question_id in base])
+    if logs.size == 0:
+        return Speedup(float("nan"), float("nan"), float("nan"), 0)
+    rng = np.random.default_rng(seed)
+    boot = logs[rng.integers(0, logs.size, size=(n_boot, logs.size))].mean(axis=1)
+    low, high = np.exp(np.percentile(boot, [2.5, 97.5]))
+    return Speedup(float(np.exp(logs.mean())), float(low), float(high), int(logs.size))
+
+
+def spec_bench_speedup(method: list[Answer], baseline: list[Answer]) -> float:
+    """Spec-Bench's definition: mean per-question tokens/s of the method / that of the baseline (unpaired)."""
+    if not method or not baseline:
+        return float("nan")
+    return float(np.mean([question_throughput(a) for a in method]) / np.mean([question_throughput(a) for a in baseline]))
+
+
+def roofline_efficiency(speedup: float, tau_value: float, t1: float, tn: float, draft: float) -> float:
+    """Measured speedup / the overhead-free speedup tau * T(1) / (T(n) + D) at the same tau."""
+    return speedup / (tau_value * t1 / (tn + draft))
+
+
+@dataclass(frozen=True)
+class Losslessness:
+    questions: int
+    exact: int
+    near_ties: int  # first divergence where the target's top-1/top-2 margin is below the threshold
+    bugs: int  # first divergence with a clear margin
+
+    @property
+    def exact_rate(self) -> float:
+        return self.exact / self.questions if self.questions else float("nan")
+
+
+def losslessness(answers: list[Answer]) -> Losslessness:
+    """Greedy token-by-token agreement with vanilla, from each answer's recorded greedy_check."""
+    checked = [a.greedy_check for a in answers if a.greedy_check is not None]
+    exact = sum(1 for c in checked if c["match"])
+    ties = sum(1 for c in checked if not c["match"] and c["near_tie"])
+    return Losslessness(len(checked), exact, ties, len(checked) - exact - ties)

@@ -1,0 +1,168 @@
+"""Answer files: Spec-Bench-compatible JSON lines plus our extra fields, appended and read back."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import SpecbenchError
+
+SPEC_BENCH_MT_LABELS = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+
+
+@dataclass
+class Answer:
+    """One question answered by one method at one temperature (all its turns)."""
+
+    question_id: int | str
+    category: str
+    group: str
+    method: str
+    temperature: float
+    model: str
+    task: str
+    new_tokens: list[int]  # per turn
+    wall_time: list[float]  # per turn
+    decoding_steps: list[int]  # per turn
+    accept_lengths: list[int]  # per step, all turns
+    turns: list[str] = field(default_factory=list)
+    tested: list[int] | None = None  # per step: draft depth examined (None in Spec-Bench files)
+    tree_size: list[int] | None = None  # per step
+    draft_time: float | None = None  # seconds, all turns
+    verify_time: float | None = None
+    output_ids: list[list[int]] | None = None  # per turn
+    seed: int | None = None
+    lossless_rule: bool = True
+    greedy_check: dict | None = None  # vs vanilla at temperature 0: match, turn, position, margin, near_tie
+
+    def to_record(self, model_id: str) -> dict:
+        """A Spec-Bench answer line, with our fields under "specbench"."""
+        return {
+            "question_id": self.question_id,
+            "category": self.category,
+            "answer_id": uuid.uuid4().hex[:22],
+            "model_id": model_id,
+            "choices": [
+                {
+                    "index": 0,
+                    "turns": self.turns,
+                    "decoding_steps": self.decoding_steps,
+                    "new_tokens": self.new_tokens,
+                    "wall_time": self.wall_time,
+                    "accept_lengths": self.accept_lengths,
+                }
+            ],
+            "tstamp": time.time(),
+            "specbench": {
+                "group": self.group,
+                "method": self.method,
+                "temperature": self.temperature,
+                "model": self.model,
+                "task": self.task,
+                "seed": self.seed,
+                "lossless_rule": self.lossless_rule,
+                "tested": self.tested,
+                "tree_size": self.tree_size,
+                "draft_time": self.draft_time,
+                "verify_time": self.verify_time,
+                "output_ids": self.output_ids,
+                "greedy_check": self.greedy_check,
+            },
+        }
+
+
+def spec_bench_group(category: str) -> str:
+    return "mt_bench" if category in SPEC_BENCH_MT_LABELS else category
+
+
+_NAME = re.compile(r"^(?P<model>.+?)-(?P<method>vanilla|baseline|[a-z0-9_]+(?:-[0-9a-z]+)?)-(?:float16|float32|bfloat16)"
+                   r"-temp(?:erature)?-(?P<temp>[0-9.]+)$")
+
+
+def _from_spec_bench_name(stem: str) -> tuple[str, str, float]:
+    """Model, method and temperature from a Spec-Bench answer file name, e.g. vicuna-7b-v1.3-sps-68m-float16-temp-0.0."""
+    match = _NAME.match(stem)
+    if not match:
+        return stem, stem, 0.0
+    method = "vanilla" if match["method"] == "baseline" else match["method"]
+    return match["model"], method, float(match["temp"])
+
+
+def from_record(record: dict, source: Path) -> Answer:
+    choice = record["choices"][0]
+    extra = record.get("specbench")
+    if extra is None:  # written by Spec-Bench itself
+        model, method, temperature = _from_spec_bench_name(source.stem)
+        extra = {"group": spec_bench_group(record["category"]), "method": method, "temperature": temperature,
+                 "model": model, "task": "spec_bench"}
+    return Answer(
+        question_id=record["question_id"],
+        category=record["category"],
+        group=extra["group"],
+        method=extra["method"],
+        temperature=float(extra["temperature"]),
+        model=extra["model"],
+        task=extra["task"],
+        new_tokens=list(choice["new_tokens"]),
+        wall_time=list(choice["wall_time"]),
+        decoding_steps=list(choice["decoding_steps"]),
+        accept_lengths=list(choice["accept_lengths"]),
+        turns=list(choice.get("turns", [])),
+        tested=extra.get("tested"),
+        tree_size=extra.get("tree_size"),
+        draft_time=extra.get("draft_time"),
+        verify_time=extra.get("verify_time"),
+        output_ids=extra.get("output_ids"),
+        seed=extra.get("seed"),
+        lossless_rule=extra.get("lossless_rule", True),
+        greedy_check=extra.get("greedy_check"),
+    )
+
+
+def read_file(path: Path) -> list[Answer]:
+    """Complete lines of an answer file (a line cut short by a killed run is ignored)."""
+    answers = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                answers.append(from_record(json.loads(line), path))
+            except json.JSONDecodeError:
+                if line.endswith("\n"):
+                    raise SpecbenchError(f"{path}:{lineno}: not valid JSON") from None
+            except (KeyError, IndexError, TypeError) as err:
+                raise SpecbenchError(f"{path}:{lineno}: not an answer record (missing {err})") from err
+    return answers
+
+
+def read_answers(path: str | Path) -> list[Answer]:
+    """Every answer under a run folder or a folder of answer files, or in one answer file."""
+    path = Path(path)
+    if path.is_file():
+        return read_file(path)
+    if not path.is_dir():
+        raise SpecbenchError(f"{path} is neither a run folder nor an answer file")
+    files = sorted(path.rglob("*.jsonl"))
+    if not files:
+        raise SpecbenchError(f"{path} holds no answer files (*.jsonl)")
+    return [a for f in files for a in read_file(f)]
+
+
+def append(path: Path, answer: Answer, model_id: str) -> None:
+    """Append one answer and flush it to disk, so a killed run loses at most the question in progress."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+        _drop_partial_line(path)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(answer.to_record(model_id), ensure_ascii=False) + "\n")
+        f.flush()
+
+
+def _drop_partial_line(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: data.rfind(b"\n") + 1])

@@ -1,0 +1,263 @@
+"""Runs the matrix tasks x temperatures x methods for one model: warm-up, seeding, timing, resumable output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from . import __version__, methods, models, tasks
+from .chat import prompt_ids
+from .decode import Generation, decode
+from .errors import SpecbenchError
+from .results import Answer, append, read_file
+from .target import Target
+from .verify import greedy_check
+
+
+@dataclass
+class RunConfig:
+    model: str = "tiny"
+    methods: list[str] = field(default_factory=lambda: ["vanilla", "sps", "pld"])
+    tasks: list[str] = field(default_factory=lambda: ["quick"])
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    limit: int | None = None  # questions per category
+    max_new_tokens: int | None = None  # None: each task's own default
+    device: str = "auto"
+    dtype: str = "auto"
+    out: str | None = None
+    data_dir: str | None = None
+    seed: int = 0
+    draft: str | None = None
+    fields: dict[str, str] = field(default_factory=dict)
+    warmup: bool = True
+    progress: bool = True
+
+
+def question_seed(base: int, question_id: int | str, temperature: float) -> int:
+    """A seed per question (and temperature), stable across methods and runs."""
+    return zlib.crc32(f"{base}/{question_id}/{temperature}".encode())
+
+
+def default_out(cfg: RunConfig) -> Path:
+    """The same command resumes into the same folder."""
+    key = json.dumps([cfg.model, sorted(cfg.tasks), cfg.limit, cfg.max_new_tokens, cfg.dtype, cfg.seed])
+    return Path("results") / f"{Path(cfg.model).name}-{'+'.join(Path(t).stem for t in cfg.tasks)}-{zlib.crc32(key.encode()):08x}"
+
+
+def _git_revision() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def machine(device: torch.device) -> dict:
+    import transformers
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    return {
+        "device": device.type,
+        "device_name": name,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "specbench": __version__,
+        "git_revision": _git_revision(),
+    }
+
+
+@torch.inference_mode()
+def forward_profile(target: Target, context: int = 256, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+                    repeats: int = 5) -> dict[int, float]:
+    """Median seconds of one target forward over k new tokens after `context` cached tokens (for roofline)."""
+    context = min(context, target.context_length - max(sizes) - 1)
+    vocab = target.model.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    filler = torch.randint(0, vocab, (context + max(sizes),), generator=generator).tolist()
+    target.reset()
+    target.forward(filler[:context])
+    out = {}
+    for k in sizes:
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            target.forward(filler[context : context + k])
+            if target.device.type == "cuda":
+                torch.cuda.synchronize(target.device)
+            times.append(time.perf_counter() - start)
+            target.crop(context)
+        out[k] = sorted(times[1:])[len(times[1:]) // 2]
+    return out
+
+
+class Session:
+    """A loaded target model with its tokenizer, ready to run methods over questions."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.spec = models.resolve(cfg.model)
+        self.device = models.pick_device(cfg.device)
+        self.dtype = models.pick_dtype(cfg.dtype, self.device)
+        self.tokenizer = models.load_tokenizer(self.spec.path)
+        self.model = models.load_causal_lm(self.spec.path, self.device, self.dtype)
+        self.target = Target(self.model)
+        self.stop_ids = models.stop_ids(self.tokenizer, self.model)
+        self.resources = methods.Resources(self.spec, self.model, self.tokenizer, self.device, self.dtype, cfg.draft)
+
+    def answer(self, proposer, question: tasks.Question, max_new_tokens: int, temperature: float, seed: int):
+        """Decode every turn, feeding the model's own earlier answers back. Returns generations and prompts."""
+        generator = torch.Generator(self.device).manual_seed(seed)
+        messages: list[dict[str, str]] = []
+        gens: list[Generation] = []
+        prompts: list[list[int]] = []
+        texts: list[str] = []
+        for turn in question.turns:
+            messages.append({"role": "user", "content": turn})
+            ids = prompt_ids(self.tokenizer, messages)
+            if len(ids) >= self.target.context_length:
+                raise SpecbenchError(
+                    f"question {question.id}: its prompt has {len(ids)} tokens, more than the model's context of "
+                    f"{self.target.context_length}; drop it from the task or use a model with a longer context"
+                )
+            gen = decode(self.target, proposer, ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                         stop_ids=self.stop_ids, generator=generator)
+            text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True).strip()
+            messages.append({"role": "assistant", "content": text})
+            gens.append(gen)
+            prompts.append(ids)
+            texts.append(text)
+        return gens, prompts, texts
+
+
+def _answer_record(question, task, method, lossless, temperature, model_name, seed, gens, texts) -> Answer:
+    return Answer(
+        question_id=question.id,
+        category=question.category,
+        group=question.group,
+        method=method,
+        temperature=temperature,
+        model=model_name,
+        task=task,
+        new_tokens=[len(g.tokens) for g in gens],
+        wall_time=[g.wall_time for g in gens],
+        decoding_steps=[len(g.steps) for g in gens],
+        accept_lengths=[s.accept_length for g in gens for s in g.steps],
+        turns=texts,
+        tested=[s.tested for g in gens for s in g.steps],
+        tree_size=[s.tree_size for g in gens for s in g.steps],
+        draft_time=sum(g.prefill_draft_time + sum(s.draft_time for s in g.steps) for g in gens),
+        verify_time=sum(sum(s.verify_time for s in g.steps) for g in gens),
+        output_ids=[g.tokens for g in gens],
+        seed=seed,
+        lossless_rule=lossless,
+    )
+
+
+def _check_manifest(path: Path, manifest: dict) -> None:
+    """A resumed run must have the settings it started with; otherwise its numbers would mix."""
+    if not path.exists():
+        path.write_text(json.dumps(manifest, indent=2))
+        return
+    old = json.loads(path.read_text())
+    keys = ("model", "dtype", "device", "max_new_tokens", "seed", "limit")
+    differ = [k for k in keys if old["config"].get(k) != manifest["config"].get(k)]
+    if old["machine"]["device_name"] != manifest["machine"]["device_name"]:
+        differ.append("machine")
+    if differ:
+        raise SpecbenchError(
+            f"{path.parent} holds a run with different {', '.join(differ)}: pass another --out to start a new run"
+        )
+    merged = {**old, "config": {**old["config"], "methods": sorted(set(old["config"]["methods"]) |
+                                                                   set(manifest["config"]["methods"]))}}
+    path.write_text(json.dumps(merged, indent=2))
+
+
+def answer_path(run_dir: Path, task: str, method: str, temperature: float) -> Path:
+    return run_dir / "answers" / task / f"{method}-temperature-{temperature:g}.jsonl"
+
+
+def run(cfg: RunConfig) -> Path:
+    """Run the matrix; returns the run folder. Re-running the same command resumes where it stopped."""
+    names = methods.available() if "all" in cfg.methods else list(dict.fromkeys(cfg.methods))
+    for name in names:
+        methods.preset(name)
+    names = ["vanilla", *[n for n in names if n != "vanilla"]]  # every speedup needs vanilla, run first
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens <= 0:
+        raise SpecbenchError(f"--max-new-tokens must be positive, got {cfg.max_new_tokens}")
+    if any(t < 0 for t in cfg.temperatures):
+        raise SpecbenchError("temperatures must be >= 0")
+    task_list = [tasks.load(t, cfg.data_dir, cfg.fields) for t in cfg.tasks]
+    session = Session(cfg)
+    run_dir = Path(cfg.out) if cfg.out else default_out(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    manifest = {"config": {**asdict(cfg), "methods": names, "device": session.device.type,
+                           "dtype": str(session.dtype).removeprefix("torch.")},
+                "model": {"name": session.spec.name, "path": session.spec.path, "draft": cfg.draft or session.spec.draft},
+                "machine": machine(session.device), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    _check_manifest(run_dir / "manifest.json", manifest)
+    profile_path = run_dir / "forward_profile.json"
+    if not profile_path.exists():
+        profile_path.write_text(json.dumps(forward_profile(session.target)))
+
+    plan = []
+    for task in task_list:
+        questions = tasks.limit_per_category(task.questions, cfg.limit)
+        budget = cfg.max_new_tokens or task.max_new_tokens or 256
+        for temperature in cfg.temperatures:
+            for name in names:
+                path = answer_path(run_dir, task.name, name, temperature)
+                done = {a.question_id for a in read_file(path)} if path.exists() else set()
+                pending = [q for q in questions if q.id not in done]
+                plan.append((task, questions, budget, temperature, name, path, pending))
+    total = sum(len(p[-1]) for p in plan)
+    bar = tqdm(total=total, desc="questions", unit="q", disable=not cfg.progress, dynamic_ncols=True)
+    proposers: dict[str, methods.Proposer] = {}
+    for task, questions, budget, temperature, name, path, pending in plan:
+        if not pending:
+            continue
+        proposer = proposers.get(name) or proposers.setdefault(name, methods.build(name, session.resources))
+        lossless = bool(methods.preset(name).get("lossless", True))
+        bar.set_description(f"{task.name} T={temperature:g} {name}")
+        if cfg.warmup:
+            session.answer(proposer, questions[0], budget, temperature, 0)
+        reference = {}
+        if temperature == 0 and name != "vanilla":
+            reference = {a.question_id: a for a in read_file(answer_path(run_dir, task.name, "vanilla", 0.0))}
+        for question in pending:
+            seed = question_seed(cfg.seed, question.id, temperature)
+            gens, prompts, texts = session.answer(proposer, question, budget, temperature, seed)
+            answer = _answer_record(question, task.name, name, lossless, temperature, session.spec.name, seed,
+                                    gens, texts)
+            if question.id in reference:
+                ref = reference[question.id]
+                ref_prompts = _reference_prompts(session, question, ref.turns)
+                answer.greedy_check = greedy_check(session.model, answer.output_ids, ref.output_ids, ref_prompts)
+            append(path, answer, f"{session.spec.name}-{name}-temperature-{temperature:g}")
+            bar.update(1)
+    bar.close()
+    return run_dir
+
+
+def _reference_prompts(session: Session, question: tasks.Question, answers: list[str]) -> list[list[int]]:
+    """Vanilla's prompt ids for each turn, rebuilt from its answer texts."""
+    messages: list[dict[str, str]] = []
+    prompts = []
+    for turn, text in zip(question.turns, answers, strict=False):
+        messages.append({"role": "user", "content": turn})
+        prompts.append(prompt_ids(session.tokenizer, messages))
+        messages.append({"role": "assistant", "content": text})
+    return prompts

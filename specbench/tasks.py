@@ -1,0 +1,169 @@
+"""Tasks: a YAML preset (or a user's JSONL file) -> questions with ids, categories and one or more turns."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import presets
+from .errors import SpecbenchError
+
+CACHE_DIR = Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
+
+
+@dataclass(frozen=True)
+class Question:
+    id: int | str
+    category: str  # the label stored in the data (Spec-Bench's 13 labels for spec_bench)
+    group: str  # the reporting category (Spec-Bench's six subtasks for spec_bench)
+    turns: list[str]
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    description: str
+    questions: list[Question]
+    max_new_tokens: int | None = None
+
+
+def available() -> list[str]:
+    return presets.names("tasks")
+
+
+def data_dir(explicit: str | Path | None) -> Path | None:
+    """--data-dir, else $SPECBENCH_DATA_DIR, else none (then files are downloaded)."""
+    value = explicit or os.environ.get("SPECBENCH_DATA_DIR")
+    return Path(value).expanduser() if value else None
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _download(url: str, sha256: str | None, dest: Path) -> Path:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(dest.suffix + ".part")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, tmp.open("wb") as f:
+            f.write(response.read())
+    except OSError as err:
+        raise SpecbenchError(
+            f"could not download {url} ({err}): pass --data-dir with a local copy, or set SPECBENCH_DATA_DIR"
+        ) from err
+    if sha256 and _sha256(tmp) != sha256:
+        tmp.unlink()
+        raise SpecbenchError(f"{url} does not match its recorded sha256 {sha256}: the upstream file changed")
+    tmp.replace(dest)
+    return dest
+
+
+def _source_file(source: dict, data: Path | None) -> Path:
+    """The task's data file: in the data dir, in the download cache, or downloaded now."""
+    rel = source["file"]
+    if data is not None and (data / rel).is_file():
+        return data / rel
+    cached = CACHE_DIR / "data" / rel
+    if cached.is_file() and (not source.get("sha256") or _sha256(cached) == source["sha256"]):
+        return cached
+    if not source.get("url"):
+        where = f"{data / rel}" if data else f"<data-dir>/{rel}"
+        raise SpecbenchError(f"this task reads {where}: pass --data-dir (or set SPECBENCH_DATA_DIR) to a folder with it")
+    return _download(source["url"], source.get("sha256"), cached)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise SpecbenchError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+            if not isinstance(record, dict):
+                raise SpecbenchError(f"{path}:{lineno}: expected a JSON object per line")
+            records.append(record)
+    return records
+
+
+def _questions(records: list[dict], path: Path, fields: dict, default_category: str, groups: dict) -> list[Question]:
+    """Map raw records to questions. fields: id, category, turns (a list field) or prompt (a template or field)."""
+    group_of = {label: group for group, labels in groups.items() for label in labels}
+    questions = []
+    for i, record in enumerate(records, 1):
+        where = f"{path}:{i}"
+        try:
+            if "turns" in fields:
+                turns = record[fields["turns"]]
+                turns = [turns] if isinstance(turns, str) else list(turns)
+            else:
+                template = fields.get("prompt", "{prompt}")
+                template = template if "{" in template else "{" + template + "}"
+                turns = [template.format(**record)]
+        except KeyError as err:
+            raise SpecbenchError(
+                f"{where}: no '{err.args[0]}' field (map the prompt with --field prompt=NAME or turns=NAME)"
+            ) from err
+        if not turns or not all(isinstance(t, str) and t for t in turns):
+            raise SpecbenchError(f"{where}: the prompt must be a non-empty string or list of strings")
+        qid = record.get(fields.get("id", "question_id"), record.get("id", i))
+        category = str(record.get(fields.get("category", "category"), default_category))
+        questions.append(Question(qid, category, group_of.get(category, category), turns))
+    if len({q.id for q in questions}) != len(questions):
+        raise SpecbenchError(f"{path}: question ids are not unique (map a unique field with --field id=NAME)")
+    return questions
+
+
+def from_jsonl(path: str | Path, field_map: dict[str, str] | None = None) -> Task:
+    """A user's JSONL file: `turns` (list) or `prompt`/`question`/`instruction` (string) per line, by default."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecbenchError(f"task file {path} does not exist")
+    records = read_jsonl(path)
+    if not records:
+        raise SpecbenchError(f"{path}: no records")
+    fields = dict(field_map or {})
+    if "turns" not in fields and "prompt" not in fields:
+        first = records[0]
+        key = next((k for k in ("turns", "prompt", "question", "instruction", "text") if k in first), None)
+        if key is None:
+            raise SpecbenchError(f"{path}:1: no turns/prompt/question/instruction/text field: map one with --field")
+        fields["turns" if key == "turns" else "prompt"] = key
+    return Task(path.stem, f"questions from {path}", _questions(records, path, fields, path.stem, {}))
+
+
+def load(name: str, data: str | Path | None = None, field_map: dict[str, str] | None = None) -> Task:
+    """A preset name from tasks/, or a path to a .jsonl file."""
+    if name.endswith(".jsonl") or Path(name).is_file():
+        return from_jsonl(name, field_map)
+    spec = presets.load("tasks", name)
+    groups = spec.get("category_groups") or {}
+    if "questions" in spec:
+        records, path = spec["questions"], presets.preset_dir("tasks") / f"{name}.yaml"
+    else:
+        path = _source_file(spec["source"], data_dir(data))
+        records = read_jsonl(path)
+    fields = {**(spec.get("fields") or {"turns": "turns"}), **(field_map or {})}
+    questions = _questions(records, path, fields, spec.get("category", name), groups)
+    return Task(name, spec.get("description", ""), questions, spec.get("max_new_tokens"))
+
+
+def limit_per_category(questions: list[Question], limit: int | None) -> list[Question]:
+    """The first `limit` questions of each reporting category, in file order."""
+    if limit is None:
+        return questions
+    if limit < 1:
+        raise SpecbenchError(f"--limit must be at least 1, got {limit}")
+    seen: dict[str, int] = {}
+    out = []
+    for q in questions:
+        if seen.get(q.group, 0) < limit:
+            seen[q.group] = seen.get(q.group, 0) + 1
+            out.append(q)
+    return out

@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny random-weight models written to disk like any Hugging Face checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specbench import tasks
+from specbench.zoo.tokenizer import train_tokenizer
+
+torch.set_num_threads(1)  # correctness tests: tiny ops gain nothing from threads and lose a lot under load
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"shared data not found at {SHARED_DATA}")
+
+
+def random_llama(vocab: int, *, layers: int = 2, hidden: int = 64, seed: int = 0, context: int = 1024,
+                 init: float = 0.02) -> LlamaForCausalLM:
+    """A random Llama; a large `init` makes its next-token distributions peaked (useful for sampling tests)."""
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
+                         initializer_range=init, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> tuple[Path, Path]:
+    """(target folder, draft folder): random weights, a BPE tokenizer trained on the built-in quick prompts."""
+    root = tmp_path_factory.mktemp("models")
+    text = [turn for q in tasks.load("quick").questions for turn in q.turns]
+    tokenizer = train_tokenizer(text * 3, vocab_size=400)
+    paths = []
+    for name, layers, seed in (("target", 2, 0), ("draft", 1, 1)):
+        model = random_llama(len(tokenizer), layers=layers, seed=seed, init=0.1)
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+        paths.append(root / name)
+    return paths[0], paths[1]

@@ -1,0 +1,96 @@
+import pytest
+import torch
+
+from specbench.decode import decode
+from specbench.errors import SpecbenchError
+from specbench.methods.pld import PromptLookup, find_continuation
+from specbench.methods.sps import DraftModel
+from specbench.methods.vanilla import Vanilla
+from specbench.target import Target
+from specbench.tree import Tree
+
+from .conftest import random_llama
+
+PROMPTS = [[1, 5, 7, 9, 5, 7, 9, 11, 3], [1, 20, 21, 22, 23, 20, 21], [1, 40]]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return random_llama(64, seed=0, init=0.3), random_llama(64, layers=1, seed=1, init=0.3)
+
+
+def greedy_tokens(target, proposer, prompt, n=40, stop=frozenset()):
+    return decode(Target(target), proposer, prompt, max_new_tokens=n, temperature=0, stop_ids=set(stop))
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_sps_and_pld_match_vanilla_token_for_token(pair, prompt):
+    target, draft = pair
+    reference = greedy_tokens(target, Vanilla(), prompt).tokens
+    for proposer in (PromptLookup(), PromptLookup(2, 3), DraftModel(draft, 4), DraftModel(draft, 1)):
+        assert greedy_tokens(target, proposer, prompt).tokens == reference, proposer.name
+
+
+def test_self_draft_is_fully_accepted(pair):
+    target, _ = pair
+    gen = greedy_tokens(target, DraftModel(target, 4), PROMPTS[0], n=40)
+    assert gen.accept_lengths == [5] * 8
+    assert [s.tested for s in gen.steps] == [4] * 8
+
+
+def test_vanilla_records_one_token_per_step(pair):
+    target, _ = pair
+    gen = greedy_tokens(target, Vanilla(), PROMPTS[0], n=17)
+    assert len(gen.tokens) == 17 and gen.accept_lengths == [1] * 17
+    assert all(s.tree_size == 1 for s in gen.steps)
+
+
+def test_stop_token_and_budget_cut_the_last_step(pair):
+    target, _ = pair
+    full = greedy_tokens(target, Vanilla(), PROMPTS[0], n=30).tokens
+    stop = full[12]
+    first = full.index(stop)
+    gen = greedy_tokens(target, DraftModel(target, 4), PROMPTS[0], n=30, stop={stop})
+    assert gen.tokens == full[: first + 1]
+    assert sum(gen.accept_lengths) == len(gen.tokens)
+    gen = greedy_tokens(target, DraftModel(target, 4), PROMPTS[0], n=7)
+    assert gen.tokens == full[:7] and sum(gen.accept_lengths) == 7
+
+
+def test_tree_commit_keeps_non_contiguous_rows(pair):
+    """Verify a tree whose accepted path skips rows; later logits must equal a fresh forward's."""
+    target, _ = pair
+    t = Target(target)
+    prompt = PROMPTS[0]
+    t.forward(prompt[:-1])
+    full = target(torch.tensor([prompt])).logits[0, -1]
+    a = int(full.argmax())
+    after_a = target(torch.tensor([prompt + [a]])).logits[0, -1]
+    b = int(after_a.argmax())
+    tree = Tree([(a + 1) % 64, a, 3, b], [-1, -1, 0, 1])  # rows: 1 wrong, 2 = a, 3 under wrong, 4 = b under a
+    past = t.cached
+    t.verify(prompt[-1], tree)
+    t.commit(past, [0, 2, 4])
+    assert t.cached == len(prompt) + 2
+    nxt = t.forward([int(after_a.argmax())])
+    expected = target(torch.tensor([prompt + [a, b, int(after_a.argmax())]])).logits[0, -1]
+    torch.testing.assert_close(nxt[-1], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_prompt_longer_than_context_is_refused():
+    target = random_llama(32, context=16)
+    with pytest.raises(SpecbenchError, match="context"):
+        decode(Target(target), Vanilla(), list(range(1, 20)), max_new_tokens=4, temperature=0, stop_ids=set())
+
+
+def test_nonpositive_budget_is_refused(pair):
+    with pytest.raises(SpecbenchError, match="positive"):
+        greedy_tokens(pair[0], Vanilla(), PROMPTS[0], n=0)
+
+
+def test_find_continuation_hand_worked():
+    assert find_continuation([1, 2, 3, 4, 1, 2], 3, 10) == [3, 4, 1, 2]
+    assert find_continuation([1, 2, 3, 4, 5], 3, 10) == []
+    assert find_continuation([5, 1, 2, 9, 1, 2], 2, 1) == [9]
+    assert find_continuation([9, 7, 8, 7], 3, 2) == [8, 7]  # n = 1 fallback: first 7 from the left
+    assert find_continuation([7], 3, 5) == []

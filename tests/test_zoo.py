@@ -1,0 +1,105 @@
+"""The tiny-family build pipeline, run end to end at smoke size."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specbench.chat import vicuna_prompt
+from specbench.zoo import build_family
+from specbench.zoo.corpus import build_corpus
+from specbench.zoo.evaluate import distinct2, repeated4
+from specbench.zoo.plan import FULL
+
+DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+pytestmark = pytest.mark.skipif(
+    not (DATA_DIR / "spec_bench").is_dir(), reason=f"training data not found at {DATA_DIR}"
+)
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("family")
+    build_family(out, DATA_DIR, smoke=True)
+    return out
+
+
+@pytest.mark.parametrize("name", ["target", "draft"])
+def test_saved_models_load_offline_in_float32(family: Path, name: str) -> None:
+    folder = family / name
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= {
+        p.name for p in folder.iterdir()
+    }
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert model.dtype == torch.float32
+    assert model.config.tie_word_embeddings
+    assert model.config.vocab_size == len(tokenizer)
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
+    out = model.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=3
+    )
+    assert out.shape[1] > ids.shape[1]
+
+
+def test_draft_is_shallower_than_target(family: Path) -> None:
+    target = json.loads((family / "target" / "config.json").read_text())
+    draft = json.loads((family / "draft" / "config.json").read_text())
+    assert draft["num_hidden_layers"] < target["num_hidden_layers"]
+    assert draft["vocab_size"] == target["vocab_size"]
+
+
+def test_chat_template_renders_vicuna(family: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(family / "target")
+    for messages in (
+        [{"role": "user", "content": "hi"}],
+        [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"},
+        ],
+    ):
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert rendered == vicuna_prompt(messages, bos="<s>")
+    text = "  Grüße, world!\n\n\tdone 42"
+    assert tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True) == text
+    assert tokenizer("x")["input_ids"][0] == tokenizer.bos_token_id
+
+
+def test_corpus_excludes_evaluation_prompts() -> None:
+    corpus = build_corpus(
+        DATA_DIR,
+        seed=0,
+        heldout_frac=FULL.heldout_frac,
+        max_article_chars=FULL.max_article_chars,
+        per_source_limit=None,
+    )
+    turns = set()
+    with open(DATA_DIR / "spec_bench" / "question.jsonl", encoding="utf-8") as f:
+        for line in f:
+            turns.update(t.strip() for t in json.loads(line)["turns"])
+    prompts = {c.prompt for c in corpus.train + corpus.heldout}
+    assert not prompts & turns
+    assert set(corpus.manifest) >= {"gsm8k_train", "xsum", "tatoeba_de_en"}
+    assert all(not s.startswith(("mt_bench", "spec_bench")) for s in corpus.manifest)
+
+
+def test_model_card_has_every_section(family: Path) -> None:
+    card = (family / "MODEL_CARD.md").read_text()
+    for section in ("## Corpus", "## Models", "## Training", "## Greedy samples"):
+        assert section in card
+    assert list(family.glob("*.png"))
+
+
+def test_degeneracy_statistics() -> None:
+    assert distinct2([1, 2, 1, 2]) == pytest.approx(2 / 3)
+    assert repeated4([1, 2, 3, 4, 1, 2, 3, 4]) == pytest.approx(1 / 5)
+    assert repeated4([1, 2]) == 0.0
