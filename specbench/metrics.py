@@ -68,7 +68,9 @@ def spec_bench_speedup(method: list[Answer], baseline: list[Answer]) -> float:
     """Spec-Bench's definition: mean per-question tokens/s of the method / that of the baseline (unpaired)."""
     if not method or not baseline:
         return float("nan")
-    return float(np.mean([question_throughput(a) for a in method]) / np.mean([question_throughput(a) for a in baseline]))
+    return float(
+        np.mean([question_throughput(a) for a in method]) / np.mean([question_throughput(a) for a in baseline])
+    )
 
 
 def roofline_efficiency(speedup: float, tau_value: float, t1: float, tn: float, draft: float) -> float:

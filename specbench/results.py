@@ -79,12 +79,14 @@ def spec_bench_group(category: str) -> str:
     return "mt_bench" if category in SPEC_BENCH_MT_LABELS else category
 
 
-_NAME = re.compile(r"^(?P<model>.+?)-(?P<method>vanilla|baseline|[a-z0-9_]+(?:-[0-9a-z]+)?)-(?:float16|float32|bfloat16)"
-                   r"-temp(?:erature)?-(?P<temp>[0-9.]+)$")
+_NAME = re.compile(
+    r"^(?P<model>.+?)-(?P<method>vanilla|baseline|[a-z0-9_]+(?:-[0-9a-z]+)?)-(?:float16|float32|bfloat16)"
+    r"-temp(?:erature)?-(?P<temp>[0-9.]+)$"
+)
 
 
 def _from_spec_bench_name(stem: str) -> tuple[str, str, float]:
-    """Model, method and temperature from a Spec-Bench answer file name, e.g. vicuna-7b-v1.3-sps-68m-float16-temp-0.0."""
+    """Model, method and temperature from a Spec-Bench file name (vicuna-7b-v1.3-sps-68m-float16-temp-0.0)."""
     match = _NAME.match(stem)
     if not match:
         return stem, stem, 0.0
@@ -97,8 +99,13 @@ def from_record(record: dict, source: Path) -> Answer:
     extra = record.get("specbench")
     if extra is None:  # written by Spec-Bench itself
         model, method, temperature = _from_spec_bench_name(source.stem)
-        extra = {"group": spec_bench_group(record["category"]), "method": method, "temperature": temperature,
-                 "model": model, "task": "spec_bench"}
+        extra = {
+            "group": spec_bench_group(record["category"]),
+            "method": method,
+            "temperature": temperature,
+            "model": model,
+            "task": "spec_bench",
+        }
     return Answer(
         question_id=record["question_id"],
         category=record["category"],

@@ -50,13 +50,17 @@ def question_seed(base: int, question_id: int | str, temperature: float) -> int:
 def default_out(cfg: RunConfig) -> Path:
     """The same command resumes into the same folder."""
     key = json.dumps([cfg.model, sorted(cfg.tasks), cfg.limit, cfg.max_new_tokens, cfg.dtype, cfg.seed])
-    return Path("results") / f"{Path(cfg.model).name}-{'+'.join(Path(t).stem for t in cfg.tasks)}-{zlib.crc32(key.encode()):08x}"
+    return (
+        Path("results")
+        / f"{Path(cfg.model).name}-{'+'.join(Path(t).stem for t in cfg.tasks)}-{zlib.crc32(key.encode()):08x}"
+    )
 
 
 def _git_revision() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None
@@ -81,8 +85,9 @@ def machine(device: torch.device) -> dict:
 
 
 @torch.inference_mode()
-def forward_profile(target: Target, context: int = 256, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
-                    repeats: int = 5) -> dict[int, float]:
+def forward_profile(
+    target: Target, context: int = 256, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 5
+) -> dict[int, float]:
     """Median seconds of one target forward over k new tokens after `context` cached tokens (for roofline)."""
     context = min(context, target.context_length - max(sizes) - 1)
     vocab = target.model.config.vocab_size
@@ -118,6 +123,16 @@ class Session:
         self.stop_ids = models.stop_ids(self.tokenizer, self.model)
         self.resources = methods.Resources(self.spec, self.model, self.tokenizer, self.device, self.dtype, cfg.draft)
 
+    def check_fits(self, question: tasks.Question, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt ids for `messages`, or a clear error when they leave no room in the model's context."""
+        ids = prompt_ids(self.tokenizer, messages)
+        if len(ids) >= self.target.context_length:
+            raise SpecbenchError(
+                f"question {question.id}: its prompt has {len(ids)} tokens, more than the model's context of "
+                f"{self.target.context_length}; drop it from the task or use a model with a longer context"
+            )
+        return ids
+
     def answer(self, proposer, question: tasks.Question, max_new_tokens: int, temperature: float, seed: int):
         """Decode every turn, feeding the model's own earlier answers back. Returns generations and prompts."""
         generator = torch.Generator(self.device).manual_seed(seed)
@@ -127,14 +142,16 @@ class Session:
         texts: list[str] = []
         for turn in question.turns:
             messages.append({"role": "user", "content": turn})
-            ids = prompt_ids(self.tokenizer, messages)
-            if len(ids) >= self.target.context_length:
-                raise SpecbenchError(
-                    f"question {question.id}: its prompt has {len(ids)} tokens, more than the model's context of "
-                    f"{self.target.context_length}; drop it from the task or use a model with a longer context"
-                )
-            gen = decode(self.target, proposer, ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                         stop_ids=self.stop_ids, generator=generator)
+            ids = self.check_fits(question, messages)
+            gen = decode(
+                self.target,
+                proposer,
+                ids,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                stop_ids=self.stop_ids,
+                generator=generator,
+            )
             text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True).strip()
             messages.append({"role": "assistant", "content": text})
             gens.append(gen)
@@ -181,8 +198,13 @@ def _check_manifest(path: Path, manifest: dict) -> None:
         raise SpecbenchError(
             f"{path.parent} holds a run with different {', '.join(differ)}: pass another --out to start a new run"
         )
-    merged = {**old, "config": {**old["config"], "methods": sorted(set(old["config"]["methods"]) |
-                                                                   set(manifest["config"]["methods"]))}}
+    merged = {
+        **old,
+        "config": {
+            **old["config"],
+            "methods": sorted(set(old["config"]["methods"]) | set(manifest["config"]["methods"])),
+        },
+    }
     path.write_text(json.dumps(merged, indent=2))
 
 
@@ -204,10 +226,17 @@ def run(cfg: RunConfig) -> Path:
     session = Session(cfg)
     run_dir = Path(cfg.out) if cfg.out else default_out(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    manifest = {"config": {**asdict(cfg), "methods": names, "device": session.device.type,
-                           "dtype": str(session.dtype).removeprefix("torch.")},
-                "model": {"name": session.spec.name, "path": session.spec.path, "draft": cfg.draft or session.spec.draft},
-                "machine": machine(session.device), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    manifest = {
+        "config": {
+            **asdict(cfg),
+            "methods": names,
+            "device": session.device.type,
+            "dtype": str(session.dtype).removeprefix("torch."),
+        },
+        "model": {"name": session.spec.name, "path": session.spec.path, "draft": cfg.draft or session.spec.draft},
+        "machine": machine(session.device),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     _check_manifest(run_dir / "manifest.json", manifest)
     profile_path = run_dir / "forward_profile.json"
     if not profile_path.exists():
@@ -223,13 +252,16 @@ def run(cfg: RunConfig) -> Path:
                 done = {a.question_id for a in read_file(path)} if path.exists() else set()
                 pending = [q for q in questions if q.id not in done]
                 plan.append((task, questions, budget, temperature, name, path, pending))
+    for task, questions, *_ in plan:
+        for question in questions:
+            session.check_fits(question, [{"role": "user", "content": question.turns[0]}])
+    proposers = {name: methods.build(name, session.resources) for name in names}  # fail fast on bad checkpoints
     total = sum(len(p[-1]) for p in plan)
     bar = tqdm(total=total, desc="questions", unit="q", disable=not cfg.progress, dynamic_ncols=True)
-    proposers: dict[str, methods.Proposer] = {}
     for task, questions, budget, temperature, name, path, pending in plan:
         if not pending:
             continue
-        proposer = proposers.get(name) or proposers.setdefault(name, methods.build(name, session.resources))
+        proposer = proposers[name]
         lossless = bool(methods.preset(name).get("lossless", True))
         bar.set_description(f"{task.name} T={temperature:g} {name}")
         if cfg.warmup:
@@ -240,8 +272,9 @@ def run(cfg: RunConfig) -> Path:
         for question in pending:
             seed = question_seed(cfg.seed, question.id, temperature)
             gens, prompts, texts = session.answer(proposer, question, budget, temperature, seed)
-            answer = _answer_record(question, task.name, name, lossless, temperature, session.spec.name, seed,
-                                    gens, texts)
+            answer = _answer_record(
+                question, task.name, name, lossless, temperature, session.spec.name, seed, gens, texts
+            )
             if question.id in reference:
                 ref = reference[question.id]
                 ref_prompts = _reference_prompts(session, question, ref.turns)

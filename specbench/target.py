@@ -28,7 +28,7 @@ class Target:
 
     @torch.inference_mode()
     def forward(self, tokens: list[int], tree: Tree | None = None) -> torch.Tensor:
-        """Append `tokens` to the cache (as a chain, or as [root] + tree when `tree` is given). Returns logits [n, V]."""
+        """Append `tokens` to the cache (a chain, or [root] + tree when `tree` is given). Returns logits [n, V]."""
         if self.cache is None:
             self.reset()
         past = self.cached
@@ -48,6 +48,7 @@ class Target:
         """One forward over [root] + tree. Returns logits [len(tree) + 1, V]; the cache grows by that many rows."""
         return self.forward([root, *tree.tokens], tree)
 
+    @torch.inference_mode()
     def commit(self, start: int, keep: list[int]) -> None:
         """Keep cache rows start + keep[i] (relative rows of the last forward) as rows start + i; drop the rest."""
         if keep != list(range(len(keep))):
@@ -58,6 +59,7 @@ class Target:
                 layer.values[:, :, dst] = layer.values.index_select(2, src)
         self.crop(start + len(keep))
 
+    @torch.inference_mode()
     def crop(self, length: int) -> None:
         """Drop cache rows from `length` on."""
         if self.cache is not None and self.cached > length:

@@ -72,7 +72,9 @@ def _source_file(source: dict, data: Path | None) -> Path:
         return cached
     if not source.get("url"):
         where = f"{data / rel}" if data else f"<data-dir>/{rel}"
-        raise SpecbenchError(f"this task reads {where}: pass --data-dir (or set SPECBENCH_DATA_DIR) to a folder with it")
+        raise SpecbenchError(
+            f"this task reads {where}: pass --data-dir (or set SPECBENCH_DATA_DIR) to a folder with it"
+        )
     return _download(source["url"], source.get("sha256"), cached)
 
 

@@ -65,8 +65,9 @@ class SamplingTest:
 
 
 @torch.inference_mode()
-def exact_distribution(model, prompt: list[int], horizon: int, temperature: float, stop_ids: set[int],
-                       min_prob: float) -> dict[tuple[int, ...], float]:
+def exact_distribution(
+    model, prompt: list[int], horizon: int, temperature: float, stop_ids: set[int], min_prob: float
+) -> dict[tuple[int, ...], float]:
     """Vanilla sampling's exact probabilities of every continuation of `horizon` tokens (or ending at a stop
     token) whose probability is at least min_prob, found level by level with batched forwards."""
     device = next(model.parameters()).device
@@ -85,8 +86,18 @@ def exact_distribution(model, prompt: list[int], horizon: int, temperature: floa
     return {**done, **frontier}
 
 
-def sampling_test(target: Target, proposer: Proposer, prompt: list[int], *, horizon: int, samples: int,
-                  temperature: float, stop_ids: set[int], alpha: float = 1e-3, seed: int = 0) -> SamplingTest:
+def sampling_test(
+    target: Target,
+    proposer: Proposer,
+    prompt: list[int],
+    *,
+    horizon: int,
+    samples: int,
+    temperature: float,
+    stop_ids: set[int],
+    alpha: float = 1e-3,
+    seed: int = 0,
+) -> SamplingTest:
     """Chi-square goodness of fit of the method's first `horizon` sampled tokens against vanilla's exact law.
 
     Bins are the continuations whose exact probability gives an expected count of at least 5, plus one bin
@@ -98,8 +109,15 @@ def sampling_test(target: Target, proposer: Proposer, prompt: list[int], *, hori
     counts = np.zeros(len(keys) + 1)
     generator = torch.Generator(target.device).manual_seed(seed)
     for _ in range(samples):
-        out = decode(target, proposer, prompt, max_new_tokens=horizon, temperature=temperature,
-                     stop_ids=stop_ids, generator=generator)
+        out = decode(
+            target,
+            proposer,
+            prompt,
+            max_new_tokens=horizon,
+            temperature=temperature,
+            stop_ids=stop_ids,
+            generator=generator,
+        )
         counts[index.get(tuple(out.tokens), len(keys))] += 1
     expected = np.array([law[k] for k in keys] + [max(0.0, 1.0 - sum(law.values()))]) * samples
     if expected[-1] < 5:  # too small a tail to test on its own: fold it into the last bin

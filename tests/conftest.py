@@ -17,12 +17,23 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"shared data not found at {SHARED_DATA}")
 
 
-def random_llama(vocab: int, *, layers: int = 2, hidden: int = 64, seed: int = 0, context: int = 1024,
-                 init: float = 0.02) -> LlamaForCausalLM:
+def random_llama(
+    vocab: int, *, layers: int = 2, hidden: int = 64, seed: int = 0, context: int = 1024, init: float = 0.02
+) -> LlamaForCausalLM:
     """A random Llama; a large `init` makes its next-token distributions peaked (useful for sampling tests)."""
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
-                         initializer_range=init, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=context,
+        initializer_range=init,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
 

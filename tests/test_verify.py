@@ -16,7 +16,9 @@ PROMPT = [1, 2, 3, 1, 2]
 @pytest.fixture(scope="module")
 def small_vocab():
     """An 8-token vocabulary makes the exact law of a few sampled tokens cheap to enumerate."""
-    return random_llama(8, layers=1, hidden=32, seed=0, init=0.5), random_llama(8, layers=1, hidden=32, seed=1, init=0.5)
+    return random_llama(8, layers=1, hidden=32, seed=0, init=0.5), random_llama(
+        8, layers=1, hidden=32, seed=1, init=0.5
+    )
 
 
 class UniformClaimDraft(DraftModel):
@@ -29,8 +31,9 @@ class UniformClaimDraft(DraftModel):
 
 
 def run_test(target, proposer, samples=1500):
-    return sampling_test(Target(target), proposer, PROMPT, horizon=2, samples=samples, temperature=1.0,
-                         stop_ids=set(), seed=0)
+    return sampling_test(
+        Target(target), proposer, PROMPT, horizon=2, samples=samples, temperature=1.0, stop_ids=set(), seed=0
+    )
 
 
 def test_exact_distribution_sums_to_one(small_vocab):
@@ -45,8 +48,9 @@ def test_stop_token_ends_a_sequence_early(small_vocab):
     assert abs(sum(law.values()) - 1) < 1e-5
 
 
-@pytest.mark.parametrize("make", [Vanilla, lambda d: PromptLookup(2, 3), lambda d: DraftModel(d, 3)],
-                         ids=["vanilla", "pld", "sps"])
+@pytest.mark.parametrize(
+    "make", [Vanilla, lambda d: PromptLookup(2, 3), lambda d: DraftModel(d, 3)], ids=["vanilla", "pld", "sps"]
+)
 def test_lossless_methods_pass_the_sampling_test(small_vocab, make):
     target, draft = small_vocab
     proposer = make(draft) if make is not Vanilla else Vanilla()

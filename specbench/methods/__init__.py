@@ -30,9 +30,7 @@ class Resources:
     def load_draft(self) -> torch.nn.Module:
         path = self.draft or self.spec.draft
         if path is None:
-            raise SpecbenchError(
-                f"model '{self.spec.name}' has no draft model: pass one with --draft PATH_OR_HUB_ID"
-            )
+            raise SpecbenchError(f"model '{self.spec.name}' has no draft model: pass one with --draft PATH_OR_HUB_ID")
         if not same_tokenizer(load_tokenizer(path), self.tokenizer):
             raise SpecbenchError(
                 f"draft '{path}' uses a different tokenizer from target '{self.spec.path}': sps needs the same one"

@@ -1,0 +1,188 @@
+"""Command line: argument parsing only; everything else lives in the library."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import SpecbenchError
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got '{text}'") from None
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _field(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or key not in ("id", "category", "prompt", "turns"):
+        raise argparse.ArgumentTypeError(
+            f"--field takes id=NAME, category=NAME, prompt=NAME or turns=NAME, got '{text}'"
+        )
+    return key, value
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="alias (see `specbench list models`), local folder or hub id")
+    p.add_argument("--draft", help="draft model for sps (default: the alias's draft)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto (fp16 on CUDA, fp32 on CPU), float32, float16, bfloat16")
+    p.add_argument("--data-dir", help="folder with task data files (default: $SPECBENCH_DATA_DIR, else download)")
+    p.add_argument(
+        "--field",
+        type=_field,
+        action="append",
+        default=[],
+        metavar="KEY=NAME",
+        help="field mapping for a JSONL task: id=, category=, prompt= or turns=",
+    )
+    p.add_argument("--limit", type=int, help="questions per category")
+    p.add_argument("--max-new-tokens", type=int, help="tokens per turn (default: the task's own)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="specbench", description="Benchmark speculative decoding methods.")
+    sub = top.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run methods x tasks x temperatures on one model, then report")
+    _model_args(run)
+    run.add_argument("--methods", type=_names, default=["vanilla", "sps", "pld"], help="comma-separated, or all")
+    run.add_argument("--tasks", type=_names, default=["quick"], help="task names or .jsonl paths, comma-separated")
+    run.add_argument("--temperatures", type=_floats, default=[0.0], help="comma-separated, e.g. 0,1")
+    run.add_argument("--out", help="run folder (default: results/<model>-<tasks>-<hash>; re-running resumes)")
+    run.add_argument("--no-warmup", action="store_true", help="skip the discarded warm-up question per method")
+    run.add_argument("--no-report", action="store_true", help="do not write the report after the run")
+
+    report = sub.add_parser("report", help="tables and plots from run folders or Spec-Bench answer files")
+    report.add_argument("sources", nargs="+", type=Path)
+    report.add_argument("--out", type=Path, help="output folder (default: reports/<first source's name>)")
+    report.add_argument("--title")
+
+    verify = sub.add_parser("verify", help="losslessness audit of a method against vanilla")
+    _model_args(verify)
+    verify.add_argument("--method", required=True)
+    verify.add_argument("--tasks", type=_names, default=["quick"])
+    verify.add_argument("--mode", choices=["greedy", "sampling", "both"], default="both")
+    verify.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampling test")
+    verify.add_argument("--samples", type=int, default=2000, help="samples per prompt in the sampling test")
+    verify.add_argument("--horizon", type=int, default=3, help="tokens per sample in the sampling test")
+    verify.add_argument("--prompts", type=int, default=2, help="prompts in the sampling test")
+    verify.add_argument("--alpha", type=float, default=1e-3, help="significance of the sampling test")
+
+    lst = sub.add_parser("list", help="list methods, models or tasks")
+    lst.add_argument("what", choices=["methods", "models", "tasks"])
+
+    zoo = sub.add_parser("zoo", help="the bundled tiny model family")
+    zoo_sub = zoo.add_subparsers(dest="zoo_command", required=True)
+    build = zoo_sub.add_parser("build", help="train the tiny family from ../shared/data-style text")
+    build.add_argument("--out", type=Path, help="output folder (default: the package's bundled location)")
+    build.add_argument("--data-dir", type=Path, help="training data folder (default: $SPECBENCH_DATA_DIR)")
+    build.add_argument("--smoke", action="store_true", help="a minuscule family in seconds (tests, trying it out)")
+    build.add_argument("--seed", type=int, default=0)
+    return top
+
+
+def _run(args) -> None:
+    from .runner import RunConfig, run
+
+    cfg = RunConfig(
+        model=args.model,
+        methods=args.methods,
+        tasks=args.tasks,
+        temperatures=args.temperatures,
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+        device=args.device,
+        dtype=args.dtype,
+        out=args.out,
+        data_dir=args.data_dir,
+        seed=args.seed,
+        draft=args.draft,
+        fields=dict(args.field),
+        warmup=not args.no_warmup,
+    )
+    run_dir = run(cfg)
+    print(f"\nresults: {run_dir}")
+    if not args.no_report:
+        from .report import build_report, summary
+
+        path = build_report([run_dir], run_dir / "report")
+        print(summary([run_dir]))
+        print(f"report: {path}")
+
+
+def _report(args) -> None:
+    from .report import build_report
+
+    out = args.out or Path("reports") / args.sources[0].resolve().name
+    print(build_report(args.sources, out, args.title))
+
+
+def _verify(args) -> int:
+    from .audit import audit
+
+    return audit(args)
+
+
+def _list(what: str) -> None:
+    if what == "methods":
+        from . import methods
+
+        for name in methods.available():
+            spec = methods.preset(name)
+            print(f"{name:12s} {spec.get('description', '')}{'' if spec.get('lossless', True) else ' [lossy]'}")
+    elif what == "models":
+        from .models import ALIASES
+
+        for name, spec in ALIASES.items():
+            extras = ", ".join(f"{k}: {v}" for k, v in ({"draft": spec.draft} | spec.heads).items() if v)
+            print(f"{name:12s} {spec.path}  ({extras})" if extras else f"{name:12s} {spec.path}")
+    else:
+        from . import tasks
+
+        for name in tasks.available():
+            print(f"{name:12s} {tasks.presets.load('tasks', name).get('description', '')}")
+
+
+def _zoo(args) -> None:
+    from .tasks import data_dir
+    from .zoo import TINY_DIR, build_family
+
+    data = data_dir(args.data_dir)
+    if data is None or not data.is_dir():
+        raise SpecbenchError("zoo build needs the training text: pass --data-dir (e.g. ../shared/data)")
+    print(build_family(args.out or TINY_DIR, data, smoke=args.smoke, seed=args.seed))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            _run(args)
+        elif args.command == "report":
+            _report(args)
+        elif args.command == "verify":
+            return _verify(args)
+        elif args.command == "list":
+            _list(args.what)
+        elif args.command == "zoo":
+            _zoo(args)
+    except SpecbenchError as err:
+        print(f"specbench: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nspecbench: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Expected mistakes get one line on stderr and exit code 2, never a traceback."""
+
+import json
+
+import pytest
+
+from specbench.cli import main
+from specbench.zoo.tokenizer import train_tokenizer
+
+from .conftest import random_llama
+
+
+def error_of(capsys, argv) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("specbench: error:")
+    return last
+
+
+def base(tiny_models, tmp_path):
+    target, draft = tiny_models
+    return ["run", "--model", str(target), "--draft", str(draft), "--out", str(tmp_path / "run"), "--no-report",
+            "--max-new-tokens", "4", "--limit", "1"]
+
+
+def test_unknown_method_lists_valid_names(capsys, tiny_models, tmp_path):
+    err = error_of(capsys, [*base(tiny_models, tmp_path), "--methods", "vanila"])
+    assert "vanila" in err and "sps" in err and "pld" in err
+
+
+def test_unknown_model_lists_aliases(capsys):
+    err = error_of(capsys, ["run", "--model", "vicuna-7", "--no-report"])
+    assert "vicuna-7b" in err and "tiny" in err
+
+
+def test_unknown_task_lists_tasks(capsys, tiny_models, tmp_path):
+    err = error_of(capsys, [*base(tiny_models, tmp_path), "--tasks", "gsm9k"])
+    assert "gsm8k" in err and "spec_bench" in err
+
+
+def test_malformed_jsonl_names_file_and_line(capsys, tiny_models, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "hello"}\n{"prompt": "oops"\n')
+    err = error_of(capsys, [*base(tiny_models, tmp_path), "--tasks", str(bad)])
+    assert f"{bad}:2" in err
+
+
+def test_jsonl_task_with_field_mapping_runs(capsys, tiny_models, tmp_path):
+    good = tmp_path / "mine.jsonl"
+    good.write_text("\n".join(json.dumps({"idx": i, "q": f"Say {w}."}) for i, w in enumerate(["hi", "yes"])) + "\n")
+    code = main([*base(tiny_models, tmp_path), "--tasks", str(good), "--field", "prompt=q", "--field", "id=idx",
+                 "--methods", "pld"])
+    assert code == 0
+    assert (tmp_path / "run" / "answers" / "mine" / "pld-temperature-0.jsonl").exists()
+
+
+def test_prompt_longer_than_context(capsys, tiny_models, tmp_path):
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": " ".join(["word"] * 3000)}) + "\n")
+    err = error_of(capsys, [*base(tiny_models, tmp_path), "--tasks", str(long)])
+    assert "context" in err
+
+
+def test_draft_with_another_tokenizer(capsys, tiny_models, tmp_path):
+    tokenizer = train_tokenizer(["completely different text for another vocabulary"] * 5, vocab_size=300)
+    other = tmp_path / "other_draft"
+    random_llama(len(tokenizer), layers=1).save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    target, _ = tiny_models
+    err = error_of(capsys, ["run", "--model", str(target), "--draft", str(other), "--methods", "sps", "--out",
+                            str(tmp_path / "r"), "--no-report", "--max-new-tokens", "4", "--limit", "1"])
+    assert "different tokenizer" in err
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_nonpositive_max_new_tokens(capsys, tiny_models, tmp_path, value):
+    argv = base(tiny_models, tmp_path)
+    argv[argv.index("--max-new-tokens") + 1] = value
+    assert "--max-new-tokens" in error_of(capsys, argv)
+
+
+def test_list_commands(capsys):
+    assert main(["list", "methods"]) == 0
+    out = capsys.readouterr().out
+    assert "vanilla" in out and "sps" in out and "pld" in out
+    assert main(["list", "models"]) == 0
+    assert "vicuna-7b" in capsys.readouterr().out
+    assert main(["list", "tasks"]) == 0
+    assert "spec_bench" in capsys.readouterr().out

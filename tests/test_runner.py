@@ -1,0 +1,72 @@
+import json
+
+import pytest
+
+from specbench.errors import SpecbenchError
+from specbench.results import read_file
+from specbench.runner import RunConfig, answer_path, run
+
+
+def config(tiny_models, out, **kw) -> RunConfig:
+    target, draft = tiny_models
+    base = dict(model=str(target), draft=str(draft), methods=["vanilla", "sps", "pld"], tasks=["quick"], limit=1,
+                max_new_tokens=16, out=str(out), progress=False)
+    return RunConfig(**{**base, **kw})
+
+
+def line_ids(path):
+    return [json.loads(line)["question_id"] for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def greedy_run(tiny_models, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    return run(config(tiny_models, out))
+
+
+def test_run_writes_spec_bench_answer_lines(greedy_run):
+    path = answer_path(greedy_run, "quick", "sps", 0.0)
+    record = json.loads(path.read_text().splitlines()[0])
+    choice = record["choices"][0]
+    for key in ("turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"):
+        assert key in choice
+    assert record["model_id"].endswith("-sps-temperature-0")
+    assert len(choice["turns"]) == 2  # the first quick question has two turns
+    assert sum(choice["accept_lengths"]) == sum(choice["new_tokens"])
+    manifest = json.loads((greedy_run / "manifest.json").read_text())
+    assert manifest["config"]["methods"] == ["vanilla", "sps", "pld"]
+    assert "torch" in manifest["machine"] and (greedy_run / "forward_profile.json").exists()
+
+
+def test_greedy_methods_match_vanilla(greedy_run):
+    vanilla = {a.question_id: a for a in read_file(answer_path(greedy_run, "quick", "vanilla", 0.0))}
+    assert len(vanilla) == 6  # one per category
+    assert all(a.accept_lengths == [1] * sum(a.new_tokens) for a in vanilla.values())
+    for method in ("sps", "pld"):
+        for answer in read_file(answer_path(greedy_run, "quick", method, 0.0)):
+            assert answer.output_ids == vanilla[answer.question_id].output_ids
+            assert answer.greedy_check["match"]
+
+
+def test_rerun_resumes_without_doubling(tiny_models, greedy_run):
+    path = answer_path(greedy_run, "quick", "pld", 0.0)
+    lines = path.read_text().splitlines(keepends=True)
+    # a run killed while writing: two answers lost, the last line cut in half
+    path.write_text("".join(lines[:-2]) + lines[-2][: len(lines[-2]) // 2])
+    run(config(tiny_models, greedy_run))
+    ids = line_ids(path)
+    assert sorted(ids) == sorted(json.loads(line)["question_id"] for line in lines)
+    assert len(ids) == len(set(ids))
+    for method in ("vanilla", "sps"):
+        assert len(line_ids(answer_path(greedy_run, "quick", method, 0.0))) == 6
+
+
+def test_resume_with_other_settings_is_refused(tiny_models, greedy_run):
+    with pytest.raises(SpecbenchError, match="max_new_tokens"):
+        run(config(tiny_models, greedy_run, max_new_tokens=8))
+
+
+def test_sampling_run_records_seeds(tiny_models, tmp_path):
+    out = run(config(tiny_models, tmp_path, methods=["sps"], temperatures=[1.0], limit=1))
+    answers = read_file(answer_path(out, "quick", "sps", 1.0))
+    assert len(answers) == 6 and all(a.seed is not None and a.greedy_check is None for a in answers)
