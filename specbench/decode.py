@@ -63,7 +63,7 @@ def decode(
     start = _clock(device)
     target.reset()
     if len(prompt) > 1:
-        target.forward(prompt[:-1])
+        target.forward(prompt[:-1], last_only=True)
     proposer.start(prompt, temperature, generator)
     tokens = list(prompt)
     gen = Generation([], prefill_draft_time=_clock(device) - start)

@@ -27,8 +27,9 @@ class Target:
         self.cache = DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def forward(self, tokens: list[int], tree: Tree | None = None) -> torch.Tensor:
-        """Append `tokens` to the cache (a chain, or [root] + tree when `tree` is given). Returns logits [n, V]."""
+    def forward(self, tokens: list[int], tree: Tree | None = None, last_only: bool = False) -> torch.Tensor:
+        """Append `tokens` to the cache (a chain, or [root] + tree when `tree` is given). Returns logits [n, V],
+        or [1, V] for the last token only with `last_only` (a prefill: no vocabulary projection of the prompt)."""
         if self.cache is None:
             self.reset()
         past = self.cached
@@ -40,7 +41,12 @@ class Target:
             positions = position_ids(tree, past, self.device)
             mask = attention_mask(tree, past, self.dtype, self.device)
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache, use_cache=True
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
         )
         return out.logits[0]
 

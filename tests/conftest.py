@@ -38,6 +38,26 @@ def random_llama(
     return LlamaForCausalLM(config).eval()
 
 
+def random_qwen2(vocab: int, *, layers: int = 2, hidden: int = 64, seed: int = 0, init: float = 0.02):
+    """A random Qwen2 (biased q/k/v projections), the second architecture family the target must handle."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=init,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config).eval()
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> tuple[Path, Path]:
     """(target folder, draft folder): random weights, a BPE tokenizer trained on the built-in quick prompts."""

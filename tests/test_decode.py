@@ -9,14 +9,15 @@ from specbench.methods.vanilla import Vanilla
 from specbench.target import Target
 from specbench.tree import Tree
 
-from .conftest import random_llama
+from .conftest import random_llama, random_qwen2
 
 PROMPTS = [[1, 5, 7, 9, 5, 7, 9, 11, 3], [1, 20, 21, 22, 23, 20, 21], [1, 40]]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return random_llama(64, seed=0, init=0.3), random_llama(64, layers=1, seed=1, init=0.3)
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request):
+    make = random_llama if request.param == "llama" else random_qwen2
+    return make(64, seed=0, init=0.3), make(64, layers=1, seed=1, init=0.3)
 
 
 def greedy_tokens(target, proposer, prompt, n=40, stop=frozenset()):

@@ -24,7 +24,7 @@ class DraftModel(Proposer):
         super().start(prompt, temperature, generator)
         self.draft.reset()
         if len(prompt) > 1:
-            self.draft.forward(prompt[:-1])
+            self.draft.forward(prompt[:-1], last_only=True)
 
     def propose(self, tokens: list[int]) -> Proposal:
         if len(tokens) + self.k > self.draft.context_length:
