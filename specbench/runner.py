@@ -245,6 +245,8 @@ def run(cfg: RunConfig) -> Path:
     plan = []
     for task in task_list:
         questions = tasks.limit_per_category(task.questions, cfg.limit)
+        for question in questions:
+            session.check_fits(question, [{"role": "user", "content": question.turns[0]}])
         budget = cfg.max_new_tokens or task.max_new_tokens or 256
         for temperature in cfg.temperatures:
             for name in names:
@@ -252,9 +254,6 @@ def run(cfg: RunConfig) -> Path:
                 done = {a.question_id for a in read_file(path)} if path.exists() else set()
                 pending = [q for q in questions if q.id not in done]
                 plan.append((task, questions, budget, temperature, name, path, pending))
-    for task, questions, *_ in plan:
-        for question in questions:
-            session.check_fits(question, [{"role": "user", "content": question.turns[0]}])
     proposers = {name: methods.build(name, session.resources) for name in names}  # fail fast on bad checkpoints
     total = sum(len(p[-1]) for p in plan)
     bar = tqdm(total=total, desc="questions", unit="q", disable=not cfg.progress, dynamic_ncols=True)

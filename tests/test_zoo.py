@@ -17,9 +17,7 @@ from specbench.zoo.plan import FULL
 
 DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
-pytestmark = pytest.mark.skipif(
-    not (DATA_DIR / "spec_bench").is_dir(), reason=f"training data not found at {DATA_DIR}"
-)
+pytestmark = pytest.mark.skipif(not (DATA_DIR / "spec_bench").is_dir(), reason=f"training data not found at {DATA_DIR}")
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +42,7 @@ def test_saved_models_load_offline_in_float32(family: Path, name: str) -> None:
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}], add_generation_prompt=True, return_tensors="pt", return_dict=True
     )["input_ids"]
-    out = model.generate(
-        input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=3
-    )
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=3)
     assert out.shape[1] > ids.shape[1]
 
 
