@@ -9,9 +9,11 @@ import torch
 from scipy import stats
 
 from .decode import decode
+from .errors import SpecbenchError
 from .methods.base import Proposer
 from .sampling import probabilities
 from .target import Target
+from .tree import Tree
 
 NEAR_TIE = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 1e-1}  # top-1/top-2 logit margins
 
@@ -64,26 +66,60 @@ class SamplingTest:
         return self.p_value >= self.alpha
 
 
-@torch.inference_mode()
 def exact_distribution(
-    model, prompt: list[int], horizon: int, temperature: float, stop_ids: set[int], min_prob: float
+    target: Target, prompt: list[int], horizon: int, temperature: float, stop_ids: set[int], min_prob: float
 ) -> dict[tuple[int, ...], float]:
     """Vanilla sampling's exact probabilities of every continuation of `horizon` tokens (or ending at a stop
-    token) whose probability is at least min_prob, found level by level with batched forwards."""
-    device = next(model.parameters()).device
+    token) whose probability is at least min_prob. Level by level, all open prefixes form one token tree
+    verified in a single forward over the cached prompt."""
+    target.reset()
+    if len(prompt) > 1:
+        target.forward(prompt[:-1], last_only=True)
+    past = target.cached
     frontier: dict[tuple[int, ...], float] = {(): 1.0}
     done: dict[tuple[int, ...], float] = {}
     for _ in range(horizon):
-        seqs = list(frontier)
-        ids = torch.tensor([prompt + list(s) for s in seqs], device=device)
-        probs = probabilities(model(input_ids=ids).logits[:, -1], temperature).cpu().numpy()
+        node: dict[tuple[int, ...], int] = {(): 0}  # prefix -> input row ([root] + tree)
+        tokens: list[int] = []
+        parents: list[int] = []
+        for seq in frontier:
+            for depth in range(1, len(seq) + 1):
+                if seq[:depth] not in node:
+                    node[seq[:depth]] = len(tokens) + 1
+                    tokens.append(seq[depth - 1])
+                    parents.append(node[seq[: depth - 1]] - 1)
+        logits = target.verify(prompt[-1], Tree(tokens, parents))
+        target.crop(past)
+        rows = [node[seq] for seq in frontier]
+        probs = probabilities(logits[rows], temperature).cpu().numpy()
         nxt: dict[tuple[int, ...], float] = {}
-        for seq, row in zip(seqs, probs, strict=True):
+        for seq, row in zip(frontier, probs, strict=True):
             for token in np.flatnonzero(row * frontier[seq] >= min_prob):
                 p = float(row[token]) * frontier[seq]
                 (done if int(token) in stop_ids else nxt)[(*seq, int(token))] = p
         frontier = nxt
     return {**done, **frontier}
+
+
+def _bins(law: dict[tuple[int, ...], float], samples: int) -> tuple[dict[tuple[int, ...], int], list[float]]:
+    """Group continuations, most probable first, into bins of expected count >= 5; one more bin (index len)
+    holds every continuation that was not enumerated. Returns the bin of each continuation and bin masses."""
+    of: dict[tuple[int, ...], int] = {}
+    masses: list[float] = []
+    open_mass = 0.0
+    for key in sorted(law, key=law.get, reverse=True):
+        of[key] = len(masses)
+        open_mass += law[key]
+        if open_mass * samples >= 5:
+            masses.append(open_mass)
+            open_mass = 0.0
+    if open_mass and masses:  # a short last group joins the one before it
+        masses[-1] += open_mass
+        of = {k: min(b, len(masses) - 1) for k, b in of.items()}
+    elif open_mass:
+        masses.append(open_mass)
+    masses.append(max(0.0, 1.0 - sum(law.values())))
+    return of, masses
 
 
 def sampling_test(
@@ -100,13 +136,21 @@ def sampling_test(
 ) -> SamplingTest:
     """Chi-square goodness of fit of the method's first `horizon` sampled tokens against vanilla's exact law.
 
-    Bins are the continuations whose exact probability gives an expected count of at least 5, plus one bin
-    for everything else; a lossless method passes at significance `alpha`.
+    Continuations of probability >= 1/samples are enumerated exactly and grouped into bins of expected
+    count >= 5 (most probable first); the rest forms one more bin. A lossless method passes at `alpha`.
     """
-    law = exact_distribution(target.model, prompt, horizon, temperature, stop_ids, min_prob=5.0 / samples)
-    keys = sorted(law, key=law.get, reverse=True)
-    index = {k: i for i, k in enumerate(keys)}
-    counts = np.zeros(len(keys) + 1)
+    law = exact_distribution(target, prompt, horizon, temperature, stop_ids, min_prob=1.0 / samples)
+    of, masses = _bins(law, samples)
+    expected = np.array(masses) * samples
+    if expected[-1] < 5:  # too small a tail to test on its own: fold it into the last bin
+        expected[-2] += expected[-1]
+        expected = expected[:-1]
+    if len(expected) < 2:
+        raise SpecbenchError(
+            f"the sampled distribution is too flat to test with {samples} samples: raise --samples or lower "
+            "--temperature"
+        )
+    counts = np.zeros(len(expected))
     generator = torch.Generator(target.device).manual_seed(seed)
     for _ in range(samples):
         out = decode(
@@ -118,12 +162,7 @@ def sampling_test(
             stop_ids=stop_ids,
             generator=generator,
         )
-        counts[index.get(tuple(out.tokens), len(keys))] += 1
-    expected = np.array([law[k] for k in keys] + [max(0.0, 1.0 - sum(law.values()))]) * samples
-    if expected[-1] < 5:  # too small a tail to test on its own: fold it into the last bin
-        counts[-2] += counts[-1]
-        expected[-2] += expected[-1]
-        counts, expected = counts[:-1], expected[:-1]
+        counts[min(of.get(tuple(out.tokens), len(masses) - 1), len(expected) - 1)] += 1
     expected *= samples / expected.sum()
     statistic, p_value = stats.chisquare(counts, expected)
     tv = 0.5 * float(np.abs(counts - expected).sum()) / samples

@@ -90,3 +90,12 @@ def test_list_commands(capsys):
     assert "vicuna-7b" in capsys.readouterr().out
     assert main(["list", "tasks"]) == 0
     assert "spec_bench" in capsys.readouterr().out
+
+
+def test_verify_command_passes_for_sps(capsys, tiny_models):
+    target, draft = tiny_models
+    code = main(["verify", "--method", "sps", "--model", str(target), "--draft", str(draft), "--limit", "1",
+                 "--max-new-tokens", "12", "--samples", "300", "--horizon", "2", "--prompts", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "greedy: 6/6 questions token-identical" in out and "verdict: pass" in out

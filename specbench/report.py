@@ -1,0 +1,506 @@
+"""Reports: Markdown and LaTeX tables plus plots from run folders or Spec-Bench answer files.
+
+Every number comes from `metrics`; this module only groups answers into cells and formats them.
+A cell is (source, model, task, temperature); its baseline is `vanilla` from the same source.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from . import metrics
+from .results import Answer, read_answers, read_file
+
+BASELINE = "vanilla"
+OVERALL = "overall"
+SPEC_BENCH_GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+TEX_LABELS = {"mt_bench": "MT", "translation": "Trans", "summarization": "Summ", "qa": "QA",
+              "math_reasoning": "Math", "rag": "RAG", OVERALL: "Overall"}
+COLORS = {"vanilla": "#7f7f7f", "sps": "#1f77b4", "pld": "#ff7f0e", "lookahead": "#bcbd22", "ouroboros": "#8c564b",
+          "medusa": "#e377c2", "eagle": "#2ca02c", "eagle2": "#d62728", "eagle3": "#9467bd"}
+EXTRA_COLORS = ("#17becf", "#393b79", "#ad494a", "#637939", "#8c6d31", "#7b4173", "#3182bd", "#e6550d",
+                "#31a354", "#756bb1")
+ALPHA_DEPTH = 5
+NA = "n/a"  # no baseline to compare with
+MISSING = "—"  # not recorded
+
+
+# ---------------------------------------------------------------- loading
+
+
+@dataclass
+class Source:
+    """One run (a run folder, or a folder of answer files): its answers never mix with another's."""
+
+    path: Path
+    name: str
+    answers: list[Answer]
+    manifest: dict | None = None
+    profile: dict[int, float] | None = None  # new tokens -> seconds of one target forward
+
+    @property
+    def device(self) -> str | None:
+        return ((self.manifest or {}).get("machine") or {}).get("device_name")
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.device})" if self.device else self.name
+
+
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def load_sources(paths: list[Path]) -> list[Source]:
+    """One source per folder given; answer files given one by one join the source of their folder."""
+    groups: dict[Path, list[Path]] = {}
+    for p in map(Path, paths):
+        groups.setdefault((p if p.is_dir() else p.parent).resolve(), []).append(p)
+    sources = []
+    taken: set[str] = set()
+    for root, members in groups.items():
+        whole = any(m.is_dir() for m in members)
+        answers = read_answers(root) if whole else [a for m in members for a in read_file(m)]
+        name = root.name
+        if name in taken:
+            name = f"{root.parent.name}/{root.name}"
+        while name in taken:
+            name += "'"
+        taken.add(name)
+        profile = _read_json(root / "forward_profile.json")
+        sources.append(Source(root, name, answers, _read_json(root / "manifest.json"),
+                              {int(k): float(v) for k, v in profile.items()} if profile else None))
+    return sources
+
+
+# ---------------------------------------------------------------- numbers
+
+
+@dataclass
+class MethodStats:
+    """The numbers of one method in one cell; speedups are keyed by category and OVERALL."""
+
+    method: str
+    answers: list[Answer]
+    paired: dict[str, metrics.Speedup] = field(default_factory=dict)
+    spec_bench: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def lossy(self) -> bool:
+        return any(not a.lossless_rule for a in self.answers)
+
+    @property
+    def display(self) -> str:
+        return f"{self.method} (lossy)" if self.lossy else self.method
+
+    @cached_property
+    def tau(self) -> float:
+        return metrics.tau(self.answers)
+
+
+@dataclass
+class Cell:
+    """All methods of one (source, model, task, temperature)."""
+
+    source: Source
+    model: str
+    task: str
+    temperature: float
+    by_method: dict[str, list[Answer]]
+
+    @property
+    def title(self) -> str:
+        return f"{self.source.label} · {self.model} · {self.task} · T={self.temperature:g}"
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9._]+", "-", f"{self.source.name}-{self.model}-{self.task}-t{self.temperature:g}")
+
+    @property
+    def baseline(self) -> list[Answer] | None:
+        return self.by_method.get(BASELINE)
+
+    @property
+    def categories(self) -> list[str]:
+        present = {a.group for answers in self.by_method.values() for a in answers}
+        return [g for g in SPEC_BENCH_GROUPS if g in present] + sorted(present - set(SPEC_BENCH_GROUPS))
+
+    @property
+    def missing_baseline(self) -> str | None:
+        """One line saying why the speedups are n/a, or None."""
+        if self.baseline is None:
+            return f"{self.title}: no `{BASELINE}` answers in this source, so every speedup is {NA}."
+        return None
+
+    @cached_property
+    def stats(self) -> dict[str, MethodStats]:
+        out = {}
+        for method, answers in self.by_method.items():
+            s = MethodStats(method, answers)
+            for cat in [*self.categories, OVERALL]:
+                mine = [a for a in answers if cat == OVERALL or a.group == cat]
+                base = [a for a in self.baseline or [] if cat == OVERALL or a.group == cat]
+                s.paired[cat] = metrics.paired_speedup(mine, base)
+                s.spec_bench[cat] = metrics.spec_bench_speedup(mine, base)
+            out[method] = s
+        return out
+
+    def ranked(self) -> list[MethodStats]:
+        """Methods other than the baseline, best overall paired speedup first."""
+        rows = [s for m, s in self.stats.items() if m != BASELINE]
+        return sorted(rows, key=lambda s: (-_or(s.paired[OVERALL].value, -math.inf), s.method))
+
+
+def _or(x: float, default: float) -> float:
+    return default if math.isnan(x) else x
+
+
+def collect_cells(sources: list[Source]) -> list[Cell]:
+    """Cells in source order, then model, task, temperature."""
+    cells = []
+    for source in sources:
+        keyed: dict[tuple, dict[str, list[Answer]]] = {}
+        for a in source.answers:
+            keyed.setdefault((a.model, a.task, a.temperature), {}).setdefault(a.method, []).append(a)
+        for (model, task, temperature), by_method in sorted(keyed.items()):
+            cells.append(Cell(source, model, task, temperature, dict(sorted(by_method.items()))))
+    return cells
+
+
+def _recorded(answers: list[Answer], attr: str) -> bool:
+    return bool(answers) and all(getattr(a, attr) is not None for a in answers)
+
+
+def mean_tree_size(answers: list[Answer]) -> float | None:
+    """Mean tokens verified per step, when recorded."""
+    if not _recorded(answers, "tree_size"):
+        return None
+    steps = sum(len(a.tree_size) for a in answers)
+    return sum(sum(a.tree_size) for a in answers) / steps if steps else None
+
+
+def draft_share(answers: list[Answer]) -> float | None:
+    """Share of draft time in draft + verify time, when recorded."""
+    if not (_recorded(answers, "draft_time") and _recorded(answers, "verify_time")):
+        return None
+    draft = sum(a.draft_time for a in answers)
+    total = draft + sum(a.verify_time for a in answers)
+    return draft / total if total else None
+
+
+def forward_time(profile: dict[int, float], n: float) -> float:
+    """T(n): the profiled target forward time, linearly interpolated between measured sizes."""
+    sizes = sorted(profile)
+    return float(np.interp(n, sizes, [profile[k] for k in sizes]))
+
+
+def roofline(cell: Cell, s: MethodStats) -> float | None:
+    """metrics.roofline_efficiency with the overall paired speedup, when every input was recorded."""
+    profile, n = cell.source.profile, mean_tree_size(s.answers)
+    speedup = s.paired[OVERALL].value
+    if not profile or 1 not in profile or n is None or not _recorded(s.answers, "draft_time") or math.isnan(speedup):
+        return None
+    steps = sum(sum(a.decoding_steps) for a in s.answers)
+    draft = sum(a.draft_time for a in s.answers) / steps
+    return metrics.roofline_efficiency(speedup, s.tau, profile[1], forward_time(profile, n), draft)
+
+
+def _from_spec_bench(a: Answer) -> bool:
+    """Written by Spec-Bench itself (none of our per-step fields)."""
+    return a.seed is None and a.tree_size is None and a.draft_time is None
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def fmt_speedup(s: metrics.Speedup) -> str:
+    """`2.31× [2.10, 2.55]`: the paired speedup with its 95% interval."""
+    if s.pairs == 0 or math.isnan(s.value):
+        return NA
+    return f"{s.value:.2f}× [{s.low:.2f}, {s.high:.2f}]"
+
+
+def fmt_ratio(x: float) -> str:
+    return NA if math.isnan(x) else f"{x:.2f}×"
+
+
+def _num(x: float | None, spec: str, none: str = MISSING) -> str:
+    return none if x is None or math.isnan(x) else format(x, spec)
+
+
+def md_table(header: list[str], rows: list[list[str]], left: int = 1) -> str:
+    """A Markdown table: the first `left` columns left-aligned, the rest right-aligned."""
+    align = [":---"] * left + ["---:"] * (len(header) - left)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def leaderboard_md(cell: Cell) -> str:
+    cats = cell.categories
+    rows = [[s.display, *(fmt_speedup(s.paired[c]) for c in cats), f"{s.tau:.2f}", fmt_speedup(s.paired[OVERALL])]
+            for s in cell.ranked()]
+    if not rows:
+        return f"Only `{BASELINE}` was run here: nothing to compare."
+    return md_table(["method", *cats, "τ", "Overall"], rows)
+
+
+def spec_bench_md(cell: Cell) -> str:
+    cats = [*cell.categories, OVERALL]
+    rows = [[s.display, *(fmt_ratio(s.spec_bench[c]) for c in cats)] for s in cell.ranked()]
+    return md_table(["method", *cats[:-1], "Overall"], rows) if rows else ""
+
+
+def detail_md(cell: Cell) -> str:
+    stats = list(cell.stats.values())
+    alphas = {s.method: metrics.acceptance_by_position(s.answers, ALPHA_DEPTH) for s in stats}
+    show_alpha = any(alphas.values())
+    show_roof = cell.source.profile is not None
+    header = ["method", "questions", "τ", "tokens/s", "mean tree size", "draft share"]
+    header += [f"α_{k}" for k in range(1, ALPHA_DEPTH + 1)] if show_alpha else []
+    header += ["roofline efficiency"] if show_roof else []
+    rows = []
+    for s in stats:
+        row = [s.display, str(len(s.answers)), f"{s.tau:.2f}", f"{metrics.tokens_per_second(s.answers):.1f}",
+               _num(mean_tree_size(s.answers), ".1f"), _num(draft_share(s.answers), ".1%")]
+        if show_alpha:
+            a = alphas[s.method]
+            row += [_num(a[k] if k < len(a) else None, ".2f") for k in range(ALPHA_DEPTH)]
+        if show_roof:
+            roof = roofline(cell, s)
+            row.append(_num(roof, ".0%", NA if cell.baseline is None else MISSING))
+        rows.append(row)
+    return md_table(header, rows)
+
+
+def lossless_md(cells: list[Cell]) -> str:
+    rows = []
+    for cell in cells:
+        if cell.temperature != 0:
+            continue
+        for s in cell.ranked():
+            check = metrics.losslessness(s.answers)
+            where = [cell.source.label, cell.model, cell.task, s.display]
+            if check.questions == 0:
+                rows.append([*where, "not checked", MISSING, MISSING, MISSING])
+            else:
+                bugs = f"**{check.bugs}**" if check.bugs and not s.lossy else str(check.bugs)
+                rows.append([*where, str(check.questions), f"{check.exact_rate:.1%}", str(check.near_ties), bugs])
+    if not rows:
+        return "No temperature-0 runs of a method other than vanilla."
+    return md_table(["run", "model", "task", "method", "questions checked", "exact match", "near-tie divergences",
+                     "mismatches (bugs)"], rows, left=4)
+
+
+def _tex(text: str) -> str:
+    return re.sub(r"([_&%#$])", r"\\\1", text).replace("~", r"\textasciitilde{}")
+
+
+def _tex_speedup(s: metrics.Speedup) -> str:
+    if s.pairs == 0 or math.isnan(s.value):
+        return NA
+    return f"{s.value:.2f}$\\times$\\,{{\\scriptsize[{s.low:.2f}, {s.high:.2f}]}}"
+
+
+def leaderboard_tex(cell: Cell) -> str:
+    cats = cell.categories
+    head = ["Method", *(_tex(TEX_LABELS.get(c, c)) for c in cats), r"$\tau$", "Overall"]
+    lines = [f"% {cell.title}: paired speedup over vanilla (geometric mean, 95% bootstrap CI); tau = mean accepted "
+             "length", r"\begin{tabular}{l" + "r" * (len(cats) + 2) + "}", r"\toprule", " & ".join(head) + r" \\",
+             r"\midrule"]
+    for s in cell.ranked():
+        cols = [_tex(s.display), *(_tex_speedup(s.paired[c]) for c in cats), f"{s.tau:.2f}",
+                _tex_speedup(s.paired[OVERALL])]
+        lines.append(" & ".join(cols) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- plots
+
+
+def method_colors(methods: set[str]) -> dict[str, str]:
+    """Fixed colours for known methods (a variant such as sps-68m takes its family's colour when the family
+    itself is absent), then a fixed order of extra colours for the others, sorted by name."""
+    out = {m: COLORS[m] for m in methods if m in COLORS}
+    rest = sorted(methods - set(out))
+    for m in rest:
+        family = m.split("-")[0]
+        if family in COLORS and family not in methods and COLORS[family] not in out.values():
+            out[m] = COLORS[family]
+    for i, m in enumerate(m for m in rest if m not in out):
+        out[m] = EXTRA_COLORS[i % len(EXTRA_COLORS)]
+    return out
+
+
+def _save(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
+    fig.tight_layout()
+    paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.pdf"]
+    fig.savefig(paths[0], dpi=150)
+    fig.savefig(paths[1])
+    return paths
+
+
+def plot_speedups(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """Grouped bars: category on x, one bar per method, 95% CI as error bars, a dashed line at 1."""
+    rows = cell.ranked()
+    if cell.baseline is None or not rows:
+        return []
+    cats = [*cell.categories, OVERALL]
+    fig = Figure(figsize=(max(6.0, 1.1 * len(cats) + 0.4 * len(rows)), 4.2))
+    ax = fig.add_subplot()
+    width = 0.8 / len(rows)
+    x = np.arange(len(cats))
+    for i, s in enumerate(rows):
+        sp = [s.paired[c] for c in cats]
+        values = np.array([p.value for p in sp])
+        err = np.array([[p.value - p.low for p in sp], [p.high - p.value for p in sp]])
+        ax.bar(x + (i - (len(rows) - 1) / 2) * width, values, width, yerr=err, capsize=2, label=s.display,
+               color=colors[s.method])
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xticks(x, [c.replace("_", " ") for c in cats])
+    ax.set_ylabel("speedup over vanilla (×)")
+    ax.set_title(f"Paired speedup, 95% CI\n{cell.title}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, stem)
+
+
+def plot_accept_lengths(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """Share of decoding steps by accepted length, one bar per method at each length."""
+    stats = [s for s in cell.stats.values() if s.method != BASELINE] or list(cell.stats.values())
+    lengths = {m.method: np.concatenate([a.accept_lengths for a in m.answers]).astype(int) for m in stats}
+    lengths = {m: v for m, v in lengths.items() if v.size}
+    if not lengths:
+        return []
+    top = max(int(v.max()) for v in lengths.values())
+    x = np.arange(1, top + 1)
+    fig = Figure(figsize=(min(12.0, max(6.0, 0.4 * top + 2)), 4.0))
+    ax = fig.add_subplot()
+    width = 0.8 / len(lengths)
+    for i, (m, v) in enumerate(lengths.items()):
+        share = np.bincount(v, minlength=top + 1)[1:] / v.size
+        ax.bar(x + (i - (len(lengths) - 1) / 2) * width, share, width, color=colors[m],
+               label=f"{m} (τ={cell.stats[m].tau:.2f})")
+    ax.set_xticks(x)
+    ax.set_xlabel("tokens accepted per step (target's own token included)")
+    ax.set_ylabel("share of steps")
+    ax.set_title(f"Accepted length per step\n{cell.title}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, stem)
+
+
+# ---------------------------------------------------------------- the report
+
+
+FOOTNOTES = """\
+- **Speedup (paired, the headline)**: geometric mean over questions of tokens/s of the method on a question ÷
+  tokens/s of vanilla on the same question (paired by question id), same source, model, task and temperature;
+  95% percentile-bootstrap interval over questions in brackets. **Overall** pools every question of the cell
+  (it is not the mean of the category columns). `n/a`: no vanilla answers (or no shared questions) to compare with.
+- **Speedup (Spec-Bench definition)**: mean of per-question tokens/s of the method ÷ mean of per-question tokens/s
+  of vanilla within a category, unpaired, as in Spec-Bench's `speed.py`; one run, not Spec-Bench's mean of 3.
+- **τ (mean accepted length)**: Σ new tokens / Σ decoding steps (target forwards after prefill), the target's
+  own bonus or corrected token included, so vanilla is 1.00. Comparable across machines; speedups are not.
+- **tokens/s**: Σ new tokens / Σ wall time; wall time runs from the start of prefill to the last accepted token.
+- **mean tree size**: tokens sent to the target per verification forward, averaged over steps.
+- **draft share**: Σ draft time / (Σ draft time + Σ verify time).
+- **α_k**: among steps whose draft reached depth k, the share that accepted the k-th draft token (for a tree,
+  along the accepted path).
+- **roofline efficiency**: overall paired speedup ÷ τ·T(1) / (T(n) + D), the speedup an overhead-free loop would
+  reach at the same τ. T(k) is the target's median forward time over k new tokens (`forward_profile.json`), n the
+  mean tree size (T linearly interpolated between measured sizes), D = Σ draft time / Σ decoding steps.
+- **Losslessness (temperature 0)**: each method's tokens are compared with vanilla's, question by question. A
+  first divergence where the target's top-1/top-2 logit margin is below a small dtype-dependent threshold is a
+  near-tie (numerical divergence from different kernel shapes); one with a clear margin is a real mismatch, a bug.
+  Lossy acceptance rules (e.g. typical acceptance) are marked "(lossy)": they are not expected to match.
+- `—`: not recorded by this source."""
+
+SPEC_BENCH_NOTE = """\
+- **Spec-Bench answer files**: token counts are taken from `new_tokens` as recorded for every method, baseline
+  included. Spec-Bench's own `speed.py` re-tokenises the baseline's text instead (which needs the model's
+  tokenizer), so its numbers can differ slightly. These files carry no draft/verify times, tree sizes, per-step
+  draft depths or greedy checks, so those columns are `—` or "not checked"."""
+
+
+def _plots(cells: list[Cell], out_dir: Path) -> dict[int, list[Path]]:
+    colors = method_colors({m for c in cells for m in c.by_method})
+    out = {}
+    for i, cell in enumerate(cells):
+        suffix = f"-{cell.slug}" if len(cells) > 1 else ""
+        out[i] = (plot_speedups(cell, colors, out_dir, f"speedup_by_category{suffix}")
+                  + plot_accept_lengths(cell, colors, out_dir, f"accept_length_hist{suffix}"))
+    return out
+
+
+def _sources_md(sources: list[Source]) -> str:
+    lines = []
+    for s in sources:
+        extra = []
+        if s.manifest:
+            cfg, mach = s.manifest.get("config", {}), s.manifest.get("machine", {})
+            extra = [f"{k} {v}" for k, v in (("dtype", cfg.get("dtype")), ("torch", mach.get("torch")),
+                                              ("transformers", mach.get("transformers"))) if v]
+        lines.append(f"- **{s.label}**: `{s.path}`" + (f" ({', '.join(extra)})" if extra else ""))
+    return "\n".join(lines)
+
+
+def _notes(cells: list[Cell]) -> list[str]:
+    return [f"- {c.missing_baseline}" for c in cells if c.missing_baseline]
+
+
+def summary(sources: list[Path]) -> str:
+    """The leaderboard table(s) as Markdown, for the terminal."""
+    cells = collect_cells(load_sources(sources))
+    parts = [f"{c.title}: paired speedup over vanilla [95% CI]\n\n{leaderboard_md(c)}" for c in cells]
+    return "\n\n".join(parts + _notes(cells))
+
+
+def build_report(sources: list[Path], out_dir: Path, title: str | None = None) -> Path:
+    """Write report.md, tables.tex and the plots (PNG and PDF) into out_dir; returns report.md's path."""
+    loaded = load_sources(sources)
+    cells = collect_cells(loaded)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = _plots(cells, out_dir)
+    title = title or "Speculative decoding report: " + ", ".join(s.name for s in loaded)
+
+    md = [f"# {title}", "", "## Sources", "", _sources_md(loaded), ""]
+    if len(loaded) > 1:
+        md += ["Each source is a separate run (possibly another machine): speedups are never computed across "
+               "sources; compare τ across machines, speedups only within one.", ""]
+    if notes := _notes(cells):
+        md += ["## Notes", "", *notes, ""]
+    md += ["## Leaderboard: paired speedup over vanilla [95% CI]", ""]
+    for c in cells:
+        md += [f"### {c.title}", "", leaderboard_md(c), ""]
+    md += ["## Speedup, Spec-Bench definition (unpaired; for comparison with published leaderboards)", ""]
+    for c in cells:
+        if c.ranked():
+            md += [f"### {c.title}", "", spec_bench_md(c), ""]
+    md += ["## Per-method detail", ""]
+    for c in cells:
+        md += [f"### {c.title}", "", detail_md(c), ""]
+    md += ["## Losslessness at temperature 0", "", lossless_md(cells), ""]
+    md += ["## Plots", ""]
+    for i, c in enumerate(cells):
+        for p in plots[i]:
+            if p.suffix == ".png":
+                md += [f"![{p.stem} · {c.title}]({p.name})", ""]
+    md += ["## Definitions", "", FOOTNOTES]
+    if any(_from_spec_bench(a) for s in loaded for a in s.answers):
+        md += [SPEC_BENCH_NOTE]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(md) + "\n", encoding="utf-8")
+
+    tex = ["% Leaderboards generated by specbench.report; needs \\usepackage{booktabs}", ""]
+    tex += [leaderboard_tex(c) + "\n" for c in cells if c.ranked()]
+    (out_dir / "tables.tex").write_text("\n".join(tex), encoding="utf-8")
+    return report

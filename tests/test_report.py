@@ -1,0 +1,215 @@
+"""Reports: numbers checked against hand computations from the raw answer files, plus a synthetic run folder."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from specbench import report
+from specbench.results import Answer
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SPEC_BENCH_ANSWERS = SHARED_DATA / "spec_bench_model_answers"
+needs_answers = pytest.mark.skipif(not SPEC_BENCH_ANSWERS.is_dir(),
+                                   reason=f"Spec-Bench answer files not found at {SPEC_BENCH_ANSWERS}")
+MT_LABELS = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+
+
+def table_row(md: str, section: str, method: str, occurrence: int = 0) -> dict[str, str]:
+    """The row of `method` in the `occurrence`-th table under the `## section` heading, keyed by column name."""
+    body = next(part for part in md.split("\n## ") if part.startswith(section))
+    tables = [block for block in body.split("\n\n") if block.startswith("| ")]
+    lines = tables[occurrence].splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[header.index("method")] == method:
+            return dict(zip(header, cells, strict=True))
+    raise AssertionError(f"no row {method!r} under {section!r}")
+
+
+# ---------------------------------------------------------------- real Spec-Bench files, by hand
+
+
+def raw(method: str) -> list[dict]:
+    path = next(SPEC_BENCH_ANSWERS.glob(f"vicuna-7b-v1.3-{method}-float16-*.jsonl"))
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def throughput(record: dict) -> float:
+    choice = record["choices"][0]
+    return sum(choice["new_tokens"]) / sum(choice["wall_time"])
+
+
+def group_of(record: dict) -> str:
+    return "mt_bench" if record["category"] in MT_LABELS else record["category"]
+
+
+def hand_tau(records: list[dict]) -> float:
+    tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in records)
+    return tokens / sum(sum(r["choices"][0]["decoding_steps"]) for r in records)
+
+
+def hand_spec_bench_speedup(method: list[dict], base: list[dict], group: str) -> float:
+    def mean_throughput(records):
+        values = [throughput(r) for r in records if group_of(r) == group]
+        return sum(values) / len(values)
+
+    return mean_throughput(method) / mean_throughput(base)
+
+
+def hand_paired_speedup(method: list[dict], base: list[dict]) -> float:
+    base_tp = {r["question_id"]: throughput(r) for r in base}
+    logs = [math.log(throughput(r) / base_tp[r["question_id"]]) for r in method]
+    return math.exp(sum(logs) / len(logs))
+
+
+@pytest.fixture(scope="module")
+def spec_bench_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    path = report.build_report([SPEC_BENCH_ANSWERS], out)
+    cells = report.collect_cells(report.load_sources([SPEC_BENCH_ANSWERS]))
+    return path, cells
+
+
+@needs_answers
+def test_spec_bench_report_files(spec_bench_report):
+    path, cells = spec_bench_report
+    assert path.name == "report.md" and path.is_file()
+    for stem in ("speedup_by_category", "accept_length_hist"):
+        for ext in ("png", "pdf"):
+            assert (path.parent / f"{stem}.{ext}").stat().st_size > 1000
+    tex = (path.parent / "tables.tex").read_text()
+    assert r"\toprule" in tex and r"\bottomrule" in tex and r"$\times$" in tex
+    assert len(cells) == 1 and set(cells[0].by_method) == {"vanilla", "sps-68m", "eagle"}
+
+
+@needs_answers
+def test_spec_bench_numbers_match_a_hand_computation(spec_bench_report):
+    path, (cell,) = spec_bench_report
+    md = path.read_text()
+    eagle, sps, vanilla = raw("eagle"), raw("sps-68m"), raw("vanilla")
+    stats = cell.stats["eagle"]
+
+    tau = hand_tau(eagle)
+    assert stats.tau == pytest.approx(tau, rel=1e-12)
+    assert abs(tau - 3.58) < 0.05 and abs(hand_tau(sps) - 2.50) < 0.05  # the data README's figures
+    assert table_row(md, "Leaderboard", "eagle")["τ"] == f"{tau:.2f}"
+
+    for group in ("translation", "mt_bench"):
+        expected = hand_spec_bench_speedup(eagle, vanilla, group)
+        assert stats.spec_bench[group] == pytest.approx(expected, rel=1e-12)
+        assert table_row(md, "Speedup, Spec-Bench definition", "eagle")[group] == f"{expected:.2f}×"
+
+    paired = hand_paired_speedup(eagle, vanilla)
+    overall = stats.paired["overall"]
+    assert overall.value == pytest.approx(paired, rel=1e-9) and overall.pairs == 480
+    assert overall.low < paired < overall.high
+    assert table_row(md, "Leaderboard", "eagle")["Overall"] == f"{paired:.2f}× [{overall.low:.2f}, {overall.high:.2f}]"
+
+
+@needs_answers
+def test_spec_bench_report_labels_what_it_lacks(spec_bench_report):
+    md = spec_bench_report[0].read_text()
+    assert table_row(md, "Losslessness", "eagle")["questions checked"] == "not checked"
+    assert "re-tokenises" in md and "new_tokens" in md
+    assert "vanilla" not in [line.split("|")[1].strip() for line in md.split("## Speedup")[0].splitlines()
+                             if line.startswith("| ")]  # the baseline is not a leaderboard row
+
+
+# ---------------------------------------------------------------- a synthetic run folder
+
+
+def answer(qid: int, group: str, method: str, temperature: float, seconds: float, steps: list[int], **extra) -> Answer:
+    """One single-turn question whose steps accepted `steps` tokens each."""
+    return Answer(question_id=qid, category=group, group=group, method=method, temperature=temperature,
+                  model="tiny", task="quick", new_tokens=[sum(steps)], wall_time=[seconds],
+                  decoding_steps=[len(steps)], accept_lengths=steps, turns=["text"], seed=qid, **extra)
+
+
+def write(path: Path, answers: list[Answer]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(a.to_record("tiny")) + "\n" for a in answers))
+
+
+GREEDY = [
+    {"match": True, "turn": None, "position": None, "margin": None, "near_tie": False},
+    {"match": False, "turn": 0, "position": 3, "margin": 1e-4, "near_tie": True},
+    {"match": False, "turn": 0, "position": 1, "margin": 2.5, "near_tie": False},
+]
+PROFILE = {"1": 0.010, "2": 0.011, "4": 0.013, "8": 0.020}
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    run = tmp_path / "run-a"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"config": {"dtype": "float32"}, "model": {"name": "tiny"},
+                                                   "machine": {"device_name": "Fake GPU 9000"}}))
+    (run / "forward_profile.json").write_text(json.dumps(PROFILE))
+    groups = ["chat", "chat", "math"]
+    vanilla = [answer(q, groups[q], "vanilla", 0.0, 1.0, [1, 1, 1, 1], tested=[0] * 4, tree_size=[1] * 4,
+                      draft_time=0.0, verify_time=0.9) for q in range(3)]
+    sps = [answer(q, groups[q], "sps", 0.0, 0.5, [3, 1], tested=[3, 3], tree_size=[2, 4], draft_time=0.1,
+                  verify_time=0.3, greedy_check=GREEDY[q]) for q in range(3)]
+    lossy = [answer(q, groups[q], "medusa", 0.0, 0.25, [4], tested=[3], tree_size=[4], draft_time=0.0,
+                    verify_time=0.2, lossless_rule=False) for q in range(3)]
+    warm = [answer(q, groups[q], "sps", 0.7, 0.5, [2, 2], tested=[3, 3], tree_size=[4, 4], draft_time=0.1,
+                   verify_time=0.3) for q in range(3)]
+    write(run / "answers" / "quick" / "vanilla-temperature-0.jsonl", vanilla)
+    write(run / "answers" / "quick" / "sps-temperature-0.jsonl", sps)
+    write(run / "answers" / "quick" / "medusa-temperature-0.jsonl", lossy)
+    write(run / "answers" / "quick" / "sps-temperature-0.7.jsonl", warm)  # no vanilla at T=0.7
+    return run
+
+
+def test_synthetic_run_detail_roofline_and_losslessness(run_dir, tmp_path):
+    md = report.build_report([run_dir], tmp_path / "out").read_text()
+    assert "run-a (Fake GPU 9000)" in md
+
+    sps = table_row(md, "Per-method detail", "sps")
+    assert sps["τ"] == "2.00" and sps["tokens/s"] == "8.0" and sps["mean tree size"] == "3.0"
+    assert sps["draft share"] == "25.0%"
+    # two steps per question, both drafted 3 deep: accepted 2 and 0 draft tokens
+    assert [sps[f"α_{k}"] for k in range(1, 6)] == ["0.50", "0.50", "0.00", "—", "—"]
+    # every question is twice as fast as vanilla; ideal = tau * T(1) / (T(3) + D), D = 0.1 / 2 steps
+    ideal = 2.0 * 0.010 / ((0.011 + 0.013) / 2 + 0.05)
+    assert sps["roofline efficiency"] == f"{2.0 / ideal:.0%}"
+    assert table_row(md, "Per-method detail", "vanilla")["roofline efficiency"] == "100%"
+
+    check = table_row(md, "Losslessness", "sps")
+    assert (check["questions checked"], check["exact match"], check["near-tie divergences"],
+            check["mismatches (bugs)"]) == ("3", "33.3%", "1", "**1**")
+    assert table_row(md, "Losslessness", "medusa (lossy)")["questions checked"] == "not checked"
+    assert table_row(md, "Leaderboard", "medusa (lossy)")["Overall"].startswith("4.00× [4.00, 4.00]")
+    assert table_row(md, "Leaderboard", "sps")["chat"] == "2.00× [2.00, 2.00]"
+
+
+def test_cell_without_vanilla_shows_na(run_dir, tmp_path):
+    out = tmp_path / "out"
+    md = report.build_report([run_dir], out).read_text()
+    warm = table_row(md, "Leaderboard", "sps", occurrence=1)  # the T=0.7 cell
+    assert warm["Overall"] == "n/a" and warm["chat"] == "n/a" and warm["τ"] == "2.00"
+    assert table_row(md, "Per-method detail", "sps", occurrence=1)["roofline efficiency"] == "n/a"
+    assert "T=0.7: no `vanilla` answers in this source" in md
+    # several cells: one set of plots per cell, named by slug; no speedup plot where there is no baseline
+    assert (out / "speedup_by_category-run-a-tiny-quick-t0.png").is_file()
+    assert (out / "accept_length_hist-run-a-tiny-quick-t0.7.pdf").is_file()
+    assert not (out / "speedup_by_category-run-a-tiny-quick-t0.7.png").exists()
+    text = report.summary([run_dir])
+    assert "n/a" in text and "Per-method" not in text and "no `vanilla` answers" in text
+
+
+def test_sources_never_mix(run_dir, tmp_path):
+    other = tmp_path / "machine-b" / "run-a"
+    other.mkdir(parents=True)
+    write(other / "answers" / "quick" / "sps-temperature-0.jsonl",
+          [answer(q, "chat", "sps", 0.0, 0.1, [4]) for q in range(3)])
+    cells = report.collect_cells(report.load_sources([run_dir, other]))
+    assert [c.source.name for c in cells] == ["run-a", "run-a", "machine-b/run-a"]
+    assert cells[2].baseline is None and math.isnan(cells[2].stats["sps"].paired["overall"].value)
+    assert report.method_colors({"sps", "sps-68m", "eagle"})["eagle"] == report.COLORS["eagle"]
+    assert report.method_colors({"sps-68m"})["sps-68m"] == report.COLORS["sps"]
