@@ -52,16 +52,22 @@ class Speedup:
     pairs: int
 
 
-def paired_speedup(method: list[Answer], baseline: list[Answer], n_boot: int = 2000, seed: int = 0) -> Speedup:
-    """Geometric mean over questions of tokens/s(method) / tokens/s(baseline), paired by question id."""
-    base = {a.question_id: question_throughput(a) for a in baseline}
-    logs = np.array([np.log(question_throughput(a) / base[a.question_id]) for a in method if a.question_id in base])
+def geometric_mean(ratios: list[float], n_boot: int = 2000, seed: int = 0) -> Speedup:
+    """Geometric mean of paired ratios, with a 95% percentile-bootstrap interval over the pairs."""
+    logs = np.log(np.asarray(ratios, dtype=float))
     if logs.size == 0:
         return Speedup(float("nan"), float("nan"), float("nan"), 0)
     rng = np.random.default_rng(seed)
     boot = logs[rng.integers(0, logs.size, size=(n_boot, logs.size))].mean(axis=1)
     low, high = np.exp(np.percentile(boot, [2.5, 97.5]))
     return Speedup(float(np.exp(logs.mean())), float(low), float(high), int(logs.size))
+
+
+def paired_speedup(method: list[Answer], baseline: list[Answer], n_boot: int = 2000, seed: int = 0) -> Speedup:
+    """Geometric mean over questions of tokens/s(method) / tokens/s(baseline), paired by question id."""
+    base = {a.question_id: question_throughput(a) for a in baseline}
+    ratios = [question_throughput(a) / base[a.question_id] for a in method if a.question_id in base]
+    return geometric_mean(ratios, n_boot, seed)
 
 
 def spec_bench_speedup(method: list[Answer], baseline: list[Answer]) -> float:

@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -66,10 +67,20 @@ def _git_revision() -> str | None:
     return out.stdout.strip() or None
 
 
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine(device: torch.device) -> dict:
     import transformers
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
     return {
         "device": device.type,
         "device_name": name,
@@ -81,7 +92,18 @@ def machine(device: torch.device) -> dict:
         "transformers": transformers.__version__,
         "specbench": __version__,
         "git_revision": _git_revision(),
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
+
+
+def warn_if_busy(info: dict) -> None:
+    """Timing on a loaded machine is wrong (and CPU thread pools degrade badly under contention): say so."""
+    load, cpus = info.get("load_average"), info.get("cpu_count") or 1
+    if load is not None and load > 0.5 * cpus:
+        print(
+            f"specbench: warning: load average {load:.1f} on {cpus} CPUs; other processes will distort the timings",
+            file=sys.stderr,
+        )
 
 
 @torch.inference_mode()
@@ -237,6 +259,7 @@ def run(cfg: RunConfig) -> Path:
         "machine": machine(session.device),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+    warn_if_busy(manifest["machine"])
     _check_manifest(run_dir / "manifest.json", manifest)
     profile_path = run_dir / "forward_profile.json"
     if not profile_path.exists():
