@@ -15,9 +15,10 @@ from specbench.zoo.corpus import build_corpus
 from specbench.zoo.evaluate import distinct2, repeated4
 from specbench.zoo.plan import FULL
 
-DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from .conftest import SHARED_DATA as DATA_DIR
+from .conftest import needs_shared
 
-pytestmark = pytest.mark.skipif(not (DATA_DIR / "spec_bench").is_dir(), reason=f"training data not found at {DATA_DIR}")
+pytestmark = needs_shared
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +100,14 @@ def test_degeneracy_statistics() -> None:
     assert distinct2([1, 2, 1, 2]) == pytest.approx(2 / 3)
     assert repeated4([1, 2, 3, 4, 1, 2, 3, 4]) == pytest.approx(1 / 5)
     assert repeated4([1, 2]) == 0.0
+
+
+def test_specbench_run_on_the_smoke_family(family: Path, tmp_path: Path) -> None:
+    from specbench.results import read_answers
+    from specbench.runner import RunConfig, run
+
+    cfg = RunConfig(model=str(family / "target"), draft=str(family / "draft"), limit=1, max_new_tokens=8,
+                    out=str(tmp_path / "run"), progress=False)
+    answers = read_answers(run(cfg) / "answers")
+    assert {a.method for a in answers} == {"vanilla", "sps", "pld"}
+    assert all(a.greedy_check["match"] for a in answers if a.method != "vanilla")

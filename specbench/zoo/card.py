@@ -1,0 +1,186 @@
+"""The family's MODEL_CARD.md and its loss-curve figure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from specbench.zoo.evaluate import Agreement
+from specbench.zoo.plan import FamilyPlan
+from specbench.zoo.train import TrainLog
+
+CARD = "MODEL_CARD.md"
+LOSS_PNG = "loss_curves.png"
+
+
+@dataclass
+class Sample:
+    """One greedy answer and its degeneracy statistics (over answer token ids)."""
+
+    prompt: str
+    answer: str
+    tokens: int
+    distinct2: float
+    repeated4: float
+
+
+@dataclass
+class Model:
+    """What the card reports about one model of the family."""
+
+    name: str
+    params: int
+    layers: int
+    hidden: int
+    heldout_loss: float
+    ms_1: float  # forward over 1 new token
+    ms_16: float  # forward over 16 new tokens
+
+
+@dataclass
+class CardData:
+    """Everything the card shows."""
+
+    seed: int
+    plan: FamilyPlan
+    manifest: dict[str, dict[str, int]]
+    removed_as_eval: int
+    heldout_conversations: int
+    train_tokens: int
+    heldout_tokens: int
+    vocab_size: int
+    models: list[Model]
+    logs: list[TrainLog]
+    agreement: Agreement
+    threads: int
+    cache_len: int
+    samples: list[Sample]
+    build_seconds: float
+
+
+def plot_losses(logs: list[TrainLog], path: Path) -> Path:
+    """Training and held-out loss of every run, one panel each (a bare Figure renders with Agg, no pyplot)."""
+    fig = Figure(figsize=(5 * len(logs), 3.5))
+    axes = fig.subplots(1, len(logs), squeeze=False)
+    for ax, log in zip(axes[0], logs, strict=True):
+        for label, points in (("train", log.train), ("held-out", log.heldout)):
+            ax.plot([s for s, _ in points], [v for _, v in points], label=label, marker=".")
+        objective = "KL to target" if log.name == "draft" else "cross-entropy"
+        ax.set_title(f"{log.name} (train: {objective}; held-out: CE)")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (nats/token)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _quote(text: str) -> str:
+    return "\n".join("> " + line for line in (text.strip() or "(empty)").splitlines())
+
+
+def write_card(out_dir: Path, data: CardData) -> Path:
+    """Write MODEL_CARD.md and the loss figure into `out_dir`."""
+    plot_losses(data.logs, out_dir / LOSS_PNG)
+    p = data.plan
+    lines = [
+        "# specbench tiny model family",
+        "",
+        "A Llama-architecture target (`target/`) and its draft model (`draft/`) sharing one byte-level BPE "
+        "tokenizer with the Vicuna v1.1 chat template, trained from scratch by `specbench.zoo.build_family` "
+        f"(seed {data.seed}) on CPU. Weights are stored in float16; the configs say float32, so "
+        "`AutoModelForCausalLM.from_pretrained(dir)` gives a float32 model. They exist to exercise "
+        "speculative decoding end to end on any machine; they are not useful assistants.",
+        "",
+        "## Corpus",
+        "",
+        "Single-turn conversations rendered with the chat template "
+        "(`<s>{system} USER: {prompt} ASSISTANT: {answer}</s>`). Summarisation prompts are "
+        f"`Summarize: {{article}}` (articles cut to {p.max_article_chars} characters at a sentence end), "
+        "translation prompts `Translate German to English: {de}`. Spec-Bench, MT-bench and their model "
+        f"answers are excluded; {data.removed_as_eval} conversations whose prompt matched a Spec-Bench turn "
+        f"were dropped. {data.heldout_conversations} conversations ({p.heldout_frac:.0%}) are held out.",
+        "",
+        "| source | conversations | characters |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {s} | {m['conversations']:,} | {m['characters']:,} |" for s, m in data.manifest.items()]
+    total_conv = sum(m["conversations"] for m in data.manifest.values())
+    total_chars = sum(m["characters"] for m in data.manifest.values())
+    lines += [
+        f"| **total** | {total_conv:,} | {total_chars:,} |",
+        "",
+        f"Tokens: {data.train_tokens:,} training, {data.heldout_tokens:,} held out (vocabulary {data.vocab_size:,}).",
+        "",
+        "## Models",
+        "",
+        f"Per-token decode time: median of {p.timing_repeats} forwards over 1 or 16 new tokens on top of a "
+        f"{data.cache_len}-token KV cache, float32, {data.threads} torch threads, on the build machine.",
+        "",
+        "| model | parameters | layers | width | held-out loss | 1 token (ms) | 16 tokens (ms) | 16 / 1 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {m.name} | {m.params:,} | {m.layers} | {m.hidden} | {m.heldout_loss:.3f} | {m.ms_1:.2f} | "
+        f"{m.ms_16:.2f} | {m.ms_16 / m.ms_1:.2f} |"
+        for m in data.models
+    ]
+    target, draft = data.models
+    lines += [
+        "",
+        f"Draft / target cost per token: {draft.ms_1 / target.ms_1:.2f}. On held-out text the draft's "
+        f"top-1 token equals the target's at {data.agreement.greedy:.1%} of positions; the expected "
+        "acceptance of one speculative-sampling proposal (sum of min(p, q)) is "
+        f"{data.agreement.sampled:.1%}.",
+        "",
+        "## Training",
+        "",
+        f"Packed sequences of {p.seq_len} tokens, batch {p.batch}, AdamW (betas 0.9/0.95, weight decay 0.1 "
+        f"on matrices), peak learning rate {p.lr:g}, {p.warmup} warm-up steps, cosine decay to a tenth, "
+        "gradient clipping 1.0, bfloat16 autocast, no dropout. The target is trained by next-token "
+        "cross-entropy on every token (prompts included: the tiny model needs all the text it can get, and "
+        "the repeated system prompt is cheap to predict). The draft has the target's width, starts from the "
+        "target's embeddings, first layer and final norm, and is distilled by forward KL to the target's "
+        "next-token distribution at every position.",
+        "",
+        "Each run has a planned step count and a wall-clock cap; past the cap the cosine decay speeds up so "
+        "that the run still anneals and ends in time (steps below the planned count mean the cap bit).",
+        "",
+        "| run | steps | planned steps | tokens | wall time (min) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {g.name} | {g.steps:,} | {g.planned_steps:,} | {g.tokens:,} | {g.seconds / 60:.1f} |" for g in data.logs
+    ]
+    lines += [
+        "",
+        f"Whole build (corpus, tokenizer, both models, evaluation, card): {data.build_seconds / 60:.1f} minutes.",
+        "",
+        f"![loss curves]({LOSS_PNG})",
+        "",
+        "## Greedy samples (target)",
+        "",
+        f"`generate(do_sample=False, max_new_tokens={p.gen_new_tokens})` on the chat-templated prompt. "
+        "Degeneracy over answer token ids: distinct-2 = unique bigrams / bigrams; repeated-4 = share of "
+        "4-grams that already occurred earlier in the same answer.",
+        "",
+    ]
+    mean_d2 = sum(s.distinct2 for s in data.samples) / len(data.samples)
+    mean_r4 = sum(s.repeated4 for s in data.samples) / len(data.samples)
+    lines += [f"Mean distinct-2 {mean_d2:.3f}, mean repeated-4 {mean_r4:.3f}.", ""]
+    for s in data.samples:
+        lines += [
+            "**Prompt**",
+            "",
+            _quote(s.prompt),
+            "",
+            f"**Answer** ({s.tokens} tokens, distinct-2 {s.distinct2:.3f}, repeated-4 {s.repeated4:.3f})",
+            "",
+            _quote(s.answer),
+            "",
+        ]
+    path = out_dir / CARD
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path

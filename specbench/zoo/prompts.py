@@ -1,0 +1,22 @@
+"""Prompts whose greedy answers the model card shows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+GENERAL = [
+    "Translate German to English: Der Zug nach Berlin hat heute eine Stunde Verspätung.",
+    "Summarize: The city council voted on Tuesday to turn the old railway station into a public library. "
+    "The building has stood empty for twelve years since the last trains stopped running. Supporters say the "
+    "library will bring visitors back to the town centre, while critics worry about the cost of repairing "
+    "the roof. Work is expected to begin next spring and to take about two years.",
+    "What are the main causes of climate change?",
+    "Write a short poem about the sea.",
+]
+
+
+def gsm8k_test(data_dir: Path, n: int) -> list[str]:
+    """The first `n` GSM8K test questions."""
+    with open(data_dir / "gsm8k" / "test.jsonl", encoding="utf-8") as f:
+        return [json.loads(line)["question"] for _, line in zip(range(n), f, strict=False)]

@@ -1,0 +1,129 @@
+"""Training loops: the target by next-token prediction, the draft by distillation from the target."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+from transformers import LlamaForCausalLM
+
+from specbench.zoo.evaluate import heldout_loss
+from specbench.zoo.packing import batches
+from specbench.zoo.plan import FamilyPlan
+
+
+@dataclass
+class TrainLog:
+    """Losses and budget of one training run."""
+
+    name: str
+    planned_steps: int
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    train: list[tuple[int, float]] = field(default_factory=list)  # (step, mean training loss since last log)
+    heldout: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out next-token loss)
+
+
+def _optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    vectors = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": matrices, "weight_decay": 0.1}, {"params": vectors, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+
+
+def _lr_factor(step: int, warmup: int, progress: float) -> float:
+    """Linear warm-up over `warmup` steps, then cosine decay to a tenth of the peak as `progress` goes to 1."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _loop(
+    name: str,
+    model: LlamaForCausalLM,
+    loss_fn: Callable[[torch.Tensor], torch.Tensor],
+    docs: list[list[int]],
+    heldout_rows: torch.Tensor,
+    plan: FamilyPlan,
+    steps: int,
+    budget_s: float,
+    seed: int,
+) -> TrainLog:
+    """Train for `steps` steps, or fewer if `budget_s` seconds run out first.
+
+    The cosine decay follows max(step / steps, elapsed / budget_s), so on a machine fast enough for the
+    planned steps the run is exactly reproducible, and on a slower or busier one it still anneals and
+    ends in time (the card records the steps actually taken).
+    """
+    torch.manual_seed(seed)
+    log = TrainLog(name, steps)
+    opt = _optimizer(model, plan.lr)
+    data = batches(docs, plan.seq_len, plan.batch, seed)
+    start, running, step, progress = time.perf_counter(), [], 0, 0.0
+    bar = tqdm(total=steps, desc=f"train {name}", mininterval=15)
+    while progress < 1.0:
+        step += 1
+        lr = plan.lr * _lr_factor(step - 1, plan.warmup, progress)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        model.train()
+        x = next(data)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_fn(x)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        running.append(loss.item())
+        log.tokens += x.numel()
+        bar.update()
+        elapsed = time.perf_counter() - start
+        progress = max(step / steps, elapsed / budget_s)
+        if step % plan.eval_every == 0 or progress >= 1.0:
+            log.train.append((step, sum(running) / len(running)))
+            log.heldout.append((step, heldout_loss(model, heldout_rows[: plan.eval_seqs], bf16=True)))
+            running = []
+            bar.write(
+                f"[{name}] step {step}/{steps} train {log.train[-1][1]:.3f} heldout {log.heldout[-1][1]:.3f} "
+                f"lr {lr:.2e} {log.tokens / elapsed:.0f} tok/s {elapsed / 60:.1f} min",
+            )
+    bar.close()
+    log.steps, log.seconds = step, time.perf_counter() - start
+    return log
+
+
+def train_target(
+    model: LlamaForCausalLM, docs: list[list[int]], heldout_rows: torch.Tensor, plan: FamilyPlan, seed: int
+) -> TrainLog:
+    """Next-token cross-entropy on every token of the packed conversations."""
+
+    def loss_fn(x: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=x, labels=x).loss
+
+    return _loop("target", model, loss_fn, docs, heldout_rows, plan, plan.target_steps, plan.target_budget_s, seed)
+
+
+def distill_draft(
+    draft: LlamaForCausalLM,
+    target: LlamaForCausalLM,
+    docs: list[list[int]],
+    heldout_rows: torch.Tensor,
+    plan: FamilyPlan,
+    seed: int,
+) -> TrainLog:
+    """Forward KL from the target's next-token distribution to the draft's, at every position."""
+    target.eval()
+
+    def loss_fn(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            teacher = F.log_softmax(target(input_ids=x).logits.float(), dim=-1)
+        student = F.log_softmax(draft(input_ids=x).logits.float(), dim=-1)
+        return F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="batchmean")
+
+    return _loop("draft", draft, loss_fn, docs, heldout_rows, plan, plan.draft_steps, plan.draft_budget_s, seed + 1)
