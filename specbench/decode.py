@@ -9,7 +9,7 @@ import torch
 
 from . import acceptance
 from .errors import SpecbenchError
-from .methods.base import Proposer
+from .methods.base import Feedback, Proposer
 from .sampling import probabilities
 from .target import Target
 
@@ -61,25 +61,29 @@ def decode(
     budget = min(max_new_tokens, target.context_length - len(prompt))
     device = target.device
     start = _clock(device)
+    layers = proposer.feature_layers
     target.reset()
-    if len(prompt) > 1:
-        target.forward(prompt[:-1], last_only=True)
-    proposer.start(prompt, temperature, generator)
+    prefill = target.run(prompt[:-1], last_only=True, layers=layers) if len(prompt) > 1 else None
+    t0 = _clock(device)
+    proposer.start(prompt, temperature, generator, prefill.features if prefill is not None else None)
     tokens = list(prompt)
-    gen = Generation([], prefill_draft_time=_clock(device) - start)
+    gen = Generation([], prefill_draft_time=_clock(device) - t0)
     while len(gen.tokens) < budget:
         remaining = budget - len(gen.tokens)
         t0 = _clock(device)
         proposal = proposer.propose(tokens).pruned(remaining - 1)
         t1 = _clock(device)
         past = target.cached
-        logits = target.verify(tokens[-1], proposal.tree)
+        tree, side = proposal.tree, proposal.side
+        out = target.run([tokens[-1], *tree.tokens, *(side.tokens if side else [])], tree, layers=layers, side=side)
+        logits = out.logits[: len(tree) + 1]
         if temperature == 0:
             accepted = acceptance.greedy(proposal.tree, logits)
         else:
             probs = probabilities(logits, temperature)
             accepted = acceptance.speculative_sampling(proposal.tree, probs, proposal.draft_probs, generator)
-        target.commit(past, [0, *accepted.rows])
+        kept = [0, *accepted.rows]
+        target.commit(past, kept)
         new = [proposal.tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
         stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
         if stop_at is not None:
@@ -88,9 +92,15 @@ def decode(
         tokens.extend(new)
         gen.tokens.extend(new)
         t2 = _clock(device)
-        proposer.update(tokens, proposal, accepted)
+        feedback = Feedback(
+            accepted,
+            out.features[kept] if out.features is not None else None,
+            out.logits[len(tree) + 1 :] if side else None,
+        )
+        proposer.update(tokens, proposal, feedback)
         t3 = _clock(device)
-        gen.steps.append(Step(len(new), accepted.tested, len(proposal.tree) + 1, t1 - t0 + t3 - t2, t2 - t1))
+        sent = len(tree) + 1 + (len(side.tokens) if side else 0)
+        gen.steps.append(Step(len(new), accepted.tested, sent, t1 - t0 + t3 - t2, t2 - t1))
         if stop_at is not None:
             break
     gen.wall_time = _clock(device) - start

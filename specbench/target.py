@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import DynamicCache
 
 from .tree import Tree, attention_mask, position_ids
+
+
+@dataclass(frozen=True)
+class SideBranch:
+    """Extra tokens verified in the same forward whose logits only the proposer reads (Lookahead's window).
+
+    Their cache rows are always dropped by the commit that follows."""
+
+    tokens: list[int]
+    positions: list[int]  # offsets from the root's position
+    allowed: torch.Tensor  # bool [m, 1 + n + m]: the new rows ([root] + tree + side) each side token attends to
+
+
+@dataclass(frozen=True)
+class Forward:
+    logits: torch.Tensor  # [rows, V]
+    features: torch.Tensor | None = None  # [rows, F]: the requested hidden states, concatenated on the last dim
 
 
 class Target:
@@ -26,33 +45,50 @@ class Target:
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
 
-    @torch.inference_mode()
     def forward(self, tokens: list[int], tree: Tree | None = None, last_only: bool = False) -> torch.Tensor:
         """Append `tokens` to the cache (a chain, or [root] + tree when `tree` is given). Returns logits [n, V],
         or [1, V] for the last token only with `last_only` (a prefill: no vocabulary projection of the prompt)."""
-        if self.cache is None:
-            self.reset()
-        past = self.cached
-        ids = torch.tensor([tokens], device=self.device)
-        if tree is None or tree.is_chain:
-            positions = torch.arange(past, past + len(tokens), device=self.device)[None]
-            mask = None
-        else:
-            positions = position_ids(tree, past, self.device)
-            mask = attention_mask(tree, past, self.dtype, self.device)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=1 if last_only else 0,
-        )
-        return out.logits[0]
+        return self.run(tokens, tree, last_only=last_only).logits
 
     def verify(self, root: int, tree: Tree) -> torch.Tensor:
         """One forward over [root] + tree. Returns logits [len(tree) + 1, V]; the cache grows by that many rows."""
         return self.forward([root, *tree.tokens], tree)
+
+    @torch.inference_mode()
+    def run(
+        self,
+        tokens: list[int],
+        tree: Tree | None = None,
+        *,
+        last_only: bool = False,
+        layers: tuple[int, ...] | None = None,
+        side: SideBranch | None = None,
+    ) -> Forward:
+        """One forward appending `tokens` (with `tree`: [root] + tree tokens + side tokens) to the cache.
+
+        `layers` asks for hidden states as features: indices into the model's hidden-state list (0 = the
+        embeddings, i = the output of layer i) and -1 for the final normalised state the LM head reads.
+        """
+        if self.cache is None:
+            self.reset()
+        past = self.cached
+        ids = torch.tensor([tokens], device=self.device)
+        if tree is None or (tree.is_chain and side is None):
+            positions = torch.arange(past, past + len(tokens), device=self.device)[None]
+            mask = None  # plain causal attention: the model builds it (and sdpa takes its fast path)
+        else:
+            positions = position_ids(tree, past, self.device, side.positions if side else None)
+            mask = attention_mask(tree, past, self.dtype, self.device, side.allowed if side else None)
+        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache)
+        if layers is None:
+            out = self.model(**inputs, use_cache=True, logits_to_keep=1 if last_only else 0)
+            return Forward(out.logits[0])
+        inner = [i for i in layers if i != -1]
+        out = self.model.get_decoder()(**inputs, use_cache=True, output_hidden_states=bool(inner))
+        final = out.last_hidden_state[0]
+        logits = self.model.get_output_embeddings()(final[-1:] if last_only else final)
+        states = [final if i == -1 else out.hidden_states[i][0] for i in layers]
+        return Forward(logits, torch.cat(states, dim=-1))
 
     @torch.inference_mode()
     def commit(self, start: int, keep: list[int]) -> None:

@@ -84,16 +84,32 @@ def ancestor_matrix(tree: Tree) -> torch.Tensor:
     return allowed
 
 
-def attention_mask(tree: Tree, past_len: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
-    """Additive 4D mask [1, 1, n+1, past_len + n+1]: 0 where attention is allowed, the dtype's min elsewhere."""
+def attention_mask(
+    tree: Tree,
+    past_len: int,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    side: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Additive 4D mask [1, 1, n+1+m, past_len+n+1+m]: 0 where attention is allowed, the dtype's min elsewhere.
+
+    `side` (bool [m, n+1+m]) appends m side-branch rows that see the cached prefix plus the new rows it marks;
+    tree rows never see side rows, so the tree's logits are exactly those of a tree-only forward.
+    """
     n = len(tree) + 1
-    allowed = torch.ones(n, past_len + n, dtype=torch.bool)
-    allowed[:, past_len:] = ancestor_matrix(tree)
-    mask = torch.zeros(n, past_len + n, dtype=dtype)
+    m = 0 if side is None else side.shape[0]
+    allowed = torch.ones(n + m, past_len + n + m, dtype=torch.bool)
+    allowed[:n, past_len:] = False
+    allowed[:n, past_len : past_len + n] = ancestor_matrix(tree)
+    if side is not None:
+        allowed[n:, past_len:] = side
+    mask = torch.zeros(n + m, past_len + n + m, dtype=dtype)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask.to(device)[None, None]
 
 
-def position_ids(tree: Tree, past_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Positions [1, n+1]: the root sits at past_len, a node at past_len + its depth."""
-    return torch.tensor([[past_len + d for d in [0, *tree.depths()]]], device=device)
+def position_ids(tree: Tree, past_len: int, device: torch.device | str = "cpu", side: list[int] | None = None):
+    """Positions [1, n+1+m]: the root sits at past_len, a node at past_len + its depth, a side token at
+    past_len + its given offset."""
+    offsets = [0, *tree.depths(), *(side or [])]
+    return torch.tensor([[past_len + d for d in offsets]], device=device)

@@ -95,3 +95,38 @@ def test_find_continuation_hand_worked():
     assert find_continuation([5, 1, 2, 9, 1, 2], 2, 1) == [9]
     assert find_continuation([9, 7, 8, 7], 3, 2) == [8, 7]  # n = 1 fallback: first 7 from the left
     assert find_continuation([7], 3, 5) == []
+
+
+def test_features_come_with_the_same_logits(pair):
+    target, _ = pair
+    t = Target(target)
+    prompt = PROMPTS[0]
+    plain = t.run(prompt).logits
+    t.reset()
+    out = t.run(prompt, layers=(1, -1))
+    torch.testing.assert_close(out.logits, plain, atol=1e-5, rtol=1e-5)
+    states = target(torch.tensor([prompt]), output_hidden_states=True).hidden_states
+    hidden = target.config.hidden_size
+    torch.testing.assert_close(out.features[:, :hidden], states[1][0], atol=1e-5, rtol=1e-5)
+    final = target.get_decoder()(torch.tensor([prompt])).last_hidden_state[0]
+    torch.testing.assert_close(out.features[:, hidden:], final, atol=1e-5, rtol=1e-5)
+
+
+def test_side_branch_leaves_tree_logits_alone(pair):
+    from specbench.target import SideBranch
+
+    target, _ = pair
+    prompt = PROMPTS[0]
+    tree = Tree([4, 5], [-1, 0])
+    t = Target(target)
+    t.forward(prompt[:-1])
+    past = t.cached
+    alone = t.verify(prompt[-1], tree)
+    t.crop(past)
+    # two side tokens at offsets 1 and 2 that see the root and each other causally, not the tree
+    allowed = torch.tensor([[1, 0, 0, 1, 0], [1, 0, 0, 1, 1]], dtype=torch.bool)
+    side = SideBranch([7, 8], [1, 2], allowed)
+    out = t.run([prompt[-1], 4, 5, 7, 8], tree, side=side)
+    torch.testing.assert_close(out.logits[:3], alone, atol=1e-5, rtol=1e-5)
+    brute = target(torch.tensor([prompt + [7, 8]])).logits[0, -2:]
+    torch.testing.assert_close(out.logits[3:], brute, atol=1e-4, rtol=1e-4)

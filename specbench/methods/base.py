@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..acceptance import Accepted
+from ..target import SideBranch
 from ..tree import EMPTY, Tree
 
 
@@ -14,9 +15,11 @@ from ..tree import EMPTY, Tree
 class Proposal:
     tree: Tree
     draft_probs: torch.Tensor | None = None  # [n, V]: the distribution each node was drawn from; None = point mass
+    side: SideBranch | None = None  # tokens verified alongside whose logits only the proposer reads
 
     def pruned(self, max_depth: int) -> Proposal:
-        """Drop nodes deeper than max_depth (drafting past the token budget is wasted work)."""
+        """Drop nodes deeper than max_depth (drafting past the token budget is wasted work). A side branch is
+        dropped with them: its mask refers to the full tree."""
         if self.tree.max_depth() <= max_depth:
             return self
         keep = [i for i, d in enumerate(self.tree.depths()) if d <= max_depth]
@@ -25,6 +28,15 @@ class Proposal:
 
 
 NO_PROPOSAL = Proposal(EMPTY)
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """What one verification tells the proposer."""
+
+    accepted: Accepted
+    features: torch.Tensor | None = None  # [1 + len(accepted.rows), F]: the root's and the accepted nodes' features
+    side_logits: torch.Tensor | None = None  # [m, V]: the target's logits at the side-branch tokens
 
 
 class Proposer:
@@ -36,14 +48,21 @@ class Proposer:
 
     name = "base"
     lossless = True  # False for rules such as typical acceptance; results are labelled with it
+    feature_layers: tuple[int, ...] | None = None  # target hidden states the method drafts from (Target.run)
 
-    def start(self, prompt: list[int], temperature: float, generator: torch.Generator | None) -> None:
-        """A new turn begins with this prompt."""
+    def start(
+        self,
+        prompt: list[int],
+        temperature: float,
+        generator: torch.Generator | None,
+        features: torch.Tensor | None = None,
+    ) -> None:
+        """A new turn begins with this prompt; `features` [len(prompt) - 1, F] when feature_layers is set."""
         self.temperature = temperature
         self.generator = generator
 
     def propose(self, tokens: list[int]) -> Proposal:
         return NO_PROPOSAL
 
-    def update(self, tokens: list[int], proposal: Proposal, accepted: Accepted) -> None:
+    def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
         """`tokens` now include the accepted path and the target's own token."""

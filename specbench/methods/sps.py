@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..acceptance import Accepted
 from ..sampling import probabilities, sample
 from ..target import Target
 from ..tree import chain
-from .base import NO_PROPOSAL, Proposal, Proposer
+from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
 
 
 class DraftModel(Proposer):
@@ -20,7 +19,13 @@ class DraftModel(Proposer):
         self.draft = Target(draft_model)
         self.k = num_draft_tokens
 
-    def start(self, prompt: list[int], temperature: float, generator: torch.Generator | None) -> None:
+    def start(
+        self,
+        prompt: list[int],
+        temperature: float,
+        generator: torch.Generator | None,
+        features: torch.Tensor | None = None,
+    ) -> None:
         super().start(prompt, temperature, generator)
         self.draft.reset()
         if len(prompt) > 1:
@@ -43,6 +48,6 @@ class DraftModel(Proposer):
                 logits = self.draft.forward(drafted[-1:])[-1]
         return Proposal(chain(drafted), torch.stack(rows) if rows else None)
 
-    def update(self, tokens: list[int], proposal: Proposal, accepted: Accepted) -> None:
+    def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
         # Cached drafted tokens stay valid up to the last accepted one; the newest token is the next root.
         self.draft.crop(min(self.draft.cached, len(tokens) - 1))
