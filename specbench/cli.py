@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -14,6 +15,17 @@ def _floats(text: str) -> list[float]:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got '{text}'") from None
+
+
+def _fraction(text: str) -> float:
+    """0.05 or 5%."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        value = -1.0  # rejected below
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction from 0 to 1 (0.05) or a percentage (5%), got '{text}'")
+    return value
 
 
 def _names(text: str) -> list[str]:
@@ -65,6 +77,21 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("sources", nargs="+", type=Path)
     report.add_argument("--out", type=Path, help="output folder (default: reports/<first source's name>)")
     report.add_argument("--title")
+
+    compare = sub.add_parser("compare", help="regression check of a run against a baseline run (exit 1: limit crossed)")
+    compare.add_argument("baseline", type=Path, help="run folder (or folder of answer files) to compare against")
+    compare.add_argument("new", type=Path, help="run folder to judge")
+    compare.add_argument("--max-slowdown", type=_fraction, default=0.05, metavar="FRACTION",
+                         help="fail when tokens/s or the speedup over vanilla drops by more than this, beyond noise "
+                              "(e.g. 5%% or 0.05; default 5%%)")
+    compare.add_argument("--min-tau-ratio", type=_fraction, default=0.95, metavar="RATIO",
+                         help="fail when tau new/baseline falls below this (default 0.95; 0 turns it off)")
+    compare.add_argument("--speedup-only", action="store_true",
+                         help="judge speed by the speedup over vanilla only, not absolute tokens/s (drifting runners)")
+    compare.add_argument("--allow-different-machines", action="store_true",
+                         help="compare runs whose dtype, device or CPU count differ (or lack a manifest)")
+    compare.add_argument("--strict", action="store_true", help="also fail on cells or questions found in one run only")
+    compare.add_argument("--json", action="store_true", help="print JSON instead of the Markdown table")
 
     verify = sub.add_parser("verify", help="losslessness audit of a method against vanilla")
     _model_args(verify)
@@ -126,6 +153,15 @@ def _report(args) -> None:
     print(build_report(args.sources, out, args.title))
 
 
+def _compare(args) -> int:
+    from .compare import Limits, compare, to_json, to_markdown
+
+    limits = Limits(args.max_slowdown, args.min_tau_ratio, args.speedup_only, args.strict)
+    result = compare(args.baseline, args.new, limits, args.allow_different_machines)
+    print(json.dumps(to_json(result), indent=2, ensure_ascii=False) if args.json else to_markdown(result))
+    return 0 if result.passed else 1
+
+
 def _verify(args) -> int:
     from .audit import audit
 
@@ -169,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             _run(args)
         elif args.command == "report":
             _report(args)
+        elif args.command == "compare":
+            return _compare(args)
         elif args.command == "verify":
             return _verify(args)
         elif args.command == "list":

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import StrMethodFormatter
 
 from . import metrics
+from .errors import SpecbenchError
 from .results import Answer, read_answers, read_file
 
 BASELINE = "vanilla"
@@ -28,6 +30,7 @@ COLORS = {"vanilla": "#7f7f7f", "sps": "#1f77b4", "pld": "#ff7f0e", "lookahead":
           "medusa": "#e377c2", "eagle": "#2ca02c", "eagle2": "#d62728", "eagle3": "#9467bd"}
 EXTRA_COLORS = ("#17becf", "#393b79", "#ad494a", "#637939", "#8c6d31", "#7b4173", "#3182bd", "#e6550d",
                 "#31a354", "#756bb1")
+TIME_COLORS = ("#525252", "#bdbdbd", "#ffffff")  # draft, verify, other: greys, so no method colour is reused
 ALPHA_DEPTH = 5
 NA = "n/a"  # no baseline to compare with
 MISSING = "—"  # not recorded
@@ -63,6 +66,8 @@ def load_sources(paths: list[Path]) -> list[Source]:
     """One source per folder given; answer files given one by one join the source of their folder."""
     groups: dict[Path, list[Path]] = {}
     for p in map(Path, paths):
+        if not p.exists():
+            raise SpecbenchError(f"{p}: no such run folder or answer file")
         groups.setdefault((p if p.is_dir() else p.parent).resolve(), []).append(p)
     sources = []
     taken: set[str] = set()
@@ -122,7 +127,7 @@ class Cell:
 
     @property
     def slug(self) -> str:
-        return re.sub(r"[^A-Za-z0-9._]+", "-", f"{self.source.name}-{self.model}-{self.task}-t{self.temperature:g}")
+        return _slug(self.source.name, self.model, self.task, f"t{self.temperature:g}")
 
     @property
     def baseline(self) -> list[Answer] | None:
@@ -146,8 +151,7 @@ class Cell:
         for method, answers in self.by_method.items():
             s = MethodStats(method, answers)
             for cat in [*self.categories, OVERALL]:
-                mine = [a for a in answers if cat == OVERALL or a.group == cat]
-                base = [a for a in self.baseline or [] if cat == OVERALL or a.group == cat]
+                mine, base = select(answers, cat), select(self.baseline or [], cat)
                 s.paired[cat] = metrics.paired_speedup(mine, base)
                 s.spec_bench[cat] = metrics.spec_bench_speedup(mine, base)
             out[method] = s
@@ -159,8 +163,18 @@ class Cell:
         return sorted(rows, key=lambda s: (-_or(s.paired[OVERALL].value, -math.inf), s.method))
 
 
+def _slug(*parts: str) -> str:
+    """A file-name-safe stem from its parts."""
+    return re.sub(r"[^A-Za-z0-9._]+", "-", "-".join(parts))
+
+
 def _or(x: float, default: float) -> float:
     return default if math.isnan(x) else x
+
+
+def select(answers: list[Answer], category: str) -> list[Answer]:
+    """The answers of one category (a task group), or all of them for OVERALL."""
+    return [a for a in answers if category in (OVERALL, a.group)]
 
 
 def collect_cells(sources: list[Source]) -> list[Cell]:
@@ -259,7 +273,8 @@ def spec_bench_md(cell: Cell) -> str:
     return md_table(["method", *cats[:-1], "Overall"], rows) if rows else ""
 
 
-def detail_md(cell: Cell) -> str:
+def detail_rows(cell: Cell) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-method detail table, the one source of its Markdown and LaTeX forms."""
     stats = list(cell.stats.values())
     alphas = {s.method: metrics.acceptance_by_position(s.answers, ALPHA_DEPTH) for s in stats}
     show_alpha = any(alphas.values())
@@ -278,7 +293,11 @@ def detail_md(cell: Cell) -> str:
             roof = roofline(cell, s)
             row.append(_num(roof, ".0%", NA if cell.baseline is None else MISSING))
         rows.append(row)
-    return md_table(header, rows)
+    return header, rows
+
+
+def detail_md(cell: Cell) -> str:
+    return md_table(*detail_rows(cell))
 
 
 def lossless_md(cells: list[Cell]) -> str:
@@ -310,18 +329,36 @@ def _tex_speedup(s: metrics.Speedup) -> str:
     return f"{s.value:.2f}$\\times$\\,{{\\scriptsize[{s.low:.2f}, {s.high:.2f}]}}"
 
 
+def _tabular(comment: str, header: list[str], rows: list[list[str]]) -> str:
+    """A booktabs tabular: the first column left-aligned, the rest right-aligned; cells already in LaTeX."""
+    lines = [f"% {comment}", r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}", r"\toprule",
+             " & ".join(header) + r" \\", r"\midrule"]
+    lines += [" & ".join(row) + r" \\" for row in rows]
+    return "\n".join([*lines, r"\bottomrule", r"\end{tabular}"])
+
+
 def leaderboard_tex(cell: Cell) -> str:
     cats = cell.categories
     head = ["Method", *(_tex(TEX_LABELS.get(c, c)) for c in cats), r"$\tau$", "Overall"]
-    lines = [f"% {cell.title}: paired speedup over vanilla (geometric mean, 95% bootstrap CI); tau = mean accepted "
-             "length", r"\begin{tabular}{l" + "r" * (len(cats) + 2) + "}", r"\toprule", " & ".join(head) + r" \\",
-             r"\midrule"]
-    for s in cell.ranked():
-        cols = [_tex(s.display), *(_tex_speedup(s.paired[c]) for c in cats), f"{s.tau:.2f}",
-                _tex_speedup(s.paired[OVERALL])]
-        lines.append(" & ".join(cols) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
-    return "\n".join(lines)
+    rows = [[_tex(s.display), *(_tex_speedup(s.paired[c]) for c in cats), f"{s.tau:.2f}",
+             _tex_speedup(s.paired[OVERALL])] for s in cell.ranked()]
+    return _tabular(f"{cell.title}: paired speedup over vanilla (geometric mean, 95% bootstrap CI); tau = mean "
+                    "accepted length", head, rows)
+
+
+def _tex_header(name: str) -> str:
+    if name == "τ":
+        return r"$\tau$"
+    if name.startswith("α_"):
+        return f"$\\alpha_{{{name[2:]}}}$"
+    return _tex(name.capitalize())
+
+
+def detail_tex(cell: Cell) -> str:
+    """The per-method detail table in LaTeX, from the same rows as its Markdown form."""
+    header, rows = detail_rows(cell)
+    return _tabular(f"{cell.title}: per-method detail", [_tex_header(h) for h in header],
+                    [[_tex(c) for c in row] for row in rows])
 
 
 # ---------------------------------------------------------------- plots
@@ -339,6 +376,15 @@ def method_colors(methods: set[str]) -> dict[str, str]:
     for i, m in enumerate(m for m in rest if m not in out):
         out[m] = EXTRA_COLORS[i % len(EXTRA_COLORS)]
     return out
+
+
+def _yerr(speedups: list[metrics.Speedup]) -> np.ndarray:
+    """Matplotlib error bars from 95% intervals."""
+    return np.array([[p.value - p.low for p in speedups], [p.high - p.value for p in speedups]])
+
+
+def _display(cells: list[Cell], method: str) -> str:
+    return next(c.stats[method].display for c in cells if method in c.stats)
 
 
 def _save(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
@@ -361,10 +407,8 @@ def plot_speedups(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) 
     x = np.arange(len(cats))
     for i, s in enumerate(rows):
         sp = [s.paired[c] for c in cats]
-        values = np.array([p.value for p in sp])
-        err = np.array([[p.value - p.low for p in sp], [p.high - p.value for p in sp]])
-        ax.bar(x + (i - (len(rows) - 1) / 2) * width, values, width, yerr=err, capsize=2, label=s.display,
-               color=colors[s.method])
+        ax.bar(x + (i - (len(rows) - 1) / 2) * width, [p.value for p in sp], width, yerr=_yerr(sp), capsize=2,
+               label=s.display, color=colors[s.method])
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
     ax.set_xticks(x, [c.replace("_", " ") for c in cats])
     ax.set_ylabel("speedup over vanilla (×)")
@@ -375,7 +419,7 @@ def plot_speedups(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) 
 
 def plot_accept_lengths(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
     """Share of decoding steps by accepted length, one bar per method at each length."""
-    stats = [s for s in cell.stats.values() if s.method != BASELINE] or list(cell.stats.values())
+    stats = _drafting(cell)
     lengths = {m.method: np.concatenate([a.accept_lengths for a in m.answers]).astype(int) for m in stats}
     lengths = {m: v for m, v in lengths.items() if v.size}
     if not lengths:
@@ -397,6 +441,140 @@ def plot_accept_lengths(cell: Cell, colors: dict[str, str], out_dir: Path, stem:
     return _save(fig, out_dir, stem)
 
 
+def _drafting(cell: Cell) -> list[MethodStats]:
+    """The methods other than vanilla, or vanilla alone when nothing else ran."""
+    return [s for s in cell.stats.values() if s.method != BASELINE] or list(cell.stats.values())
+
+
+def plot_acceptance(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """Per-position acceptance alpha_k against draft depth k, one line per method that drafts."""
+    curves = [(s, metrics.acceptance_by_position(s.answers)) for s in cell.stats.values()]
+    curves = [(s, alpha) for s, alpha in curves if alpha]
+    if not curves:
+        return []
+    fig = Figure(figsize=(6.0, 4.0))
+    ax = fig.add_subplot()
+    for s, alpha in curves:
+        ax.plot(range(1, len(alpha) + 1), alpha, marker="o", color=colors[s.method], label=s.display)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("draft depth k")
+    ax.set_ylabel("acceptance rate α_k")
+    ax.set_title(f"Per-position acceptance\n{cell.title}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, stem)
+
+
+def plot_tau_vs_tree(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """tau against the mean verified tree size, one point per method; the diagonal accepts every verified token."""
+    points = [(s, mean_tree_size(s.answers)) for s in cell.stats.values()]
+    points = [(s, size) for s, size in points if size is not None]
+    if not points:
+        return []
+    fig = Figure(figsize=(5.5, 4.2))
+    ax = fig.add_subplot()
+    diagonal = np.geomspace(1, max(size for _, size in points), 50)
+    ax.plot(diagonal, diagonal, color="black", linestyle="--", linewidth=1, label="every verified token accepted")
+    for s, size in points:
+        ax.scatter(size, s.tau, s=40, color=colors[s.method], label=s.display, zorder=3)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
+    ax.set_ylim(0.8, 1.2 * max(s.tau for s, _ in points))
+    ax.set_xlabel("mean verified tree size (tokens per target forward)")
+    ax.set_ylabel("τ (mean accepted length)")
+    ax.set_title(f"τ against verification cost\n{cell.title}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, stem)
+
+
+def plot_time_split(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """Stacked bars: milliseconds per generated token in drafting, verification and the rest of the wall time."""
+    stats = [s for s in cell.stats.values() if draft_share(s.answers) is not None]
+    if not stats:
+        return []
+    parts = {"draft": [], "verify": [], "other (prefill, loop)": []}
+    for s in stats:
+        tokens = sum(sum(a.new_tokens) for a in s.answers)
+        draft, verify = (sum(getattr(a, f) for a in s.answers) for f in ("draft_time", "verify_time"))
+        wall = sum(sum(a.wall_time) for a in s.answers)
+        for key, seconds in zip(parts, (draft, verify, wall - draft - verify), strict=True):
+            parts[key].append(1000 * seconds / tokens)
+    fig = Figure(figsize=(max(5.0, 0.9 * len(stats) + 2), 4.2))
+    ax = fig.add_subplot()
+    x = np.arange(len(stats))
+    bottom = np.zeros(len(stats))
+    for (key, values), color in zip(parts.items(), TIME_COLORS, strict=True):
+        ax.bar(x, values, 0.6, bottom=bottom, label=key, color=color, edgecolor="black", linewidth=0.5)
+        bottom += values
+    ax.set_xticks(x, [s.display for s in stats])
+    for tick, s in zip(ax.get_xticklabels(), stats, strict=True):
+        tick.set_color(colors[s.method])
+    ax.set_ylabel("milliseconds per generated token")
+    ax.set_title(f"Where the time goes (bar height = 1 / tokens/s)\n{cell.title}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, stem)
+
+
+def plot_roofline(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """Roofline efficiency per method: measured speedup / the overhead-free speedup at the same tau."""
+    bars = [(s, roofline(cell, s)) for s in _drafting(cell)]
+    bars = [(s, value) for s, value in bars if value is not None]
+    if not bars:
+        return []
+    fig = Figure(figsize=(max(5.0, 0.9 * len(bars) + 2), 4.0))
+    ax = fig.add_subplot()
+    x = np.arange(len(bars))
+    ax.bar(x, [100 * value for _, value in bars], 0.6, color=[colors[s.method] for s, _ in bars])
+    ax.axhline(100, color="black", linestyle="--", linewidth=1)
+    ax.set_xticks(x, [s.display for s, _ in bars])
+    ax.set_ylabel("roofline efficiency (%)")
+    ax.set_title(f"Speedup reached / overhead-free speedup at the same τ\n{cell.title}", fontsize=10)
+    return _save(fig, out_dir, stem)
+
+
+def plot_speedup_vs_temperature(cells: list[Cell], colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """Overall paired speedup against temperature, one line per method, for cells of one source, model and task."""
+    cells = sorted((c for c in cells if c.baseline is not None and c.ranked()), key=lambda c: c.temperature)
+    if len(cells) < 2:
+        return []
+    fig = Figure(figsize=(6.0, 4.2))
+    ax = fig.add_subplot()
+    for m in sorted({s.method for c in cells for s in c.ranked()}):
+        having = [c for c in cells if m in c.stats]
+        sp = [c.stats[m].paired[OVERALL] for c in having]
+        ax.errorbar([c.temperature for c in having], [p.value for p in sp], yerr=_yerr(sp), capsize=3, marker="o",
+                    color=colors[m], label=_display(having, m))
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xlabel("temperature")
+    ax.set_ylabel("speedup over vanilla (×)")
+    c = cells[0]
+    ax.set_title(f"Paired speedup against temperature, 95% CI\n{c.source.label} · {c.model} · {c.task}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, stem)
+
+
+def plot_overview(cells: list[Cell], colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """Overall paired speedup of every method in every cell side by side (runs, models, machines, temperatures)."""
+    cells = [c for c in cells if c.baseline is not None and c.ranked()]
+    if len(cells) < 2:
+        return []
+    methods = sorted({s.method for c in cells for s in c.ranked()})
+    fig = Figure(figsize=(max(6.0, 1.2 * len(cells) + 0.3 * len(methods) * len(cells)), 4.6))
+    ax = fig.add_subplot()
+    width = 0.8 / len(methods)
+    for i, m in enumerate(methods):
+        xs = [j for j, c in enumerate(cells) if m in c.stats]
+        sp = [cells[j].stats[m].paired[OVERALL] for j in xs]
+        ax.bar(np.array(xs) + (i - (len(methods) - 1) / 2) * width, [p.value for p in sp], width, yerr=_yerr(sp),
+               capsize=2, color=colors[m], label=_display(cells, m))
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xticks(range(len(cells)), [f"{c.source.label}\n{c.model} · {c.task}\nT={c.temperature:g}" for c in cells],
+                  fontsize=8)
+    ax.set_ylabel("speedup over vanilla (×)")
+    ax.set_title("Overall paired speedup, 95% CI, every run side by side (speedups never mix runs)", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, stem)
+
+
 # ---------------------------------------------------------------- the report
 
 
@@ -412,6 +590,8 @@ FOOTNOTES = """\
 - **tokens/s**: Σ new tokens / Σ wall time; wall time runs from the start of prefill to the last accepted token.
 - **mean tree size**: tokens sent to the target per verification forward, averaged over steps.
 - **draft share**: Σ draft time / (Σ draft time + Σ verify time).
+- **time split** (figure): Σ draft time, Σ verify time and the rest of Σ wall time (the target's prefill, the loop
+  itself) per generated token; a bar's height is 1 / tokens/s.
 - **α_k**: among steps whose draft reached depth k, the share that accepted the k-th draft token (for a tree,
   along the accepted path).
 - **roofline efficiency**: overall paired speedup ÷ τ·T(1) / (T(n) + D), the speedup an overhead-free loop would
@@ -430,26 +610,41 @@ SPEC_BENCH_NOTE = """\
   draft depths or greedy checks, so those columns are `—` or "not checked"."""
 
 
-def _plots(cells: list[Cell], out_dir: Path) -> dict[int, list[Path]]:
+CELL_PLOTS = (("speedup_by_category", plot_speedups), ("accept_length_hist", plot_accept_lengths),
+              ("acceptance_by_position", plot_acceptance), ("tau_vs_tree_size", plot_tau_vs_tree),
+              ("time_split", plot_time_split), ("roofline", plot_roofline))
+
+
+def _plots(cells: list[Cell], out_dir: Path) -> list[tuple[str, list[Path]]]:
+    """(heading, figure files): every cell side by side, speedup against temperature per run, model and task,
+    then each cell's own figures. One colour per method in all of them."""
     colors = method_colors({m for c in cells for m in c.by_method})
-    out = {}
-    for i, cell in enumerate(cells):
+    out = [("Every run side by side", plot_overview(cells, colors, out_dir, "speedup_overview"))]
+    groups: dict[tuple[str, str, str], list[Cell]] = {}
+    for c in cells:
+        groups.setdefault((c.source.name, c.model, c.task), []).append(c)
+    for key, group in groups.items():
+        stem = "speedup_vs_temperature" + (f"-{_slug(*key)}" if len(groups) > 1 else "")
+        title = f"{group[0].source.label} · {group[0].model} · {group[0].task}: speedup against temperature"
+        out.append((title, plot_speedup_vs_temperature(group, colors, out_dir, stem)))
+    for cell in cells:
         suffix = f"-{cell.slug}" if len(cells) > 1 else ""
-        out[i] = (plot_speedups(cell, colors, out_dir, f"speedup_by_category{suffix}")
-                  + plot_accept_lengths(cell, colors, out_dir, f"accept_length_hist{suffix}"))
-    return out
+        out.append((cell.title, [p for name, plot in CELL_PLOTS for p in plot(cell, colors, out_dir, name + suffix)]))
+    return [(heading, paths) for heading, paths in out if paths]
+
+
+def source_line(s: Source) -> str:
+    """`**name (device)**: `path` (dtype, torch, transformers)`."""
+    extra = []
+    if s.manifest:
+        cfg, mach = s.manifest.get("config", {}), s.manifest.get("machine", {})
+        extra = [f"{k} {v}" for k, v in (("dtype", cfg.get("dtype")), ("torch", mach.get("torch")),
+                                          ("transformers", mach.get("transformers"))) if v]
+    return f"**{s.label}**: `{s.path}`" + (f" ({', '.join(extra)})" if extra else "")
 
 
 def _sources_md(sources: list[Source]) -> str:
-    lines = []
-    for s in sources:
-        extra = []
-        if s.manifest:
-            cfg, mach = s.manifest.get("config", {}), s.manifest.get("machine", {})
-            extra = [f"{k} {v}" for k, v in (("dtype", cfg.get("dtype")), ("torch", mach.get("torch")),
-                                              ("transformers", mach.get("transformers"))) if v]
-        lines.append(f"- **{s.label}**: `{s.path}`" + (f" ({', '.join(extra)})" if extra else ""))
-    return "\n".join(lines)
+    return "\n".join(f"- {source_line(s)}" for s in sources)
 
 
 def _notes(cells: list[Cell]) -> list[str]:
@@ -489,18 +684,18 @@ def build_report(sources: list[Path], out_dir: Path, title: str | None = None) -
     for c in cells:
         md += [f"### {c.title}", "", detail_md(c), ""]
     md += ["## Losslessness at temperature 0", "", lossless_md(cells), ""]
-    md += ["## Plots", ""]
-    for i, c in enumerate(cells):
-        for p in plots[i]:
-            if p.suffix == ".png":
-                md += [f"![{p.stem} · {c.title}]({p.name})", ""]
+    md += ["## Plots (PNG shown; PDF beside each)", ""]
+    for heading, paths in plots:
+        md += [f"### {heading}", ""]
+        md += [line for p in paths if p.suffix == ".png" for line in (f"![{p.stem}]({p.name})", "")]
     md += ["## Definitions", "", FOOTNOTES]
     if any(_from_spec_bench(a) for s in loaded for a in s.answers):
         md += [SPEC_BENCH_NOTE]
     report = out_dir / "report.md"
     report.write_text("\n".join(md) + "\n", encoding="utf-8")
 
-    tex = ["% Leaderboards generated by specbench.report; needs \\usepackage{booktabs}", ""]
+    tex = ["% Tables generated by specbench.report; needs \\usepackage{booktabs}", ""]
     tex += [leaderboard_tex(c) + "\n" for c in cells if c.ranked()]
+    tex += [detail_tex(c) + "\n" for c in cells]
     (out_dir / "tables.tex").write_text("\n".join(tex), encoding="utf-8")
     return report

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from specbench import report
+from specbench.errors import SpecbenchError
 from specbench.results import Answer
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -213,3 +214,41 @@ def test_sources_never_mix(run_dir, tmp_path):
     assert cells[2].baseline is None and math.isnan(cells[2].stats["sps"].paired["overall"].value)
     assert report.method_colors({"sps", "sps-68m", "eagle"})["eagle"] == report.COLORS["eagle"]
     assert report.method_colors({"sps-68m"})["sps-68m"] == report.COLORS["sps"]
+
+
+def test_paper_figures_and_tables_for_several_runs(run_dir, tmp_path):
+    write(run_dir / "answers" / "quick" / "vanilla-temperature-0.7.jsonl",
+          [answer(q, "chat", "vanilla", 0.7, 1.0, [1, 1, 1, 1], tested=[0] * 4, tree_size=[1] * 4, draft_time=0.0,
+                  verify_time=0.9) for q in range(3)])
+    other = tmp_path / "machine-b"
+    write(other / "answers" / "quick" / "vanilla-temperature-0.jsonl",
+          [answer(q, "chat", "vanilla", 0.0, 0.5, [1, 1, 1, 1]) for q in range(3)])
+    write(other / "answers" / "quick" / "pld-temperature-0.jsonl",
+          [answer(q, "chat", "pld", 0.0, 0.4, [2, 2]) for q in range(3)])
+    out = tmp_path / "out"
+    md = report.build_report([run_dir, other], out).read_text()
+
+    a0, b0 = "run-a-tiny-quick-t0", "machine-b-tiny-quick-t0"
+    expected = ["speedup_overview", "speedup_vs_temperature-run-a-tiny-quick", f"acceptance_by_position-{a0}",
+                f"tau_vs_tree_size-{a0}", f"time_split-{a0}", f"roofline-{a0}", f"speedup_by_category-{b0}"]
+    for stem in expected:
+        for ext in ("png", "pdf"):
+            assert (out / f"{stem}.{ext}").stat().st_size > 1000, stem
+        assert f"![{stem}]({stem}.png)" in md
+    # machine-b recorded no per-step fields, profile or second temperature: those figures are left out
+    for stem in (f"acceptance_by_position-{b0}", f"time_split-{b0}", f"roofline-{b0}",
+                 "speedup_vs_temperature-machine-b-tiny-quick"):
+        assert not (out / f"{stem}.png").exists()
+    assert "### run-a (Fake GPU 9000) · tiny · quick: speedup against temperature" in md
+
+    tex = (out / "tables.tex").read_text()
+    detail = next(block for block in tex.split("\n\n") if "T=0: per-method detail" in block)
+    assert r"Method & Questions & $\tau$ & Tokens/s" in detail and r"$\alpha_{1}$" in detail
+    md_sps = table_row(md, "Per-method detail", "sps")
+    tex_sps = next(line for line in detail.splitlines() if line.startswith("sps &"))
+    assert tex_sps == " & ".join(v.replace("%", r"\%") for v in md_sps.values()) + r" \\"
+
+
+def test_missing_source_is_a_user_error(tmp_path):
+    with pytest.raises(SpecbenchError, match="no such run folder"):
+        report.load_sources([tmp_path / "nowhere"])
