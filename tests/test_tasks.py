@@ -1,0 +1,89 @@
+import hashlib
+import json
+
+import pytest
+
+from specbench import tasks
+from specbench.chat import VICUNA_SYSTEM, prompt_ids, vicuna_prompt
+from specbench.errors import SpecbenchError
+
+from .conftest import SHARED_DATA, needs_shared
+
+
+def test_quick_task_is_built_in():
+    task = tasks.load("quick")
+    assert len(task.questions) == 12
+    assert {q.group for q in task.questions} == {
+        "mt_bench",
+        "translation",
+        "summarization",
+        "qa",
+        "math_reasoning",
+        "rag",
+    }
+    assert all(len(q.turns) == 2 for q in task.questions if q.group == "mt_bench")
+
+
+@needs_shared
+def test_spec_bench_from_data_dir():
+    task = tasks.load("spec_bench", SHARED_DATA)
+    assert len(task.questions) == 480 and sum(len(q.turns) for q in task.questions) == 560
+    assert sum(q.group == "mt_bench" for q in task.questions) == 80
+    limited = tasks.limit_per_category(task.questions, 3)
+    assert len(limited) == 18 and [q.id for q in limited[:3]] == [81, 82, 83]
+
+
+@needs_shared
+@pytest.mark.parametrize("name,count", [("mt_bench", 80), ("gsm8k", 1319), ("xsum", 1000), ("cnn_dm", 200)])
+def test_other_tasks_from_data_dir(name, count):
+    task = tasks.load(name, SHARED_DATA)
+    assert len(task.questions) == count and all(q.turns[0] for q in task.questions)
+
+
+def test_download_checks_sha256(tmp_path, monkeypatch):
+    monkeypatch.setattr(tasks, "CACHE_DIR", tmp_path / "cache")
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"turns": ["hello"]}) + "\n")
+    digest = hashlib.sha256(data.read_bytes()).hexdigest()
+    source = {"file": "x/q.jsonl", "url": data.as_uri(), "sha256": digest}
+    path = tasks._source_file(source, None)
+    assert path == tmp_path / "cache" / "data" / "x" / "q.jsonl" and path.read_bytes() == data.read_bytes()
+    data.write_text("changed\n")  # the cached copy is used from now on
+    assert tasks._source_file(source, None) == path
+    with pytest.raises(SpecbenchError, match="sha256"):
+        tasks._source_file({"file": "y/q.jsonl", "url": data.as_uri(), "sha256": digest}, None)
+
+
+def test_missing_local_only_file_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setattr(tasks, "CACHE_DIR", tmp_path)
+    monkeypatch.delenv("SPECBENCH_DATA_DIR", raising=False)
+    with pytest.raises(SpecbenchError, match="--data-dir"):
+        tasks.load("cnn_dm", None)
+
+
+def test_jsonl_defaults_and_errors(tmp_path):
+    good = tmp_path / "t.jsonl"
+    good.write_text(json.dumps({"question": "a?", "category": "c"}) + "\n" + json.dumps({"question": "b?"}) + "\n")
+    task = tasks.from_jsonl(good)
+    assert [q.turns for q in task.questions] == [["a?"], ["b?"]] and task.questions[1].category == "t"
+    with pytest.raises(SpecbenchError, match=r"t\.jsonl:1: no 'nope' field"):
+        tasks.from_jsonl(good, {"prompt": "nope"})
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text(json.dumps({"id": 1, "prompt": "x"}) + "\n" + json.dumps({"id": 1, "prompt": "y"}) + "\n")
+    with pytest.raises(SpecbenchError, match="not unique"):
+        tasks.from_jsonl(dup)
+
+
+def test_vicuna_fallback_matches_template(tiny_models):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models[0])
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Bye"},
+    ]
+    with_template = prompt_ids(tokenizer, messages)
+    tokenizer.chat_template = None
+    assert prompt_ids(tokenizer, messages) == with_template
+    assert vicuna_prompt(messages) == f"{VICUNA_SYSTEM} USER: Hi ASSISTANT: Hello</s>USER: Bye ASSISTANT:"
