@@ -6,6 +6,7 @@ and returns the accepted root-to-node path plus the target's own next token (bon
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -71,3 +72,33 @@ def speculative_sampling(
             p = residual / total if total > 0 else p
         else:
             return Accepted(rows, sample(p, generator), len(rows) + (1 if children[row] else 0))
+
+
+def typical(
+    tree: Tree,
+    probs: torch.Tensor,
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float = 0.3,
+    generator: torch.Generator | None = None,
+) -> Accepted:
+    """Medusa's typical acceptance (lossy: it does not preserve the target's distribution).
+
+    Node x under row r is acceptable when p_r(x) > min(posterior_threshold, posterior_alpha * exp(-H(p_r))).
+    The deepest path of acceptable nodes wins, ties going to the larger sum of log p along the path; the
+    target's own token is then sampled from the distribution at the path's end. probs: [n+1, V].
+    """
+    entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum(dim=-1)  # [n+1]
+    bar = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold).tolist()
+    depth = [0] * (len(tree) + 1)  # per input row, 0 when the row is not on an acceptable path
+    score = [0.0] * (len(tree) + 1)
+    best = 0
+    for i, (x, p) in enumerate(zip(tree.tokens, tree.parents, strict=True)):
+        row, parent = i + 1, p + 1
+        px = float(probs[parent, x])
+        if px > bar[parent] and (parent == 0 or depth[parent]):
+            depth[row] = depth[parent] + 1
+            score[row] = score[parent] + math.log(px)
+            if (depth[row], score[row]) > (depth[best], score[best]):
+                best = row
+    rows = tree.path(best)
+    return Accepted(rows, sample(probs[best], generator), len(rows) + (1 if tree.children()[best] else 0))

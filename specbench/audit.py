@@ -44,6 +44,7 @@ def audit(args) -> int:
     cfg = RunConfig(
         model=args.model,
         draft=args.draft,
+        heads=dict(args.head),
         device=args.device,
         dtype=args.dtype,
         data_dir=args.data_dir,

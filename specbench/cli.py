@@ -41,9 +41,23 @@ def _field(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _head(text: str) -> tuple[str, str]:
+    """eagle=PATH or medusa=PATH for one method family, a bare PATH for every family."""
+    family, sep, path = text.partition("=")
+    return (family, path) if sep and family in ("medusa", "eagle") else ("*", text)
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="alias (see `specbench list models`), local folder or hub id")
     p.add_argument("--draft", help="draft model for sps (default: the alias's draft)")
+    p.add_argument(
+        "--head",
+        type=_head,
+        action="append",
+        default=[],
+        metavar="[FAMILY=]PATH",
+        help="head checkpoint (folder or hub id) of the medusa or eagle methods, e.g. eagle=DIR (default: the alias's)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", help="auto (fp16 on CUDA, fp32 on CPU), float32, float16, bfloat16")
     p.add_argument("--data-dir", help="folder with task data files (default: $SPECBENCH_DATA_DIR, else download)")
@@ -104,6 +118,25 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--prompts", type=int, default=2, help="prompts in the sampling test")
     verify.add_argument("--alpha", type=float, default=1e-3, help="significance of the sampling test")
 
+    train = sub.add_parser("train", help="train Medusa or EAGLE heads for a target by self-distillation on text")
+    train.add_argument("kind", choices=["medusa", "eagle"], help="medusa heads, or an EAGLE-1/2 head")
+    train.add_argument("--target", default="tiny", help="alias, local folder or hub id of the target")
+    train.add_argument(
+        "--data",
+        type=Path,
+        help='JSONL ("text" per line), text file, or data folder for the zoo corpus (default: $SPECBENCH_DATA_DIR)',
+    )
+    train.add_argument("--out", type=Path, required=True, help="folder for the head and its accuracy.json")
+    train.add_argument("--steps", type=int, default=2000)
+    train.add_argument("--lr", type=float, help="learning rate (default: 1e-3 medusa, 3e-4 eagle)")
+    train.add_argument("--seq-len", type=int, default=256, help="tokens per training window")
+    train.add_argument("--batch-size", type=int, default=8)
+    train.add_argument("--medusa-heads", type=int, default=5, help="number of Medusa heads (tree depth limit)")
+    train.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    train.add_argument("--dtype", default="auto", help="the target's dtype; heads train in float32")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--smoke", action="store_true", help="a few tiny steps in seconds (tests, trying it out)")
+
     lst = sub.add_parser("list", help="list methods, models or tasks")
     lst.add_argument("what", choices=["methods", "models", "tasks"])
 
@@ -133,6 +166,7 @@ def _run(args) -> None:
         data_dir=args.data_dir,
         seed=args.seed,
         draft=args.draft,
+        heads=dict(args.head),
         fields=dict(args.field),
         warmup=not args.no_warmup,
     )
@@ -188,6 +222,27 @@ def _list(what: str) -> None:
             print(f"{name:12s} {tasks.presets.load('tasks', name).get('description', '')}")
 
 
+def _train(args) -> None:
+    from .heads.train import TrainConfig, train_head
+    from .models import pick_device, pick_dtype
+    from .tasks import data_dir
+
+    data = args.data or data_dir(None)
+    if data is None:
+        raise SpecbenchError("train needs text: pass --data FILE_OR_FOLDER (or set $SPECBENCH_DATA_DIR)")
+    if min(args.steps, args.seq_len, args.batch_size, args.medusa_heads) < 1 or args.seq_len < 8:
+        raise SpecbenchError("--steps, --batch-size and --medusa-heads must be >= 1, --seq-len >= 8")
+    lr = args.lr or (1e-3 if args.kind == "medusa" else 3e-4)
+    cfg = TrainConfig(args.steps, lr, args.seq_len, args.batch_size, medusa_heads=args.medusa_heads, seed=args.seed)
+    if args.smoke:
+        cfg = cfg.smoke()
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
+    report = train_head(args.kind, args.target, Path(data), args.out, cfg, device, dtype, args.smoke)
+    accuracy = ", ".join(f"{a:.3f}" for a in report["top1_accuracy_by_depth"])
+    print(f"{args.kind} head saved in {args.out}; held-out top-1 accuracy by depth: {accuracy}")
+
+
 def _zoo(args) -> None:
     from .tasks import data_dir
     from .zoo import TINY_DIR, build_family
@@ -211,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             return _verify(args)
         elif args.command == "list":
             _list(args.what)
+        elif args.command == "train":
+            _train(args)
         elif args.command == "zoo":
             _zoo(args)
     except SpecbenchError as err:

@@ -81,7 +81,10 @@ def decode(
             accepted = acceptance.greedy(proposal.tree, logits)
         else:
             probs = probabilities(logits, temperature)
-            accepted = acceptance.speculative_sampling(proposal.tree, probs, proposal.draft_probs, generator)
+            if proposer.typical is not None:
+                accepted = acceptance.typical(proposal.tree, probs, **proposer.typical, generator=generator)
+            else:
+                accepted = acceptance.speculative_sampling(proposal.tree, probs, proposal.draft_probs, generator)
         kept = [0, *accepted.rows]
         target.commit(past, kept)
         new = [proposal.tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]

@@ -38,6 +38,7 @@ ALIASES: dict[str, ModelSpec] = {
         name="tiny",
         path=str(TINY_DIR / "target"),
         draft=str(TINY_DIR / "draft"),
+        heads={"medusa": str(TINY_DIR / "medusa"), "eagle": str(TINY_DIR / "eagle")},
         note="bundled tiny Llama family, trained by `specbench zoo build`",
     ),
     **{spec.name: spec for spec in (_vicuna("7B"), _vicuna("13B"), _vicuna("33B"))},

@@ -38,6 +38,7 @@ class RunConfig:
     data_dir: str | None = None
     seed: int = 0
     draft: str | None = None
+    heads: dict[str, str] = field(default_factory=dict)  # method family (or "*") -> head checkpoint (--head)
     fields: dict[str, str] = field(default_factory=dict)
     warmup: bool = True
     progress: bool = True
@@ -143,7 +144,9 @@ class Session:
         self.model = models.load_causal_lm(self.spec.path, self.device, self.dtype)
         self.target = Target(self.model)
         self.stop_ids = models.stop_ids(self.tokenizer, self.model)
-        self.resources = methods.Resources(self.spec, self.model, self.tokenizer, self.device, self.dtype, cfg.draft)
+        self.resources = methods.Resources(
+            self.spec, self.model, self.tokenizer, self.device, self.dtype, cfg.draft, cfg.heads
+        )
 
     def check_fits(self, question: tasks.Question, messages: list[dict[str, str]]) -> list[int]:
         """The prompt ids for `messages`, or a clear error when they leave no room in the model's context."""

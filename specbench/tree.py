@@ -70,6 +70,23 @@ def chain(tokens: list[int]) -> Tree:
     return Tree(list(tokens), list(range(-1, len(tokens) - 1)))
 
 
+def trie(sequences: list[list[int]]) -> Tree:
+    """Candidate continuations of the root as one tree: sequences sharing a prefix share its nodes, so the
+    target reads each distinct prefix once. Nodes keep the order in which the sequences first reach them."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    node: dict[tuple[int, int], int] = {}  # (parent index, token) -> node index
+    for seq in sequences:
+        parent = -1
+        for token in seq:
+            if (parent, token) not in node:
+                node[parent, token] = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+            parent = node[parent, token]
+    return Tree(tokens, parents)
+
+
 EMPTY = Tree([], [])
 
 
@@ -103,7 +120,12 @@ def attention_mask(
     allowed[:n, past_len : past_len + n] = ancestor_matrix(tree)
     if side is not None:
         allowed[n:, past_len:] = side
-    mask = torch.zeros(n + m, past_len + n + m, dtype=dtype)
+    return additive_mask(allowed, dtype, device)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Bool [rows, keys] -> additive [1, 1, rows, keys]: 0 where allowed, the dtype's min elsewhere."""
+    mask = torch.zeros(allowed.shape, dtype=dtype)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask.to(device)[None, None]
 
@@ -113,3 +135,25 @@ def position_ids(tree: Tree, past_len: int, device: torch.device | str = "cpu", 
     past_len + its given offset."""
     offsets = [0, *tree.depths(), *(side or [])]
     return torch.tensor([[past_len + d for d in offsets]], device=device)
+
+
+def from_choices(choices: list[list[int]], max_rank: int | None = None) -> Tree:
+    """The template tree of a published static tree given as paths of ranks ("choices", Medusa/EAGLE-1 format).
+
+    Path [a, b] is the node reached by taking candidate a under the root, then candidate b under it. The
+    template's `tokens` hold each node's last rank; a method fills in the real tokens. Paths are ordered by
+    (length, ranks) so parents precede children; with `max_rank` paths using a rank >= max_rank are dropped
+    (a vocabulary smaller than the tree's branching).
+    """
+    paths = sorted({tuple(p) for p in choices}, key=lambda p: (len(p), p))
+    if max_rank is not None:
+        paths = [p for p in paths if max(p, default=0) < max_rank]
+    index = {p: i for i, p in enumerate(paths)}
+    parents: list[int] = []
+    for p in paths:
+        if not p or min(p) < 0:
+            raise ValueError(f"tree path {list(p)} must be a non-empty list of ranks >= 0")
+        if len(p) > 1 and p[:-1] not in index:
+            raise ValueError(f"tree path {list(p)} has no parent path {list(p[:-1])}")
+        parents.append(index[p[:-1]] if len(p) > 1 else -1)
+    return Tree([p[-1] for p in paths], parents)

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from .. import presets
+from .. import choices, presets
 from ..errors import SpecbenchError
+from ..heads import eagle as eagle_heads
+from ..heads import medusa as medusa_heads
 from ..models import ModelSpec, load_causal_lm, load_tokenizer, same_tokenizer
 from .base import Proposal, Proposer
+from .eagle import DynamicTree, Eagle, StaticTree
+from .lookahead import Lookahead
+from .medusa import Medusa
+from .ouroboros import Ouroboros
 from .pld import PromptLookup
 from .sps import DraftModel
 from .vanilla import Vanilla
@@ -26,6 +33,7 @@ class Resources:
     device: torch.device
     dtype: torch.dtype
     draft: str | None = None  # overrides spec.draft
+    heads: dict[str, str] = field(default_factory=dict)  # overrides spec.heads[family]; "*" for every family
 
     def load_draft(self) -> torch.nn.Module:
         path = self.draft or self.spec.draft
@@ -36,6 +44,21 @@ class Resources:
                 f"draft '{path}' uses a different tokenizer from target '{self.spec.path}': sps needs the same one"
             )
         return load_causal_lm(path, self.device, self.dtype, what="draft model")
+
+    def head_source(self, family: str) -> str:
+        """The folder or hub id of the model's head checkpoint for a method family."""
+        source = self.heads.get(family) or self.heads.get("*") or self.spec.heads.get(family)
+        if source is None:
+            raise SpecbenchError(
+                f"model '{self.spec.name}' has no {family} head: pass one with --head {family}=PATH_OR_HUB_ID, or "
+                f"train one with `specbench train {family} --target {self.spec.name} --out PATH`"
+            )
+        if source.startswith("/") and not Path(source).is_dir():
+            raise SpecbenchError(
+                f"the {family} head of '{self.spec.name}' is missing at {source}: train it with "
+                f"`specbench train {family} --target {self.spec.name} --out {source}`"
+            )
+        return source
 
 
 def _vanilla(params: dict, res: Resources) -> Proposer:
@@ -50,10 +73,42 @@ def _pld(params: dict, res: Resources) -> Proposer:
     return PromptLookup(**params)
 
 
+def _lookahead(params: dict, res: Resources) -> Proposer:
+    return Lookahead(**params)
+
+
+def _ouroboros(params: dict, res: Resources) -> Proposer:
+    return Ouroboros(res.load_draft(), **params)
+
+
+def _medusa(params: dict, res: Resources) -> Proposer:
+    heads = medusa_heads.load(res.head_source("medusa")).to(res.device, res.dtype)
+    tree = choices.resolve(params.pop("tree", "medusa_mc_sim_7b_63"))
+    return Medusa(heads, res.target_model.get_output_embeddings(), tree, **params)
+
+
+def _eagle_head(res: Resources) -> eagle_heads.EagleHead:
+    return eagle_heads.load(res.head_source("eagle"), res.target_model).to(res.device, res.dtype)
+
+
+def _eagle(params: dict, res: Resources) -> Proposer:
+    tree = StaticTree(choices.resolve(params.pop("tree", "eagle_mc_sim_7b_63")), **params)
+    return Eagle(_eagle_head(res), res.target_model.get_output_embeddings(), tree)
+
+
+def _eagle2(params: dict, res: Resources) -> Proposer:
+    return Eagle(_eagle_head(res), res.target_model.get_output_embeddings(), DynamicTree(**params))
+
+
 IMPLEMENTATIONS: dict[str, Callable[[dict, Resources], Proposer]] = {
     "vanilla": _vanilla,
     "sps": _sps,
     "pld": _pld,
+    "medusa": _medusa,
+    "eagle": _eagle,
+    "eagle2": _eagle2,
+    "lookahead": _lookahead,
+    "ouroboros": _ouroboros,
 }
 
 
@@ -75,6 +130,8 @@ def build(name: str, res: Resources, overrides: dict | None = None) -> Proposer:
         proposer = IMPLEMENTATIONS[spec["implementation"]](params, res)
     except (TypeError, ValueError) as err:
         raise SpecbenchError(f"bad parameters for method '{name}': {err}") from err
+    if proposer.lossless != bool(spec.get("lossless", True)):  # results are labelled from the preset
+        raise SpecbenchError(f"method preset '{name}' must say lossless: {str(proposer.lossless).lower()} for its rule")
     proposer.name = name
     return proposer
 

@@ -1,0 +1,74 @@
+"""Finding and reading head checkpoints (a local folder or a hub id) and checking them against a module."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import SpecbenchError
+
+
+def fetch(source: str, name: str) -> Path | None:
+    """`name` inside the local folder `source`, else downloaded from the hub repository `source`; None if absent."""
+    local = Path(source).expanduser()
+    if local.is_dir():
+        return local / name if (local / name).is_file() else None
+    if source.startswith((".", "/", "~")) or source.count("/") != 1:
+        raise SpecbenchError(f"head checkpoint '{source}' is neither a folder nor a hub id like org/name")
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+
+    try:
+        return Path(hf_hub_download(source, name))
+    except EntryNotFoundError:  # not in the repository, or offline and not cached
+        return None
+    except (HfHubHTTPError, OSError, ValueError) as err:
+        raise SpecbenchError(f"could not download {name} from '{source}': {str(err).splitlines()[0]}") from err
+
+
+def read_config(source: str, what: str) -> dict:
+    path = fetch(source, "config.json")
+    if path is None:
+        raise SpecbenchError(f"{what} '{source}' has no config.json")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise SpecbenchError(f"{what} '{source}': unreadable config.json ({err})") from err
+
+
+def read_weights(source: str, names: tuple[str, ...], what: str) -> dict[str, torch.Tensor]:
+    """The first of `names` that exists: safetensors, or a pickle read with weights_only=True."""
+    for name in names:
+        path = fetch(source, name)
+        if path is None:
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                return load_file(str(path))
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # any unreadable file: corrupt, truncated, or a pickle with code in it
+            raise SpecbenchError(f"{what} '{source}': cannot read {name} ({str(err).splitlines()[0]})") from err
+    offline = "" if Path(source).expanduser().is_dir() else " (or the hub cannot be reached: check the network)"
+    raise SpecbenchError(f"{what} '{source}' has none of {', '.join(names)}{offline}")
+
+
+def check(expected: dict[str, torch.Size], state: dict[str, torch.Tensor], what: str) -> None:
+    """Exact key set and shapes, or an error naming the first offending key."""
+    for key, shape in expected.items():
+        if key not in state:
+            raise SpecbenchError(f"{what}: key '{key}' is missing from the checkpoint")
+        if state[key].shape != shape:
+            raise SpecbenchError(f"{what}: key '{key}' has shape {list(state[key].shape)}, expected {list(shape)}")
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise SpecbenchError(f"{what}: unexpected key '{extra[0]}' in the checkpoint ({len(extra)} unexpected)")
+
+
+def save_safetensors(state: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(path))

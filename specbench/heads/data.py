@@ -1,0 +1,53 @@
+"""Training text for heads, as token streams: a JSONL file ("text" per line), a plain-text file (documents
+separated by blank lines), or a data folder read by the zoo's corpus builder (the tiny family's own split)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import SpecbenchError
+
+
+def _documents(path: Path, smoke: bool) -> tuple[list[str], list[str]]:
+    """(train, held-out) texts."""
+    if path.is_dir():
+        from ..zoo.corpus import build_corpus
+        from ..zoo.plan import FULL, SMOKE
+
+        plan = SMOKE if smoke else FULL  # the same split the tiny target was trained with
+        corpus = build_corpus(
+            path,
+            seed=0,
+            heldout_frac=plan.heldout_frac,
+            max_article_chars=plan.max_article_chars,
+            per_source_limit=plan.per_source_limit,
+        )
+        return [c.render() for c in corpus.train], [c.render() for c in corpus.heldout]
+    if not path.is_file():
+        raise SpecbenchError(f"training data '{path}' is neither a file nor a folder")
+    if path.suffix == ".jsonl":
+        docs = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                row = json.loads(line)
+                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                    raise SpecbenchError(f'{path}:{n}: each JSONL line needs a string field "text"')
+                docs.append(row["text"])
+    else:
+        docs = [d.strip() for d in path.read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    if len(docs) < 2:
+        raise SpecbenchError(f"training data '{path}' has fewer than 2 documents (one is held out)")
+    cut = max(1, len(docs) // 20)  # the last 5% are held out
+    return docs[:-cut], docs[-cut:]
+
+
+def token_streams(path: Path, tokenizer, smoke: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, held-out) token ids [N], documents concatenated."""
+    out = []
+    for docs in _documents(path, smoke):
+        ids = tokenizer(docs, add_special_tokens=not path.is_dir(), verbose=False)["input_ids"]
+        out.append(torch.tensor([t for doc in ids for t in doc], dtype=torch.long))
+    return out[0], out[1]

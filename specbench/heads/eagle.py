@@ -1,0 +1,105 @@
+"""The EAGLE-1/2 draft head: fc over [embedding, target feature] (2H -> H), Llama decoder layer(s) whose
+first has no input norm, and the target's lm_head on the output (the predicted next feature).
+
+Checkpoint: config.json (Llama keys, optional "bias" for fc.bias, default true) plus `pytorch_model.bin` or
+`model.safetensors` with exactly embed_tokens.weight (optional: copied from the target), fc.weight,
+fc.bias, layers.0.self_attn.{q,k,v,o}_proj.weight, layers.0.mlp.{gate,up,down}_proj.weight and
+layers.0.post_attention_layernorm.weight.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import Cache, LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+from ..errors import SpecbenchError
+from .checkpoint import check, read_config, read_weights, save_safetensors
+
+FILES = ("pytorch_model.bin", "model.safetensors")
+CONFIG_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+    "max_position_embeddings", "rms_norm_eps", "hidden_act",
+)  # fmt: skip
+
+
+class EagleHead(nn.Module):
+    def __init__(self, config: LlamaConfig, bias: bool = True) -> None:
+        super().__init__()
+        config._attn_implementation = "sdpa"
+        self.config = config
+        hidden = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
+        self.fc = nn.Linear(2 * hidden, hidden, bias=bias)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers[0].input_layernorm = nn.Identity()  # the fused input is not normalised (EAGLE's layout)
+        self.rotary = LlamaRotaryEmbedding(config)
+
+    def forward(
+        self,
+        features: torch.Tensor,  # [B, n, H]: the target's (or the draft's own predicted) features
+        tokens: torch.Tensor,  # [B, n]: the token after each feature's position
+        positions: torch.Tensor,  # [B, n]
+        mask: torch.Tensor | None = None,  # additive [B, 1, n, past + n]; None = causal without a cache
+        cache: Cache | None = None,
+    ) -> torch.Tensor:
+        """Predicted features [B, n, H] of the next positions (logits = the target's lm_head of them)."""
+        x = self.fc(torch.cat([self.embed_tokens(tokens), features.to(self.fc.weight.dtype)], dim=-1))
+        rope = self.rotary(x, positions)
+        for layer in self.layers:
+            x = layer(x, mask, positions, cache, use_cache=cache is not None, position_embeddings=rope)
+        return x
+
+
+def config_from_target(target_config) -> dict:
+    """A one-layer head config matching a Llama-like target (what `specbench train eagle` writes)."""
+    text = target_config.get_text_config()
+    config = {k: getattr(text, k) for k in CONFIG_KEYS if getattr(text, k, None) is not None}
+    rope = dict(getattr(text, "rope_parameters", None) or {})
+    if "rope_theta" in rope:
+        config["rope_theta"] = rope.pop("rope_theta")
+    if rope.get("rope_type", "default") != "default":
+        config["rope_scaling"] = rope
+    config.update(num_hidden_layers=1, bias=True)
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **config}
+
+
+def load(source: str, target_model: nn.Module) -> EagleHead:
+    """An official-layout head; a missing embed_tokens is copied from the target."""
+    what = f"EAGLE head '{source}'"
+    raw = read_config(source, "EAGLE head")
+    head = build(raw)
+    vocab, hidden = target_model.get_output_embeddings().weight.shape
+    if (vocab, hidden) != (head.config.vocab_size, head.config.hidden_size):
+        raise SpecbenchError(
+            f"{what} is for hidden size {head.config.hidden_size} and vocabulary {head.config.vocab_size}, the "
+            f"target has {hidden} and {vocab}: use a head trained for this target"
+        )
+    state = read_weights(source, FILES, "EAGLE head")
+    if "embed_tokens.weight" not in state:
+        state["embed_tokens.weight"] = target_model.get_input_embeddings().weight.detach().cpu()
+    check({k: v.shape for k, v in head.state_dict().items()}, state, what)
+    head.load_state_dict(state)
+    return head
+
+
+def build(raw: dict) -> EagleHead:
+    """The head a config.json describes (random weights); "qkv_bias" is EAGLE's name for attention_bias."""
+    keys = {k: v for k, v in raw.items() if k not in ("architectures", "bias", "torch_dtype", "transformers_version")}
+    keys.setdefault("attention_bias", bool(raw.get("qkv_bias", False)))
+    try:
+        config = LlamaConfig(**keys)
+    except (TypeError, ValueError, KeyError) as err:
+        raise SpecbenchError(f"EAGLE head config.json is not a Llama config: {err}") from err
+    return EagleHead(config, bias=bool(raw.get("bias", True)))
+
+
+def save(head: EagleHead, raw_config: dict, out: Path) -> None:
+    """The official layout: config.json + model.safetensors (embedding included, as in the Vicuna heads)."""
+    out.mkdir(parents=True, exist_ok=True)
+    save_safetensors(head.state_dict(), out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(raw_config, indent=2) + "\n")

@@ -1,0 +1,176 @@
+"""EAGLE-1 and EAGLE-2: a one-layer draft head autoregresses over the target's features and grows a token
+tree level by level. One drafting loop serves both; an expansion policy decides which candidates become
+nodes, which nodes grow children, and which nodes are sent to the target:
+
+- StaticTree (EAGLE-1): the published tree of ranks; a node's children are its parent's top-ranked guesses.
+- DynamicTree (EAGLE-2): every grown node offers top_k children scored by cumulative draft log-probability;
+  the top_k best of each level grow, and the best `total_tokens` of all candidates are verified.
+
+Candidates are the draft's deterministic top-k, so at T > 0 they go to verification as point masses
+(draft_probs None): accept x with probability p(x), else zero p(x) and try the next sibling. That is lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from ..heads.eagle import EagleHead
+from ..tree import Tree, additive_mask
+from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
+
+
+@dataclass
+class Candidates:
+    """Drafted tokens in creation order (parents first); parent -1 is the root."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)  # cumulative draft log-probability
+    ranks: list[tuple[int, ...]] = field(default_factory=list)  # rank of each node on the path from the root
+
+    def path(self, parent: int, rank: int) -> tuple[int, ...]:
+        """The ranks from the root to the `rank`-th child of `parent`."""
+        return (*(self.ranks[parent] if parent >= 0 else ()), rank)
+
+    def add(self, token: int, parent: int, logp: float, rank: int) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.scores.append((self.scores[parent] if parent >= 0 else 0.0) + logp)
+        self.ranks.append(self.path(parent, rank))
+        return len(self.tokens) - 1
+
+    def ancestors(self, node: int) -> set[int]:
+        out = set()
+        while (node := self.parents[node]) >= 0:
+            out.add(node)
+        return out
+
+
+def best(nodes: list[int], scores: list[float], k: int) -> list[int]:
+    """The k highest-scoring nodes, ties to the earlier one (a parent before its child), in ascending order."""
+    return sorted(sorted(nodes, key=lambda i: (-scores[i], i))[:k])
+
+
+class StaticTree:
+    def __init__(self, choices: list[list[int]]) -> None:
+        self.paths = {tuple(p) for p in choices}
+        self.branch = 1 + max(r for p in self.paths for r in p)
+        self.max_depth = max(len(p) for p in self.paths)
+        self.inner = {p[:-1] for p in self.paths}
+
+    def admits(self, ranks: tuple[int, ...]) -> bool:
+        return ranks in self.paths
+
+    def grow(self, level: list[int], found: Candidates) -> list[int]:
+        return [i for i in level if found.ranks[i] in self.inner]
+
+    def select(self, found: Candidates) -> list[int]:
+        return list(range(len(found.tokens)))
+
+
+class DynamicTree:
+    def __init__(self, total_tokens: int, depth: int, top_k: int) -> None:
+        if total_tokens < 1 or depth < 0 or top_k < 1:
+            raise ValueError("eagle2 needs total_tokens >= 1, depth >= 0 and top_k >= 1")
+        self.total_tokens = total_tokens
+        self.branch = top_k
+        self.max_depth = depth + 1  # EAGLE's `depth` counts the expansions after the first level
+
+    def admits(self, ranks: tuple[int, ...]) -> bool:
+        return True
+
+    def grow(self, level: list[int], found: Candidates) -> list[int]:
+        return best(level, found.scores, self.branch)
+
+    def select(self, found: Candidates) -> list[int]:
+        return best(list(range(len(found.tokens))), found.scores, self.total_tokens)
+
+
+class Eagle(Proposer):
+    name = "eagle"
+    feature_layers = (-1,)
+
+    def __init__(self, head: EagleHead, lm_head: nn.Module, expansion: StaticTree | DynamicTree) -> None:
+        self.head = head
+        self.lm_head = lm_head
+        self.expansion = expansion
+        self.device = lm_head.weight.device
+
+    def start(
+        self,
+        prompt: list[int],
+        temperature: float,
+        generator: torch.Generator | None,
+        features: torch.Tensor | None = None,
+    ) -> None:
+        super().start(prompt, temperature, generator)
+        self.cache = DynamicCache(config=self.head.config)  # pairs of committed tokens only
+        self.pending = features if features is not None else torch.empty(0, self.head.config.hidden_size)
+        self.root: torch.Tensor | None = None  # [H]: the draft's predicted feature at the root's position
+        self._extend(prompt)
+
+    def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
+        self.pending = torch.cat([self.pending.to(feedback.features), feedback.features])
+        self._extend(tokens)
+
+    @torch.inference_mode()
+    def _extend(self, tokens: list[int]) -> None:
+        """Feed the committed pairs (feature of token i, token i + 1) the draft cache lacks."""
+        past = self.cache.get_seq_length()
+        n = min(len(self.pending), len(tokens) - 1 - past)
+        if n <= 0:
+            return
+        ids = torch.tensor([tokens[past + 1 : past + 1 + n]], device=self.device)
+        positions = torch.arange(past, past + n, device=self.device)[None]
+        allowed = torch.ones(n, past + n, dtype=torch.bool).tril(past)  # causal over the cache and the new rows
+        mask = additive_mask(allowed, self.head.fc.weight.dtype, self.device)
+        out = self.head(self.pending[None, :n], ids, positions, mask, self.cache)[0]  # [n, H]
+        self.pending = self.pending[n:]
+        self.root = out[-1] if past + n == len(tokens) - 1 else None
+
+    @torch.inference_mode()
+    def propose(self, tokens: list[int]) -> Proposal:
+        if self.root is None:
+            return NO_PROPOSAL
+        past = self.cache.get_seq_length()
+        found = Candidates()
+        hidden = {-1: self.root}  # node -> the draft's predicted feature at its position
+        frontier, fed = [-1], []
+        for depth in range(1, self.expansion.max_depth + 1):
+            logits = self.lm_head(torch.stack([hidden[f] for f in frontier]))  # [F, V]
+            top = torch.log_softmax(logits.float(), dim=-1).topk(min(self.expansion.branch, logits.shape[-1]))
+            level = [
+                found.add(token, parent, logp, rank)
+                for parent, logps, toks in zip(frontier, top.values.tolist(), top.indices.tolist(), strict=True)
+                for rank, (logp, token) in enumerate(zip(logps, toks, strict=True))
+                if self.expansion.admits(found.path(parent, rank))
+            ]
+            frontier = self.expansion.grow(level, found) if depth < self.expansion.max_depth else []
+            if not frontier:
+                break
+            hidden.update(zip(frontier, self._feed(frontier, found, hidden, fed, past + depth - 1), strict=True))
+            fed += frontier
+        if fed:  # tree keys are discarded, the committed prefix stays (transformers 5 crops by minus the count)
+            self.cache.crop(-len(fed))
+        keep = self.expansion.select(found)
+        return Proposal(Tree(found.tokens, found.parents).subtree(keep))
+
+    def _feed(self, nodes: list[int], found: Candidates, hidden: dict, fed: list[int], position: int) -> torch.Tensor:
+        """One draft forward over a level's growing nodes; each sees the committed prefix, its fed ancestors
+        and itself. Returns their predicted features [len(nodes), H]."""
+        past = self.cache.get_seq_length()
+        allowed = torch.zeros(len(nodes), past + len(nodes), dtype=torch.bool)
+        allowed[:, : past - len(fed)] = True
+        for row, node in enumerate(nodes):
+            above = found.ancestors(node)
+            allowed[row, past - len(fed) : past] = torch.tensor([j in above for j in fed], dtype=torch.bool)
+            allowed[row, past + row] = True
+        features = torch.stack([hidden[found.parents[n]] for n in nodes])[None]  # the parent's feature
+        ids = torch.tensor([[found.tokens[n] for n in nodes]], device=self.device)
+        positions = torch.full((1, len(nodes)), position, device=self.device)
+        mask = additive_mask(allowed, self.head.fc.weight.dtype, self.device)
+        return self.head(features, ids, positions, mask, self.cache)[0]

@@ -1,0 +1,58 @@
+"""Lookahead decoding (Fu et al. 2024): the target drafts for itself, no extra model or head.
+
+One target forward carries three branches: the root, the verification branch (up to G pooled (N-1)-grams
+that start with the root, merged into a tree) and the lookahead branch (the Jacobi window, as side tokens
+whose cache rows the commit drops). The window's predictions become the n-grams of later verification
+branches. Every candidate is a point mass, so sampling with the shared residual rule stays lossless.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..tree import trie
+from .base import Feedback, Proposal, Proposer
+from .jacobi import JacobiWindow
+from .ngram_pool import NgramPool
+
+
+class Lookahead(Proposer):
+    name = "lookahead"
+
+    def __init__(
+        self, ngram_size: int = 5, window_size: int = 7, guess_set_size: int = 7, pool_from_prompt: bool = False
+    ) -> None:
+        if ngram_size < 2 or window_size < 1 or guess_set_size < 1:
+            raise ValueError("lookahead needs ngram_size >= 2, window_size >= 1 and guess_set_size >= 1")
+        self.window = JacobiWindow(ngram_size - 1, window_size)
+        self.pool = NgramPool(ngram_size - 1, guess_set_size)
+        self.guess_set_size = guess_set_size
+        self.pool_from_prompt = pool_from_prompt
+
+    @property
+    def reach(self) -> int:
+        """Largest position offset from the root a proposal uses."""
+        return max(self.pool.length, self.window.reach)
+
+    def start(
+        self,
+        prompt: list[int],
+        temperature: float,
+        generator: torch.Generator | None,
+        features: torch.Tensor | None = None,
+    ) -> None:
+        super().start(prompt, temperature, generator)
+        self.pool.clear()
+        if self.pool_from_prompt:
+            self.pool.add_sequence(prompt)
+        self.window.reset(prompt)
+
+    def propose(self, tokens: list[int]) -> Proposal:
+        tree = trie(self.pool.candidates(tokens[-1], self.guess_set_size))
+        return Proposal(tree, side=self.window.side(len(tree)))
+
+    def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
+        if feedback.side_logits is None:  # the loop dropped the window (token budget nearly spent)
+            return
+        for ngram in self.window.advance(feedback.side_logits):
+            self.pool.add(ngram)

@@ -1,0 +1,76 @@
+"""Medusa: extra heads on the target's last hidden state each guess one more future token; their top-k
+candidates are arranged in a static tree (each node's token is the k-th guess of the head at its depth)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import SpecbenchError
+from ..heads.medusa import MedusaHeads
+from ..tree import Tree, from_choices
+from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
+
+ACCEPTANCE = ("exact", "typical")  # exact: greedy at T = 0, lossless tree rejection sampling at T > 0
+
+
+class Medusa(Proposer):
+    name = "medusa"
+    feature_layers = (-1,)
+
+    def __init__(
+        self,
+        heads: MedusaHeads,
+        lm_head: nn.Module,
+        choices: list[list[int]],
+        acceptance: str = "exact",
+        posterior_threshold: float = 0.09,
+        posterior_alpha: float = 0.3,
+    ) -> None:
+        vocab, hidden = lm_head.weight.shape
+        own = None if heads.shared_lm_head else heads[0][-1].out_features
+        if heads[0][0].linear.in_features != hidden or own not in (None, vocab):
+            raise SpecbenchError(
+                f"the Medusa heads are for hidden size {heads[0][0].linear.in_features} and vocabulary "
+                f"{own or vocab}, the target has {hidden} and {vocab}: use heads trained for this target"
+            )
+        if acceptance not in ACCEPTANCE:
+            raise ValueError(f"acceptance must be one of {', '.join(ACCEPTANCE)}, got '{acceptance}'")
+        self.template = from_choices(choices, max_rank=vocab)  # tokens: each node's rank in its head's top-k
+        self.depth = self.template.max_depth()
+        if self.depth > len(heads):
+            raise SpecbenchError(
+                f"the Medusa tree is {self.depth} deep but the checkpoint has {len(heads)} heads: use a tree of "
+                f"depth <= {len(heads)} (choices) or heads trained with more"
+            )
+        self.heads = heads
+        self.lm_head = lm_head
+        typical = {"posterior_threshold": posterior_threshold, "posterior_alpha": posterior_alpha}
+        self.typical = typical if acceptance == "typical" else None
+        self.lossless = self.typical is None
+        self.slot = (
+            torch.tensor([d - 1 for d in self.template.depths()]),  # which head
+            torch.tensor(self.template.tokens),  # which of its candidates
+        )
+        self.hidden: torch.Tensor | None = None  # [H]: the target's last state, the one that produced the root
+
+    def start(
+        self,
+        prompt: list[int],
+        temperature: float,
+        generator: torch.Generator | None,
+        features: torch.Tensor | None = None,
+    ) -> None:
+        super().start(prompt, temperature, generator)
+        self.hidden = features[-1] if features is not None and len(features) else None
+
+    @torch.inference_mode()
+    def propose(self, tokens: list[int]) -> Proposal:
+        if self.hidden is None:
+            return NO_PROPOSAL
+        logits = self.heads(self.hidden.to(self.lm_head.weight.dtype), self.lm_head)[: self.depth]  # [depth, V]
+        top = logits.topk(max(self.template.tokens) + 1, dim=-1).indices.cpu()  # [depth, k]
+        return Proposal(Tree(top[self.slot].tolist(), self.template.parents))
+
+    def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
+        self.hidden = feedback.features[-1]

@@ -1,0 +1,106 @@
+"""Ouroboros (Zhao et al. 2024): a draft model that drafts phrases, itself accelerated by lookahead decoding.
+
+Drafting: the draft model runs Lookahead decoding on itself (its own Jacobi window and the phrase pool),
+so one draft forward can add several tokens, until at least gamma are drafted. Verification: one target
+forward over a tree, the draft chain plus up to topk pooled phrases that continue its last token. The pool is
+shared: the draft's lookahead fills it, and every token the target commits refreshes it.
+
+Sampling stays lossless: the draft samples its chain with the shared rejection rule against its own
+distribution q (pool phrases are point masses there), so each drafted token is an exact draw from q given
+its prefix and its row of draft_probs is that q; the pooled phrases after the chain are point masses
+(one-hot rows). The reference (greedy only) also rewrites pool entries from the target's logits at rejected
+positions; the loop gives proposers the committed tokens only, so here the pool learns from those.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import acceptance
+from ..sampling import probabilities
+from ..target import Target
+from ..tree import trie
+from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
+from .lookahead import Lookahead
+
+
+class Ouroboros(Proposer):
+    name = "ouroboros"
+
+    def __init__(
+        self,
+        draft_model,
+        num_draft_tokens: int = 12,
+        ngram_size: int = 7,
+        window_size: int = 20,
+        guess_set_size: int = 20,
+        topk: int = 3,
+        pool_from_prompt: bool = False,
+    ) -> None:
+        if num_draft_tokens < 1 or topk < 0:
+            raise ValueError("ouroboros needs num_draft_tokens >= 1 and topk >= 0")
+        self.draft = Target(draft_model)
+        self.drafter = Lookahead(ngram_size, window_size, guess_set_size, pool_from_prompt)
+        self.gamma = num_draft_tokens
+        self.topk = topk
+
+    def start(
+        self,
+        prompt: list[int],
+        temperature: float,
+        generator: torch.Generator | None,
+        features: torch.Tensor | None = None,
+    ) -> None:
+        super().start(prompt, temperature, generator)
+        self.drafter.start(prompt, temperature, generator)
+        self.verified = len(prompt)  # tokens the pool has learned from
+        self.draft.reset()
+        if len(prompt) > 1:
+            self.draft.forward(prompt[:-1], last_only=True)
+
+    def propose(self, tokens: list[int]) -> Proposal:
+        if len(tokens) + self.gamma + self.drafter.reach > self.draft.context_length:
+            return NO_PROPOSAL
+        if self.draft.cached < len(tokens) - 1:
+            self.draft.forward(tokens[self.draft.cached : -1])
+        drafted: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        while len(drafted) < self.gamma:
+            new, q = self._draft_step([*tokens, *drafted])
+            drafted.extend(new)
+            q_rows.extend(q)
+        phrases = self.drafter.pool.candidates(drafted[-1], self.topk)
+        tree = trie([drafted, *(drafted + phrase for phrase in phrases)])
+        if self.temperature == 0:
+            return Proposal(tree)
+        chain_q = torch.stack(q_rows)  # [len(drafted), V]
+        phrase_q = torch.nn.functional.one_hot(
+            torch.tensor(tree.tokens[len(drafted) :], dtype=torch.long), chain_q.shape[-1]
+        )
+        return Proposal(tree, torch.cat([chain_q, phrase_q.to(chain_q)]))
+
+    def _draft_step(self, seq: list[int]) -> tuple[list[int], list[torch.Tensor]]:
+        """One draft forward over its own lookahead proposal after seq[-1]: the tokens it keeps (at least one)
+        and, when sampling, the draft distribution each was drawn from (q [V] per token)."""
+        proposal = self.drafter.propose(seq)
+        tree, side = proposal.tree, proposal.side
+        past = self.draft.cached
+        out = self.draft.run([seq[-1], *tree.tokens, *side.tokens], tree, side=side)
+        logits = out.logits[: len(tree) + 1]  # [1 + n, V]
+        if self.temperature == 0:
+            accepted = acceptance.greedy(tree, logits)
+            q_rows = []
+        else:
+            probs = probabilities(logits, self.temperature)
+            accepted = acceptance.speculative_sampling(tree, probs, None, self.generator)
+            q_rows = list(probs[[0, *accepted.rows]])
+        self.draft.commit(past, [0, *accepted.rows])
+        new = [tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
+        self.drafter.update([*seq, *new], proposal, Feedback(accepted, side_logits=out.logits[len(tree) + 1 :]))
+        return new, q_rows
+
+    def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
+        # Cached drafted tokens stay valid up to the last accepted one; the newest token is the next root.
+        self.draft.crop(min(self.draft.cached, len(tokens) - 1))
+        self.drafter.pool.add_sequence(tokens[max(0, self.verified - self.drafter.pool.length) :])
+        self.verified = len(tokens)

@@ -1,0 +1,99 @@
+"""`specbench train medusa|eagle` end to end on a tiny random target; the saved heads load like official ones."""
+
+import json
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specbench import tasks
+from specbench.cli import main
+from specbench.heads import eagle as eagle_heads
+from specbench.heads import medusa as medusa_heads
+from specbench.heads.data import token_streams
+from specbench.heads.eagle import build, config_from_target
+from specbench.heads.train import target_pass, unroll
+from specbench.models import load_causal_lm, load_tokenizer
+
+from .conftest import SHARED_DATA, needs_shared, random_llama
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The quick task's turns as a JSONL file and as a plain-text file."""
+    root = tmp_path_factory.mktemp("corpus")
+    texts = [turn for q in tasks.load("quick").questions for turn in q.turns] * 2
+    (root / "text.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (root / "text.txt").write_text("\n\n".join(texts))
+    return root
+
+
+@pytest.mark.parametrize("kind, data", [("medusa", "text.txt"), ("eagle", "text.jsonl")])
+def test_train_writes_official_layout_that_loads_and_decodes(capsys, tiny_models, corpus, tmp_path, kind, data):
+    target_dir, _ = tiny_models
+    out = tmp_path / kind
+    argv = ["train", kind, "--target", str(target_dir), "--data", str(corpus / data), "--out", str(out), "--smoke"]
+    assert main([*argv, "--device", "cpu"]) == 0, capsys.readouterr().err
+    assert "held-out top-1 accuracy by depth" in capsys.readouterr().out
+    report = json.loads((out / "accuracy.json").read_text())
+    assert len(report["top1_accuracy_by_depth"]) == (5 if kind == "medusa" else 6)
+    assert all(0 <= a <= 1 for a in report["top1_accuracy_by_depth"])
+    config = json.loads((out / "config.json").read_text())
+    model = load_causal_lm(str(target_dir), torch.device("cpu"), torch.float32)
+    if kind == "medusa":
+        assert (out / "medusa_lm_head.safetensors").is_file() and config["medusa_num_heads"] == 5
+        assert len(medusa_heads.load(str(out))) == 5
+    else:
+        assert (out / "model.safetensors").is_file() and config["bias"] is True
+        eagle_heads.load(str(out), model)
+    method = "eagle2" if kind == "eagle" else "medusa"
+    verify = f"verify --method {method} --mode greedy --limit 1 --max-new-tokens 8 --device cpu".split()
+    code = main([*verify, "--model", str(target_dir), "--head", f"{kind}={out}"])
+    text = capsys.readouterr().out
+    assert code == 0 and "real mismatches -> pass" in text, text
+
+
+def test_train_errors_are_one_line(capsys, tiny_models, corpus, tmp_path):
+    target_dir, _ = tiny_models
+    argv = ["train", "eagle", "--target", str(target_dir), "--out", str(tmp_path / "e"), "--device", "cpu"]
+    assert main([*argv, "--data", str(tmp_path / "nothing.txt")]) == 2
+    assert "neither a file nor a folder" in capsys.readouterr().err
+    assert main([*argv, "--data", str(corpus / "text.jsonl"), "--seq-len", "100000", "--steps", "1"]) == 2
+    assert "not enough for --seq-len" in capsys.readouterr().err
+
+
+def test_unroll_matches_drafting_one_chain_at_a_time():
+    """Training-time evaluation unrolls every anchor at once; it must equal feeding one chain through a cache."""
+    model = random_llama(64, seed=0, init=0.3)
+    head = build(config_from_target(model.config)).eval()
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    features, _ = target_pass(model, ids)
+    with torch.no_grad():
+        steps = unroll(head, features, ids, 3)
+        anchor = 5
+        cache = DynamicCache(config=head.config)
+        x = head(features[:, : anchor + 1], ids[:, 1 : anchor + 2], torch.arange(anchor + 1)[None], None, cache)[:, -1:]
+        for step in (2, 3):
+            position = torch.tensor([[anchor + step - 1]])
+            x = head(x, ids[:, anchor + step : anchor + step + 1], position, None, cache)
+            torch.testing.assert_close(x[0, 0], steps[step - 1][0, anchor], atol=1e-5, rtol=1e-5)
+
+
+@needs_shared
+def test_data_folder_gives_the_zoo_corpus_split(tiny_models):
+    tokenizer = load_tokenizer(str(tiny_models[0]))
+    train, heldout = token_streams(SHARED_DATA, tokenizer, smoke=True)
+    assert len(train) > 5 * len(heldout) > 0  # the smoke plan holds out 10%
+
+
+def test_run_with_trained_heads(capsys, tiny_models, corpus, tmp_path):
+    target_dir, _ = tiny_models
+    for kind in ("medusa", "eagle"):
+        argv = ["train", kind, "--target", str(target_dir), "--data", str(corpus / "text.txt"), "--smoke"]
+        assert main([*argv, "--out", str(tmp_path / kind), "--device", "cpu"]) == 0
+    run = "run --methods medusa,eagle,eagle2 --limit 1 --max-new-tokens 6 --no-report --no-warmup --device cpu"
+    heads = ["--head", f"medusa={tmp_path / 'medusa'}", "--head", f"eagle={tmp_path / 'eagle'}"]
+    code = main([*run.split(), "--model", str(target_dir), "--out", str(tmp_path / "run"), *heads])
+    assert code == 0, capsys.readouterr().err
+    for method in ("medusa", "eagle", "eagle2"):
+        assert (tmp_path / "run" / "answers" / "quick" / f"{method}-temperature-0.jsonl").is_file()
