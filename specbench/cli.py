@@ -42,9 +42,9 @@ def _field(text: str) -> tuple[str, str]:
 
 
 def _head(text: str) -> tuple[str, str]:
-    """eagle=PATH or medusa=PATH for one method family, a bare PATH for every family."""
+    """eagle=PATH, eagle3=PATH or medusa=PATH for one method family, a bare PATH for every family."""
     family, sep, path = text.partition("=")
-    return (family, path) if sep and family in ("medusa", "eagle") else ("*", text)
+    return (family, path) if sep and family in ("medusa", "eagle", "eagle3") else ("*", text)
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -56,7 +56,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="[FAMILY=]PATH",
-        help="head checkpoint (folder or hub id) of the medusa or eagle methods, e.g. eagle=DIR (default: the alias's)",
+        help="head checkpoint (folder or hub id) of the medusa, eagle or eagle3 methods, e.g. eagle=DIR "
+        "(default: the alias's)",
     )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", help="auto (fp16 on CUDA, fp32 on CPU), float32, float16, bfloat16")
@@ -119,7 +120,9 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--alpha", type=float, default=1e-3, help="significance of the sampling test")
 
     train = sub.add_parser("train", help="train Medusa or EAGLE heads for a target by self-distillation on text")
-    train.add_argument("kind", choices=["medusa", "eagle"], help="medusa heads, or an EAGLE-1/2 head")
+    train.add_argument(
+        "kind", choices=["medusa", "eagle", "eagle3"], help="medusa heads, an EAGLE-1/2 head or an EAGLE-3 head"
+    )
     train.add_argument("--target", default="tiny", help="alias, local folder or hub id of the target")
     train.add_argument(
         "--data",
@@ -128,10 +131,12 @@ def parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--out", type=Path, required=True, help="folder for the head and its accuracy.json")
     train.add_argument("--steps", type=int, default=2000)
-    train.add_argument("--lr", type=float, help="learning rate (default: 1e-3 medusa, 3e-4 eagle)")
+    train.add_argument("--lr", type=float, help="learning rate (default: 1e-3 medusa, 3e-4 eagle and eagle3)")
     train.add_argument("--seq-len", type=int, default=256, help="tokens per training window")
     train.add_argument("--batch-size", type=int, default=8)
     train.add_argument("--medusa-heads", type=int, default=5, help="number of Medusa heads (tree depth limit)")
+    train.add_argument("--draft-vocab", type=int, default=32000, help="eagle3: draft vocabulary (at most the target's)")
+    train.add_argument("--ttt-steps", type=int, default=7, help="eagle3: steps of the training-time test")
     train.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     train.add_argument("--dtype", default="auto", help="the target's dtype; heads train in float32")
     train.add_argument("--seed", type=int, default=0)
@@ -230,10 +235,21 @@ def _train(args) -> None:
     data = args.data or data_dir(None)
     if data is None:
         raise SpecbenchError("train needs text: pass --data FILE_OR_FOLDER (or set $SPECBENCH_DATA_DIR)")
-    if min(args.steps, args.seq_len, args.batch_size, args.medusa_heads) < 1 or args.seq_len < 8:
-        raise SpecbenchError("--steps, --batch-size and --medusa-heads must be >= 1, --seq-len >= 8")
+    if min(args.steps, args.seq_len, args.batch_size, args.medusa_heads, args.draft_vocab, args.ttt_steps) < 1:
+        raise SpecbenchError("--steps, --batch-size, --medusa-heads, --draft-vocab and --ttt-steps must be >= 1")
+    if args.seq_len < 8:
+        raise SpecbenchError("--seq-len must be >= 8")
     lr = args.lr or (1e-3 if args.kind == "medusa" else 3e-4)
-    cfg = TrainConfig(args.steps, lr, args.seq_len, args.batch_size, medusa_heads=args.medusa_heads, seed=args.seed)
+    cfg = TrainConfig(
+        args.steps,
+        lr,
+        args.seq_len,
+        args.batch_size,
+        medusa_heads=args.medusa_heads,
+        draft_vocab=args.draft_vocab,
+        ttt_steps=args.ttt_steps,
+        seed=args.seed,
+    )
     if args.smoke:
         cfg = cfg.smoke()
     device = pick_device(args.device)

@@ -20,7 +20,7 @@ class ModelSpec:
     note: str = ""
 
 
-def _vicuna(size: str) -> ModelSpec:
+def _vicuna(size: str, eagle3: str | None = None) -> ModelSpec:
     return ModelSpec(
         name=f"vicuna-{size.lower()}",
         path=f"lmsys/vicuna-{size.lower()}-v1.3",
@@ -28,6 +28,7 @@ def _vicuna(size: str) -> ModelSpec:
         heads={
             "medusa": f"FasterDecoding/medusa-vicuna-{size.lower()}-v1.3",
             "eagle": f"yuhuili/EAGLE-Vicuna-{size.upper()}-v1.3",
+            **({"eagle3": eagle3} if eagle3 else {}),
         },
         note="Vicuna v1.3 (LMSYS); SpS draft from MCSD",
     )
@@ -38,10 +39,16 @@ ALIASES: dict[str, ModelSpec] = {
         name="tiny",
         path=str(TINY_DIR / "target"),
         draft=str(TINY_DIR / "draft"),
-        heads={"medusa": str(TINY_DIR / "medusa"), "eagle": str(TINY_DIR / "eagle")},
+        heads={family: str(TINY_DIR / family) for family in ("medusa", "eagle", "eagle3")},
         note="bundled tiny Llama family, trained by `specbench zoo build`",
     ),
-    **{spec.name: spec for spec in (_vicuna("7B"), _vicuna("13B"), _vicuna("33B"))},
+    **{spec.name: spec for spec in (_vicuna("7B"), _vicuna("13B", "yuhuili/EAGLE3-Vicuna1.3-13B"), _vicuna("33B"))},
+    "llama3.1-8b": ModelSpec(
+        name="llama3.1-8b",
+        path="meta-llama/Llama-3.1-8B-Instruct",
+        heads={"eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"},
+        note="Llama 3.1 8B Instruct (gated on the hub); EAGLE-3 head only",
+    ),
 }
 
 

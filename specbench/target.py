@@ -21,6 +21,12 @@ class SideBranch:
     allowed: torch.Tensor  # bool [m, 1 + n + m]: the new rows ([root] + tree + side) each side token attends to
 
 
+def hidden_features(out, layers: tuple[int, ...]) -> torch.Tensor:
+    """The requested hidden states of a decoder's output [B, n, H] concatenated on the last dim [B, n, F]:
+    index i = the output of layer i (0 = the embeddings), -1 = the final normalised state the LM head reads."""
+    return torch.cat([out.last_hidden_state if i == -1 else out.hidden_states[i] for i in layers], dim=-1)
+
+
 @dataclass(frozen=True)
 class Forward:
     logits: torch.Tensor  # [rows, V]
@@ -83,12 +89,10 @@ class Target:
         if layers is None:
             out = self.model(**inputs, use_cache=True, logits_to_keep=1 if last_only else 0)
             return Forward(out.logits[0])
-        inner = [i for i in layers if i != -1]
-        out = self.model.get_decoder()(**inputs, use_cache=True, output_hidden_states=bool(inner))
+        out = self.model.get_decoder()(**inputs, use_cache=True, output_hidden_states=any(i != -1 for i in layers))
         final = out.last_hidden_state[0]
         logits = self.model.get_output_embeddings()(final[-1:] if last_only else final)
-        states = [final if i == -1 else out.hidden_states[i][0] for i in layers]
-        return Forward(logits, torch.cat(states, dim=-1))
+        return Forward(logits, hidden_features(out, layers)[0])
 
     @torch.inference_mode()
     def commit(self, start: int, keep: list[int]) -> None:

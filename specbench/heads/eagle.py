@@ -33,6 +33,7 @@ class EagleHead(nn.Module):
         config._attn_implementation = "sdpa"
         self.config = config
         hidden = config.hidden_size
+        self.feature_size = hidden  # the target's final normalised state
         self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
         self.fc = nn.Linear(2 * hidden, hidden, bias=bias)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
@@ -87,19 +88,25 @@ def load(source: str, target_model: nn.Module) -> EagleHead:
     return head
 
 
-def build(raw: dict) -> EagleHead:
-    """The head a config.json describes (random weights); "qkv_bias" is EAGLE's name for attention_bias."""
+def llama_config(raw: dict, what: str) -> LlamaConfig:
+    """The Llama config of an EAGLE head's config.json; "qkv_bias" is EAGLE's name for attention_bias."""
     keys = {k: v for k, v in raw.items() if k not in ("architectures", "bias", "torch_dtype", "transformers_version")}
     keys.setdefault("attention_bias", bool(raw.get("qkv_bias", False)))
     try:
-        config = LlamaConfig(**keys)
+        return LlamaConfig(**keys)
     except (TypeError, ValueError, KeyError) as err:
-        raise SpecbenchError(f"EAGLE head config.json is not a Llama config: {err}") from err
-    return EagleHead(config, bias=bool(raw.get("bias", True)))
+        raise SpecbenchError(f"{what} config.json is not a Llama config: {err}") from err
 
 
-def save(head: EagleHead, raw_config: dict, out: Path) -> None:
-    """The official layout: config.json + model.safetensors (embedding included, as in the Vicuna heads)."""
+def build(raw: dict) -> EagleHead:
+    """The head a config.json describes (random weights)."""
+    if "draft_vocab_size" in raw:
+        raise SpecbenchError("this is an EAGLE-3 head (its config has draft_vocab_size): use the eagle3 method")
+    return EagleHead(llama_config(raw, "EAGLE head"), bias=bool(raw.get("bias", True)))
+
+
+def save(state: dict[str, torch.Tensor], raw_config: dict, out: Path) -> None:
+    """The official layout: config.json + model.safetensors."""
     out.mkdir(parents=True, exist_ok=True)
-    save_safetensors(head.state_dict(), out / "model.safetensors")
+    save_safetensors(state, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(raw_config, indent=2) + "\n")

@@ -1,5 +1,6 @@
 """Self-distillation of Medusa heads and EAGLE heads from a frozen target over text: the labels are the
-target's own next-token distributions on that text (no generation), the inputs its final hidden states.
+target's own next-token distributions on that text (no generation), the inputs its hidden states (the final
+ones; three inner ones for EAGLE-3).
 
 Per-depth top-1 accuracy on held-out text is the share of positions where the head's first guess at depth
 d equals the target's greedy token there (tokens in between taken from the text).
@@ -19,7 +20,9 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from ..errors import SpecbenchError
+from ..target import hidden_features
 from ..tree import additive_mask
+from . import eagle3
 from .eagle import EagleHead, build, config_from_target
 from .medusa import MedusaHeads
 
@@ -35,6 +38,9 @@ class TrainConfig:
     medusa_layers: int = 1
     eagle_cls_weight: float = 0.1  # EAGLE-1: smooth-L1 on features + 0.1 x cross-entropy on tokens
     eagle_noise: float = 0.1  # uniform noise on the input features, U(-a, a) (EAGLE-1 paper)
+    draft_vocab: int = 32000  # EAGLE-3: the most frequent training tokens the draft predicts (capped at the vocab)
+    ttt_steps: int = 7  # EAGLE-3: steps of the training-time test (the reference unrolls 7)
+    ttt_decay: float = 0.8  # EAGLE-3: step s's loss weighs ttt_decay ** (s - 1)
     seed: int = 0
 
     def smoke(self) -> TrainConfig:
@@ -51,11 +57,12 @@ def windows(stream: torch.Tensor, cfg: TrainConfig, generator: torch.Generator, 
 
 
 @torch.no_grad()
-def target_pass(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Final normalised hidden states [B, L, H] and logits [B, L, V] in float32."""
+def target_pass(model: nn.Module, ids: torch.Tensor, layers: tuple[int, ...] = (-1,)) -> tuple[torch.Tensor, ...]:
+    """Features [B, L, F] (Target.run's `layers`; by default the final normalised states) and logits [B, L, V],
+    in float32."""
     device = next(model.parameters()).device
-    hidden = model.get_decoder()(input_ids=ids.to(device)).last_hidden_state
-    return hidden.float(), model.get_output_embeddings()(hidden).float()
+    out = model.get_decoder()(input_ids=ids.to(device), output_hidden_states=any(i != -1 for i in layers))
+    return hidden_features(out, layers).float(), model.get_output_embeddings()(out.last_hidden_state).float()
 
 
 def frozen_float(module: nn.Module) -> nn.Module:
@@ -68,14 +75,22 @@ def soft_cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor) -> torc
     return -(target_probs * F.log_softmax(logits, dim=-1)).sum(-1).mean()
 
 
-def _loop(name: str, params: list[nn.Parameter], loss_fn, stream: torch.Tensor, model, cfg: TrainConfig) -> None:
-    """AdamW at a constant rate; loss_fn(ids, features, logits) on each batch of windows."""
+def _loop(
+    name: str,
+    params: list[nn.Parameter],
+    loss_fn,
+    stream: torch.Tensor,
+    model: nn.Module,
+    cfg: TrainConfig,
+    layers: tuple[int, ...] = (-1,),
+) -> None:
+    """AdamW at a constant rate; loss_fn(ids, features, logits) on each batch of windows (features: `layers`)."""
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     generator = torch.Generator().manual_seed(cfg.seed)
     bar = tqdm(range(cfg.steps), desc=f"train {name}", unit="step", leave=False, disable=None)
     for _ in bar:
         ids = windows(stream, cfg, generator, "training text")
-        loss = loss_fn(ids.to(params[0].device), *target_pass(model, ids))
+        loss = loss_fn(ids.to(params[0].device), *target_pass(model, ids, layers))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -84,19 +99,21 @@ def _loop(name: str, params: list[nn.Parameter], loss_fn, stream: torch.Tensor, 
 
 
 @torch.no_grad()
-def _evaluate(depth_hits, heldout: torch.Tensor, model: nn.Module, cfg: TrainConfig, device) -> list[float]:
+def _evaluate(
+    depth_hits, heldout: torch.Tensor, model: nn.Module, cfg: TrainConfig, device, layers: tuple[int, ...] = (-1,)
+) -> list[float]:
     """Per-depth top-1 accuracy over held-out windows; depth_hits(ids, features, logits) -> [(hits, total)]."""
     generator = torch.Generator().manual_seed(cfg.seed + 1)
     totals = 0
     for _ in range(cfg.eval_batches):
         ids = windows(heldout, cfg, generator, "held-out text")
-        totals = totals + torch.tensor(depth_hits(ids.to(device), *target_pass(model, ids)))  # [depths, 2]
+        totals = totals + torch.tensor(depth_hits(ids.to(device), *target_pass(model, ids, layers)))  # [depths, 2]
     return [round(hits / max(total, 1), 4) for hits, total in totals.tolist()]
 
 
 def _hits(guess: torch.Tensor, target_logits: torch.Tensor) -> tuple[float, float]:
-    """(top-1 agreements, positions) of guess logits [B, n, V] with the target's greedy tokens."""
-    return float((guess.argmax(-1) == target_logits.argmax(-1)).sum()), float(guess.shape[0] * guess.shape[1])
+    """(top-1 agreements, positions) of guessed token ids [B, n] with the target's greedy tokens."""
+    return float((guess == target_logits.argmax(-1)).sum()), float(guess.numel())
 
 
 def train_medusa(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig):
@@ -122,17 +139,20 @@ def train_medusa(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, c
         return sum(0.8**k * soft_cross_entropy(h, p) for k, (h, p) in enumerate(pairs))
 
     def depth_hits(ids, features, logits):
-        return [_hits(h, t) for h, t in per_head(features, logits)]
+        return [_hits(h.argmax(-1), t) for h, t in per_head(features, logits)]
 
     _loop("medusa", list(heads.parameters()), loss, train, model, cfg)
     return heads.eval(), _evaluate(depth_hits, heldout, model, cfg, device)
 
 
-def unroll(head: EagleHead, features: torch.Tensor, ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def unroll(
+    head: EagleHead | eagle3.Eagle3Head, features: torch.Tensor, ids: torch.Tensor, steps: int
+) -> list[torch.Tensor]:
     """The draft's chains from every position at once, as in tree drafting: step 1 reads the target's features
     (row i: feature i, token i + 1); step s > 1 reads its own step s - 1 output and the text's next token,
-    seeing the target-fed rows up to its anchor and its own chain. Per step, predicted features [B, L-1, H]
-    whose row i is the feature at position i + s (valid while i + s < L)."""
+    seeing the target-fed rows up to its anchor and its own chain (the keys of its anchor's row at steps
+    2..s: EAGLE-3's diagonal training-time-test mask), at position i + s - 1. Per step, the head's outputs
+    [B, L-1, H] whose row i is about position i + s (valid while i + s < L)."""
     batch, length = ids.shape
     n = length - 1
     cache = DynamicCache(config=head.config)
@@ -167,10 +187,64 @@ def train_eagle(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cf
 
     def depth_hits(ids, features, logits):
         steps = unroll(head, features, ids, depths)
-        return [_hits(lm(x[:, : ids.shape[1] - s]), logits[:, s:]) for s, x in enumerate(steps, 1)]
+        return [_hits(lm(x[:, : ids.shape[1] - s]).argmax(-1), logits[:, s:]) for s, x in enumerate(steps, 1)]
 
     _loop("eagle", [p for p in head.parameters() if p.requires_grad], loss, train, model, cfg)
     return head.eval(), raw, _evaluate(depth_hits, heldout, model, cfg, device)
+
+
+def draft_vocabulary(stream: torch.Tensor, vocab: int, size: int) -> torch.Tensor:
+    """The `size` most frequent token ids of the training stream (ties to the lower id), ascending (EAGLE-3)."""
+    counts = torch.bincount(stream, minlength=vocab)
+    return torch.argsort(counts, descending=True, stable=True)[:size].sort().values
+
+
+def draft_vocab_cross_entropy(draft: torch.Tensor, target: torch.Tensor, t2d: torch.Tensor | None) -> torch.Tensor:
+    """Soft cross-entropy of draft logits [B, n, V'] against the target's logits [B, n, V] restricted to the
+    draft vocabulary (t2d [V]); positions whose target argmax is outside it count as zero, as in EAGLE-3."""
+    inside = torch.ones_like(target[..., 0]) if t2d is None else t2d[target.argmax(-1)].float()  # [B, n]
+    restricted = target if t2d is None else target[..., t2d]  # [B, n, V']: columns in draft-id order
+    per_position = -(F.softmax(restricted, dim=-1) * F.log_softmax(draft, dim=-1)).sum(-1)
+    return (per_position * inside).mean()
+
+
+def ttt_pairs(head: eagle3.Eagle3Head, features: torch.Tensor, ids: torch.Tensor, logits: torch.Tensor, steps: int):
+    """Per unrolled step s: (draft logits [B, L-s, V'], the target's logits [B, L-s, V]) about the same tokens."""
+    outputs = unroll(head, features, ids, steps)
+    return [(head.logits(x[:, : ids.shape[1] - s]), logits[:, s:]) for s, x in enumerate(outputs, 1)]
+
+
+def train_eagle3(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, depths: int = 8):
+    """An EAGLE-3 head by the training-time test: the draft unrolled cfg.ttt_steps steps on its own outputs,
+    step s's loss weighted ttt_decay ** (s - 1); the draft vocabulary is the training text's most frequent
+    tokens. Returns the head, its config.json and its per-step held-out accuracy (steps 1..depths)."""
+    if cfg.ttt_steps >= cfg.seq_len:
+        raise SpecbenchError(f"--ttt-steps {cfg.ttt_steps} leaves no position to train in --seq-len {cfg.seq_len}")
+    lm_head = model.get_output_embeddings()
+    device = lm_head.weight.device
+    vocab = lm_head.weight.shape[0]
+    layers = eagle3.feature_layers(model.config.get_text_config().num_hidden_layers)
+    used = draft_vocabulary(train, vocab, min(cfg.draft_vocab, vocab))
+    raw = {k: v for k, v in config_from_target(model.config).items() if k != "bias"}  # fc has no bias
+    raw["draft_vocab_size"] = len(used)
+    head = eagle3.build(raw)
+    with torch.no_grad():
+        head.embed_tokens.weight.copy_(model.get_input_embeddings().weight.float())
+        head.lm_head.weight.copy_(lm_head.weight[used.to(device)].float())  # start from the target's readout
+    if head.d2t is not None:
+        head.d2t, head.t2d = eagle3.vocabulary_maps(used, vocab)
+    head = head.to(device)
+    head.embed_tokens.weight.requires_grad_(False)  # the target's embedding, frozen as in EAGLE-3
+
+    def loss(ids, features, logits):
+        pairs = ttt_pairs(head, features, ids, logits, cfg.ttt_steps)
+        return sum(cfg.ttt_decay**s * draft_vocab_cross_entropy(d, t, head.t2d) for s, (d, t) in enumerate(pairs))
+
+    def depth_hits(ids, features, logits):
+        return [_hits(head.target_ids(d.argmax(-1)), t) for d, t in ttt_pairs(head, features, ids, logits, depths)]
+
+    _loop("eagle3", [p for p in head.parameters() if p.requires_grad], loss, train, model, cfg, layers)
+    return head.eval(), raw, _evaluate(depth_hits, heldout, model, cfg, device, layers)
 
 
 def train_head(kind: str, target: str, data: Path, out: Path, cfg: TrainConfig, device, dtype, smoke: bool) -> dict:
@@ -187,9 +261,12 @@ def train_head(kind: str, target: str, data: Path, out: Path, cfg: TrainConfig, 
     if kind == "medusa":
         heads, accuracy = train_medusa(model, train, heldout, cfg)
         medusa_heads.save(heads, out, spec.path)
-    else:
+    elif kind == "eagle":
         head, raw, accuracy = train_eagle(model, train, heldout, cfg)
-        eagle_heads.save(head, raw, out)
+        eagle_heads.save(head.state_dict(), raw, out)  # embedding included, as in the Vicuna heads
+    else:
+        head, raw, accuracy = train_eagle3(model, train, heldout, cfg)
+        eagle3.save(head, raw, out)
     report = {
         "kind": kind,
         "target": spec.path,

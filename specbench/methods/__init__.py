@@ -11,6 +11,7 @@ import torch
 from .. import choices, presets
 from ..errors import SpecbenchError
 from ..heads import eagle as eagle_heads
+from ..heads import eagle3 as eagle3_heads
 from ..heads import medusa as medusa_heads
 from ..models import ModelSpec, load_causal_lm, load_tokenizer, same_tokenizer
 from .base import Proposal, Proposer
@@ -100,6 +101,12 @@ def _eagle2(params: dict, res: Resources) -> Proposer:
     return Eagle(_eagle_head(res), res.target_model.get_output_embeddings(), DynamicTree(**params))
 
 
+def _eagle3(params: dict, res: Resources) -> Proposer:
+    head = eagle3_heads.load(res.head_source("eagle3"), res.target_model).to(res.device, res.dtype)
+    layers = eagle3_heads.feature_layers(res.target_model.config.get_text_config().num_hidden_layers)
+    return Eagle(head, head.logits, DynamicTree(**params), feature_layers=layers, target_ids=head.target_ids)
+
+
 IMPLEMENTATIONS: dict[str, Callable[[dict, Resources], Proposer]] = {
     "vanilla": _vanilla,
     "sps": _sps,
@@ -107,6 +114,7 @@ IMPLEMENTATIONS: dict[str, Callable[[dict, Resources], Proposer]] = {
     "medusa": _medusa,
     "eagle": _eagle,
     "eagle2": _eagle2,
+    "eagle3": _eagle3,
     "lookahead": _lookahead,
     "ouroboros": _ouroboros,
 }

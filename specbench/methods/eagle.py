@@ -1,10 +1,12 @@
-"""EAGLE-1 and EAGLE-2: a one-layer draft head autoregresses over the target's features and grows a token
-tree level by level. One drafting loop serves both; an expansion policy decides which candidates become
-nodes, which nodes grow children, and which nodes are sent to the target:
+"""EAGLE-1, EAGLE-2 and EAGLE-3: a one-layer draft head autoregresses over the target's features and grows a
+token tree level by level. One drafting loop serves all three; the head is pluggable (EAGLE-1/2: the target's
+final state and lm_head; EAGLE-3: three fused target states, its own readout over a draft vocabulary whose ids
+map to target ids) and an expansion policy decides which candidates become nodes, which nodes grow children,
+and which nodes are sent to the target:
 
 - StaticTree (EAGLE-1): the published tree of ranks; a node's children are its parent's top-ranked guesses.
-- DynamicTree (EAGLE-2): every grown node offers top_k children scored by cumulative draft log-probability;
-  the top_k best of each level grow, and the best `total_tokens` of all candidates are verified.
+- DynamicTree (EAGLE-2 and EAGLE-3): every grown node offers top_k children scored by cumulative draft
+  log-probability; the top_k best of each level grow, and the best `total_tokens` of all candidates are verified.
 
 Candidates are the draft's deterministic top-k, so at T > 0 they go to verification as point masses
 (draft_probs None): accept x with probability p(x), else zero p(x) and try the next sibling. That is lossless.
@@ -12,13 +14,14 @@ Candidates are the draft's deterministic top-k, so at T > 0 they go to verificat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 from transformers import DynamicCache
 
 from ..heads.eagle import EagleHead
+from ..heads.eagle3 import Eagle3Head
 from ..tree import Tree, additive_mask
 from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
 
@@ -75,7 +78,7 @@ class StaticTree:
 class DynamicTree:
     def __init__(self, total_tokens: int, depth: int, top_k: int) -> None:
         if total_tokens < 1 or depth < 0 or top_k < 1:
-            raise ValueError("eagle2 needs total_tokens >= 1, depth >= 0 and top_k >= 1")
+            raise ValueError("a dynamic tree needs total_tokens >= 1, depth >= 0 and top_k >= 1")
         self.total_tokens = total_tokens
         self.branch = top_k
         self.max_depth = depth + 1  # EAGLE's `depth` counts the expansions after the first level
@@ -92,13 +95,22 @@ class DynamicTree:
 
 class Eagle(Proposer):
     name = "eagle"
-    feature_layers = (-1,)
 
-    def __init__(self, head: EagleHead, lm_head: nn.Module, expansion: StaticTree | DynamicTree) -> None:
+    def __init__(
+        self,
+        head: EagleHead | Eagle3Head,
+        lm_head: Callable[[torch.Tensor], torch.Tensor],  # head output [n, H] -> draft-vocabulary logits [n, V']
+        expansion: StaticTree | DynamicTree,
+        *,
+        feature_layers: tuple[int, ...] = (-1,),  # the target states the head reads (Target.run's `layers`)
+        target_ids: Callable[[torch.Tensor], torch.Tensor] | None = None,  # draft ids -> target ids; None: equal
+    ) -> None:
         self.head = head
         self.lm_head = lm_head
         self.expansion = expansion
-        self.device = lm_head.weight.device
+        self.feature_layers = feature_layers
+        self.target_ids = target_ids
+        self.device = head.fc.weight.device
 
     def start(
         self,
@@ -109,8 +121,8 @@ class Eagle(Proposer):
     ) -> None:
         super().start(prompt, temperature, generator)
         self.cache = DynamicCache(config=self.head.config)  # pairs of committed tokens only
-        self.pending = features if features is not None else torch.empty(0, self.head.config.hidden_size)
-        self.root: torch.Tensor | None = None  # [H]: the draft's predicted feature at the root's position
+        self.pending = features if features is not None else torch.empty(0, self.head.feature_size)
+        self.root: torch.Tensor | None = None  # [H]: the head's output at the root's position
         self._extend(prompt)
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
@@ -138,14 +150,15 @@ class Eagle(Proposer):
             return NO_PROPOSAL
         past = self.cache.get_seq_length()
         found = Candidates()
-        hidden = {-1: self.root}  # node -> the draft's predicted feature at its position
+        hidden = {-1: self.root}  # node -> the head's output at its position
         frontier, fed = [-1], []
         for depth in range(1, self.expansion.max_depth + 1):
-            logits = self.lm_head(torch.stack([hidden[f] for f in frontier]))  # [F, V]
+            logits = self.lm_head(torch.stack([hidden[f] for f in frontier]))  # [F, V']
             top = torch.log_softmax(logits.float(), dim=-1).topk(min(self.expansion.branch, logits.shape[-1]))
+            ids = top.indices if self.target_ids is None else self.target_ids(top.indices)  # [F, k]
             level = [
                 found.add(token, parent, logp, rank)
-                for parent, logps, toks in zip(frontier, top.values.tolist(), top.indices.tolist(), strict=True)
+                for parent, logps, toks in zip(frontier, top.values.tolist(), ids.tolist(), strict=True)
                 for rank, (logp, token) in enumerate(zip(logps, toks, strict=True))
                 if self.expansion.admits(found.path(parent, rank))
             ]
@@ -161,7 +174,7 @@ class Eagle(Proposer):
 
     def _feed(self, nodes: list[int], found: Candidates, hidden: dict, fed: list[int], position: int) -> torch.Tensor:
         """One draft forward over a level's growing nodes; each sees the committed prefix, its fed ancestors
-        and itself. Returns their predicted features [len(nodes), H]."""
+        and itself. Returns the head's outputs [len(nodes), H]."""
         past = self.cache.get_seq_length()
         allowed = torch.zeros(len(nodes), past + len(nodes), dtype=torch.bool)
         allowed[:, : past - len(fed)] = True
@@ -169,7 +182,7 @@ class Eagle(Proposer):
             above = found.ancestors(node)
             allowed[row, past - len(fed) : past] = torch.tensor([j in above for j in fed], dtype=torch.bool)
             allowed[row, past + row] = True
-        features = torch.stack([hidden[found.parents[n]] for n in nodes])[None]  # the parent's feature
+        features = torch.stack([hidden[found.parents[n]] for n in nodes])[None]  # [1, n, H]: the parents' outputs
         ids = torch.tensor([[found.tokens[n] for n in nodes]], device=self.device)
         positions = torch.full((1, len(nodes)), position, device=self.device)
         mask = additive_mask(allowed, self.head.fc.weight.dtype, self.device)

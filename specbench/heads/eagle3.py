@@ -1,0 +1,154 @@
+"""The EAGLE-3 draft head: three of the target's unnormalised hidden states fused by fc (3H -> H), one decoder
+layer whose attention reads [norm(embedding), norm(hidden)] (2H wide, residual = the hidden), its own final
+norm and an lm_head over a reduced draft vocabulary; draft id i is target id i + d2t[i].
+
+Checkpoint (official layout): config.json (Llama keys plus draft_vocab_size and an optional
+target_hidden_size; without rope_theta the layer uses RoPE base 10000) and `pytorch_model.bin` or
+`model.safetensors` with exactly fc.weight, midlayer.{hidden_norm,input_layernorm,post_attention_layernorm}.weight,
+midlayer.self_attn.{q,k,v,o}_proj.weight, midlayer.mlp.{gate,up,down}_proj.weight, norm.weight, lm_head.weight,
+d2t [draft vocab] and t2d [vocab] (both dropped when the draft vocabulary is the whole vocabulary) and
+embed_tokens.weight optionally (the official heads have none: the target's is copied).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import Cache, LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from ..errors import SpecbenchError
+from . import eagle
+from .checkpoint import check, read_config, read_weights
+
+
+def feature_layers(num_layers: int) -> tuple[int, int, int]:
+    """The target hidden states EAGLE-3 fuses, low -> mid -> high (indices as in Target.run: i = output of layer i)."""
+    if num_layers < 5:
+        raise SpecbenchError(
+            f"EAGLE-3 reads the target's hidden states 2, L//2 and L-3, so it needs >= 5 layers; the target has "
+            f"{num_layers}"
+        )
+    return 2, num_layers // 2, num_layers - 3
+
+
+def vocabulary_maps(used: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t, t2d) for the ascending target ids `used` [V_draft]: d2t[i] = used[i] - i, t2d[j] = j in used."""
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[used] = True
+    return used - torch.arange(len(used)), t2d
+
+
+class Eagle3Layer(nn.Module):
+    """The draft's one decoder layer; its attention sees the token and the hidden state side by side."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.hidden_norm = LlamaRMSNorm(hidden, eps)
+        self.input_layernorm = LlamaRMSNorm(hidden, eps)
+        self.self_attn = LlamaAttention(config, layer_idx=0)
+        for name in ("q_proj", "k_proj", "v_proj"):  # 2H in: [norm(embedding), norm(hidden)]
+            proj = getattr(self.self_attn, name)
+            setattr(self.self_attn, name, nn.Linear(2 * hidden, proj.out_features, bias=proj.bias is not None))
+        self.post_attention_layernorm = LlamaRMSNorm(hidden, eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(
+        self,
+        embedded: torch.Tensor,  # [B, n, H]
+        hidden: torch.Tensor,  # [B, n, H]
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        cache: Cache | None,
+    ) -> torch.Tensor:
+        x = torch.cat([self.input_layernorm(embedded), self.hidden_norm(hidden)], dim=-1)  # [B, n, 2H]
+        hidden = hidden + self.self_attn(x, rope, mask, cache)[0]
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        config._attn_implementation = "sdpa"
+        self.config = config
+        hidden, vocab, draft_vocab = config.hidden_size, config.vocab_size, config.draft_vocab_size
+        self.feature_size = 3 * (getattr(config, "target_hidden_size", None) or hidden)
+        self.embed_tokens = nn.Embedding(vocab, hidden)
+        self.fc = nn.Linear(self.feature_size, hidden, bias=False)
+        self.midlayer = Eagle3Layer(config)
+        self.norm = LlamaRMSNorm(hidden, config.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
+        d2t, t2d = vocabulary_maps(torch.arange(draft_vocab), vocab) if draft_vocab != vocab else (None, None)
+        self.register_buffer("d2t", d2t)  # [V_draft] long
+        self.register_buffer("t2d", t2d)  # [V] bool
+        self.rotary = LlamaRotaryEmbedding(config)
+
+    def forward(
+        self,
+        features: torch.Tensor,  # [B, n, 3H_target]: fused target states, or [B, n, H]: the draft's own outputs
+        tokens: torch.Tensor,  # [B, n]: the token after each feature's position
+        positions: torch.Tensor,  # [B, n]
+        mask: torch.Tensor | None = None,  # additive [B, 1, n, past + n]; None = causal without a cache
+        cache: Cache | None = None,
+    ) -> torch.Tensor:
+        """Hidden states [B, n, H] before the final norm: fed back as the next step's hidden, read by `logits`."""
+        hidden = features.to(self.fc.weight.dtype)
+        if hidden.shape[-1] != self.config.hidden_size:  # fc fuses target features only, as in EAGLE-3
+            hidden = self.fc(hidden)
+        return self.midlayer(self.embed_tokens(tokens), hidden, self.rotary(hidden, positions), mask, cache)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Next-token logits [..., V_draft] over the draft vocabulary."""
+        return self.lm_head(self.norm(hidden))
+
+    def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
+
+
+def build(raw: dict) -> Eagle3Head:
+    """The head a config.json describes (random weights): always one midlayer, as the reference builds."""
+    if "draft_vocab_size" not in raw:
+        raise SpecbenchError("EAGLE-3 head config.json has no draft_vocab_size: an EAGLE-1/2 head? use eagle or eagle2")
+    if not 0 < raw["draft_vocab_size"] <= raw.get("vocab_size", 0):
+        raise SpecbenchError("EAGLE-3 head config.json: draft_vocab_size must be between 1 and vocab_size")
+    return Eagle3Head(eagle.llama_config({**raw, "num_hidden_layers": 1}, "EAGLE-3 head"))
+
+
+def load(source: str, target_model: nn.Module) -> Eagle3Head:
+    """An official-layout head; d2t/t2d are ignored for a full draft vocabulary, a missing embedding is the target's."""
+    what = f"EAGLE-3 head '{source}'"
+    head = build(read_config(source, "EAGLE-3 head"))
+    vocab, target_hidden = target_model.get_output_embeddings().weight.shape
+    if (vocab, 3 * target_hidden) != (head.config.vocab_size, head.feature_size):
+        raise SpecbenchError(
+            f"{what} is for target hidden size {head.feature_size // 3} and vocabulary {head.config.vocab_size}, "
+            f"the target has {target_hidden} and {vocab}: use a head trained for this target"
+        )
+    state = read_weights(source, eagle.FILES, "EAGLE-3 head")
+    if head.d2t is None:  # identity maps (the Vicuna-13B head stores d2t = 0)
+        state.pop("d2t", None)
+        state.pop("t2d", None)
+    if "embed_tokens.weight" not in state:
+        embedding = target_model.get_input_embeddings().weight
+        if embedding.shape[1] != head.config.hidden_size:
+            raise SpecbenchError(
+                f"{what} has no embed_tokens and hidden size {head.config.hidden_size}, but the target's embedding is "
+                f"{embedding.shape[1]} wide: the head must ship its own embedding"
+            )
+        state["embed_tokens.weight"] = embedding.detach().cpu()
+    check({k: v.shape for k, v in head.state_dict().items()}, state, what)
+    if head.d2t is not None:
+        mapped = torch.arange(len(state["d2t"])) + state["d2t"]
+        if mapped.min() < 0 or mapped.max() >= vocab:
+            raise SpecbenchError(f"{what}: d2t maps draft ids outside the target vocabulary of {vocab}")
+    head.load_state_dict(state)
+    return head
+
+
+def save(head: Eagle3Head, raw_config: dict, out: Path) -> None:
+    """The official layout: no embed_tokens (the target's), d2t/t2d when the draft vocabulary is reduced."""
+    state = {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"}
+    eagle.save(state, raw_config, out)
