@@ -62,8 +62,7 @@ def decode(
     device = target.device
     start = _clock(device)
     layers = proposer.feature_layers
-    target.reset()
-    prefill = target.run(prompt[:-1], last_only=True, layers=layers) if len(prompt) > 1 else None
+    prefill = target.prefill(prompt, layers)
     t0 = _clock(device)
     proposer.start(prompt, temperature, generator, prefill.features if prefill is not None else None)
     tokens = list(prompt)

@@ -51,6 +51,11 @@ class Target:
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
 
+    def prefill(self, prompt: list[int], layers: tuple[int, ...] | None = None) -> Forward | None:
+        """Empty the cache and fill it with all of `prompt` but its last token (the first root)."""
+        self.reset()
+        return self.run(prompt[:-1], last_only=True, layers=layers) if len(prompt) > 1 else None
+
     def forward(self, tokens: list[int], tree: Tree | None = None, last_only: bool = False) -> torch.Tensor:
         """Append `tokens` to the cache (a chain, or [root] + tree when `tree` is given). Returns logits [n, V],
         or [1, V] for the last token only with `last_only` (a prefill: no vocabulary projection of the prompt)."""

@@ -72,9 +72,7 @@ def exact_distribution(
     """Vanilla sampling's exact probabilities of every continuation of `horizon` tokens (or ending at a stop
     token) whose probability is at least min_prob. Level by level, all open prefixes form one token tree
     verified in a single forward over the cached prompt."""
-    target.reset()
-    if len(prompt) > 1:
-        target.forward(prompt[:-1], last_only=True)
+    target.prefill(prompt)
     past = target.cached
     frontier: dict[tuple[int, ...], float] = {(): 1.0}
     done: dict[tuple[int, ...], float] = {}

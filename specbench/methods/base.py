@@ -61,6 +61,10 @@ class Proposer:
         """A new turn begins with this prompt; `features` [len(prompt) - 1, F] when feature_layers is set."""
         self.temperature = temperature
         self.generator = generator
+        self.begin(prompt, features)
+
+    def begin(self, prompt: list[int], features: torch.Tensor | None) -> None:
+        """Reset the method's own per-turn state (draft cache, pools) for a new prompt."""
 
     def propose(self, tokens: list[int]) -> Proposal:
         return NO_PROPOSAL

@@ -112,14 +112,7 @@ class Eagle(Proposer):
         self.target_ids = target_ids
         self.device = head.fc.weight.device
 
-    def start(
-        self,
-        prompt: list[int],
-        temperature: float,
-        generator: torch.Generator | None,
-        features: torch.Tensor | None = None,
-    ) -> None:
-        super().start(prompt, temperature, generator)
+    def begin(self, prompt: list[int], features: torch.Tensor | None) -> None:
         self.cache = DynamicCache(config=self.head.config)  # pairs of committed tokens only
         self.pending = features if features is not None else torch.empty(0, self.head.feature_size)
         self.root: torch.Tensor | None = None  # [H]: the head's output at the root's position

@@ -44,19 +44,10 @@ class Ouroboros(Proposer):
         self.gamma = num_draft_tokens
         self.topk = topk
 
-    def start(
-        self,
-        prompt: list[int],
-        temperature: float,
-        generator: torch.Generator | None,
-        features: torch.Tensor | None = None,
-    ) -> None:
-        super().start(prompt, temperature, generator)
-        self.drafter.start(prompt, temperature, generator)
+    def begin(self, prompt: list[int], features: torch.Tensor | None) -> None:
+        self.drafter.start(prompt, self.temperature, self.generator)
         self.verified = len(prompt)  # tokens the pool has learned from
-        self.draft.reset()
-        if len(prompt) > 1:
-            self.draft.forward(prompt[:-1], last_only=True)
+        self.draft.prefill(prompt)
 
     def propose(self, tokens: list[int]) -> Proposal:
         if len(tokens) + self.gamma + self.drafter.reach > self.draft.context_length:

@@ -19,17 +19,8 @@ class DraftModel(Proposer):
         self.draft = Target(draft_model)
         self.k = num_draft_tokens
 
-    def start(
-        self,
-        prompt: list[int],
-        temperature: float,
-        generator: torch.Generator | None,
-        features: torch.Tensor | None = None,
-    ) -> None:
-        super().start(prompt, temperature, generator)
-        self.draft.reset()
-        if len(prompt) > 1:
-            self.draft.forward(prompt[:-1], last_only=True)
+    def begin(self, prompt: list[int], features: torch.Tensor | None) -> None:
+        self.draft.prefill(prompt)
 
     def propose(self, tokens: list[int]) -> Proposal:
         if len(tokens) + self.k > self.draft.context_length:
