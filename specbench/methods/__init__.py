@@ -42,7 +42,7 @@ class Resources:
             raise SpecbenchError(f"model '{self.spec.name}' has no draft model: pass one with --draft PATH_OR_HUB_ID")
         if not same_tokenizer(load_tokenizer(path), self.tokenizer):
             raise SpecbenchError(
-                f"draft '{path}' uses a different tokenizer from target '{self.spec.path}': sps needs the same one"
+                f"draft '{path}' uses a different tokenizer from target '{self.spec.path}': a draft must share it"
             )
         return load_causal_lm(path, self.device, self.dtype, what="draft model")
 
