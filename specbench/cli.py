@@ -213,18 +213,18 @@ def _list(what: str) -> None:
 
         for name in methods.available():
             spec = methods.preset(name)
-            print(f"{name:12s} {spec.get('description', '')}{'' if spec.get('lossless', True) else ' [lossy]'}")
+            print(f"{name:15s} {spec.get('description', '')}{'' if spec.get('lossless', True) else ' [lossy]'}")
     elif what == "models":
         from .models import ALIASES
 
         for name, spec in ALIASES.items():
             extras = ", ".join(f"{k}: {v}" for k, v in ({"draft": spec.draft} | spec.heads).items() if v)
-            print(f"{name:12s} {spec.path}  ({extras})" if extras else f"{name:12s} {spec.path}")
+            print(f"{name:15s} {spec.path}  ({extras})" if extras else f"{name:15s} {spec.path}")
     else:
         from . import tasks
 
         for name in tasks.available():
-            print(f"{name:12s} {tasks.presets.load('tasks', name).get('description', '')}")
+            print(f"{name:15s} {tasks.presets.load('tasks', name).get('description', '')}")
 
 
 def _train(args) -> None:
