@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -289,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     except SpecbenchError as err:
         print(f"specbench: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into a reader that stopped early (e.g. `| head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("\nspecbench: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
