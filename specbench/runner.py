@@ -94,15 +94,33 @@ def machine(device: torch.device) -> dict:
         "specbench": __version__,
         "git_revision": _git_revision(),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "busy_cpus": busy_cpus(),
     }
+
+
+def busy_cpus(seconds: float = 0.5) -> float | None:
+    """CPUs' worth of work other processes do right now (from /proc/stat over `seconds`; None off Linux).
+    Unlike the load average, it does not remember a job that has just finished."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (1 - (idle1 - idle0) / max(total1 - total0, 1)) * (os.cpu_count() or 1)
 
 
 def warn_if_busy(info: dict) -> None:
     """Timing on a loaded machine is wrong (and CPU thread pools degrade badly under contention): say so."""
-    load, cpus = info.get("load_average"), info.get("cpu_count") or 1
-    if load is not None and load > 0.5 * cpus:
+    busy, cpus = info.get("busy_cpus"), info.get("cpu_count") or 1
+    if busy is not None and busy > 0.25 * cpus:
         print(
-            f"specbench: warning: load average {load:.1f} on {cpus} CPUs; other processes will distort the timings",
+            f"specbench: warning: other processes keep {busy:.1f} of {cpus} CPUs busy; they will distort the timings",
             file=sys.stderr,
         )
 
