@@ -17,11 +17,9 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"shared data not found at {SHARED_DATA}")
 
 
-def random_llama(
-    vocab: int, *, layers: int = 2, hidden: int = 64, seed: int = 0, context: int = 1024, init: float = 0.02
-) -> LlamaForCausalLM:
-    """A random Llama; a large `init` makes its next-token distributions peaked (useful for sampling tests)."""
-    config = LlamaConfig(
+def _small(vocab: int, layers: int, hidden: int, context: int, init: float) -> dict:
+    """Config fields shared by the random test models."""
+    return dict(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -30,10 +28,15 @@ def random_llama(
         num_key_value_heads=2,
         max_position_embeddings=context,
         initializer_range=init,
-        bos_token_id=1,
-        eos_token_id=2,
         tie_word_embeddings=False,
     )
+
+
+def random_llama(
+    vocab: int, *, layers: int = 2, hidden: int = 64, seed: int = 0, context: int = 1024, init: float = 0.02
+) -> LlamaForCausalLM:
+    """A random Llama; a large `init` makes its next-token distributions peaked (useful for sampling tests)."""
+    config = LlamaConfig(**_small(vocab, layers, hidden, context, init), bos_token_id=1, eos_token_id=2)
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
 
@@ -42,18 +45,7 @@ def random_qwen2(vocab: int, *, layers: int = 2, hidden: int = 64, seed: int = 0
     """A random Qwen2 (biased q/k/v projections), the second architecture family the target must handle."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        initializer_range=init,
-        tie_word_embeddings=False,
-        use_sliding_window=False,
-    )
+    config = Qwen2Config(**_small(vocab, layers, hidden, 1024, init), use_sliding_window=False)
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config).eval()
 
