@@ -152,6 +152,12 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--out", type=Path, help="output folder (default: the package's bundled location)")
     build.add_argument("--data-dir", type=Path, help="training data folder (default: $SPECBENCH_DATA_DIR)")
     build.add_argument("--smoke", action="store_true", help="a minuscule family in seconds (tests, trying it out)")
+    build.add_argument(
+        "--continue",
+        dest="resume",
+        action="store_true",
+        help="train the family in --out further (target from its weights, then the draft), extending its card",
+    )
     build.add_argument("--seed", type=int, default=0)
     return top
 
@@ -262,12 +268,13 @@ def _train(args) -> None:
 
 def _zoo(args) -> None:
     from .tasks import data_dir
-    from .zoo import TINY_DIR, build_family
+    from .zoo import TINY_DIR, build_family, continue_family
 
     data = data_dir(args.data_dir)
     if data is None or not data.is_dir():
         raise SpecbenchError("zoo build needs the training text: pass --data-dir (e.g. ../shared/data)")
-    print(build_family(args.out or TINY_DIR, data, smoke=args.smoke, seed=args.seed))
+    step = continue_family if args.resume else build_family
+    print(step(args.out or TINY_DIR, data, smoke=args.smoke, seed=args.seed))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specbench.chat import vicuna_prompt
-from specbench.zoo import build_family
+from specbench.errors import SpecbenchError
+from specbench.zoo import build_family, continue_family
 from specbench.zoo.corpus import build_corpus
 from specbench.zoo.evaluate import distinct2, repeated4
 from specbench.zoo.plan import FULL
+from specbench.zoo.train import read_history
 
 from .conftest import SHARED_DATA as DATA_DIR
 from .conftest import needs_shared
@@ -111,3 +114,22 @@ def test_specbench_run_on_the_smoke_family(family: Path, tmp_path: Path) -> None
     answers = read_answers(run(cfg) / "answers")
     assert {a.method for a in answers} == {"vanilla", "sps", "pld"}
     assert all(a.greedy_check["match"] for a in answers if a.method != "vanilla")
+
+
+def test_continued_build_trains_on_and_extends_the_log(family: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "family"
+    shutil.copytree(family, copy)
+    before = AutoModelForCausalLM.from_pretrained(copy / "target").state_dict()
+    continue_family(copy, DATA_DIR, smoke=True)
+    names = [g.name for g in read_history(copy)]
+    assert names == ["target", "draft", "target (stage 2)", "draft (stage 2)"]
+    after = AutoModelForCausalLM.from_pretrained(copy / "target").state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    card = (copy / "MODEL_CARD.md").read_text()
+    assert "target (stage 2)" in card and "zoo build --continue" in card
+    assert "Vicuna-7B-v1.3, math_reasoning (GSM8K)" in card
+
+
+def test_continuing_a_folder_without_a_training_log_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SpecbenchError, match="zoo build"):
+        continue_family(tmp_path, DATA_DIR, smoke=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from specbench.zoo.evaluate import Agreement
+from specbench.zoo.evaluate import Agreement, Degeneracy
 from specbench.zoo.plan import FamilyPlan
 from specbench.zoo.train import TrainLog
 
@@ -57,17 +57,19 @@ class CardData:
     threads: int
     cache_len: int
     samples: list[Sample]
+    degeneracy: list[Degeneracy]  # the target's answers by prompt group, then reference models' answers
     build_seconds: float
 
 
 def plot_losses(logs: list[TrainLog], path: Path) -> Path:
-    """Training and held-out loss of every run, one panel each (a bare Figure renders with Agg, no pyplot)."""
+    """Training and held-out loss of every run with recorded curves, one panel each (Agg, no pyplot)."""
+    logs = [g for g in logs if g.train or g.heldout]
     fig = Figure(figsize=(5 * len(logs), 3.5))
     axes = fig.subplots(1, len(logs), squeeze=False)
     for ax, log in zip(axes[0], logs, strict=True):
         for label, points in (("train", log.train), ("held-out", log.heldout)):
             ax.plot([s for s, _ in points], [v for _, v in points], label=label, marker=".")
-        objective = "KL to target" if log.name == "draft" else "cross-entropy"
+        objective = "KL to target" if log.name.startswith("draft") else "cross-entropy"
         ax.set_title(f"{log.name} (train: {objective}; held-out: CE)")
         ax.set_xlabel("step")
         ax.set_ylabel("loss (nats/token)")
@@ -79,6 +81,20 @@ def plot_losses(logs: list[TrainLog], path: Path) -> Path:
 
 def _quote(text: str) -> str:
     return "\n".join("> " + line for line in (text.strip() or "(empty)").splitlines())
+
+
+def _continued(data: CardData) -> list[str]:
+    """The paragraph on continued training, when the weights come from more than one build step."""
+    if len(data.logs) <= 2:
+        return []
+    return [
+        "",
+        "The runs named `(stage N)` continued from the saved weights of the runs above them "
+        "(`specbench zoo build --continue`): a fresh optimizer, the same corpus, split and tokenizer, a data "
+        "order reshuffled per stage, and the same schedule shape; the draft is distilled again against the "
+        "continued target. Curves of runs recorded before the training log kept them are not plotted.",
+        "",
+    ]
 
 
 def write_card(out_dir: Path, data: CardData) -> Path:
@@ -138,25 +154,29 @@ def write_card(out_dir: Path, data: CardData) -> Path:
         "## Training",
         "",
         f"Packed sequences of {p.seq_len} tokens, batch {p.batch}, AdamW (betas 0.9/0.95, weight decay 0.1 "
-        f"on matrices), peak learning rate {p.lr:g}, {p.warmup} warm-up steps, cosine decay to a tenth, "
+        f"on matrices), linear warm-up to the peak learning rate (per run below), cosine decay to a tenth, "
         "gradient clipping 1.0, bfloat16 autocast, no dropout. The target is trained by next-token "
         "cross-entropy on every token (prompts included: the tiny model needs all the text it can get, and "
         "the repeated system prompt is cheap to predict). The draft has the target's width, starts from the "
         "target's embeddings, first layer and final norm, and is distilled by forward KL to the target's "
         "next-token distribution at every position.",
         "",
+        *_continued(data),
         "Each run has a planned step count and a wall-clock cap; past the cap the cosine decay speeds up so "
         "that the run still anneals and ends in time (steps below the planned count mean the cap bit).",
         "",
-        "| run | steps | planned steps | tokens | wall time (min) |",
-        "|---|---:|---:|---:|---:|",
+        "| run | steps | planned steps | tokens | peak lr | warm-up steps | wall time (min) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {g.name} | {g.steps:,} | {g.planned_steps:,} | {g.tokens:,} | {g.seconds / 60:.1f} |" for g in data.logs
+        f"| {g.name} | {g.steps:,} | {g.planned_steps:,} | {g.tokens:,} | {g.peak_lr:g} | {g.warmup} | "
+        f"{g.seconds / 60:.1f} |"
+        for g in data.logs
     ]
     lines += [
         "",
-        f"Whole build (corpus, tokenizer, both models, evaluation, card): {data.build_seconds / 60:.1f} minutes.",
+        f"Last build step (corpus, tokenizer, training, evaluation, card): {data.build_seconds / 60:.1f} minutes; "
+        f"all training runs together: {sum(g.seconds for g in data.logs) / 60:.1f} minutes.",
         "",
         f"![loss curves]({LOSS_PNG})",
         "",
@@ -167,9 +187,15 @@ def write_card(out_dir: Path, data: CardData) -> Path:
         "4-grams that already occurred earlier in the same answer.",
         "",
     ]
-    mean_d2 = sum(s.distinct2 for s in data.samples) / len(data.samples)
-    mean_r4 = sum(s.repeated4 for s in data.samples) / len(data.samples)
-    lines += [f"Mean distinct-2 {mean_d2:.3f}, mean repeated-4 {mean_r4:.3f}.", ""]
+    lines += [
+        f"Means over answers (each cut to {p.gen_new_tokens} tokens of this tokenizer). The Vicuna-7B rows are "
+        "that model's own greedy Spec-Bench answers (shared data), a reference for a target that does not loop.",
+        "",
+        "| answers | n | distinct-2 | repeated-4 |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [f"| {d.label} | {d.answers} | {d.distinct2:.3f} | {d.repeated4:.3f} |" for d in data.degeneracy]
+    lines.append("")
     for s in data.samples:
         lines += [
             "**Prompt**",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -103,3 +105,44 @@ def repeated4(ids: list[int]) -> float:
         repeats += gram in seen
         seen.add(gram)
     return repeats / len(grams) if grams else 0.0
+
+
+VICUNA_ANSWERS = "spec_bench_model_answers/vicuna-7b-v1.3-vanilla-float16-temp-0.0.jsonl"
+
+
+@dataclass
+class Degeneracy:
+    """Mean distinct-2 and repeated-4 over a set of answers."""
+
+    label: str
+    answers: int
+    distinct2: float
+    repeated4: float
+
+
+def degeneracy(label: str, answers: list[list[int]]) -> Degeneracy:
+    """Mean degeneracy statistics of token-id answers."""
+    n = len(answers)
+    return Degeneracy(label, n, sum(map(distinct2, answers)) / n, sum(map(repeated4, answers)) / n)
+
+
+def vicuna_reference(data_dir: Path, tokenizer: PreTrainedTokenizerFast, max_tokens: int) -> list[Degeneracy]:
+    """Vicuna-7B's own greedy Spec-Bench answers (every turn, cut to `max_tokens` of our tokenizer), as a bar.
+
+    Empty when the answer file is not in `data_dir`.
+    """
+    path = data_dir / VICUNA_ANSWERS
+    if not path.is_file():
+        return []
+    turns: dict[str, list[list[int]]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            for text in row["choices"][0]["turns"]:
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
+                turns.setdefault(row["category"], []).append(ids)
+    every = [ids for group in turns.values() for ids in group]
+    return [
+        degeneracy("Vicuna-7B-v1.3, all Spec-Bench answers", every),
+        degeneracy("Vicuna-7B-v1.3, math_reasoning (GSM8K)", turns.get("math_reasoning", [])),
+    ]

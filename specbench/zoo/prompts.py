@@ -20,3 +20,10 @@ def gsm8k_test(data_dir: Path, n: int) -> list[str]:
     """The first `n` GSM8K test questions."""
     with open(data_dir / "gsm8k" / "test.jsonl", encoding="utf-8") as f:
         return [json.loads(line)["question"] for _, line in zip(range(n), f, strict=False)]
+
+
+def quick_first_turns() -> list[str]:
+    """The first turn of every question of the built-in `quick` task (the default benchmark's prompts)."""
+    from specbench.tasks import load
+
+    return [q.turns[0] for q in load("quick").questions]

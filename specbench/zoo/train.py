@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -23,11 +25,35 @@ class TrainLog:
 
     name: str
     planned_steps: int
+    peak_lr: float
+    warmup: int
     steps: int = 0
     tokens: int = 0
     seconds: float = 0.0
     train: list[tuple[int, float]] = field(default_factory=list)  # (step, mean training loss since last log)
     heldout: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out next-token loss)
+
+
+HISTORY = "training_log.json"
+
+
+def read_history(family_dir: Path) -> list[TrainLog]:
+    """The training runs recorded in a family folder, oldest first (none for a folder without a record)."""
+    path = family_dir / HISTORY
+    if not path.is_file():
+        return []
+    runs = json.loads(path.read_text(encoding="utf-8"))
+    return [
+        TrainLog(**{**r, "train": [tuple(x) for x in r["train"]], "heldout": [tuple(x) for x in r["heldout"]]})
+        for r in runs
+    ]
+
+
+def write_history(family_dir: Path, logs: list[TrainLog]) -> Path:
+    """Record every training run that produced the family's weights, so a continued build can extend it."""
+    path = family_dir / HISTORY
+    path.write_text(json.dumps([asdict(g) for g in logs], indent=1) + "\n", encoding="utf-8")
+    return path
 
 
 def _optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -62,7 +88,7 @@ def _loop(
     ends in time (the card records the steps actually taken).
     """
     torch.manual_seed(seed)
-    log = TrainLog(name, steps)
+    log = TrainLog(name, steps, plan.lr, plan.warmup)
     opt = _optimizer(model, plan.lr)
     data = batches(docs, plan.seq_len, plan.batch, seed)
     start, running, step, progress = time.perf_counter(), [], 0, 0.0
@@ -99,14 +125,19 @@ def _loop(
 
 
 def train_target(
-    model: LlamaForCausalLM, docs: list[list[int]], heldout_rows: torch.Tensor, plan: FamilyPlan, seed: int
+    model: LlamaForCausalLM,
+    docs: list[list[int]],
+    heldout_rows: torch.Tensor,
+    plan: FamilyPlan,
+    seed: int,
+    name: str = "target",
 ) -> TrainLog:
     """Next-token cross-entropy on every token of the packed conversations."""
 
     def loss_fn(x: torch.Tensor) -> torch.Tensor:
         return model(input_ids=x, labels=x).loss
 
-    return _loop("target", model, loss_fn, docs, heldout_rows, plan, plan.target_steps, plan.target_budget_s, seed)
+    return _loop(name, model, loss_fn, docs, heldout_rows, plan, plan.target_steps, plan.target_budget_s, seed)
 
 
 def distill_draft(
@@ -116,6 +147,7 @@ def distill_draft(
     heldout_rows: torch.Tensor,
     plan: FamilyPlan,
     seed: int,
+    name: str = "draft",
 ) -> TrainLog:
     """Forward KL from the target's next-token distribution to the draft's, at every position."""
     target.eval()
@@ -126,4 +158,4 @@ def distill_draft(
         student = F.log_softmax(draft(input_ids=x).logits.float(), dim=-1)
         return F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="batchmean")
 
-    return _loop("draft", draft, loss_fn, docs, heldout_rows, plan, plan.draft_steps, plan.draft_budget_s, seed + 1)
+    return _loop(name, draft, loss_fn, docs, heldout_rows, plan, plan.draft_steps, plan.draft_budget_s, seed + 1)
