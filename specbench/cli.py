@@ -97,15 +97,31 @@ def parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="regression check of a run against a baseline run (exit 1: limit crossed)")
     compare.add_argument("baseline", type=Path, help="run folder (or folder of answer files) to compare against")
     compare.add_argument("new", type=Path, help="run folder to judge")
-    compare.add_argument("--max-slowdown", type=_fraction, default=0.05, metavar="FRACTION",
-                         help="fail when tokens/s or the speedup over vanilla drops by more than this, beyond noise "
-                              "(e.g. 5%% or 0.05; default 5%%)")
-    compare.add_argument("--min-tau-ratio", type=_fraction, default=0.95, metavar="RATIO",
-                         help="fail when tau new/baseline falls below this (default 0.95; 0 turns it off)")
-    compare.add_argument("--speedup-only", action="store_true",
-                         help="judge speed by the speedup over vanilla only, not absolute tokens/s (drifting runners)")
-    compare.add_argument("--allow-different-machines", action="store_true",
-                         help="compare runs whose dtype, device or CPU count differ (or lack a manifest)")
+    compare.add_argument(
+        "--max-slowdown",
+        type=_fraction,
+        default=0.05,
+        metavar="FRACTION",
+        help="fail when tokens/s or the speedup over vanilla drops by more than this, beyond noise "
+        "(e.g. 5%% or 0.05; default 5%%)",
+    )
+    compare.add_argument(
+        "--min-tau-ratio",
+        type=_fraction,
+        default=0.95,
+        metavar="RATIO",
+        help="fail when tau new/baseline falls below this (default 0.95; 0 turns it off)",
+    )
+    compare.add_argument(
+        "--speedup-only",
+        action="store_true",
+        help="judge speed by the speedup over vanilla only, not absolute tokens/s (drifting runners)",
+    )
+    compare.add_argument(
+        "--allow-different-machines",
+        action="store_true",
+        help="compare runs whose dtype, device or CPU count differ (or lack a manifest)",
+    )
     compare.add_argument("--strict", action="store_true", help="also fail on cells or questions found in one run only")
     compare.add_argument("--json", action="store_true", help="print JSON instead of the Markdown table")
 
@@ -136,6 +152,16 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--seq-len", type=int, default=256, help="tokens per training window")
     train.add_argument("--batch-size", type=int, default=8)
     train.add_argument("--medusa-heads", type=int, default=5, help="number of Medusa heads (tree depth limit)")
+    train.add_argument(
+        "--medusa-shared-lm-head",
+        action="store_true",
+        help="Medusa heads without projections of their own: each reads out through the target's lm_head",
+    )
+    train.add_argument(
+        "--compact",
+        action="store_true",
+        help="store float16 weights and leave out an EAGLE head's embedding (copied from the target on load)",
+    )
     train.add_argument("--draft-vocab", type=int, default=32000, help="eagle3: draft vocabulary (at most the target's)")
     train.add_argument("--ttt-steps", type=int, default=7, help="eagle3: steps of the training-time test")
     train.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -253,6 +279,7 @@ def _train(args) -> None:
         args.seq_len,
         args.batch_size,
         medusa_heads=args.medusa_heads,
+        medusa_shared_lm_head=args.medusa_shared_lm_head,
         draft_vocab=args.draft_vocab,
         ttt_steps=args.ttt_steps,
         seed=args.seed,
@@ -261,7 +288,7 @@ def _train(args) -> None:
         cfg = cfg.smoke()
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
-    report = train_head(args.kind, args.target, Path(data), args.out, cfg, device, dtype, args.smoke)
+    report = train_head(args.kind, args.target, Path(data), args.out, cfg, device, dtype, args.smoke, args.compact)
     accuracy = ", ".join(f"{a:.3f}" for a in report["top1_accuracy_by_depth"])
     print(f"{args.kind} head saved in {args.out}; held-out top-1 accuracy by depth: {accuracy}")
 

@@ -97,3 +97,30 @@ def test_run_with_trained_heads(capsys, tiny_models, corpus, tmp_path):
     assert code == 0, capsys.readouterr().err
     for method in ("medusa", "eagle", "eagle2"):
         assert (tmp_path / "run" / "answers" / "quick" / f"{method}-temperature-0.jsonl").is_file()
+
+
+@pytest.mark.parametrize("kind, extra", [("medusa", ["--medusa-shared-lm-head"]), ("eagle", [])])
+def test_compact_heads_are_float16_and_load_like_the_full_ones(capsys, tiny_models, corpus, tmp_path, kind, extra):
+    from safetensors.torch import load_file
+
+    target_dir, _ = tiny_models
+    out = tmp_path / kind
+    argv = ["train", kind, "--target", str(target_dir), "--data", str(corpus / "text.jsonl"), "--out", str(out)]
+    assert main([*argv, "--smoke", "--device", "cpu", "--compact", *extra]) == 0, capsys.readouterr().err
+    name = "medusa_lm_head.safetensors" if kind == "medusa" else "model.safetensors"
+    state = load_file(str(out / name))
+    assert {v.dtype for v in state.values()} == {torch.float16}
+    model = load_causal_lm(str(target_dir), torch.device("cpu"), torch.float32)
+    if kind == "medusa":
+        assert "0.1.weight" not in state  # no projection of its own
+        heads = medusa_heads.load(str(out))
+        assert heads.shared_lm_head and next(heads.parameters()).dtype == torch.float32
+    else:
+        assert "embed_tokens.weight" not in state
+        head = eagle_heads.load(str(out), model)
+        assert torch.equal(head.embed_tokens.weight, model.get_input_embeddings().weight)
+    method = "eagle" if kind == "eagle" else "medusa"
+    verify = f"verify --method {method} --mode greedy --limit 1 --max-new-tokens 8 --device cpu".split()
+    code = main([*verify, "--model", str(target_dir), "--head", f"{kind}={out}"])
+    text = capsys.readouterr().out
+    assert code == 0 and "real mismatches -> pass" in text, text

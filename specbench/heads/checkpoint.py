@@ -68,7 +68,11 @@ def check(expected: dict[str, torch.Size], state: dict[str, torch.Tensor], what:
         raise SpecbenchError(f"{what}: unexpected key '{extra[0]}' in the checkpoint ({len(extra)} unexpected)")
 
 
-def save_safetensors(state: dict[str, torch.Tensor], path: Path) -> None:
+def save_safetensors(state: dict[str, torch.Tensor], path: Path, half: bool = False) -> None:
+    """`half`: floating-point tensors stored as float16 (half the size; heads are cast to the run's dtype on load)."""
     from safetensors.torch import save_file
 
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(path))
+    def stored(v: torch.Tensor) -> torch.Tensor:
+        return v.half() if half and v.is_floating_point() else v
+
+    save_file({k: stored(v.detach()).contiguous().cpu() for k, v in state.items()}, str(path))

@@ -105,8 +105,8 @@ def build(raw: dict) -> EagleHead:
     return EagleHead(llama_config(raw, "EAGLE head"), bias=bool(raw.get("bias", True)))
 
 
-def save(state: dict[str, torch.Tensor], raw_config: dict, out: Path) -> None:
+def save(state: dict[str, torch.Tensor], raw_config: dict, out: Path, half: bool = False) -> None:
     """The official layout: config.json + model.safetensors."""
     out.mkdir(parents=True, exist_ok=True)
-    save_safetensors(state, out / "model.safetensors")
+    save_safetensors(state, out / "model.safetensors", half)
     (out / "config.json").write_text(json.dumps(raw_config, indent=2) + "\n")

@@ -148,7 +148,7 @@ def load(source: str, target_model: nn.Module) -> Eagle3Head:
     return head
 
 
-def save(head: Eagle3Head, raw_config: dict, out: Path) -> None:
+def save(head: Eagle3Head, raw_config: dict, out: Path, half: bool = False) -> None:
     """The official layout: no embed_tokens (the target's), d2t/t2d when the draft vocabulary is reduced."""
     state = {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"}
-    eagle.save(state, raw_config, out)
+    eagle.save(state, raw_config, out, half)

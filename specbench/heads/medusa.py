@@ -62,7 +62,7 @@ def from_state(state: dict[str, torch.Tensor], what: str) -> MedusaHeads:
     with torch.device("meta"):  # no random init of up to 5 x [V, H] weights that are replaced next
         heads = MedusaHeads(num_heads, num_layers, hidden, projection.shape[0] if projection is not None else None)
     check({k: v.shape for k, v in heads.state_dict().items()}, state, what)
-    heads.load_state_dict(state, assign=True)
+    heads.load_state_dict({k: v.float() for k, v in state.items()}, assign=True)  # cast to the run's dtype later
     return heads
 
 
@@ -70,10 +70,10 @@ def load(source: str) -> MedusaHeads:
     return from_state(read_weights(source, FILES, "Medusa heads"), f"Medusa heads '{source}'")
 
 
-def save(heads: MedusaHeads, out: Path, base_model: str) -> None:
+def save(heads: MedusaHeads, out: Path, base_model: str, half: bool = False) -> None:
     """The official heads-only layout: medusa_lm_head.safetensors + config.json."""
     out.mkdir(parents=True, exist_ok=True)
-    save_safetensors(heads.state_dict(), out / FILES[0])
+    save_safetensors(heads.state_dict(), out / FILES[0], half)
     config = {
         "base_model_name_or_path": base_model,
         "medusa_num_heads": len(heads),

@@ -36,6 +36,7 @@ class TrainConfig:
     eval_batches: int = 8  # held-out windows = eval_batches x batch_size
     medusa_heads: int = 5
     medusa_layers: int = 1
+    medusa_shared_lm_head: bool = False  # no projection of their own: every head reads out through the target's
     eagle_cls_weight: float = 0.1  # EAGLE-1: smooth-L1 on features + 0.1 x cross-entropy on tokens
     eagle_noise: float = 0.1  # uniform noise on the input features, U(-a, a) (EAGLE-1 paper)
     draft_vocab: int = 32000  # EAGLE-3: the most frequent training tokens the draft predicts (capped at the vocab)
@@ -117,13 +118,15 @@ def _hits(guess: torch.Tensor, target_logits: torch.Tensor) -> tuple[float, floa
 
 
 def train_medusa(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig):
-    """Medusa-1 heads (own projection initialised from the target's lm_head; blocks start as the identity).
-    Returns the heads and their per-depth held-out accuracy."""
+    """Medusa-1 heads (own projection initialised from the target's lm_head, or the target's lm_head itself
+    with cfg.medusa_shared_lm_head; blocks start as the identity). Returns the heads and their per-depth
+    held-out accuracy."""
     lm_head = model.get_output_embeddings()
     vocab, hidden = lm_head.weight.shape
     device = lm_head.weight.device
-    heads = MedusaHeads(cfg.medusa_heads, cfg.medusa_layers, hidden, vocab).to(device)
-    for head in heads:
+    heads = MedusaHeads(cfg.medusa_heads, cfg.medusa_layers, hidden, None if cfg.medusa_shared_lm_head else vocab)
+    heads = heads.to(device)
+    for head in [] if cfg.medusa_shared_lm_head else heads:
         head[-1].weight.data.copy_(lm_head.weight.float())
     lm = frozen_float(lm_head)
 
@@ -247,9 +250,14 @@ def train_eagle3(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, c
     return head.eval(), raw, _evaluate(depth_hits, heldout, model, cfg, device, layers)
 
 
-def train_head(kind: str, target: str, data: Path, out: Path, cfg: TrainConfig, device, dtype, smoke: bool) -> dict:
+def train_head(
+    kind: str, target: str, data: Path, out: Path, cfg: TrainConfig, device, dtype, smoke: bool, compact: bool = False
+) -> dict:
     """Load the target (alias, folder or hub id), train a `kind` head on `data`, save it in the official
-    layout with accuracy.json beside it. Returns that report."""
+    layout with accuracy.json beside it. Returns that report.
+
+    `compact`: float16 storage, and an EAGLE-1/2 head without the embedding (the loader copies the target's),
+    as the bundled tiny heads are stored."""
     from .. import models
     from . import eagle as eagle_heads
     from . import medusa as medusa_heads
@@ -260,13 +268,16 @@ def train_head(kind: str, target: str, data: Path, out: Path, cfg: TrainConfig, 
     train, heldout = token_streams(data, models.load_tokenizer(spec.path), smoke)
     if kind == "medusa":
         heads, accuracy = train_medusa(model, train, heldout, cfg)
-        medusa_heads.save(heads, out, spec.path)
+        medusa_heads.save(heads, out, spec.path, compact)
     elif kind == "eagle":
         head, raw, accuracy = train_eagle(model, train, heldout, cfg)
-        eagle_heads.save(head.state_dict(), raw, out)  # embedding included, as in the Vicuna heads
+        state = head.state_dict()  # embedding included, as in the Vicuna heads, unless compact
+        eagle_heads.save(
+            {k: v for k, v in state.items() if not (compact and k == "embed_tokens.weight")}, raw, out, compact
+        )
     else:
         head, raw, accuracy = train_eagle3(model, train, heldout, cfg)
-        eagle3.save(head, raw, out)
+        eagle3.save(head, raw, out, compact)
     report = {
         "kind": kind,
         "target": spec.path,
@@ -274,6 +285,7 @@ def train_head(kind: str, target: str, data: Path, out: Path, cfg: TrainConfig, 
         "train_tokens": len(train),
         "heldout_tokens": len(heldout),
         "config": asdict(cfg),
+        "compact": compact,
         "top1_accuracy_by_depth": accuracy,  # depth d: the head's first guess d tokens past the root
     }
     (out / "accuracy.json").write_text(json.dumps(report, indent=2) + "\n")

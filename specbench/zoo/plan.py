@@ -93,15 +93,15 @@ SMOKE = FamilyPlan(
 # `zoo build --continue`: more training of a saved family, from its weights with a fresh optimizer and a
 # reshuffled data order, at half the peak learning rate with a short warm-up. The first full build's target
 # was capped at 1,222 of 1,700 planned steps (1.35 epochs) with its held-out loss still falling; this stage
-# adds about 1.7 epochs (1,500 steps) and re-distils the draft against the continued target.
+# adds about 0.9 epochs (900 steps, 30 minutes) and re-distils the draft against the continued target.
 CONTINUED = replace(
     FULL,
     lr=1e-3,
     warmup=50,
-    target_steps=1500,
-    target_budget_s=50 * 60,
-    draft_steps=400,
-    draft_budget_s=6 * 60,
+    target_steps=900,
+    target_budget_s=30 * 60,
+    draft_steps=300,
+    draft_budget_s=5 * 60,
     gsm8k_prompts=8,
 )
 
