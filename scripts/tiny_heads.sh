@@ -12,3 +12,4 @@ specbench train eagle3 "${common[@]}" --out "$tiny/eagle3" --steps "${EAGLE3_STE
   --draft-vocab 2048 --ttt-steps 7
 specbench train medusa "${common[@]}" --out "$tiny/medusa" --steps "${MEDUSA_STEPS:-400}" --lr 1e-3 \
   --medusa-shared-lm-head
+specbench zoo card

@@ -185,6 +185,8 @@ def parser() -> argparse.ArgumentParser:
         help="train the family in --out further (target from its weights, then the draft), extending its card",
     )
     build.add_argument("--seed", type=int, default=0)
+    card = zoo_sub.add_parser("card", help="rewrite the heads section of the family's model card from its heads")
+    card.add_argument("--out", type=Path, help="family folder (default: the package's bundled location)")
     return top
 
 
@@ -296,6 +298,11 @@ def _train(args) -> None:
 def _zoo(args) -> None:
     from .tasks import data_dir
     from .zoo import TINY_DIR, build_family, continue_family
+    from .zoo.card import update_heads_section
+
+    if args.zoo_command == "card":
+        print(update_heads_section(args.out or TINY_DIR))
+        return
 
     data = data_dir(args.data_dir)
     if data is None or not data.is_dir():

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specbench.chat import vicuna_prompt
+from specbench.cli import main
 from specbench.errors import SpecbenchError
 from specbench.zoo import build_family, continue_family
 from specbench.zoo.corpus import build_corpus
@@ -109,8 +110,14 @@ def test_specbench_run_on_the_smoke_family(family: Path, tmp_path: Path) -> None
     from specbench.results import read_answers
     from specbench.runner import RunConfig, run
 
-    cfg = RunConfig(model=str(family / "target"), draft=str(family / "draft"), limit=1, max_new_tokens=8,
-                    out=str(tmp_path / "run"), progress=False)
+    cfg = RunConfig(
+        model=str(family / "target"),
+        draft=str(family / "draft"),
+        limit=1,
+        max_new_tokens=8,
+        out=str(tmp_path / "run"),
+        progress=False,
+    )
     answers = read_answers(run(cfg) / "answers")
     assert {a.method for a in answers} == {"vanilla", "sps", "pld"}
     assert all(a.greedy_check["match"] for a in answers if a.method != "vanilla")
@@ -133,3 +140,19 @@ def test_continued_build_trains_on_and_extends_the_log(family: Path, tmp_path: P
 def test_continuing_a_folder_without_a_training_log_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SpecbenchError, match="zoo build"):
         continue_family(tmp_path, DATA_DIR, smoke=True)
+
+
+def test_card_heads_section_is_rewritten_not_repeated(family: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "family"
+    shutil.copytree(family, copy)
+    (copy / "eagle3").mkdir()
+    report = {
+        "config": {"steps": 300, "lr": 0.001, "seq_len": 256, "draft_vocab": 2048, "ttt_steps": 7},
+        "top1_accuracy_by_depth": [0.7, 0.6, 0.5],
+    }
+    (copy / "eagle3" / "accuracy.json").write_text(json.dumps(report))
+    assert main(["zoo", "card", "--out", str(copy)]) == 0
+    assert main(["zoo", "card", "--out", str(copy)]) == 0
+    card = (copy / "MODEL_CARD.md").read_text()
+    assert card.count("## Heads") == 1 and "## Greedy samples" in card
+    assert "| EAGLE-3 head, draft vocabulary 2048, training-time test 7 steps | 300 | 0.001 | 256 | 0.700 |" in card

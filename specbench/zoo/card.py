@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,4 +210,52 @@ def write_card(out_dir: Path, data: CardData) -> Path:
         ]
     path = out_dir / CARD
     path.write_text("\n".join(lines), encoding="utf-8")
+    return update_heads_section(out_dir)
+
+
+HEADS = "## Heads"
+HEAD_KINDS = {"eagle": "EAGLE-1/2 head", "eagle3": "EAGLE-3 head", "medusa": "Medusa heads"}
+
+
+def heads_section(family_dir: Path) -> list[str]:
+    """The card's section on the heads trained for the target (`specbench train`), from their accuracy.json."""
+    lines = [
+        HEADS,
+        "",
+        "Trained by `scripts/tiny_heads.sh` (`specbench train ... --compact`) on the family's own corpus split; "
+        "a head must be retrained whenever the target changes. Accuracy: held-out share of positions where the "
+        "head's first guess d tokens past the last target token equals the target's greedy token (the tokens "
+        "in between taken from the text).",
+        "",
+        "| head | steps | lr | sequence length | d=1 | d=2 | d=3 | d=4 | d=5 | d=6 | d=7 | d=8 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    found = False
+    for kind, label in HEAD_KINDS.items():
+        path = family_dir / kind / "accuracy.json"
+        if not path.is_file():
+            continue
+        found = True
+        report = json.loads(path.read_text(encoding="utf-8"))
+        cfg = report["config"]
+        accuracy = [f"{a:.3f}" for a in report["top1_accuracy_by_depth"][:8]]
+        accuracy += [""] * (8 - len(accuracy))
+        extra = ""
+        if kind == "eagle3":
+            extra = f", draft vocabulary {cfg['draft_vocab']}, training-time test {cfg['ttt_steps']} steps"
+        elif kind == "medusa":
+            shared = ", reading out through the target's lm_head" if cfg.get("medusa_shared_lm_head") else ""
+            extra = f", {cfg['medusa_heads']} heads{shared}"
+        lines.append(
+            f"| {label}{extra} | {cfg['steps']:,} | {cfg['lr']:g} | {cfg['seq_len']} | {' | '.join(accuracy)} |"
+        )
+    return [*lines, ""] if found else []
+
+
+def update_heads_section(family_dir: Path) -> Path:
+    """Rewrite the card's heads section (kept last) from the heads now in `family_dir`."""
+    path = family_dir / CARD
+    text = path.read_text(encoding="utf-8")
+    body = text.split(f"\n{HEADS}\n")[0].rstrip("\n")
+    path.write_text("\n".join([body, "", *heads_section(family_dir)]).rstrip("\n") + "\n", encoding="utf-8")
     return path
