@@ -126,8 +126,9 @@ def train_medusa(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, c
     device = lm_head.weight.device
     heads = MedusaHeads(cfg.medusa_heads, cfg.medusa_layers, hidden, None if cfg.medusa_shared_lm_head else vocab)
     heads = heads.to(device)
-    for head in [] if cfg.medusa_shared_lm_head else heads:
-        head[-1].weight.data.copy_(lm_head.weight.float())
+    if not cfg.medusa_shared_lm_head:
+        for head in heads:
+            head[-1].weight.data.copy_(lm_head.weight.float())
     lm = frozen_float(lm_head)
 
     def per_head(features: torch.Tensor, target: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

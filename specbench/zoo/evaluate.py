@@ -141,8 +141,8 @@ def vicuna_reference(data_dir: Path, tokenizer: PreTrainedTokenizerFast, max_tok
             for text in row["choices"][0]["turns"]:
                 ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
                 turns.setdefault(row["category"], []).append(ids)
-    every = [ids for group in turns.values() for ids in group]
-    return [
-        degeneracy("Vicuna-7B-v1.3, all Spec-Bench answers", every),
-        degeneracy("Vicuna-7B-v1.3, math_reasoning (GSM8K)", turns.get("math_reasoning", [])),
-    ]
+    groups = {
+        "Vicuna-7B-v1.3, all Spec-Bench answers": [ids for group in turns.values() for ids in group],
+        "Vicuna-7B-v1.3, math_reasoning (GSM8K)": turns.get("math_reasoning", []),
+    }
+    return [degeneracy(label, answers) for label, answers in groups.items() if answers]
