@@ -184,6 +184,11 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="train the family in --out further (target from its weights, then the draft), extending its card",
     )
+    build.add_argument(
+        "--tune",
+        action="store_true",
+        help="with --continue: answer tuning (loss on answers only, unlikelihood on repeats) against looping",
+    )
     build.add_argument("--seed", type=int, default=0)
     card = zoo_sub.add_parser("card", help="rewrite the heads section of the family's model card from its heads")
     card.add_argument("--out", type=Path, help="family folder (default: the package's bundled location)")
@@ -307,8 +312,13 @@ def _zoo(args) -> None:
     data = data_dir(args.data_dir)
     if data is None or not data.is_dir():
         raise SpecbenchError("zoo build needs the training text: pass --data-dir (e.g. ../shared/data)")
-    step = continue_family if args.resume else build_family
-    print(step(args.out or TINY_DIR, data, smoke=args.smoke, seed=args.seed))
+    out = args.out or TINY_DIR
+    if args.tune and not args.resume:
+        raise SpecbenchError("--tune tunes a trained family: use it with --continue")
+    if args.resume:
+        print(continue_family(out, data, smoke=args.smoke, seed=args.seed, tune=args.tune))
+    else:
+        print(build_family(out, data, smoke=args.smoke, seed=args.seed))
 
 
 def main(argv: list[str] | None = None) -> int:

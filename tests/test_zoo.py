@@ -156,3 +156,28 @@ def test_card_heads_section_is_rewritten_not_repeated(family: Path, tmp_path: Pa
     card = (copy / "MODEL_CARD.md").read_text()
     assert card.count("## Heads") == 1 and "## Greedy samples" in card
     assert "| EAGLE-3 head, draft vocabulary 2048, training-time test 7 steps | 300 | 0.001 | 256 | 0.700 |" in card
+
+
+def test_answer_tuning_trains_on_and_says_so_in_the_card(family: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "family"
+    shutil.copytree(family, copy)
+    before = AutoModelForCausalLM.from_pretrained(copy / "target").state_dict()
+    main(["zoo", "build", "--continue", "--tune", "--smoke", "--out", str(copy), "--data-dir", str(DATA_DIR)])
+    names = [g.name for g in read_history(copy)]
+    assert names[-2:] == ["target (stage 2, answer tuning)", "draft (stage 2)"]
+    after = AutoModelForCausalLM.from_pretrained(copy / "target").state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    card = (copy / "MODEL_CARD.md").read_text()
+    assert "unlikelihood" in card and "--tune" in card
+
+
+def test_tune_without_continue_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["zoo", "build", "--tune", "--smoke", "--out", str(tmp_path), "--data-dir", str(DATA_DIR)]) != 0
+    assert "--continue" in capsys.readouterr().err
+
+
+def test_gsm8k_answers_lose_their_calculator_annotations() -> None:
+    corpus = build_corpus(DATA_DIR, seed=0, heldout_frac=0.1, max_article_chars=600, per_source_limit=20)
+    gsm8k = [c.answer for c in corpus.train + corpus.heldout if c.source == "gsm8k_train"]
+    assert gsm8k and not any("<<" in a or ">>" in a for a in gsm8k)
+    assert any("=" in a for a in gsm8k)

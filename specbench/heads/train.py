@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -89,7 +91,8 @@ def _loop(
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     generator = torch.Generator().manual_seed(cfg.seed)
     bar = tqdm(range(cfg.steps), desc=f"train {name}", unit="step", leave=False, disable=None)
-    for _ in bar:
+    every, running, start = max(1, cfg.steps // 10), 0.0, time.perf_counter()
+    for step in bar:
         ids = windows(stream, cfg, generator, "training text")
         loss = loss_fn(ids.to(params[0].device), *target_pass(model, ids, layers))
         optimizer.zero_grad(set_to_none=True)
@@ -97,6 +100,15 @@ def _loop(
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
+        running += loss.item()
+        if bar.disable and (step + 1) % every == 0:  # no progress bar (not a terminal): a line per tenth
+            minutes = (time.perf_counter() - start) / 60
+            print(
+                f"train {name}: step {step + 1}/{cfg.steps} loss {running / every:.3f} {minutes:.1f} min",
+                file=sys.stderr,
+                flush=True,
+            )
+            running = 0.0
 
 
 @torch.no_grad()

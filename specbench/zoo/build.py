@@ -24,11 +24,20 @@ from specbench.zoo.evaluate import (
 )
 from specbench.zoo.models import draft_from_target, llama_config, new_model, parameter_count
 from specbench.zoo.packing import pack
-from specbench.zoo.plan import CONTINUED, FULL, SMOKE, SMOKE_CONTINUED, FamilyPlan
+from specbench.zoo.plan import CONTINUED, FULL, SMOKE, SMOKE_CONTINUED, SMOKE_TUNED, TUNED, FamilyPlan
 from specbench.zoo.prompts import GENERAL, gsm8k_test, quick_first_turns
 from specbench.zoo.save import save_model
 from specbench.zoo.tokenizer import train_tokenizer
-from specbench.zoo.train import HISTORY, TrainLog, distill_draft, read_history, train_target, write_history
+from specbench.zoo.train import (
+    HISTORY,
+    TrainLog,
+    distill_draft,
+    read_history,
+    train_target,
+    tune_target,
+    write_history,
+)
+from specbench.zoo.unlikelihood import answer_tags
 
 CACHE_LEN = 200
 
@@ -81,13 +90,17 @@ def build_family(out_dir: Path, data_dir: Path, *, smoke: bool = False, seed: in
     )
 
 
-def continue_family(family_dir: Path, data_dir: Path, *, smoke: bool = False, seed: int = 0) -> Path:
+def continue_family(
+    family_dir: Path, data_dir: Path, *, smoke: bool = False, seed: int = 0, tune: bool = False
+) -> Path:
     """Train a saved family further: the target from its weights, then the draft against the new target.
 
     The corpus, split and tokenizer are the family's own (same seed); the data order is reshuffled. The
-    runs are appended to the family's training log, and the card is rewritten with all of them.
+    runs are appended to the family's training log, and the card is rewritten with all of them. With
+    `tune`, the target stage is answer tuning (answer tokens only, repeat unlikelihood) instead of more
+    next-token training on all text.
     """
-    plan = SMOKE_CONTINUED if smoke else CONTINUED
+    plan = (SMOKE_TUNED if tune else SMOKE_CONTINUED) if smoke else (TUNED if tune else CONTINUED)
     history = read_history(family_dir)
     if not history:
         raise SpecbenchError(f"{family_dir} has no {HISTORY}: build it first with `specbench zoo build`")
@@ -99,12 +112,34 @@ def continue_family(family_dir: Path, data_dir: Path, *, smoke: bool = False, se
     target = AutoModelForCausalLM.from_pretrained(family_dir / "target", dtype=torch.float32)
     draft = AutoModelForCausalLM.from_pretrained(family_dir / "draft", dtype=torch.float32)
     stage = 1 + sum(g.name.startswith("target") for g in history)
-    target_log = train_target(target, train_docs, heldout_rows, plan, seed + 2 * stage, f"target (stage {stage})")
+    target_seed = seed + 2 * stage
+    if tune:
+        bos = tokenizer.bos_token
+        prompts = tokenizer([c.render_prompt(bos) for c in corpus.train], add_special_tokens=False)["input_ids"]
+        tags = _answer_tags(prompts, train_docs)
+        name = f"target (stage {stage}, answer tuning)"
+        target_log = tune_target(target, train_docs, tags, prompts, heldout_rows, plan, target_seed, name)
+    else:
+        target_log = train_target(target, train_docs, heldout_rows, plan, target_seed, f"target (stage {stage})")
     draft_log = distill_draft(
         draft, target, train_docs, heldout_rows, plan, seed + 2 * stage + 1, f"draft (stage {stage})"
     )
     logs = [*history, target_log, draft_log]
     return _finish(family_dir, data_dir, (target, draft, tokenizer), corpus, docs, plan, seed, logs, start)
+
+
+def _answer_tags(prompts: list[list[int]], docs: list[list[int]]) -> list[list[int]]:
+    """Per-token tags (prompt or the conversation's number) of tokenised conversations.
+
+    The prompt is the longest common prefix of the conversation's tokens and its templated prompt's
+    tokens, so a token merged across the boundary counts as answer.
+    """
+    tags = []
+    for number, (doc, prompt) in enumerate(zip(docs, prompts, strict=True), start=1):
+        pairs = enumerate(zip(doc, prompt, strict=False))
+        common = next((i for i, (a, b) in pairs if a != b), min(len(doc), len(prompt)))
+        tags.append(answer_tags(common, len(doc), number))
+    return tags
 
 
 def _tokenized(tokenizer: PreTrainedTokenizerFast, corpus: Corpus) -> tuple[list[list[int]], list[list[int]]]:

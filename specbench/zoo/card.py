@@ -71,6 +71,8 @@ def plot_losses(logs: list[TrainLog], path: Path) -> Path:
         for label, points in (("train", log.train), ("held-out", log.heldout)):
             ax.plot([s for s, _ in points], [v for _, v in points], label=label, marker=".")
         objective = "KL to target" if log.name.startswith("draft") else "cross-entropy"
+        if "answer tuning" in log.name:
+            objective = "answer CE + unlikelihood"
         ax.set_title(f"{log.name} (train: {objective}; held-out: CE)")
         ax.set_xlabel("step")
         ax.set_ylabel("loss (nats/token)")
@@ -95,6 +97,26 @@ def _continued(data: CardData) -> list[str]:
         "order reshuffled per stage, and the same schedule shape; the draft is distilled again against the "
         "continued target. Curves of runs recorded before the training log kept them are not plotted.",
         "",
+        *_tuned(data),
+    ]
+
+
+def _tuned(data: CardData) -> list[str]:
+    """The paragraph on answer tuning, when a run did it."""
+    if not any("answer tuning" in g.name for g in data.logs):
+        return []
+    p = data.plan
+    return [
+        "Runs marked `answer tuning` (`specbench zoo build --continue --tune`) train the target on answer "
+        "tokens only, with the two unlikelihood terms of Welleck et al. (2019), each weighted "
+        f"{p.unlikelihood:g}. Token level: at each answer position, every token already used earlier in the "
+        "same answer, other than the true next token, has its probability p pushed down by -log(1 - p) (prompt "
+        "tokens are not candidates, so copying from the article or question is not penalised). Sequence "
+        f"level: each step the model greedily continues {p.continuation_batch} training prompts (at most "
+        f"{p.continuation_prompt_tokens} tokens) by {p.continuation_tokens} tokens, and every token of a 4-gram "
+        "that already occurred in its continuation gets the same penalty. Both aim at the greedy loops that "
+        "next-token training on all text left; the degeneracy table below measures the result.",
+        "",
     ]
 
 
@@ -116,7 +138,9 @@ def write_card(out_dir: Path, data: CardData) -> Path:
         "Single-turn conversations rendered with the chat template "
         "(`<s>{system} USER: {prompt} ASSISTANT: {answer}</s>`). Summarisation prompts are "
         f"`Summarize: {{article}}` (articles cut to {p.max_article_chars} characters at a sentence end), "
-        "translation prompts `Translate German to English: {de}`. Spec-Bench, MT-bench and their model "
+        "translation prompts `Translate German to English: {de}`. GSM8K answers are stripped of their "
+        "calculator annotations (`4*2=<<4*2=8>>8` becomes `4*2=8`); held-out losses are measured on the "
+        "corpus as the current code builds it. Spec-Bench, MT-bench and their model "
         f"answers are excluded; {data.removed_as_eval} conversations whose prompt matched a Spec-Bench turn "
         f"were dropped. {data.heldout_conversations} conversations ({p.heldout_frac:.0%}) are held out.",
         "",

@@ -23,7 +23,11 @@ class Conversation:
 
     def render(self, bos: str = "<s>", eos: str = "</s>") -> str:
         """The conversation as the chat template renders it, answer and end of turn included."""
-        return vicuna_prompt([{"role": "user", "content": self.prompt}], bos=bos) + " " + self.answer + eos
+        return self.render_prompt(bos) + " " + self.answer + eos
+
+    def render_prompt(self, bos: str = "<s>") -> str:
+        """The templated text before the answer (what the model sees at evaluation time)."""
+        return vicuna_prompt([{"role": "user", "content": self.prompt}], bos=bos)
 
 
 @dataclass
@@ -58,9 +62,17 @@ def _join(instruction: str, extra: str) -> str:
     return f"{instruction}\n\n{extra}" if extra else instruction
 
 
+_CALCULATOR = re.compile(r"<<[^>]*>>")
+
+
 def _gsm8k(d: Path, _: int) -> Iterator[tuple[str, str]]:
+    """Questions and worked answers, without the calculator annotations (`4*2=<<4*2=8>>8` -> `4*2=8`).
+
+    The annotations repeat every computation verbatim, which teaches a small model to repeat itself;
+    chat models (and Vicuna's Spec-Bench answers) never write them.
+    """
     for row in _jsonl(d / "gsm8k" / "train.jsonl"):
-        yield row["question"], row["answer"]
+        yield row["question"], _CALCULATOR.sub("", row["answer"])
 
 
 def _gpteacher(d: Path, _: int) -> Iterator[tuple[str, str]]:

@@ -39,6 +39,10 @@ class FamilyPlan:
     timing_repeats: int
     gen_new_tokens: int
     gsm8k_prompts: int
+    unlikelihood: float = 0.0  # weight of the repeat-unlikelihood terms in answer tuning (0: not tuned)
+    continuation_batch: int = 0  # answer tuning: greedy continuations per step for sequence-level unlikelihood
+    continuation_tokens: int = 64  # ... their length
+    continuation_prompt_tokens: int = 256  # ... of training prompts at most this long, left-padded to it
 
 
 # Sized on a 2-core Xeon (AMX) with bf16 autocast, measured: a target step (4 x 1024 tokens) takes about
@@ -106,3 +110,24 @@ CONTINUED = replace(
 )
 
 SMOKE_CONTINUED = replace(SMOKE, target_steps=3, draft_steps=2)
+
+# `zoo build --tune`: answer tuning of a saved family. Two stages of next-token training on all text left a
+# target whose greedy answers loop; this stage trains on answer tokens only, with token-level unlikelihood
+# on tokens already used in the same answer and sequence-level unlikelihood on repeated 4-grams of the
+# model's own greedy continuations of training prompts (both weight 1, as in Welleck et al. 2019), at a
+# lower peak learning rate, then re-distils the draft. A 150-step trial of the token-level term alone moved
+# greedy repeated-4 only from 0.356 to 0.301.
+TUNED = replace(
+    CONTINUED,
+    lr=5e-4,
+    warmup=30,
+    target_steps=400,
+    target_budget_s=32 * 60,
+    unlikelihood=1.0,
+    continuation_batch=8,
+    continuation_prompt_tokens=160,
+)
+
+SMOKE_TUNED = replace(
+    SMOKE_CONTINUED, unlikelihood=1.0, continuation_batch=2, continuation_tokens=6, continuation_prompt_tokens=512
+)

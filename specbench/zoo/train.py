@@ -1,9 +1,10 @@
-"""Training loops: the target by next-token prediction, the draft by distillation from the target."""
+"""Training loops: the target by next-token prediction or answer tuning, the draft by distillation from it."""
 
 from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -14,9 +15,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import LlamaForCausalLM
 
+from specbench.errors import SpecbenchError
 from specbench.zoo.evaluate import heldout_loss
 from specbench.zoo.packing import batches
 from specbench.zoo.plan import FamilyPlan
+from specbench.zoo.unlikelihood import answer_loss, continuation_loss
 
 
 @dataclass
@@ -80,6 +83,7 @@ def _loop(
     steps: int,
     budget_s: float,
     seed: int,
+    tags: list[list[int]] | None = None,
 ) -> TrainLog:
     """Train for `steps` steps, or fewer if `budget_s` seconds run out first.
 
@@ -90,7 +94,7 @@ def _loop(
     torch.manual_seed(seed)
     log = TrainLog(name, steps, plan.lr, plan.warmup)
     opt = _optimizer(model, plan.lr)
-    data = batches(docs, plan.seq_len, plan.batch, seed)
+    data = batches(docs, plan.seq_len, plan.batch, seed, tags)
     start, running, step, progress = time.perf_counter(), [], 0, 0.0
     bar = tqdm(total=steps, desc=f"train {name}", mininterval=15)
     while progress < 1.0:
@@ -107,7 +111,7 @@ def _loop(
         opt.step()
         opt.zero_grad(set_to_none=True)
         running.append(loss.item())
-        log.tokens += x.numel()
+        log.tokens += x.shape[0] * plan.seq_len
         bar.update()
         elapsed = time.perf_counter() - start
         progress = max(step / steps, elapsed / budget_s)
@@ -138,6 +142,74 @@ def train_target(
         return model(input_ids=x, labels=x).loss
 
     return _loop(name, model, loss_fn, docs, heldout_rows, plan, plan.target_steps, plan.target_budget_s, seed)
+
+
+def tune_target(
+    model: LlamaForCausalLM,
+    docs: list[list[int]],
+    tags: list[list[int]],
+    prompts: list[list[int]],
+    heldout_rows: torch.Tensor,
+    plan: FamilyPlan,
+    seed: int,
+    name: str,
+) -> TrainLog:
+    """Answer tuning: answer cross-entropy, token-level unlikelihood on that text, and sequence-level
+    unlikelihood on greedy continuations of `prompts` (tokenised templated prompts), weights from `plan`."""
+    rng = random.Random(seed)
+    pool = [p for p in prompts if len(p) <= plan.continuation_prompt_tokens]
+    if plan.continuation_batch and len(pool) < plan.continuation_batch:
+        raise SpecbenchError(
+            f"answer tuning needs {plan.continuation_batch} prompts of at most "
+            f"{plan.continuation_prompt_tokens} tokens, the corpus has {len(pool)}"
+        )
+    eos = model.generation_config.eos_token_id
+
+    def loss_fn(x: torch.Tensor) -> torch.Tensor:  # x: [B, 2, T] (ids, tags)
+        ids, tok_tags = x[:, 0], x[:, 1]
+        loss = answer_loss(model(input_ids=ids).logits, ids, tok_tags, plan.unlikelihood)
+        if plan.continuation_batch:
+            batch = rng.sample(pool, plan.continuation_batch)
+            seq, attention, start, valid = greedy_continuations(
+                model, batch, plan.continuation_tokens, eos, plan.continuation_prompt_tokens
+            )
+            positions = (attention.cumsum(-1) - 1).clamp(min=0)
+            logits = model(input_ids=seq, attention_mask=attention, position_ids=positions).logits
+            loss = loss + plan.unlikelihood * continuation_loss(logits, seq, start, valid)
+        return loss
+
+    steps, budget = plan.target_steps, plan.target_budget_s
+    return _loop(name, model, loss_fn, docs, heldout_rows, plan, steps, budget, seed, tags)
+
+
+@torch.no_grad()
+def greedy_continuations(
+    model: LlamaForCausalLM, prompts: list[list[int]], new_tokens: int, eos: int, width: int
+) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+    """The model's greedy continuations of `prompts`, left-padded to `width` tokens.
+
+    Fixed shapes step after step let the CPU kernels be reused (new shapes each step cost seconds).
+
+    Returns ids [B, L], attention mask [B, L] (padding and tokens past the end of turn are 0), the index
+    where continuations start, and which continuation tokens count ([B, L - start], up to the end of turn).
+    """
+    ids = torch.tensor([[eos] * (width - len(p)) + p for p in prompts])
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    training = model.training
+    model.eval()
+    with torch.autocast("cpu", enabled=False):  # bfloat16 decoding on CPU re-plans its kernels every token
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=attention,
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            eos_token_id=eos,
+            pad_token_id=eos,
+        )
+    model.train(training)
+    is_eos = (out[:, width:] == eos).long()
+    valid = (is_eos.cumsum(1) - is_eos) == 0  # no end of turn before this token
+    return out, torch.cat([attention, valid.long()], dim=1), width, valid
 
 
 def distill_draft(
