@@ -11,6 +11,7 @@ from specbench.decode import decode
 from specbench.errors import SpecbenchError
 from specbench.heads import eagle as eagle_heads
 from specbench.heads import medusa as medusa_heads
+from specbench.heads.checkpoint import target_signature
 from specbench.methods.vanilla import Vanilla
 from specbench.models import ModelSpec
 from specbench.target import Target
@@ -188,3 +189,22 @@ def test_missing_head_says_how_to_get_one(tmp_path, target):
         methods.build("eagle2", res)
     with pytest.raises(SpecbenchError, match="none of medusa_lm_head.safetensors, medusa_lm_head.pt"):
         medusa_heads.load(str(tmp_path))
+
+
+def test_head_trained_for_another_version_of_the_target_warns(tmp_path, target, capsys):
+    folder = write_eagle(tmp_path / "e", eagle_state(True, True), True, "model.safetensors")
+    other = random_llama(VOCAB, seed=1, init=0.3)  # same shapes, retrained weights
+    (folder / "accuracy.json").write_text(json.dumps({"target_signature": target_signature(other)}))
+    methods.build("eagle2", resources(target, str(folder)))
+    assert "trained for a different version of target 'random'" in capsys.readouterr().err
+    (folder / "accuracy.json").write_text(json.dumps({"target_signature": target_signature(target)}))
+    methods.build("eagle2", resources(target, str(folder)))
+    assert capsys.readouterr().err == ""
+
+
+def test_target_signature_survives_float16_but_not_retraining(target):
+    half = random_llama(VOCAB, seed=0, init=0.3).half()
+    half.get_input_embeddings().weight.data.copy_(target.get_input_embeddings().weight.half())
+    assert target_signature(half) == target_signature(target)
+    assert target_signature(random_llama(VOCAB, seed=1, init=0.3)) != target_signature(target)
+    assert target_signature(random_llama(VOCAB, seed=0, init=0.3).to(torch.bfloat16)) is None

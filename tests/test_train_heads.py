@@ -39,6 +39,7 @@ def test_train_writes_official_layout_that_loads_and_decodes(capsys, tiny_models
     assert "step 5/5 loss" in captured.err  # progress lines when stderr is not a terminal
     report = json.loads((out / "accuracy.json").read_text())
     assert len(report["top1_accuracy_by_depth"]) == (5 if kind == "medusa" else 6)
+    assert len(report["target_signature"]) == 16  # checked when the head is loaded
     assert all(0 <= a <= 1 for a in report["top1_accuracy_by_depth"])
     config = json.loads((out / "config.json").read_text())
     model = load_causal_lm(str(target_dir), torch.device("cpu"), torch.float32)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -76,3 +77,29 @@ def save_safetensors(state: dict[str, torch.Tensor], path: Path, half: bool = Fa
         return v.half() if half and v.is_floating_point() else v
 
     save_file({k: stored(v.detach()).contiguous().cpu() for k, v in state.items()}, str(path))
+
+
+def target_signature(model: torch.nn.Module) -> str | None:
+    """A hash of the target's input embedding rounded to float16, or None for a bfloat16 model.
+
+    A head trained by `specbench train` records it, so loading the head with a retrained target can be
+    caught. The float16 rounding makes the hash the same for a float32 or float16 load of a checkpoint
+    stored in either; bfloat16 loses bits that the hash would see, so it is not compared.
+    """
+    weight = model.get_input_embeddings().weight
+    if weight.dtype == torch.bfloat16:
+        return None
+    return hashlib.sha256(weight.detach().to("cpu", torch.float16).numpy().tobytes()).hexdigest()[:16]
+
+
+def trained_for_other_target(source: str, model: torch.nn.Module) -> bool:
+    """Whether a local head's accuracy.json records a different target signature than `model`'s."""
+    report = Path(source).expanduser() / "accuracy.json"
+    if not report.is_file():
+        return False
+    try:
+        recorded = json.loads(report.read_text()).get("target_signature")
+    except (OSError, ValueError):
+        return False
+    current = target_signature(model)
+    return recorded is not None and current is not None and recorded != current

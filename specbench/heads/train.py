@@ -25,6 +25,7 @@ from ..errors import SpecbenchError
 from ..target import hidden_features
 from ..tree import additive_mask
 from . import eagle3
+from .checkpoint import target_signature
 from .eagle import EagleHead, build, config_from_target
 from .medusa import MedusaHeads
 
@@ -299,6 +300,7 @@ def train_head(
         "heldout_tokens": len(heldout),
         "config": asdict(cfg),
         "compact": compact,
+        "target_signature": target_signature(model),  # checked when the head is loaded with a target
         "top1_accuracy_by_depth": accuracy,  # depth d: the head's first guess d tokens past the root
     }
     (out / "accuracy.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ from ..errors import SpecbenchError
 from ..heads import eagle as eagle_heads
 from ..heads import eagle3 as eagle3_heads
 from ..heads import medusa as medusa_heads
+from ..heads.checkpoint import trained_for_other_target
 from ..models import ModelSpec, load_causal_lm, load_tokenizer, same_tokenizer
 from .base import Proposal, Proposer
 from .eagle import DynamicTree, Eagle, StaticTree
@@ -58,6 +60,13 @@ class Resources:
             raise SpecbenchError(
                 f"the {family} head of '{self.spec.name}' is missing at {source}: train it with "
                 f"`specbench train {family} --target {self.spec.name} --out {source}`"
+            )
+        if trained_for_other_target(source, self.target_model):
+            print(
+                f"warning: the {family} head at {source} was trained for a different version of target "
+                f"'{self.spec.name}' (its accuracy.json signature differs), so its acceptance will be poor: "
+                f"retrain it with `specbench train {family} --target {self.spec.name} --out {source}`",
+                file=sys.stderr,
             )
         return source
 
