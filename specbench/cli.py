@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -30,7 +31,8 @@ def _fraction(text: str) -> float:
 
 
 def _names(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
+    """Comma-separated names; commas inside a method variant's brackets (eagle2[top_k=6,depth=4]) stay."""
+    return [x.strip() for x in re.split(r",(?![^\[]*\])", text) if x.strip()]
 
 
 def _field(text: str) -> tuple[str, str]:
@@ -82,7 +84,12 @@ def parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run methods x tasks x temperatures on one model, then report")
     _model_args(run)
-    run.add_argument("--methods", type=_names, default=["vanilla", "sps", "pld"], help="comma-separated, or all")
+    run.add_argument(
+        "--methods",
+        type=_names,
+        default=["vanilla", "sps", "pld"],
+        help="comma-separated, or all; a variant overrides a preset's params: eagle2[top_k=6,depth=4,total_tokens=24]",
+    )
     run.add_argument("--tasks", type=_names, default=["quick"], help="task names or .jsonl paths, comma-separated")
     run.add_argument("--temperatures", type=_floats, default=[0.0], help="comma-separated, e.g. 0,1")
     run.add_argument("--out", help="run folder (default: results/<model>-<tasks>-<hash>; re-running resumes)")

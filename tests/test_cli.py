@@ -99,3 +99,23 @@ def test_verify_command_passes_for_sps(capsys, tiny_models):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "greedy: 6/6 questions token-identical" in out and "verdict: pass" in out
+
+
+def test_method_variant_runs_beside_its_base_with_its_own_params(capsys, tiny_models, tmp_path):
+    argv = [*base(tiny_models, tmp_path), "--methods", "pld,pld[max_ngram_size=1,num_pred_tokens=2]"]
+    assert main(argv) == 0, capsys.readouterr().err
+    answers = tmp_path / "run" / "answers" / "quick"
+    variant = answers / "pld[max_ngram_size=1,num_pred_tokens=2]-temperature-0.jsonl"
+    assert variant.is_file() and (answers / "pld-temperature-0.jsonl").is_file()
+    record = json.loads(variant.read_text().splitlines()[0])
+    assert max(record["choices"][0]["accept_lengths"]) <= 3  # at most 2 drafted tokens + the bonus one
+    assert main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "report")]) == 0
+    assert "pld[max_ngram_size=1,num_pred_tokens=2]" in (tmp_path / "report" / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "methods, message",
+    [("pld[max_ngram]", "key=value"), ("pld[bogus=1]", "bad parameters for method 'pld[bogus=1]'"), ("pld[", "base[")],
+)
+def test_bad_method_variant_says_how_to_write_one(capsys, tiny_models, tmp_path, methods, message):
+    assert message in error_of(capsys, [*base(tiny_models, tmp_path), "--methods", methods])

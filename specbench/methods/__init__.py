@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
 
 from .. import choices, presets
 from ..errors import SpecbenchError
@@ -133,11 +135,34 @@ def available() -> list[str]:
     return presets.names("methods")
 
 
+_VARIANT = re.compile(r"^([\w.-]+)\[(.*)\]$")
+
+
 def preset(name: str) -> dict:
-    spec = presets.load("methods", name)
+    """A method's YAML preset; for a variant `base[key=value,...]`, base's preset with those params changed."""
+    base, overrides = variant(name)
+    spec = presets.load("methods", base)
     if spec.get("implementation") not in IMPLEMENTATIONS:
-        raise SpecbenchError(f"method preset '{name}' names an unknown implementation {spec.get('implementation')}")
+        raise SpecbenchError(f"method preset '{base}' names an unknown implementation {spec.get('implementation')}")
+    if overrides:
+        spec = {**spec, "params": {**(spec.get("params") or {}), **overrides}}
     return spec
+
+
+def variant(name: str) -> tuple[str, dict]:
+    """'eagle2[top_k=6,depth=4]' -> ('eagle2', {'top_k': 6, 'depth': 4}); values are read as YAML scalars."""
+    match = _VARIANT.match(name)
+    if match is None:
+        if "[" in name or "]" in name:
+            raise SpecbenchError(f"method '{name}': write a variant as base[key=value,...], e.g. eagle2[top_k=6]")
+        return name, {}
+    params = {}
+    for item in match.group(2).split(","):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not key.isidentifier() or not value:
+            raise SpecbenchError(f"method '{name}': write parameters as key=value, e.g. eagle2[top_k=6,depth=4]")
+        params[key] = yaml.safe_load(value)
+    return match.group(1), params
 
 
 def build(name: str, res: Resources, overrides: dict | None = None) -> Proposer:
@@ -153,4 +178,4 @@ def build(name: str, res: Resources, overrides: dict | None = None) -> Proposer:
     return proposer
 
 
-__all__ = ["Proposal", "Proposer", "Resources", "available", "build", "preset"]
+__all__ = ["Proposal", "Proposer", "Resources", "available", "build", "preset", "variant"]
