@@ -110,10 +110,8 @@ def test_repeated_ngram_mask_marks_every_token_of_a_repeat() -> None:
 
 def test_continuation_loss_on_repeated_tokens_only() -> None:
     ids = torch.tensor([[0, 1, 2, 1, 2, 3]])  # prompt [0], continuation 1 2 1 2 3 (positions 1..5)
-    valid = torch.tensor([[True, True, True, True, False]])  # the last token is past the end of turn
     logits = torch.randn(1, 6, 4, generator=torch.Generator().manual_seed(1))
     p = logits.softmax(-1)[0]
     # with n=2, continuation tokens 3 and 4 (ids 1, 2) repeat the bigram 1 2; predicted at positions 2 and 3
-    expected = -(math.log(1 - p[2, 1]) + math.log(1 - p[3, 2])) / 4
-    got = continuation_loss(logits, ids, 1, valid, n=2)
-    assert got.item() == pytest.approx(expected, rel=1e-5)
+    expected = -(math.log(1 - p[2, 1]) + math.log(1 - p[3, 2])) / 5
+    assert continuation_loss(logits, ids, 1, n=2).item() == pytest.approx(expected, rel=1e-5)

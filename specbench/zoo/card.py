@@ -108,14 +108,15 @@ def _tuned(data: CardData) -> list[str]:
     p = data.plan
     return [
         "Runs marked `answer tuning` (`specbench zoo build --continue --tune`) train the target on answer "
-        "tokens only, with the two unlikelihood terms of Welleck et al. (2019), each weighted "
-        f"{p.unlikelihood:g}. Token level: at each answer position, every token already used earlier in the "
-        "same answer, other than the true next token, has its probability p pushed down by -log(1 - p) (prompt "
-        "tokens are not candidates, so copying from the article or question is not penalised). Sequence "
-        f"level: each step the model greedily continues {p.continuation_batch} training prompts (at most "
-        f"{p.continuation_prompt_tokens} tokens) by {p.continuation_tokens} tokens, and every token of a 4-gram "
-        "that already occurred in its continuation gets the same penalty. Both aim at the greedy loops that "
-        "next-token training on all text left; the degeneracy table below measures the result.",
+        "tokens only, with the two unlikelihood terms of Welleck et al. (2019). Token level (weight "
+        f"{p.unlikelihood:g}): at each answer position, every token already used earlier in the same answer, "
+        "other than the true next token, has its probability p pushed down by -log(1 - p); prompt tokens are "
+        "not candidates, so copying from the article or question is not penalised. Sequence level (weight "
+        f"{p.sequence_unlikelihood:g}): each step the model greedily continues {p.continuation_batch} training "
+        f"prompts (at most {p.continuation_prompt_tokens} tokens) by {p.continuation_tokens} tokens without "
+        "the option to stop, and every token of a 4-gram that already occurred in its continuation gets the "
+        "same penalty. Both aim at the greedy loops that next-token training on all text left; the degeneracy "
+        "table below measures the result.",
         "",
     ]
 

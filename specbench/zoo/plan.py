@@ -39,8 +39,9 @@ class FamilyPlan:
     timing_repeats: int
     gen_new_tokens: int
     gsm8k_prompts: int
-    unlikelihood: float = 0.0  # weight of the repeat-unlikelihood terms in answer tuning (0: not tuned)
-    continuation_batch: int = 0  # answer tuning: greedy continuations per step for sequence-level unlikelihood
+    unlikelihood: float = 0.0  # answer tuning: weight of token-level unlikelihood on repeats (0: not tuned)
+    sequence_unlikelihood: float = 0.0  # ... of sequence-level unlikelihood on greedy continuations (0: none)
+    continuation_batch: int = 8  # ... greedy continuations per step for the sequence-level term
     continuation_tokens: int = 64  # ... their length
     continuation_prompt_tokens: int = 256  # ... of training prompts at most this long, left-padded to it
 
@@ -114,9 +115,12 @@ SMOKE_CONTINUED = replace(SMOKE, target_steps=3, draft_steps=2)
 # `zoo build --tune`: answer tuning of a saved family. Two stages of next-token training on all text left a
 # target whose greedy answers loop; this stage trains on answer tokens only, with token-level unlikelihood
 # on tokens already used in the same answer and sequence-level unlikelihood on repeated 4-grams of the
-# model's own greedy continuations of training prompts (both weight 1, as in Welleck et al. 2019), at a
-# lower peak learning rate, then re-distils the draft. A 150-step trial of the token-level term alone moved
-# greedy repeated-4 only from 0.356 to 0.301.
+# model's own greedy continuations of training prompts (Welleck et al. 2019), at a lower peak learning rate,
+# then re-distils the draft. Measured on the stage-2 tiny target (greedy repeated-4 over the card's 24
+# prompts, 0.356 before): the token-level term alone for 150 steps gave 0.301, answers still on topic;
+# both terms at weight 1 for 400 steps gave 0.009 but collapsed the model into short, prompt-independent
+# sentences (sps tau on a Spec-Bench subset 1.66), so the sequence-level term is weighted down here and its
+# continuations can no longer stop early.
 TUNED = replace(
     CONTINUED,
     lr=5e-4,
@@ -124,10 +128,15 @@ TUNED = replace(
     target_steps=400,
     target_budget_s=32 * 60,
     unlikelihood=1.0,
-    continuation_batch=8,
+    sequence_unlikelihood=0.25,
     continuation_prompt_tokens=160,
 )
 
 SMOKE_TUNED = replace(
-    SMOKE_CONTINUED, unlikelihood=1.0, continuation_batch=2, continuation_tokens=6, continuation_prompt_tokens=512
+    SMOKE_CONTINUED,
+    unlikelihood=1.0,
+    sequence_unlikelihood=1.0,
+    continuation_batch=2,
+    continuation_tokens=6,
+    continuation_prompt_tokens=512,
 )

@@ -158,7 +158,7 @@ def tune_target(
     unlikelihood on greedy continuations of `prompts` (tokenised templated prompts), weights from `plan`."""
     rng = random.Random(seed)
     pool = [p for p in prompts if len(p) <= plan.continuation_prompt_tokens]
-    if plan.continuation_batch and len(pool) < plan.continuation_batch:
+    if plan.sequence_unlikelihood and len(pool) < plan.continuation_batch:
         raise SpecbenchError(
             f"answer tuning needs {plan.continuation_batch} prompts of at most "
             f"{plan.continuation_prompt_tokens} tokens, the corpus has {len(pool)}"
@@ -168,14 +168,13 @@ def tune_target(
     def loss_fn(x: torch.Tensor) -> torch.Tensor:  # x: [B, 2, T] (ids, tags)
         ids, tok_tags = x[:, 0], x[:, 1]
         loss = answer_loss(model(input_ids=ids).logits, ids, tok_tags, plan.unlikelihood)
-        if plan.continuation_batch:
+        if plan.sequence_unlikelihood:
             batch = rng.sample(pool, plan.continuation_batch)
-            seq, attention, start, valid = greedy_continuations(
-                model, batch, plan.continuation_tokens, eos, plan.continuation_prompt_tokens
-            )
+            width = plan.continuation_prompt_tokens
+            seq, attention = greedy_continuations(model, batch, plan.continuation_tokens, eos, width)
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
             logits = model(input_ids=seq, attention_mask=attention, position_ids=positions).logits
-            loss = loss + plan.unlikelihood * continuation_loss(logits, seq, start, valid)
+            loss = loss + plan.sequence_unlikelihood * continuation_loss(logits, seq, width)
         return loss
 
     steps, budget = plan.target_steps, plan.target_budget_s
@@ -185,13 +184,12 @@ def tune_target(
 @torch.no_grad()
 def greedy_continuations(
     model: LlamaForCausalLM, prompts: list[list[int]], new_tokens: int, eos: int, width: int
-) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
-    """The model's greedy continuations of `prompts`, left-padded to `width` tokens.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's greedy continuations of `prompts`, left-padded to `width` tokens, `new_tokens` long.
 
-    Fixed shapes step after step let the CPU kernels be reused (new shapes each step cost seconds).
-
-    Returns ids [B, L], attention mask [B, L] (padding and tokens past the end of turn are 0), the index
-    where continuations start, and which continuation tokens count ([B, L - start], up to the end of turn).
+    The end of turn is suppressed: a continuation that could stop early would let the model escape the
+    repeat penalty by answering in a few words (a first tuning run did exactly that). Fixed shapes step
+    after step also let the CPU kernels be reused. Returns ids and attention mask, both [B, width + new].
     """
     ids = torch.tensor([[eos] * (width - len(p)) + p for p in prompts])
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -203,13 +201,12 @@ def greedy_continuations(
             attention_mask=attention,
             do_sample=False,
             max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
             eos_token_id=eos,
             pad_token_id=eos,
         )
     model.train(training)
-    is_eos = (out[:, width:] == eos).long()
-    valid = (is_eos.cumsum(1) - is_eos) == 0  # no end of turn before this token
-    return out, torch.cat([attention, valid.long()], dim=1), width, valid
+    return out, torch.cat([attention, torch.ones(len(prompts), new_tokens, dtype=attention.dtype)], dim=1)
 
 
 def distill_draft(

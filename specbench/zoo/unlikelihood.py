@@ -88,15 +88,12 @@ def repeated_ngram_mask(ids: list[int], n: int = 4) -> list[bool]:
     return mask
 
 
-def continuation_loss(
-    logits: torch.Tensor, ids: torch.Tensor, start: int, valid: torch.Tensor, n: int = 4
-) -> torch.Tensor:
-    """Sequence-level unlikelihood: mean over valid continuation tokens of -log(1 - p) on repeated n-grams.
+def continuation_loss(logits: torch.Tensor, ids: torch.Tensor, start: int, n: int = 4) -> torch.Tensor:
+    """Sequence-level unlikelihood: mean over continuation tokens of -log(1 - p) on repeated n-grams.
 
-    logits: [B, L, V] for ids [B, L]; the continuation is ids[:, start:], `valid` [B, L - start] marks its
-    tokens up to and including the end of turn.
+    logits: [B, L, V] for ids [B, L]; the continuation is ids[:, start:].
     """
     cont = ids[:, start:]
-    mask = torch.tensor([repeated_ngram_mask(row.tolist(), n) for row in cont]) & valid
+    mask = torch.tensor([repeated_ngram_mask(row.tolist(), n) for row in cont])
     p = logits[:, start - 1 : -1].float().softmax(-1).gather(-1, cont.unsqueeze(-1)).squeeze(-1)  # [B, N]
-    return -(torch.log1p(-p.clamp(max=1 - 1e-5)) * mask).sum() / valid.sum().clamp(min=1)
+    return -(torch.log1p(-p.clamp(max=1 - 1e-5)) * mask).sum() / cont.numel()
