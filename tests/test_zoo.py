@@ -175,9 +175,3 @@ def test_tune_without_continue_is_refused(tmp_path: Path, capsys: pytest.Capture
     assert main(["zoo", "build", "--tune", "--smoke", "--out", str(tmp_path), "--data-dir", str(DATA_DIR)]) != 0
     assert "--continue" in capsys.readouterr().err
 
-
-def test_gsm8k_answers_lose_their_calculator_annotations() -> None:
-    corpus = build_corpus(DATA_DIR, seed=0, heldout_frac=0.1, max_article_chars=600, per_source_limit=20)
-    gsm8k = [c.answer for c in corpus.train + corpus.heldout if c.source == "gsm8k_train"]
-    assert gsm8k and not any("<<" in a or ">>" in a for a in gsm8k)
-    assert any("=" in a for a in gsm8k)

@@ -139,9 +139,7 @@ def write_card(out_dir: Path, data: CardData) -> Path:
         "Single-turn conversations rendered with the chat template "
         "(`<s>{system} USER: {prompt} ASSISTANT: {answer}</s>`). Summarisation prompts are "
         f"`Summarize: {{article}}` (articles cut to {p.max_article_chars} characters at a sentence end), "
-        "translation prompts `Translate German to English: {de}`. GSM8K answers are stripped of their "
-        "calculator annotations (`4*2=<<4*2=8>>8` becomes `4*2=8`); held-out losses are measured on the "
-        "corpus as the current code builds it. Spec-Bench, MT-bench and their model "
+        "translation prompts `Translate German to English: {de}`. Spec-Bench, MT-bench and their model "
         f"answers are excluded; {data.removed_as_eval} conversations whose prompt matched a Spec-Bench turn "
         f"were dropped. {data.heldout_conversations} conversations ({p.heldout_frac:.0%}) are held out.",
         "",

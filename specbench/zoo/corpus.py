@@ -62,17 +62,9 @@ def _join(instruction: str, extra: str) -> str:
     return f"{instruction}\n\n{extra}" if extra else instruction
 
 
-_CALCULATOR = re.compile(r"<<[^>]*>>")
-
-
 def _gsm8k(d: Path, _: int) -> Iterator[tuple[str, str]]:
-    """Questions and worked answers, without the calculator annotations (`4*2=<<4*2=8>>8` -> `4*2=8`).
-
-    The annotations repeat every computation verbatim, which teaches a small model to repeat itself;
-    chat models (and Vicuna's Spec-Bench answers) never write them.
-    """
     for row in _jsonl(d / "gsm8k" / "train.jsonl"):
-        yield row["question"], _CALCULATOR.sub("", row["answer"])
+        yield row["question"], row["answer"]
 
 
 def _gpteacher(d: Path, _: int) -> Iterator[tuple[str, str]]:

@@ -117,10 +117,11 @@ SMOKE_CONTINUED = replace(SMOKE, target_steps=3, draft_steps=2)
 # on tokens already used in the same answer and sequence-level unlikelihood on repeated 4-grams of the
 # model's own greedy continuations of training prompts (Welleck et al. 2019), at a lower peak learning rate,
 # then re-distils the draft. Measured on the stage-2 tiny target (greedy repeated-4 over the card's 24
-# prompts, 0.356 before): the token-level term alone for 150 steps gave 0.301, answers still on topic;
-# both terms at weight 1 for 400 steps gave 0.009 but collapsed the model into short, prompt-independent
-# sentences (sps tau on a Spec-Bench subset 1.66), so the sequence-level term is weighted down here and its
-# continuations can no longer stop early.
+# prompts, 0.356 before; both trials on GSM8K answers without their calculator annotations): the
+# token-level term alone for 150 steps gave 0.301, answers still on topic; both terms at weight 1 for 400
+# steps gave 0.009 but collapsed the model into short, prompt-independent sentences (sps tau on a
+# Spec-Bench subset 1.66), so the sequence-level term is weighted down here and its continuations can no
+# longer stop early. This setting has not been run in full yet.
 TUNED = replace(
     CONTINUED,
     lr=5e-4,
