@@ -176,6 +176,25 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--smoke", action="store_true", help="a few tiny steps in seconds (tests, trying it out)")
 
+    regen = sub.add_parser(
+        "regenerate", help="head training text: the target's own answers to training prompts (EAGLE-3's recipe)"
+    )
+    regen.add_argument("--target", default="tiny", help="alias, local folder or hub id of the target")
+    regen.add_argument(
+        "--prompts",
+        type=Path,
+        help='data folder (its zoo corpus prompts) or JSONL with "prompt" or "turns" (default: $SPECBENCH_DATA_DIR)',
+    )
+    regen.add_argument("--out", type=Path, required=True, help='JSONL of "text" lines for `specbench train --data`')
+    regen.add_argument("--limit", type=int, help="answer only the first N prompts (default: all)")
+    regen.add_argument("--max-new-tokens", type=int, default=256, help="longest answer")
+    regen.add_argument("--temperature", type=float, default=0.0, help="0: greedy answers; above 0: sampled")
+    regen.add_argument("--batch-size", type=int, default=16)
+    regen.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    regen.add_argument("--dtype", default="auto", help="the target's dtype")
+    regen.add_argument("--seed", type=int, default=0)
+    regen.add_argument("--smoke", action="store_true", help="the smoke corpus of a data folder (tests)")
+
     lst = sub.add_parser("list", help="list methods, models or tasks")
     lst.add_argument("what", choices=["methods", "models", "tasks"])
 
@@ -307,6 +326,37 @@ def _train(args) -> None:
     print(f"{args.kind} head saved in {args.out}; held-out top-1 accuracy by depth: {accuracy}")
 
 
+def _regenerate(args) -> None:
+    from . import models
+    from .heads.regenerate import read_prompts, regenerate, write_texts
+    from .tasks import data_dir
+
+    source = args.prompts or data_dir(None)
+    if source is None:
+        raise SpecbenchError("regenerate needs prompts: pass --prompts FOLDER_OR_JSONL (or set $SPECBENCH_DATA_DIR)")
+    if min(args.max_new_tokens, args.batch_size, args.limit or 1) < 1 or args.temperature < 0:
+        raise SpecbenchError("--limit, --max-new-tokens and --batch-size must be >= 1, --temperature >= 0")
+    prompts = read_prompts(Path(source), args.smoke)[: args.limit]
+    if not prompts:
+        raise SpecbenchError(f"no prompts in '{source}'")
+    spec = models.resolve(args.target)
+    device = models.pick_device(args.device)
+    model = models.load_causal_lm(spec.path, device, models.pick_dtype(args.dtype, device), what="target")
+    tokenizer = models.load_tokenizer(spec.path)
+    sequences, skipped = regenerate(
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+    tokens = write_texts(tokenizer, sequences, args.out)
+    note = f" ({skipped} prompts longer than the context left out)" if skipped else ""
+    print(f"{len(sequences)} answered prompts, {tokens} tokens, written to {args.out}{note}")
+
+
 def _zoo(args) -> None:
     from .tasks import data_dir
     from .zoo import TINY_DIR, build_family, continue_family
@@ -343,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
             _list(args.what)
         elif args.command == "train":
             _train(args)
+        elif args.command == "regenerate":
+            _regenerate(args)
         elif args.command == "zoo":
             _zoo(args)
     except SpecbenchError as err:

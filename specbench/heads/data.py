@@ -5,26 +5,35 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import SpecbenchError
 
+if TYPE_CHECKING:
+    from ..zoo.corpus import Corpus
+
+
+def zoo_corpus(path: Path, smoke: bool) -> Corpus:
+    """The zoo corpus of a data folder, split as the tiny target was trained."""
+    from ..zoo.corpus import build_corpus
+    from ..zoo.plan import FULL, SMOKE
+
+    plan = SMOKE if smoke else FULL
+    return build_corpus(
+        path,
+        seed=0,
+        heldout_frac=plan.heldout_frac,
+        max_article_chars=plan.max_article_chars,
+        per_source_limit=plan.per_source_limit,
+    )
+
 
 def _documents(path: Path, smoke: bool) -> tuple[list[str], list[str]]:
     """(train, held-out) texts."""
     if path.is_dir():
-        from ..zoo.corpus import build_corpus
-        from ..zoo.plan import FULL, SMOKE
-
-        plan = SMOKE if smoke else FULL  # the same split the tiny target was trained with
-        corpus = build_corpus(
-            path,
-            seed=0,
-            heldout_frac=plan.heldout_frac,
-            max_article_chars=plan.max_article_chars,
-            per_source_limit=plan.per_source_limit,
-        )
+        corpus = zoo_corpus(path, smoke)
         return [c.render() for c in corpus.train], [c.render() for c in corpus.heldout]
     if not path.is_file():
         raise SpecbenchError(f"training data '{path}' is neither a file nor a folder")
