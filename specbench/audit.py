@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from tqdm import tqdm
-
 from . import methods, tasks
 from .chat import prompt_ids
 from .errors import SpecbenchError
+from .progress import Progress
 from .runner import RunConfig, Session, question_seed
 from .verify import NEAR_TIE, greedy_check, sampling_test
 
@@ -15,7 +14,9 @@ GREEDY_TOKENS = 128  # default per-turn budget of the greedy audit when the task
 
 def _greedy(session: Session, proposer, vanilla, questions, budget: int, seed: int) -> tuple[int, int, int]:
     exact = ties = bugs = 0
-    for q in tqdm(questions, desc="greedy audit", unit="q", leave=False):
+    bar = Progress(len(questions), "greedy audit", "questions")
+    for q in questions:
+        bar.update()
         s = question_seed(seed, q.id, 0.0)
         ref, ref_prompts, _ = session.answer(vanilla, q, budget, 0.0, s)
         ours, _, _ = session.answer(proposer, q, budget, 0.0, s)
@@ -30,6 +31,7 @@ def _greedy(session: Session, proposer, vanilla, questions, budget: int, seed: i
             f"  question {q.id}: {kind} at turn {check['turn'] + 1}, token {check['position']} "
             f"(top-1/top-2 margin {check['margin']:.2e})"
         )
+    bar.close()
     return exact, ties, bugs
 
 

@@ -13,12 +13,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from . import __version__, methods, models, tasks
 from .chat import prompt_ids
 from .decode import Generation, decode
 from .errors import SpecbenchError
+from .progress import Progress
 from .results import Answer, append, read_file
 from .target import Target
 from .verify import greedy_check
@@ -300,7 +300,7 @@ def run(cfg: RunConfig) -> Path:
                 plan.append((task, questions, budget, temperature, name, path, pending))
     proposers = {name: methods.build(name, session.resources) for name in names}  # fail fast on bad checkpoints
     total = sum(len(p[-1]) for p in plan)
-    bar = tqdm(total=total, desc="questions", unit="q", disable=not cfg.progress, dynamic_ncols=True)
+    bar = Progress(total, "questions", "questions", enabled=cfg.progress)
     for task, questions, budget, temperature, name, path, pending in plan:
         if not pending:
             continue

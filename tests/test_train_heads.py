@@ -36,7 +36,7 @@ def test_train_writes_official_layout_that_loads_and_decodes(capsys, tiny_models
     assert main([*argv, "--device", "cpu"]) == 0, capsys.readouterr().err
     captured = capsys.readouterr()
     assert "held-out top-1 accuracy by depth" in captured.out
-    assert "step 5/5 loss" in captured.err  # progress lines when stderr is not a terminal
+    assert f"train {kind}: 5/5 steps loss" in captured.err  # progress lines when stderr is not a terminal
     report = json.loads((out / "accuracy.json").read_text())
     assert len(report["top1_accuracy_by_depth"]) == (5 if kind == "medusa" else 6)
     assert len(report["target_signature"]) == 16  # checked when the head is loaded

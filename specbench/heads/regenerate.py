@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from ..chat import prompt_ids
 from ..errors import SpecbenchError
+from ..progress import Progress
 
 
 def read_prompts(path: Path, smoke: bool = False) -> list[str]:
@@ -77,7 +77,7 @@ def regenerate(
     sampling = {"temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {}
     answers: dict[int, list[int]] = {}
     model.eval()
-    bar = tqdm(total=len(order), desc="regenerate answers", unit="prompt", disable=None)
+    bar = Progress(len(order), "regenerate answers", "prompts")
     for batch in _batches(order, batch_size):
         width = max(len(encoded[i]) for i in batch)
         ids = torch.tensor([[eos] * (width - len(encoded[i])) + encoded[i] for i in batch], device=device)

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 from transformers import DynamicCache
 
 from ..errors import SpecbenchError
+from ..progress import Progress
 from ..target import hidden_features
 from ..tree import additive_mask
 from . import eagle3
@@ -91,25 +89,18 @@ def _loop(
     """AdamW at a constant rate; loss_fn(ids, features, logits) on each batch of windows (features: `layers`)."""
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     generator = torch.Generator().manual_seed(cfg.seed)
-    bar = tqdm(range(cfg.steps), desc=f"train {name}", unit="step", leave=False, disable=None)
-    every, running, start = max(1, cfg.steps // 10), 0.0, time.perf_counter()
-    for step in bar:
+    bar = Progress(cfg.steps, f"train {name}", "steps")
+    smooth = None
+    for _ in range(cfg.steps):
         ids = windows(stream, cfg, generator, "training text")
         loss = loss_fn(ids.to(params[0].device), *target_pass(model, ids, layers))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        running += loss.item()
-        if bar.disable and (step + 1) % every == 0:  # no progress bar (not a terminal): a line per tenth
-            minutes = (time.perf_counter() - start) / 60
-            print(
-                f"train {name}: step {step + 1}/{cfg.steps} loss {running / every:.3f} {minutes:.1f} min",
-                file=sys.stderr,
-                flush=True,
-            )
-            running = 0.0
+        smooth = loss.item() if smooth is None else 0.9 * smooth + 0.1 * loss.item()  # ~ the last 10 steps
+        bar.update(loss=f"{smooth:.3f}")
+    bar.close()
 
 
 @torch.no_grad()

@@ -10,6 +10,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from specbench.errors import SpecbenchError
+from specbench.progress import Progress
 from specbench.zoo.card import CardData, Model, Sample, write_card
 from specbench.zoo.corpus import Conversation, Corpus, build_corpus
 from specbench.zoo.evaluate import (
@@ -171,11 +172,14 @@ def _finish(
     draft_card, draft = _describe("draft", out_dir / "draft", rows, plan)
     gsm8k, others = gsm8k_test(data_dir, plan.gsm8k_prompts), quick_first_turns() + GENERAL
     samples, answers = [], []
-    for prompt in tqdm(gsm8k + others, desc="greedy samples"):
+    bar = Progress(len(gsm8k + others), "greedy samples", "prompts")
+    for prompt in gsm8k + others:
         ids = greedy_answer(target, tokenizer, prompt, plan.gen_new_tokens)
         text = tokenizer.decode(ids, skip_special_tokens=True)
         samples.append(Sample(prompt, text, len(ids), distinct2(ids), repeated4(ids)))
         answers.append(ids)
+        bar.update()
+    bar.close()
     stats = [
         degeneracy("tiny target, GSM8K test questions", answers[: len(gsm8k)]),
         degeneracy("tiny target, `quick` task and card prompts", answers[len(gsm8k) :]),

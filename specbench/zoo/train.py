@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 from transformers import LlamaForCausalLM
 
 from specbench.errors import SpecbenchError
+from specbench.progress import Progress
 from specbench.zoo.evaluate import heldout_loss
 from specbench.zoo.packing import batches
 from specbench.zoo.plan import FamilyPlan
@@ -96,7 +96,7 @@ def _loop(
     opt = _optimizer(model, plan.lr)
     data = batches(docs, plan.seq_len, plan.batch, seed, tags)
     start, running, step, progress = time.perf_counter(), [], 0, 0.0
-    bar = tqdm(total=steps, desc=f"train {name}", mininterval=15)
+    bar = Progress(steps, f"train {name}", "steps")
     while progress < 1.0:
         step += 1
         lr = plan.lr * _lr_factor(step - 1, plan.warmup, progress)
