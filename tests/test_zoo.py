@@ -145,17 +145,30 @@ def test_continuing_a_folder_without_a_training_log_is_refused(tmp_path: Path) -
 def test_card_heads_section_is_rewritten_not_repeated(family: Path, tmp_path: Path) -> None:
     copy = tmp_path / "family"
     shutil.copytree(family, copy)
-    (copy / "eagle3").mkdir()
-    report = {
-        "config": {"steps": 300, "lr": 0.001, "seq_len": 256, "draft_vocab": 2048, "ttt_steps": 7},
-        "top1_accuracy_by_depth": [0.7, 0.6, 0.5],
+    heads = {
+        "eagle3": {
+            "data": "results/regenerated.jsonl",
+            "train_tokens": 300000,
+            "config": {"steps": 300, "lr": 0.001, "seq_len": 256, "draft_vocab": 2048, "ttt_steps": 7},
+            "top1_accuracy_by_depth": [0.7, 0.6, 0.5],
+        },
+        "eagle": {
+            "data": "../shared/data",
+            "train_tokens": 3705895,
+            "config": {"steps": 600, "lr": 0.001, "seq_len": 256},
+            "top1_accuracy_by_depth": [0.65],
+        },
     }
-    (copy / "eagle3" / "accuracy.json").write_text(json.dumps(report))
+    for kind, report in heads.items():
+        (copy / kind).mkdir()
+        (copy / kind / "accuracy.json").write_text(json.dumps(report))
     assert main(["zoo", "card", "--out", str(copy)]) == 0
     assert main(["zoo", "card", "--out", str(copy)]) == 0
     card = (copy / "MODEL_CARD.md").read_text()
     assert card.count("## Heads") == 1 and "## Greedy samples" in card
-    assert "| EAGLE-3 head, draft vocabulary 2048, training-time test 7 steps | 300 | 0.001 | 256 | 0.700 |" in card
+    eagle3 = "| EAGLE-3 head, draft vocabulary 2048, training-time test 7 steps | `regenerated.jsonl`, 300,000 tokens |"
+    assert eagle3 + " 300 | 0.001 | 256 | 0.700 | 0.600 | 0.500 |" in card
+    assert "| EAGLE-1/2 head | zoo corpus, 3,705,895 tokens | 600 | 0.001 | 256 | 0.650 |" in card
 
 
 def test_answer_tuning_trains_on_and_says_so_in_the_card(family: Path, tmp_path: Path) -> None:
@@ -174,4 +187,3 @@ def test_answer_tuning_trains_on_and_says_so_in_the_card(family: Path, tmp_path:
 def test_tune_without_continue_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["zoo", "build", "--tune", "--smoke", "--out", str(tmp_path), "--data-dir", str(DATA_DIR)]) != 0
     assert "--continue" in capsys.readouterr().err
-

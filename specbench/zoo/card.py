@@ -245,13 +245,16 @@ def heads_section(family_dir: Path) -> list[str]:
     lines = [
         HEADS,
         "",
-        "Trained by `scripts/tiny_heads.sh` (`specbench train ... --compact`) on the family's own corpus split; "
-        "a head must be retrained whenever the target changes. Accuracy: held-out share of positions where the "
-        "head's first guess d tokens past the last target token equals the target's greedy token (the tokens "
-        "in between taken from the text).",
+        "Trained by `scripts/tiny_heads.sh` (`specbench train ... --compact`) on the text the table names: the "
+        "family's own corpus split, or a JSONL file such as the target's own answers to training prompts "
+        "(`specbench regenerate`); a head must be retrained whenever the target changes. Accuracy: held-out "
+        "share of positions where the head's first guess d tokens past the last target token equals the "
+        "target's greedy token (the tokens in between taken from the text). It is measured on the held-out "
+        "part of the head's own training text, so heads trained on different text do not compare by it: the "
+        "target's own answers are easier to predict than the corpus.",
         "",
-        "| head | steps | lr | sequence length | d=1 | d=2 | d=3 | d=4 | d=5 | d=6 | d=7 | d=8 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| head | training text | steps | lr | sequence length | d=1 | d=2 | d=3 | d=4 | d=5 | d=6 | d=7 | d=8 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     found = False
     for kind, label in HEAD_KINDS.items():
@@ -269,10 +272,19 @@ def heads_section(family_dir: Path) -> list[str]:
         elif kind == "medusa":
             shared = ", reading out through the target's lm_head" if cfg.get("medusa_shared_lm_head") else ""
             extra = f", {cfg['medusa_heads']} heads{shared}"
-        lines.append(
-            f"| {label}{extra} | {cfg['steps']:,} | {cfg['lr']:g} | {cfg['seq_len']} | {' | '.join(accuracy)} |"
-        )
+        row = [f"{label}{extra}", _training_text(report), f"{cfg['steps']:,}", f"{cfg['lr']:g}", str(cfg["seq_len"])]
+        lines.append(f"| {' | '.join(row + accuracy)} |")
     return [*lines, ""] if found else []
+
+
+def _training_text(report: dict) -> str:
+    """Where a head's training text came from, from its accuracy.json ("data": a data folder or a file)."""
+    data = report.get("data")
+    tokens = f"{report['train_tokens']:,} tokens" if "train_tokens" in report else ""
+    if data is None:
+        return tokens
+    source = "zoo corpus" if Path(data).suffix == "" else f"`{Path(data).name}`"
+    return f"{source}, {tokens}" if tokens else source
 
 
 def update_heads_section(family_dir: Path) -> Path:
