@@ -29,8 +29,7 @@ class Progress:
             self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(n)
         if self.lines and (self.done >= self.next_line or self.done == self.total):
-            while self.next_line <= self.done:
-                self.next_line += self.every
+            self.next_line = (self.done // self.every + 1) * self.every
             minutes = (time.perf_counter() - self.start) / 60
             extra = f" {self.postfix}" if self.postfix else ""
             self.write(f"{self.desc}: {self.done}/{self.total} {self.unit}{extra} {minutes:.1f} min")

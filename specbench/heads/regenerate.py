@@ -28,13 +28,11 @@ def read_prompts(path: Path, smoke: bool = False) -> list[str]:
         return [c.prompt for c in zoo_corpus(path, smoke).train]
     if path.suffix != ".jsonl" or not path.is_file():
         raise SpecbenchError(f"prompts '{path}' must be a data folder or a .jsonl file")
+    from ..tasks import read_jsonl
+
     prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        turns = row.get("turns") if isinstance(row, dict) else None
-        prompt = row.get("prompt") if isinstance(row, dict) else None
+    for n, row in enumerate(read_jsonl(path), 1):
+        turns, prompt = row.get("turns"), row.get("prompt")
         if isinstance(turns, list) and turns and isinstance(turns[0], str):
             prompt = turns[0]
         if not isinstance(prompt, str):

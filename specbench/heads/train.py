@@ -98,7 +98,8 @@ def _loop(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
-        smooth = loss.item() if smooth is None else 0.9 * smooth + 0.1 * loss.item()  # ~ the last 10 steps
+        value = loss.item()
+        smooth = value if smooth is None else 0.9 * smooth + 0.1 * value  # ~ the last 10 steps
         bar.update(loss=f"{smooth:.3f}")
     bar.close()
 
