@@ -215,6 +215,17 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --continue: answer tuning (loss on answers only, unlikelihood on repeats) against looping",
     )
+    build.add_argument(
+        "--draft-only",
+        action="store_true",
+        help="with --continue: distil the draft again against the saved target, leaving the target as it is",
+    )
+    build.add_argument(
+        "--draft-text",
+        type=Path,
+        help='with --continue: JSONL of "text" lines added to the draft\'s distillation text '
+        "(e.g. the target's own answers from `specbench regenerate`)",
+    )
     build.add_argument("--seed", type=int, default=0)
     card = zoo_sub.add_parser("card", help="rewrite the heads section of the family's model card from its heads")
     card.add_argument("--out", type=Path, help="family folder (default: the package's bundled location)")
@@ -370,10 +381,14 @@ def _zoo(args) -> None:
     if data is None or not data.is_dir():
         raise SpecbenchError("zoo build needs the training text: pass --data-dir (e.g. ../shared/data)")
     out = args.out or TINY_DIR
-    if args.tune and not args.resume:
-        raise SpecbenchError("--tune tunes a trained family: use it with --continue")
+    for flag, given in (("--tune", args.tune), ("--draft-only", args.draft_only), ("--draft-text", args.draft_text)):
+        if given and not args.resume:
+            raise SpecbenchError(f"{flag} works on a trained family: use it with --continue")
+    if args.tune and args.draft_only:
+        raise SpecbenchError("--tune trains the target and --draft-only leaves it as it is: pass one of them")
     if args.resume:
-        print(continue_family(out, data, smoke=args.smoke, seed=args.seed, tune=args.tune))
+        stage = "tune" if args.tune else "draft" if args.draft_only else "target"
+        print(continue_family(out, data, smoke=args.smoke, seed=args.seed, stage=stage, draft_text=args.draft_text))
     else:
         print(build_family(out, data, smoke=args.smoke, seed=args.seed))
 

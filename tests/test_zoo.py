@@ -24,6 +24,8 @@ from .conftest import needs_shared
 
 pytestmark = needs_shared
 
+RECIPE_RUNS = ["target", "target (stage 2)", "target (stage 3, answer tuning)", "draft"]
+
 
 @pytest.fixture(scope="module")
 def family(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -100,6 +102,12 @@ def test_model_card_has_every_section(family: Path) -> None:
     assert list(family.glob("*.png"))
 
 
+def test_full_build_runs_the_target_stages_then_the_draft(family: Path) -> None:
+    assert [g.name for g in read_history(family)] == RECIPE_RUNS
+    card = (family / "MODEL_CARD.md").read_text()
+    assert "whose draft is distilled once, from the final target" in card and "unlikelihood" in card
+
+
 def test_degeneracy_statistics() -> None:
     assert distinct2([1, 2, 1, 2]) == pytest.approx(2 / 3)
     assert repeated4([1, 2, 3, 4, 1, 2, 3, 4]) == pytest.approx(1 / 5)
@@ -129,11 +137,11 @@ def test_continued_build_trains_on_and_extends_the_log(family: Path, tmp_path: P
     before = AutoModelForCausalLM.from_pretrained(copy / "target").state_dict()
     continue_family(copy, DATA_DIR, smoke=True)
     names = [g.name for g in read_history(copy)]
-    assert names == ["target", "draft", "target (stage 2)", "draft (stage 2)"]
+    assert names == [*RECIPE_RUNS, "target (stage 4)", "draft (stage 4)"]
     after = AutoModelForCausalLM.from_pretrained(copy / "target").state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     card = (copy / "MODEL_CARD.md").read_text()
-    assert "target (stage 2)" in card and "zoo build --continue" in card
+    assert "target (stage 4)" in card and "zoo build --continue" in card
     assert "Vicuna-7B-v1.3, math_reasoning (GSM8K)" in card
 
 
@@ -177,7 +185,7 @@ def test_answer_tuning_trains_on_and_says_so_in_the_card(family: Path, tmp_path:
     before = AutoModelForCausalLM.from_pretrained(copy / "target").state_dict()
     main(["zoo", "build", "--continue", "--tune", "--smoke", "--out", str(copy), "--data-dir", str(DATA_DIR)])
     names = [g.name for g in read_history(copy)]
-    assert names[-2:] == ["target (stage 2, answer tuning)", "draft (stage 2)"]
+    assert names[-2:] == ["target (stage 4, answer tuning)", "draft (stage 4)"]
     after = AutoModelForCausalLM.from_pretrained(copy / "target").state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     card = (copy / "MODEL_CARD.md").read_text()
@@ -187,3 +195,45 @@ def test_answer_tuning_trains_on_and_says_so_in_the_card(family: Path, tmp_path:
 def test_tune_without_continue_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["zoo", "build", "--tune", "--smoke", "--out", str(tmp_path), "--data-dir", str(DATA_DIR)]) != 0
     assert "--continue" in capsys.readouterr().err
+
+
+def test_draft_only_stage_leaves_the_target_and_learns_the_extra_text(family: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "family"
+    shutil.copytree(family, copy)
+    answers = tmp_path / "answers.jsonl"
+    texts = [
+        vicuna_prompt([{"role": "user", "content": q}]) + " " + a + "</s>"
+        for q, a in [("2 + 2?", "4."), ("A colour?", "Blue.")]
+    ]
+    answers.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    target_before = (copy / "target" / "model.safetensors").read_bytes()
+    draft_before = AutoModelForCausalLM.from_pretrained(copy / "draft").state_dict()
+    args = ["zoo", "build", "--continue", "--draft-only", "--draft-text", str(answers), "--smoke"]
+    assert main([*args, "--out", str(copy), "--data-dir", str(DATA_DIR)]) == 0
+    assert (copy / "target" / "model.safetensors").read_bytes() == target_before
+    draft_after = AutoModelForCausalLM.from_pretrained(copy / "draft").state_dict()
+    assert any(not torch.equal(draft_before[k], draft_after[k]) for k in draft_before)
+    names = [g.name for g in read_history(copy)]
+    assert names == [*RECIPE_RUNS, "draft (stage 4, draft only, + answers.jsonl)"]
+    card = (copy / "MODEL_CARD.md").read_text()
+    assert "--draft-only" in card and "| draft (stage 4, draft only, + answers.jsonl) |" in card
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--draft-only"], "--continue"),
+        (["--draft-text", "answers.jsonl"], "--continue"),
+        (["--continue", "--tune", "--draft-only"], "one of them"),
+        (["--continue", "--draft-only", "--draft-text", "missing.jsonl"], "not a file"),
+    ],
+)
+def test_bad_stage_flags_are_one_line_errors(
+    family: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    copy = tmp_path / "family"
+    shutil.copytree(family, copy)
+    args = ["zoo", "build", *flags, "--smoke", "--out", str(copy), "--data-dir", str(DATA_DIR)]
+    assert main(args) != 0
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err

@@ -3,13 +3,13 @@ separated by blank lines), or a data folder read by the zoo's corpus builder (th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import SpecbenchError
+from ..tasks import read_jsonl
 
 if TYPE_CHECKING:
     from ..zoo.corpus import Corpus
@@ -30,6 +30,15 @@ def zoo_corpus(path: Path, smoke: bool) -> Corpus:
     )
 
 
+def jsonl_texts(path: Path) -> list[str]:
+    """The "text" field of every record of a JSONL file (what `specbench regenerate` writes)."""
+    records = read_jsonl(path)
+    for n, row in enumerate(records, 1):
+        if not isinstance(row.get("text"), str):
+            raise SpecbenchError(f'{path}: record {n} has no string field "text"; each line needs one')
+    return [row["text"] for row in records]
+
+
 def _documents(path: Path, smoke: bool) -> tuple[list[str], list[str]]:
     """(train, held-out) texts."""
     if path.is_dir():
@@ -38,13 +47,7 @@ def _documents(path: Path, smoke: bool) -> tuple[list[str], list[str]]:
     if not path.is_file():
         raise SpecbenchError(f"training data '{path}' is neither a file nor a folder")
     if path.suffix == ".jsonl":
-        docs = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                row = json.loads(line)
-                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                    raise SpecbenchError(f'{path}:{n}: each JSONL line needs a string field "text"')
-                docs.append(row["text"])
+        docs = jsonl_texts(path)
     else:
         docs = [d.strip() for d in path.read_text(encoding="utf-8").split("\n\n") if d.strip()]
     if len(docs) < 2:

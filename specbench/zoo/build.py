@@ -10,6 +10,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from specbench.errors import SpecbenchError
+from specbench.heads.data import jsonl_texts
 from specbench.progress import Progress
 from specbench.zoo.card import CardData, Model, Sample, write_card
 from specbench.zoo.corpus import Conversation, Corpus, build_corpus
@@ -25,7 +26,16 @@ from specbench.zoo.evaluate import (
 )
 from specbench.zoo.models import draft_from_target, llama_config, new_model, parameter_count
 from specbench.zoo.packing import pack
-from specbench.zoo.plan import CONTINUED, FULL, SMOKE, SMOKE_CONTINUED, SMOKE_TUNED, TUNED, FamilyPlan
+from specbench.zoo.plan import (
+    CONTINUED,
+    DISTILLED,
+    FULL,
+    SMOKE,
+    SMOKE_CONTINUED,
+    SMOKE_TUNED,
+    TUNED,
+    FamilyPlan,
+)
 from specbench.zoo.prompts import GENERAL, gsm8k_test, quick_first_turns
 from specbench.zoo.save import save_model
 from specbench.zoo.tokenizer import train_tokenizer
@@ -70,63 +80,115 @@ def _corpus(data_dir: Path, plan: FamilyPlan, seed: int) -> Corpus:
     return corpus
 
 
+# The full build: the target trained in stages from fresh optimizers (more next-token training, then answer
+# tuning against greedy loops), then the draft distilled from the final target. Each entry is (kind, plan).
+RECIPE = (("target", FULL), ("target", CONTINUED), ("tune", TUNED))
+SMOKE_RECIPE = (("target", SMOKE), ("target", SMOKE_CONTINUED), ("tune", SMOKE_TUNED))
+# `zoo build --continue`: one more stage of a saved family; "draft" leaves the target as it is.
+STAGES = {"target": (CONTINUED, SMOKE_CONTINUED), "tune": (TUNED, SMOKE_TUNED), "draft": (DISTILLED, SMOKE_CONTINUED)}
+
+
 def build_family(out_dir: Path, data_dir: Path, *, smoke: bool = False, seed: int = 0) -> Path:
-    """Train and save the tiny target/draft family into `out_dir`; return the model card's path.
+    """Train and save the tiny target/draft family into `out_dir` by the full recipe; return the card's path.
 
     `smoke` runs the same pipeline in seconds on a corpus sample with toy sizes (for tests).
     """
-    plan = SMOKE if smoke else FULL
+    recipe = SMOKE_RECIPE if smoke else RECIPE
+    plan = recipe[0][1]
     start = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     corpus = _corpus(data_dir, plan, seed)
     tokenizer = train_tokenizer((c.render() for c in corpus.train), plan.vocab_size)
     docs = _tokenized(tokenizer, corpus)
-    train_docs, heldout_rows = docs[0], pack(docs[1], plan.seq_len)
+    heldout_rows = pack(docs[1], plan.seq_len)
     target = new_model(llama_config(plan.target, tokenizer), seed)
-    target_log = train_target(target, train_docs, heldout_rows, plan, seed)
+    logs = [
+        _target_stage(kind, target, tokenizer, corpus, docs[0], heldout_rows, stage_plan, seed, number)
+        for number, (kind, stage_plan) in enumerate(recipe, 1)
+    ]
     draft = draft_from_target(target, plan.draft_layers, seed)
-    draft_log = distill_draft(draft, target, train_docs, heldout_rows, plan, seed)
-    return _finish(
-        out_dir, data_dir, (target, draft, tokenizer), corpus, docs, plan, seed, [target_log, draft_log], start
-    )
+    logs.append(distill_draft(draft, target, docs[0], heldout_rows, plan, seed))
+    last = recipe[-1][1]
+    return _finish(out_dir, data_dir, (target, draft, tokenizer), corpus, docs, last, seed, logs, start)
 
 
 def continue_family(
-    family_dir: Path, data_dir: Path, *, smoke: bool = False, seed: int = 0, tune: bool = False
+    family_dir: Path,
+    data_dir: Path,
+    *,
+    smoke: bool = False,
+    seed: int = 0,
+    stage: str = "target",
+    draft_text: Path | None = None,
 ) -> Path:
-    """Train a saved family further: the target from its weights, then the draft against the new target.
+    """Train a saved family one stage further: the target from its weights, then the draft against it.
 
     The corpus, split and tokenizer are the family's own (same seed); the data order is reshuffled. The
-    runs are appended to the family's training log, and the card is rewritten with all of them. With
-    `tune`, the target stage is answer tuning (answer tokens only, repeat unlikelihood) instead of more
-    next-token training on all text.
+    runs are appended to the family's training log, and the card is rewritten with all of them. `stage`
+    "tune" makes the target run answer tuning (answer tokens only, repeat unlikelihood) instead of more
+    next-token training on all text; "draft" leaves the target as it is and only distils the draft again.
+    `draft_text` (JSONL "text" lines, e.g. the target's own answers) is added to the draft's training text.
     """
-    plan = (SMOKE_TUNED if tune else SMOKE_CONTINUED) if smoke else (TUNED if tune else CONTINUED)
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; one of {', '.join(STAGES)}")
+    plan = STAGES[stage][smoke]
     history = read_history(family_dir)
     if not history:
         raise SpecbenchError(f"{family_dir} has no {HISTORY}: build it first with `specbench zoo build`")
     start = time.perf_counter()
     corpus = _corpus(data_dir, plan, seed)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(family_dir / "target")
+    extra = _draft_docs(tokenizer, draft_text)
     docs = _tokenized(tokenizer, corpus)
-    train_docs, heldout_rows = docs[0], pack(docs[1], plan.seq_len)
+    heldout_rows = pack(docs[1], plan.seq_len)
     target = AutoModelForCausalLM.from_pretrained(family_dir / "target", dtype=torch.float32)
     draft = AutoModelForCausalLM.from_pretrained(family_dir / "draft", dtype=torch.float32)
-    stage = 1 + sum(g.name.startswith("target") for g in history)
-    target_seed = seed + 2 * stage
-    if tune:
+    number = 1 + sum(g.name.startswith("target") or "draft only" in g.name for g in history)
+    logs = [*history]
+    if stage != "draft":
+        logs.append(_target_stage(stage, target, tokenizer, corpus, docs[0], heldout_rows, plan, seed, number))
+    name = f"draft (stage {number}" + (", draft only" if stage == "draft" else "")
+    name += f", + {draft_text.name})" if draft_text else ")"
+    seed_n = seed + 2 * number + 1
+    logs.append(distill_draft(draft, target, docs[0] + extra, heldout_rows, plan, seed_n, name))
+    return _finish(family_dir, data_dir, (target, draft, tokenizer), corpus, docs, plan, seed, logs, start)
+
+
+def _target_stage(
+    kind: str,
+    target: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerFast,
+    corpus: Corpus,
+    train_docs: list[list[int]],
+    heldout_rows: torch.Tensor,
+    plan: FamilyPlan,
+    seed: int,
+    number: int,
+) -> TrainLog:
+    """Train the target for one stage in place: next-token training ("target") or answer tuning ("tune").
+
+    Stage 1 is "target" with the build's seed; later stages reshuffle the data with a seed of their own.
+    """
+    stage_seed = seed if number == 1 else seed + 2 * number
+    if kind == "tune":
         bos = tokenizer.bos_token
         prompts = tokenizer([c.render_prompt(bos) for c in corpus.train], add_special_tokens=False)["input_ids"]
         tags = _answer_tags(prompts, train_docs)
-        name = f"target (stage {stage}, answer tuning)"
-        target_log = tune_target(target, train_docs, tags, prompts, heldout_rows, plan, target_seed, name)
-    else:
-        target_log = train_target(target, train_docs, heldout_rows, plan, target_seed, f"target (stage {stage})")
-    draft_log = distill_draft(
-        draft, target, train_docs, heldout_rows, plan, seed + 2 * stage + 1, f"draft (stage {stage})"
-    )
-    logs = [*history, target_log, draft_log]
-    return _finish(family_dir, data_dir, (target, draft, tokenizer), corpus, docs, plan, seed, logs, start)
+        name = f"target (stage {number}, answer tuning)"
+        return tune_target(target, train_docs, tags, prompts, heldout_rows, plan, stage_seed, name)
+    name = "target" if number == 1 else f"target (stage {number})"
+    return train_target(target, train_docs, heldout_rows, plan, stage_seed, name)
+
+
+def _draft_docs(tokenizer: PreTrainedTokenizerFast, path: Path | None) -> list[list[int]]:
+    """Token ids of extra draft training text, BOS added as `specbench regenerate` leaves it to the tokenizer."""
+    if path is None:
+        return []
+    if not path.is_file():
+        raise SpecbenchError(f"--draft-text '{path}' is not a file: pass a JSONL of \"text\" lines")
+    docs = tokenizer(jsonl_texts(path), add_special_tokens=True, verbose=False)["input_ids"]
+    tqdm.write(f"draft text: {len(docs)} documents, {sum(map(len, docs))} tokens from {path}")
+    return docs
 
 
 def _answer_tags(prompts: list[list[int]], docs: list[list[int]]) -> list[list[int]]:

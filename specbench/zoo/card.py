@@ -87,17 +87,32 @@ def _quote(text: str) -> str:
 
 
 def _continued(data: CardData) -> list[str]:
-    """The paragraph on continued training, when the weights come from more than one build step."""
+    """The paragraph on training stages, when the weights come from more than one target or draft run."""
     if len(data.logs) <= 2:
         return []
     return [
         "",
-        "The runs named `(stage N)` continued from the saved weights of the runs above them "
-        "(`specbench zoo build --continue`): a fresh optimizer, the same corpus, split and tokenizer, a data "
-        "order reshuffled per stage, and the same schedule shape; the draft is distilled again against the "
-        "continued target. Curves of runs recorded before the training log kept them are not plotted.",
+        "The runs named `(stage N)` continued from the weights of the runs above them, within one "
+        "`specbench zoo build` (whose draft is distilled once, from the final target) or by "
+        "`specbench zoo build --continue` (which distils the draft again after its target stage): a fresh "
+        "optimizer, the same corpus, split and tokenizer, a data order reshuffled per stage, and the same "
+        "schedule shape. Curves of runs recorded before the training log kept them are not plotted.",
         "",
+        *_redistilled(data),
         *_tuned(data),
+    ]
+
+
+def _redistilled(data: CardData) -> list[str]:
+    """The sentence on draft-only runs and extra draft text, when a run had either."""
+    if not any("draft only" in g.name or ", + " in g.name for g in data.logs):
+        return []
+    return [
+        "A `draft only` run (`specbench zoo build --continue --draft-only`) distils the draft again, from its "
+        "weights, against the unchanged target. `+ FILE` in a draft run's name means its distillation text "
+        "was the corpus plus that JSONL (`--draft-text`, such as the target's own greedy answers to training "
+        "prompts written by `specbench regenerate`), shuffled together.",
+        "",
     ]
 
 
