@@ -3,10 +3,10 @@
 # Medusa), the heads in the compact storage the package ships (float16, no copy of the target's embedding,
 # Medusa reading out through the target's lm_head). First the target's own greedy answers to the first 4,000
 # training prompts are written (`specbench regenerate`, ~23 min; REGENERATED=FILE reuses answers of the
-# same target). The draft is distilled again on the corpus plus those answers (~16 min: on the quick
+# same target). The draft is distilled again on the corpus plus those answers (~16 min: on the
 # spec_bench subset sps's tau went from 2.05 to 3.24), the EAGLE-3 head learns from them as in its paper
-# (~42 min; its 7-step training-time test makes a step ~3.5x dearer), EAGLE-1/2 (~9 min) and Medusa from
-# the corpus. About 1.7 hours on a 2-core CPU; the data folder defaults to ../shared/data.
+# (~42 min; its 7-step training-time test makes a step ~3.5x dearer), EAGLE-1/2 (~9 min) and Medusa
+# (~15 min) from the corpus. About 1.8 hours on a 2-core CPU; the data folder defaults to ../shared/data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data="${1:-${SPECBENCH_DATA_DIR:-../shared/data}}"
