@@ -24,7 +24,7 @@ from .conftest import needs_shared
 
 pytestmark = needs_shared
 
-RECIPE_RUNS = ["target", "target (stage 2)", "target (stage 3, answer tuning)", "draft"]
+RECIPE_RUNS = ["target", "target (stage 2)", "target (stage 3, answer tuning)", "draft (+ 3 target answers)"]
 
 
 @pytest.fixture(scope="module")
@@ -217,6 +217,7 @@ def test_draft_only_stage_leaves_the_target_and_learns_the_extra_text(family: Pa
     assert names == [*RECIPE_RUNS, "draft (stage 4, draft only, + answers.jsonl)"]
     card = (copy / "MODEL_CARD.md").read_text()
     assert "--draft-only" in card and "| draft (stage 4, draft only, + answers.jsonl) |" in card
+    assert "Token level (weight 1)" in card  # the tuning run's weights, not the last (draft) run's
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,7 @@ class CardData:
     cache_len: int
     samples: list[Sample]
     degeneracy: list[Degeneracy]  # the target's answers by prompt group, then reference models' answers
+    tuning: FamilyPlan  # the plan answer-tuning runs use, whatever the last run's plan was
     build_seconds: float
 
 
@@ -93,7 +94,8 @@ def _continued(data: CardData) -> list[str]:
     return [
         "",
         "The runs named `(stage N)` continued from the weights of the runs above them, within one "
-        "`specbench zoo build` (whose draft is distilled once, from the final target) or by "
+        "`specbench zoo build` (whose draft is distilled once, from the final target, on the corpus plus "
+        "the final target's greedy answers to the first training prompts: `+ N target answers`) or by "
         "`specbench zoo build --continue` (which distils the draft again after its target stage): a fresh "
         "optimizer, the same corpus, split and tokenizer, a data order reshuffled per stage, and the same "
         "schedule shape. Curves of runs recorded before the training log kept them are not plotted.",
@@ -120,7 +122,7 @@ def _tuned(data: CardData) -> list[str]:
     """The paragraph on answer tuning, when a run did it."""
     if not any("answer tuning" in g.name for g in data.logs):
         return []
-    p = data.plan
+    p = data.tuning
     return [
         "Runs marked `answer tuning` (`specbench zoo build --continue --tune`) train the target on answer "
         "tokens only, with the two unlikelihood terms of Welleck et al. (2019). Token level (weight "

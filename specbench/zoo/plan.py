@@ -44,13 +44,17 @@ class FamilyPlan:
     continuation_batch: int = 8  # ... greedy continuations per step for the sequence-level term
     continuation_tokens: int = 64  # ... their length
     continuation_prompt_tokens: int = 256  # ... of training prompts at most this long, left-padded to it
+    draft_answers: int = 0  # full build: training prompts the final target answers greedily for the draft's text
+    answer_tokens: int = 256  # ... each answer at most this long
 
 
 # Sized on a 2-core Xeon (AMX) with bf16 autocast, measured: a target step (4 x 1024 tokens) takes about
 # 1.9 s and a draft step (target forward + draft step) about 0.9 s when the cores are not shared. On the
 # 2-core AMD EPYC the bundled family was built on, a target step takes ~2.75 s and the 56-minute cap bites
 # (1,222 of 1,700 steps). The full build (`build.RECIPE`) runs this target stage, then CONTINUED's and
-# TUNED's target stages, then this plan's draft: its caps add up to 56 + 30 + 20 + 13 = 119 minutes.
+# TUNED's target stages, then the final target's greedy answers to 1,500 training prompts (about 9 minutes:
+# 4,000 took 22.9), then this plan's draft on the corpus plus those answers. The caps and the answers add up
+# to 56 + 30 + 20 + 9 + 13 = 128 minutes; the tuning stage and the draft end before their caps (18 + 10).
 FULL = FamilyPlan(
     per_source_limit=None,
     heldout_frac=0.02,
@@ -72,6 +76,7 @@ FULL = FamilyPlan(
     timing_repeats=50,
     gen_new_tokens=128,
     gsm8k_prompts=4,
+    draft_answers=1500,
 )
 
 SMOKE = FamilyPlan(
@@ -95,6 +100,8 @@ SMOKE = FamilyPlan(
     timing_repeats=3,
     gen_new_tokens=8,
     gsm8k_prompts=1,
+    draft_answers=3,
+    answer_tokens=6,
 )
 
 # Stage 2 of the full build, or `zoo build --continue`: more training of the target from its weights with a
