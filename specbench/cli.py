@@ -229,6 +229,14 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--seed", type=int, default=0)
     card = zoo_sub.add_parser("card", help="rewrite the heads section of the family's model card from its heads")
     card.add_argument("--out", type=Path, help="family folder (default: the package's bundled location)")
+    card.add_argument(
+        "--measure",
+        action="store_true",
+        help="measure the saved models again (loss, decode time, greedy answers) and rewrite the whole card",
+    )
+    card.add_argument("--data-dir", type=Path, help="with --measure: the family's training data folder")
+    card.add_argument("--smoke", action="store_true", help="with --measure: the family was built with --smoke")
+    card.add_argument("--seed", type=int, default=0, help="with --measure: the seed the family was built with")
     return top
 
 
@@ -370,17 +378,20 @@ def _regenerate(args) -> None:
 
 def _zoo(args) -> None:
     from .tasks import data_dir
-    from .zoo import TINY_DIR, build_family, continue_family
+    from .zoo import TINY_DIR, build_family, continue_family, measure_family
     from .zoo.card import update_heads_section
 
-    if args.zoo_command == "card":
-        print(update_heads_section(args.out or TINY_DIR))
+    out = args.out or TINY_DIR
+    if args.zoo_command == "card" and not args.measure:
+        print(update_heads_section(out))
         return
-
     data = data_dir(args.data_dir)
     if data is None or not data.is_dir():
-        raise SpecbenchError("zoo build needs the training text: pass --data-dir (e.g. ../shared/data)")
-    out = args.out or TINY_DIR
+        what = "zoo card --measure" if args.zoo_command == "card" else "zoo build"
+        raise SpecbenchError(f"{what} needs the training text: pass --data-dir (e.g. ../shared/data)")
+    if args.zoo_command == "card":
+        print(measure_family(out, data, smoke=args.smoke, seed=args.seed))
+        return
     for flag, given in (("--tune", args.tune), ("--draft-only", args.draft_only), ("--draft-text", args.draft_text)):
         if given and not args.resume:
             raise SpecbenchError(f"{flag} works on a trained family: use it with --continue")

@@ -17,7 +17,8 @@ from specbench.zoo import build_family, continue_family
 from specbench.zoo.corpus import build_corpus
 from specbench.zoo.evaluate import distinct2, repeated4
 from specbench.zoo.plan import FULL
-from specbench.zoo.train import read_history
+from specbench.zoo.prompts import spec_bench_first_turns
+from specbench.zoo.train import HISTORY, read_history
 
 from .conftest import SHARED_DATA as DATA_DIR
 from .conftest import needs_shared
@@ -100,6 +101,15 @@ def test_model_card_has_every_section(family: Path) -> None:
     for section in ("## Corpus", "## Models", "## Training", "## Greedy samples"):
         assert section in card
     assert list(family.glob("*.png"))
+    assert "| tiny target, Spec-Bench first turns (1 per subtask) | 6 |" in card
+    assert "| tiny target, Spec-Bench mt_bench | 1 |" in card
+
+
+def test_spec_bench_prompts_are_optional_and_by_subtask(tmp_path: Path) -> None:
+    assert spec_bench_first_turns(tmp_path, 3) == {}
+    by_subtask = spec_bench_first_turns(DATA_DIR, 2)
+    assert sorted(by_subtask) == ["math_reasoning", "mt_bench", "qa", "rag", "summarization", "translation"]
+    assert all(len(prompts) == 2 for prompts in by_subtask.values())
 
 
 def test_full_build_runs_the_target_stages_then_the_draft(family: Path) -> None:
@@ -192,11 +202,6 @@ def test_answer_tuning_trains_on_and_says_so_in_the_card(family: Path, tmp_path:
     assert "unlikelihood" in card and "--tune" in card
 
 
-def test_tune_without_continue_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["zoo", "build", "--tune", "--smoke", "--out", str(tmp_path), "--data-dir", str(DATA_DIR)]) != 0
-    assert "--continue" in capsys.readouterr().err
-
-
 def test_draft_only_stage_leaves_the_target_and_learns_the_extra_text(family: Path, tmp_path: Path) -> None:
     copy = tmp_path / "family"
     shutil.copytree(family, copy)
@@ -223,6 +228,7 @@ def test_draft_only_stage_leaves_the_target_and_learns_the_extra_text(family: Pa
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
+        (["--tune"], "--continue"),
         (["--draft-only"], "--continue"),
         (["--draft-text", "answers.jsonl"], "--continue"),
         (["--continue", "--tune", "--draft-only"], "one of them"),
@@ -238,3 +244,23 @@ def test_bad_stage_flags_are_one_line_errors(
     assert main(args) != 0
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_card_measure_rewrites_the_card_and_trains_nothing(family: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "family"
+    shutil.copytree(family, copy)
+    weights = {name: (copy / name / "model.safetensors").read_bytes() for name in ("target", "draft")}
+    history = (copy / HISTORY).read_text()
+    card = copy / "MODEL_CARD.md"
+    card.write_text(card.read_text().replace("Spec-Bench first turns", "an older card"))
+    assert main(["zoo", "card", "--measure", "--smoke", "--out", str(copy), "--data-dir", str(DATA_DIR)]) == 0
+    assert {name: (copy / name / "model.safetensors").read_bytes() for name in weights} == weights
+    assert (copy / HISTORY).read_text() == history
+    text = card.read_text()
+    assert "Spec-Bench first turns" in text and "without training (`specbench zoo card --measure`)" in text
+
+
+def test_card_measure_needs_a_trained_family(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["zoo", "card", "--measure", "--smoke", "--out", str(tmp_path), "--data-dir", str(DATA_DIR)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "build it first" in err and "\n" not in err

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from specbench.zoo.build import build_family, continue_family
+from specbench.zoo.build import build_family, continue_family, measure_family
 
 TINY_DIR = Path(__file__).parent / "tiny"
 
-__all__ = ["TINY_DIR", "build_family", "continue_family"]
+__all__ = ["TINY_DIR", "build_family", "continue_family", "measure_family"]

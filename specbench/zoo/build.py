@@ -16,6 +16,7 @@ from specbench.progress import Progress
 from specbench.zoo.card import CardData, Model, Sample, write_card
 from specbench.zoo.corpus import Conversation, Corpus, build_corpus
 from specbench.zoo.evaluate import (
+    Degeneracy,
     agreement,
     decode_ms,
     degeneracy,
@@ -37,7 +38,7 @@ from specbench.zoo.plan import (
     TUNED,
     FamilyPlan,
 )
-from specbench.zoo.prompts import GENERAL, gsm8k_test, quick_first_turns
+from specbench.zoo.prompts import GENERAL, gsm8k_test, quick_first_turns, spec_bench_first_turns
 from specbench.zoo.save import save_model
 from specbench.zoo.tokenizer import train_tokenizer
 from specbench.zoo.train import (
@@ -151,9 +152,7 @@ def continue_family(
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; one of {', '.join(STAGES)}")
     plan = STAGES[stage][smoke]
-    history = read_history(family_dir)
-    if not history:
-        raise SpecbenchError(f"{family_dir} has no {HISTORY}: build it first with `specbench zoo build`")
+    history = _history(family_dir)
     start = time.perf_counter()
     corpus = _corpus(data_dir, plan, seed)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(family_dir / "target")
@@ -172,6 +171,25 @@ def continue_family(
     logs.append(distill_draft(draft, target, docs[0] + extra, heldout_rows, plan, seed_n, name))
     plans = (plan, STAGES["tune"][smoke])
     return _finish(family_dir, data_dir, (target, draft, tokenizer), corpus, docs, plans, seed, logs, start)
+
+
+def measure_family(family_dir: Path, data_dir: Path, *, smoke: bool = False, seed: int = 0) -> Path:
+    """Measure a saved family again and rewrite its card, training nothing (for a card that gained a
+    measurement since the family was trained). The heads section is kept."""
+    history = _history(family_dir)
+    plan = STAGES["draft"][smoke]
+    corpus = _corpus(data_dir, plan, seed)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(family_dir / "target")
+    docs = _tokenized(tokenizer, corpus)
+    plans = (plan, STAGES["tune"][smoke])
+    return _measure(family_dir, data_dir, tokenizer, (corpus, docs), plans, seed, history, None)
+
+
+def _history(family_dir: Path) -> list[TrainLog]:
+    history = read_history(family_dir)
+    if not history:
+        raise SpecbenchError(f"{family_dir} has no {HISTORY}: build it first with `specbench zoo build`")
+    return history
 
 
 def _target_stage(
@@ -243,36 +261,48 @@ def _finish(
     logs: list[TrainLog],
     start: float,
 ) -> Path:
-    """Save both models and the training log, measure them as shipped, write the model card.
-
-    `plans` are the last run's plan (sizes, evaluation budgets) and the answer-tuning plan the card describes.
-    """
-    plan, tuning = plans
+    """Save both models and the training log, then measure them as shipped and write the model card."""
     target, draft, tokenizer = models
     save_model(target, tokenizer, out_dir / "target")
     save_model(draft, tokenizer, out_dir / "draft")
     write_history(out_dir, logs)
+    return _measure(out_dir, data_dir, tokenizer, (corpus, docs), plans, seed, logs, start)
+
+
+def _measure(
+    out_dir: Path,
+    data_dir: Path,
+    tokenizer: PreTrainedTokenizerFast,
+    data: tuple[Corpus, tuple[list[list[int]], list[list[int]]]],
+    plans: tuple[FamilyPlan, FamilyPlan],
+    seed: int,
+    logs: list[TrainLog],
+    start: float | None,
+) -> Path:
+    """Measure the saved models as shipped and write the card (`start` None: nothing was trained).
+
+    `plans` are the last run's plan (sizes, evaluation budgets) and the answer-tuning plan the card describes.
+    """
+    plan, tuning = plans
+    corpus, docs = data
     train_docs, heldout_docs = docs
     rows = pack(heldout_docs, plan.seq_len)[: plan.card_eval_seqs]
     target_card, target = _describe("target", out_dir / "target", rows, plan)
     draft_card, draft = _describe("draft", out_dir / "draft", rows, plan)
     gsm8k, others = gsm8k_test(data_dir, plan.gsm8k_prompts), quick_first_turns() + GENERAL
     samples, answers = [], []
-    bar = Progress(len(gsm8k + others), "greedy samples", "prompts")
-    for prompt in gsm8k + others:
-        ids = greedy_answer(target, tokenizer, prompt, plan.gen_new_tokens)
+    for prompt, ids in zip(gsm8k + others, _greedy(target, tokenizer, gsm8k + others, plan), strict=True):
         text = tokenizer.decode(ids, skip_special_tokens=True)
         samples.append(Sample(prompt, text, len(ids), distinct2(ids), repeated4(ids)))
         answers.append(ids)
-        bar.update()
-    bar.close()
     stats = [
         degeneracy("tiny target, GSM8K test questions", answers[: len(gsm8k)]),
         degeneracy("tiny target, `quick` task and card prompts", answers[len(gsm8k) :]),
         degeneracy("tiny target, all of the above", answers),
+        *_spec_bench_degeneracy(target, tokenizer, data_dir, plan),
         *vicuna_reference(data_dir, tokenizer, plan.gen_new_tokens),
     ]
-    data = CardData(
+    card = CardData(
         seed=seed,
         plan=plan,
         manifest=corpus.manifest,
@@ -289,6 +319,38 @@ def _finish(
         samples=samples,
         degeneracy=stats,
         tuning=tuning,
-        build_seconds=time.perf_counter() - start,
+        build_seconds=None if start is None else time.perf_counter() - start,
     )
-    return write_card(out_dir, data)
+    return write_card(out_dir, card)
+
+
+def _greedy(
+    target: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, prompts: list[str], plan: FamilyPlan
+) -> list[list[int]]:
+    """The target's greedy answers (token ids, at most `plan.gen_new_tokens`) to single-turn prompts."""
+    bar = Progress(len(prompts), "greedy answers", "prompts")
+    answers = []
+    for prompt in prompts:
+        answers.append(greedy_answer(target, tokenizer, prompt, plan.gen_new_tokens))
+        bar.update()
+    bar.close()
+    return answers
+
+
+def _spec_bench_degeneracy(
+    target: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, data_dir: Path, plan: FamilyPlan
+) -> list[Degeneracy]:
+    """Degeneracy of the target's greedy answers to the benchmark's own prompts: all, then by subtask.
+
+    The card's prompts are the ones answer tuning was judged on; Spec-Bench's writing and QA prompts loop
+    more, and those loops flatter prompt lookup in every report on them.
+    """
+    by_subtask = spec_bench_first_turns(data_dir, plan.spec_bench_prompts)
+    prompts = [p for group in by_subtask.values() for p in group]
+    if not prompts:
+        return []
+    answers = iter(_greedy(target, tokenizer, prompts, plan))
+    grouped = {name: [next(answers) for _ in group] for name, group in by_subtask.items()}
+    per = plan.spec_bench_prompts
+    rows = [degeneracy(f"tiny target, Spec-Bench first turns ({per} per subtask)", sum(grouped.values(), []))]
+    return rows + [degeneracy(f"tiny target, Spec-Bench {name}", ids) for name, ids in grouped.items()]

@@ -60,7 +60,7 @@ class CardData:
     samples: list[Sample]
     degeneracy: list[Degeneracy]  # the target's answers by prompt group, then reference models' answers
     tuning: FamilyPlan  # the plan answer-tuning runs use, whatever the last run's plan was
-    build_seconds: float
+    build_seconds: float | None  # the last build command's, None when the card was measured without training
 
 
 def plot_losses(logs: list[TrainLog], path: Path) -> Path:
@@ -136,6 +136,12 @@ def _tuned(data: CardData) -> list[str]:
         "table below measures the result.",
         "",
     ]
+
+
+def _last_step(data: CardData) -> str:
+    if data.build_seconds is None:
+        return "This card was measured again from the saved models, without training (`specbench zoo card --measure`)"
+    return f"Last build step (corpus, tokenizer, training, evaluation, card): {data.build_seconds / 60:.1f} minutes"
 
 
 def write_card(out_dir: Path, data: CardData) -> Path:
@@ -216,8 +222,7 @@ def write_card(out_dir: Path, data: CardData) -> Path:
     ]
     lines += [
         "",
-        f"Last build step (corpus, tokenizer, training, evaluation, card): {data.build_seconds / 60:.1f} minutes; "
-        f"all training runs together: {sum(g.seconds for g in data.logs) / 60:.1f} minutes.",
+        f"{_last_step(data)}; all training runs together: {sum(g.seconds for g in data.logs) / 60:.1f} minutes.",
         "",
         f"![loss curves]({LOSS_PNG})",
         "",
@@ -229,8 +234,11 @@ def write_card(out_dir: Path, data: CardData) -> Path:
         "",
     ]
     lines += [
-        f"Means over answers (each cut to {p.gen_new_tokens} tokens of this tokenizer). The Vicuna-7B rows are "
-        "that model's own greedy Spec-Bench answers (shared data), a reference for a target that does not loop.",
+        f"Means over answers (each cut to {p.gen_new_tokens} tokens of this tokenizer). The Spec-Bench rows are "
+        f"the tiny target's greedy answers to the first turn of the first {p.spec_bench_prompts} questions of "
+        "each subtask, the prompts the benchmark runs on (never trained on; samples not shown). The Vicuna-7B "
+        "rows are that model's own greedy Spec-Bench answers (shared data), a reference for a target that does "
+        "not loop.",
         "",
         "| answers | n | distinct-2 | repeated-4 |",
         "|---|---:|---:|---:|",
