@@ -51,11 +51,12 @@ class FamilyPlan:
 
 # Sized on a 2-core Xeon (AMX) with bf16 autocast, measured: a target step (4 x 1024 tokens) takes about
 # 1.9 s and a draft step (target forward + draft step) about 0.9 s when the cores are not shared. On the
-# 2-core AMD EPYC the bundled family was built on, a target step takes ~2.75 s and the 56-minute cap bites
-# (1,222 of 1,700 steps). The full build (`build.RECIPE`) runs this target stage, then CONTINUED's and
-# TUNED's target stages, then the final target's greedy answers to 1,500 training prompts (about 9 minutes:
-# 4,000 took 22.9), then this plan's draft on the corpus plus those answers. The caps and the answers add up
-# to 56 + 30 + 20 + 9 + 13 = 128 minutes; the tuning stage and the draft end before their caps (18 + 10).
+# 2-core AMD EPYC the bundled family was built on, a target step took ~2.75 s and the 56-minute cap bit (1,222
+# of 1,700 steps); on 2026-11-23 the same box ran 1.78 s steps. The full build (`build.RECIPE`) runs this
+# target stage, then CONTINUED's and TUNED's, then the final target's greedy answers to 1,500 training
+# prompts, then this plan's draft on the corpus plus those answers. Caps: 56 + 30 + 20 + 13 = 119 minutes;
+# measured end to end on the EPYC: 116 minutes (50.5 + 27.0 + 17.0 of training, ~6 of answers, 13.0 of draft
+# at its cap, the rest corpus, tokenizer and card).
 FULL = FamilyPlan(
     per_source_limit=None,
     heldout_frac=0.02,
