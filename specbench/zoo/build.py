@@ -290,11 +290,11 @@ def _measure(
     target_card, target = _describe("target", out_dir / "target", rows, plan)
     draft_card, draft = _describe("draft", out_dir / "draft", rows, plan)
     gsm8k, others = gsm8k_test(data_dir, plan.gsm8k_prompts), quick_first_turns() + GENERAL
-    samples, answers = [], []
-    for prompt, ids in zip(gsm8k + others, _greedy(target, tokenizer, gsm8k + others, plan), strict=True):
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        samples.append(Sample(prompt, text, len(ids), distinct2(ids), repeated4(ids)))
-        answers.append(ids)
+    answers = _greedy(target, tokenizer, gsm8k + others, plan)
+    samples = [
+        Sample(prompt, tokenizer.decode(ids, skip_special_tokens=True), len(ids), distinct2(ids), repeated4(ids))
+        for prompt, ids in zip(gsm8k + others, answers, strict=True)
+    ]
     stats = [
         degeneracy("tiny target, GSM8K test questions", answers[: len(gsm8k)]),
         degeneracy("tiny target, `quick` task and card prompts", answers[len(gsm8k) :]),

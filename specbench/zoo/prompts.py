@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SPEC_BENCH_QUESTIONS = "spec_bench/question.jsonl"
-
 GENERAL = [
     "Translate German to English: Der Zug nach Berlin hat heute eine Stunde Verspätung.",
     "Summarize: The city council voted on Tuesday to turn the old railway station into a public library. "
@@ -34,9 +32,10 @@ def quick_first_turns() -> list[str]:
 def spec_bench_first_turns(data_dir: Path, per_subtask: int) -> dict[str, list[str]]:
     """First turns of the first `per_subtask` Spec-Bench questions of each subtask, by subtask (the corpus
     never contains them: they are only evaluated). Empty when `data_dir` lacks Spec-Bench's question file."""
+    from specbench import presets
     from specbench.tasks import limit_per_category, load
 
-    if not (data_dir / SPEC_BENCH_QUESTIONS).is_file():
+    if not (data_dir / presets.load("tasks", "spec_bench")["source"]["file"]).is_file():
         return {}
     by_subtask: dict[str, list[str]] = {}
     for q in limit_per_category(load("spec_bench", data_dir).questions, per_subtask):
