@@ -70,7 +70,7 @@ def decode(
     while len(gen.tokens) < budget:
         remaining = budget - len(gen.tokens)
         t0 = _clock(device)
-        proposal = proposer.propose(tokens).pruned(remaining - 1)
+        proposal = proposer.propose(tokens, remaining - 1).pruned(remaining - 1)
         t1 = _clock(device)
         past = target.cached
         tree, side = proposal.tree, proposal.side

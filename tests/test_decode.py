@@ -58,6 +58,18 @@ def test_stop_token_and_budget_cut_the_last_step(pair):
     assert gen.tokens == full[:7] and sum(gen.accept_lengths) == 7
 
 
+def test_draft_stops_at_the_token_budget(pair, monkeypatch):
+    """With 2 tokens left the draft drafts 1: the root's token plus 1 drafted fill the budget."""
+    target, _ = pair
+    proposer = DraftModel(target, 4)
+    calls = []
+    forward = proposer.draft.forward
+    monkeypatch.setattr(proposer.draft, "forward", lambda ids: calls.append(len(ids)) or forward(ids))
+    gen = greedy_tokens(target, proposer, PROMPTS[0], n=7)
+    assert gen.accept_lengths == [5, 2] and [s.tested for s in gen.steps] == [4, 1]
+    assert len(calls) == 4 + 1
+
+
 def test_tree_commit_keeps_non_contiguous_rows(pair):
     """Verify a tree whose accepted path skips rows; later logits must equal a fresh forward's."""
     target, _ = pair

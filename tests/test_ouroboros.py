@@ -79,7 +79,7 @@ def test_draft_probs_are_the_draft_law_then_point_masses(small_vocab):
     target, draft, prompt = small_vocab
     proposer = Ouroboros(draft, 2, ngram_size=3, window_size=2, guess_set_size=2, topk=2, pool_from_prompt=True)
     proposer.start(prompt, 1.0, torch.Generator().manual_seed(0))
-    proposal = proposer.propose(prompt)
+    proposal = proposer.propose(prompt, 2)
     tree, q = proposal.tree, proposal.draft_probs
     assert q.shape == (len(tree), 8)
     kinds = []

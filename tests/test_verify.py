@@ -24,8 +24,8 @@ def small_vocab():
 class UniformClaimDraft(DraftModel):
     """A deliberately wrong sampler: drafts from its model but reports uniform draft probabilities."""
 
-    def propose(self, tokens):
-        proposal = super().propose(tokens)
+    def propose(self, tokens, max_depth):
+        proposal = super().propose(tokens, max_depth)
         n, vocab = len(proposal.tree), self.draft.model.config.vocab_size
         return Proposal(proposal.tree, torch.full((n, vocab), 1.0 / vocab))
 

@@ -43,7 +43,9 @@ class Proposer:
     """A method: proposes a token tree each step and learns what the target accepted.
 
     `tokens` passed to propose/update is the committed sequence (prompt and generated tokens); its last
-    element is the root of the next verification, not yet in the target's cache.
+    element is the root of the next verification, not yet in the target's cache. `max_depth` passed to propose
+    is how many tokens past the root the token budget can still take: the loop prunes deeper nodes, so a
+    method that drafts token by token stops there instead of wasting the work.
     """
 
     name = "base"
@@ -66,7 +68,7 @@ class Proposer:
     def begin(self, prompt: list[int], features: torch.Tensor | None) -> None:
         """Reset the method's own per-turn state (draft cache, pools) for a new prompt."""
 
-    def propose(self, tokens: list[int]) -> Proposal:
+    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
         return NO_PROPOSAL
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:

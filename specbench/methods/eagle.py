@@ -138,14 +138,15 @@ class Eagle(Proposer):
         self.root = out[-1] if past + n == len(tokens) - 1 else None
 
     @torch.inference_mode()
-    def propose(self, tokens: list[int]) -> Proposal:
-        if self.root is None:
+    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
+        depths = min(self.expansion.max_depth, max_depth)
+        if self.root is None or depths < 1:
             return NO_PROPOSAL
         past = self.cache.get_seq_length()
         found = Candidates()
         hidden = {-1: self.root}  # node -> the head's output at its position
         frontier, fed = [-1], []
-        for depth in range(1, self.expansion.max_depth + 1):
+        for depth in range(1, depths + 1):
             logits = self.lm_head(torch.stack([hidden[f] for f in frontier]))  # [F, V']
             top = torch.log_softmax(logits.float(), dim=-1).topk(min(self.expansion.branch, logits.shape[-1]))
             ids = top.indices if self.target_ids is None else self.target_ids(top.indices)  # [F, k]
@@ -155,7 +156,7 @@ class Eagle(Proposer):
                 for rank, (logp, token) in enumerate(zip(logps, toks, strict=True))
                 if self.expansion.admits(found.path(parent, rank))
             ]
-            frontier = self.expansion.grow(level, found) if depth < self.expansion.max_depth else []
+            frontier = self.expansion.grow(level, found) if depth < depths else []
             if not frontier:
                 break
             hidden.update(zip(frontier, self._feed(frontier, found, hidden, fed, past + depth - 1), strict=True))

@@ -40,7 +40,7 @@ class Lookahead(Proposer):
             self.pool.add_sequence(prompt)
         self.window.reset(prompt)
 
-    def propose(self, tokens: list[int]) -> Proposal:
+    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
         tree = trie(self.pool.candidates(tokens[-1], self.guess_set_size))
         return Proposal(tree, side=self.window.side(len(tree)))
 

@@ -58,7 +58,7 @@ class Medusa(Proposer):
         self.hidden = features[-1] if features is not None and len(features) else None
 
     @torch.inference_mode()
-    def propose(self, tokens: list[int]) -> Proposal:
+    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
         if self.hidden is None:
             return NO_PROPOSAL
         logits = self.heads(self.hidden.to(self.lm_head.weight.dtype), self.lm_head)[: self.depth]  # [depth, V]

@@ -49,14 +49,15 @@ class Ouroboros(Proposer):
         self.verified = len(prompt)  # tokens the pool has learned from
         self.draft.prefill(prompt)
 
-    def propose(self, tokens: list[int]) -> Proposal:
-        if len(tokens) + self.gamma + self.drafter.reach > self.draft.context_length:
+    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
+        gamma = min(self.gamma, max_depth)
+        if gamma < 1 or len(tokens) + gamma + self.drafter.reach > self.draft.context_length:
             return NO_PROPOSAL
         if self.draft.cached < len(tokens) - 1:
             self.draft.forward(tokens[self.draft.cached : -1])
         drafted: list[int] = []
         q_rows: list[torch.Tensor] = []
-        while len(drafted) < self.gamma:
+        while len(drafted) < gamma:
             new, q = self._draft_step([*tokens, *drafted])
             drafted.extend(new)
             q_rows.extend(q)
@@ -73,7 +74,7 @@ class Ouroboros(Proposer):
     def _draft_step(self, seq: list[int]) -> tuple[list[int], list[torch.Tensor]]:
         """One draft forward over its own lookahead proposal after seq[-1]: the tokens it keeps (at least one)
         and, when sampling, the draft distribution each was drawn from (q [V] per token)."""
-        proposal = self.drafter.propose(seq)
+        proposal = self.drafter.propose(seq, self.drafter.reach)
         tree, side = proposal.tree, proposal.side
         past = self.draft.cached
         out = self.draft.run([seq[-1], *tree.tokens, *side.tokens], tree, side=side)

@@ -30,6 +30,6 @@ class PromptLookup(Proposer):
         self.max_ngram_size = max_ngram_size
         self.num_pred_tokens = num_pred_tokens
 
-    def propose(self, tokens: list[int]) -> Proposal:
+    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
         draft = find_continuation(tokens, self.max_ngram_size, self.num_pred_tokens)
         return Proposal(chain(draft)) if draft else NO_PROPOSAL

@@ -22,20 +22,21 @@ class DraftModel(Proposer):
     def begin(self, prompt: list[int], features: torch.Tensor | None) -> None:
         self.draft.prefill(prompt)
 
-    def propose(self, tokens: list[int]) -> Proposal:
-        if len(tokens) + self.k > self.draft.context_length:
+    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
+        k = min(self.k, max_depth)
+        if k < 1 or len(tokens) + k > self.draft.context_length:
             return NO_PROPOSAL
         logits = self.draft.forward(tokens[self.draft.cached :])[-1]
         drafted: list[int] = []
         rows: list[torch.Tensor] = []
-        for i in range(self.k):
+        for i in range(k):
             if self.temperature == 0:
                 drafted.append(int(logits.argmax()))
             else:
                 q = probabilities(logits, self.temperature)
                 rows.append(q)
                 drafted.append(sample(q, self.generator))
-            if i < self.k - 1:
+            if i < k - 1:
                 logits = self.draft.forward(drafted[-1:])[-1]
         return Proposal(chain(drafted), torch.stack(rows) if rows else None)
 
