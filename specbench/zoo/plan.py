@@ -39,7 +39,7 @@ class FamilyPlan:
     timing_repeats: int
     gen_new_tokens: int
     gsm8k_prompts: int
-    spec_bench_prompts: int = 3  # per Spec-Bench subtask, greedy answers scored for the card (not shown)
+    spec_bench_prompts: int = 10  # per Spec-Bench subtask, greedy answers scored for the card (not shown)
     unlikelihood: float = 0.0  # answer tuning: weight of token-level unlikelihood on repeats (0: not tuned)
     sequence_unlikelihood: float = 0.0  # ... of sequence-level unlikelihood on greedy continuations (0: none)
     continuation_batch: int = 8  # ... greedy continuations per step for the sequence-level term
