@@ -69,8 +69,9 @@ def decode(
     gen = Generation([], prefill_draft_time=_clock(device) - t0)
     while len(gen.tokens) < budget:
         remaining = budget - len(gen.tokens)
+        depth = remaining - 1  # drafted tokens the budget has room for after the target's own token
         t0 = _clock(device)
-        proposal = proposer.propose(tokens, remaining - 1).pruned(remaining - 1)
+        proposal = proposer.propose(tokens, depth).pruned(depth)
         t1 = _clock(device)
         past = target.cached
         tree, side = proposal.tree, proposal.side
