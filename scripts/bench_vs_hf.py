@@ -45,14 +45,13 @@ def main() -> None:
     p.add_argument("--data-dir")
     args = p.parse_args()
 
-    session = Session(RunConfig(model=args.model, draft=args.draft, device=args.device, dtype=args.dtype,
-                                data_dir=args.data_dir))
+    session = Session.open(RunConfig(model=args.model, methods=["vanilla", "sps", "pld"], draft=args.draft,
+                                     device=args.device, dtype=args.dtype, data_dir=args.data_dir))
     questions = [q for t in args.tasks.split(",") for q in
                  tasks.limit_per_category(tasks.load(t, args.data_dir).questions, args.limit)]
     prompts = [prompt_ids(session.tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in questions]
     sps, pld = methods.preset("sps")["params"], methods.preset("pld")["params"]
-    draft = methods.Resources(session.spec, session.model, session.tokenizer, session.device, session.dtype,
-                              args.draft).load_draft()
+    draft = session.resources.draft_model()
     pairs = {
         "vanilla": (methods.build("vanilla", session.resources), {}),
         "sps": (methods.build("sps", session.resources),

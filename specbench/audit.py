@@ -45,6 +45,9 @@ def audit(args) -> int:
     lossless = bool(preset.get("lossless", True))
     cfg = RunConfig(
         model=args.model,
+        methods=["vanilla", args.method],
+        revision=args.revision,
+        trust_remote_code=args.trust_remote_code,
         draft=args.draft,
         heads=dict(args.head),
         device=args.device,
@@ -53,7 +56,7 @@ def audit(args) -> int:
         fields=dict(args.field),
         seed=args.seed,
     )
-    session = Session(cfg)
+    session = Session.open(cfg)
     proposer = methods.build(args.method, session.resources)
     vanilla = methods.build("vanilla", session.resources)
     questions = [

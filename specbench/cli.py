@@ -45,22 +45,37 @@ def _field(text: str) -> tuple[str, str]:
 
 
 def _head(text: str) -> tuple[str, str]:
-    """eagle=PATH, eagle3=PATH or medusa=PATH for one method family, a bare PATH for every family."""
+    """FAMILY=PATH (eagle, eagle3, medusa: the registered head families) for one family, a bare PATH for every one."""
+    from . import methods  # noqa: F401  (importing the methods registers the head families)
+    from .registry import HEADS
+
     family, sep, path = text.partition("=")
-    return (family, path) if sep and family in ("medusa", "eagle", "eagle3") else ("*", text)
+    if sep and family in HEADS:
+        return family, path
+    if sep and "/" not in family:
+        raise argparse.ArgumentTypeError(f"unknown head family '{family}' in '{text}': use {', '.join(HEADS)}")
+    return "*", text
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="alias (see `specbench list models`), local folder or hub id")
-    p.add_argument("--draft", help="draft model for sps (default: the alias's draft)")
+    p.add_argument(
+        "--draft", help="draft model for sps and ouroboros: folder, hub id or ID@REVISION (default: the alias's)"
+    )
+    p.add_argument("--revision", help="commit, branch or tag of a --model given as a hub id (aliases pin their own)")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let transformers run code shipped with a hub model (off by default: only for repos you trust)",
+    )
     p.add_argument(
         "--head",
         type=_head,
         action="append",
         default=[],
         metavar="[FAMILY=]PATH",
-        help="head checkpoint (folder or hub id) of the medusa, eagle or eagle3 methods, e.g. eagle=DIR "
-        "(default: the alias's)",
+        help="head checkpoint (folder, hub id or ID@REVISION) of the medusa, eagle or eagle3 methods, e.g. "
+        "eagle=DIR (default: the alias's)",
     )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", help="auto (fp16 on CUDA, fp32 on CPU), float32, float16, bfloat16")
@@ -95,6 +110,12 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="run folder (default: results/<model>-<tasks>-<hash>; re-running resumes)")
     run.add_argument("--no-warmup", action="store_true", help="skip the discarded warm-up question per method")
     run.add_argument("--no-report", action="store_true", help="do not write the report after the run")
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (methods, skipped methods, tasks, checkpoints with revisions, cache status, download "
+        "size) and exit without loading or downloading anything",
+    )
 
     report = sub.add_parser("report", help="tables and plots from run folders or Spec-Bench answer files")
     report.add_argument("sources", nargs="+", type=Path)
@@ -257,9 +278,16 @@ def _run(args) -> None:
         seed=args.seed,
         draft=args.draft,
         heads=dict(args.head),
+        revision=args.revision,
+        trust_remote_code=args.trust_remote_code,
         fields=dict(args.field),
         warmup=not args.no_warmup,
     )
+    if args.dry_run:
+        from . import plan
+
+        print(plan.describe(plan.make(cfg)))
+        return
     run_dir = run(cfg)
     print(f"\nresults: {run_dir}")
     if not args.no_report:
@@ -303,8 +331,10 @@ def _list(what: str) -> None:
         from .models import ALIASES
 
         for name, spec in ALIASES.items():
-            extras = ", ".join(f"{k}: {v}" for k, v in ({"draft": spec.draft} | spec.heads).items() if v)
-            print(f"{name:15s} {spec.path}  ({extras})" if extras else f"{name:15s} {spec.path}")
+            print(f"{name:15s} {spec.target}")
+            for role, source in ({"draft": spec.draft} | {f"{k} head": v for k, v in spec.heads.items()}).items():
+                if source:
+                    print(f"{'':15s}   {role}: {source}")
     else:
         from . import tasks
 
@@ -378,7 +408,8 @@ def _regenerate(args) -> None:
 
 def _zoo(args) -> None:
     from .tasks import data_dir
-    from .zoo import TINY_DIR, build_family, continue_family, measure_family
+    from .zoo import TINY_DIR
+    from .zoo.build import build_family, continue_family, measure_family
     from .zoo.card import update_heads_section
 
     out = args.out or TINY_DIR

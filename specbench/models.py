@@ -8,58 +8,111 @@ from pathlib import Path
 import torch
 
 from .errors import SpecbenchError
+from .hub import Source, parse
 from .zoo import TINY_DIR
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    path: str  # hub id or local folder of the target
-    draft: str | None = None  # small model for sps / ouroboros, same tokenizer
-    heads: dict[str, str] = field(default_factory=dict)  # method family -> checkpoint (medusa, eagle, eagle3)
-    note: str = ""
+    target: Source
+    draft: Source | None = None  # small model for sps / ouroboros, same tokenizer
+    heads: dict[str, Source] = field(default_factory=dict)  # head family (medusa, eagle, eagle3) -> checkpoint
+
+    @property
+    def path(self) -> str:
+        return self.target.id
 
 
-def _vicuna(size: str, eagle3: str | None = None) -> ModelSpec:
-    return ModelSpec(
-        name=f"vicuna-{size.lower()}",
-        path=f"lmsys/vicuna-{size.lower()}-v1.3",
-        draft="double7/vicuna-68m",
-        heads={
-            "medusa": f"FasterDecoding/medusa-vicuna-{size.lower()}-v1.3",
-            "eagle": f"yuhuili/EAGLE-Vicuna-{size.upper()}-v1.3",
-            **({"eagle3": eagle3} if eagle3 else {}),
-        },
-        note="Vicuna v1.3 (LMSYS); SpS draft from MCSD",
-    )
+def _hub(pinned: str) -> Source:
+    """'org/name@commit' as written in the alias table."""
+    return parse(pinned)
 
 
+VICUNA_68M = "double7/vicuna-68m@f35c45e548302e8edd0a31db7490b42ea2ddd109"  # MCSD's draft, Spec-Bench's SpS drafter
+
+
+def _alias(name: str, target: str, draft: str | None = None, **heads: str) -> ModelSpec:
+    return ModelSpec(name, _hub(target), _hub(draft) if draft else None, {k: _hub(v) for k, v in heads.items()})
+
+
+# Every hub checkpoint pinned to a commit, so numbers can be reproduced later. Only heads published by the
+# method's authors (EAGLE and Medusa READMEs) whose commit could be verified; see the README's alias table.
 ALIASES: dict[str, ModelSpec] = {
     "tiny": ModelSpec(
         name="tiny",
-        path=str(TINY_DIR / "target"),
-        draft=str(TINY_DIR / "draft"),
-        heads={family: str(TINY_DIR / family) for family in ("medusa", "eagle", "eagle3")},
-        note="bundled tiny Llama family, trained by `specbench zoo build`",
+        target=Source(str(TINY_DIR / "target")),
+        draft=Source(str(TINY_DIR / "draft")),
+        heads={family: Source(str(TINY_DIR / family)) for family in ("medusa", "eagle", "eagle3")},
     ),
-    **{spec.name: spec for spec in (_vicuna("7B"), _vicuna("13B", "yuhuili/EAGLE3-Vicuna1.3-13B"), _vicuna("33B"))},
-    "llama3.1-8b": ModelSpec(
-        name="llama3.1-8b",
-        path="meta-llama/Llama-3.1-8B-Instruct",
-        heads={"eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"},
-        note="Llama 3.1 8B Instruct (gated on the hub); EAGLE-3 head only",
-    ),
+    **{
+        spec.name: spec
+        for spec in (
+            _alias(
+                "vicuna-7b",
+                "lmsys/vicuna-7b-v1.3@236eeeab96f0dc2e463f2bebb7bb49809279c6d6",
+                VICUNA_68M,
+                medusa="FasterDecoding/medusa-vicuna-7b-v1.3@82ac200bf7502419cb49a9e0adcbebe3d1d293f1",
+                eagle="yuhuili/EAGLE-Vicuna-7B-v1.3@7eb58b1b31cd2dbfcd7870f2e8c6d3f3ce8457ed",
+            ),
+            _alias(
+                "vicuna-13b",
+                "lmsys/vicuna-13b-v1.3@6566e9cb1787585d1147dcf4f9bc48f29e1328d2",
+                VICUNA_68M,
+                medusa="FasterDecoding/medusa-vicuna-13b-v1.3@80a830f8a74c8d391d239069cfd1b6cd9ea650f7",
+                eagle="yuhuili/EAGLE-Vicuna-13B-v1.3@325a44df4d7aa7587b746596f16f4c1a6c5a027b",
+                eagle3="yuhuili/EAGLE3-Vicuna1.3-13B@651195736adad4c05282d140e94bfff058b1fc8b",
+            ),
+            _alias(  # its Medusa heads exist, but no commit of them could be verified
+                "vicuna-33b",
+                "lmsys/vicuna-33b-v1.3@ef8d6becf883fb3ce52e3706885f761819477ab4",
+                VICUNA_68M,
+                eagle="yuhuili/EAGLE-Vicuna-33B-v1.3@0fbc1b0d70cec8853efc570553d157f195155440",
+            ),
+            _alias(
+                "llama2-chat-7b",
+                "meta-llama/Llama-2-7b-chat-hf@f5db02db724555f92da89c216ac04704f23d4590",
+                eagle="yuhuili/EAGLE-llama2-chat-7B@ed8213c42315361bcdea705aaec74a1fd5d5e444",
+            ),
+            _alias(
+                "llama2-chat-13b",
+                "meta-llama/Llama-2-13b-chat-hf@a2cb7a712bb6e5e736ca7f8cd98167f81a0b5bd8",
+                eagle="yuhuili/EAGLE-llama2-chat-13B@907d84db4801a7386ce98a160b1cb5610fbfee69",
+            ),
+            _alias(
+                "llama2-chat-70b",
+                "meta-llama/Llama-2-70b-chat-hf@e9149a12809580e8602995856f8098ce973d1080",
+                eagle="yuhuili/EAGLE-llama2-chat-70B@e0a165dd38d1b61587da1bcb551065821358c684",
+            ),
+            _alias(
+                "llama3.1-8b",
+                "meta-llama/Llama-3.1-8B-Instruct@0e9e39f249a16976918f6564b8830bc894c89659",
+                eagle3="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B@607d0d5b7871cd4b89395b6af288c070cfa0a168",
+            ),
+            _alias(
+                "llama3.3-70b",
+                "meta-llama/Llama-3.3-70B-Instruct@6f6073b423013f6a7d4d9f39144961bfbfbc386b",
+                eagle3="yuhuili/EAGLE3-LLaMA3.3-Instruct-70B@7694341d51d7079231b04028cf6824973fe7044a",
+            ),
+        )
+    },
 }
 
 
-def resolve(name: str) -> ModelSpec:
-    """An alias, a local folder, or a hub id ("org/name")."""
+def resolve(name: str, revision: str | None = None) -> ModelSpec:
+    """An alias, a local folder, or a hub id ("org/name", "org/name@REVISION"); `revision` pins a hub id."""
     if name in ALIASES:
+        if revision:
+            raise SpecbenchError(f"'{name}' is an alias with pinned revisions: --revision applies to a hub id only")
         return ALIASES[name]
     if Path(name).expanduser().is_dir():
-        return ModelSpec(name=Path(name).name, path=str(Path(name).expanduser()))
-    if name.count("/") == 1 and not name.startswith((".", "/")):
-        return ModelSpec(name=name.split("/")[1], path=name)
+        if revision:
+            raise SpecbenchError(f"--revision applies to a hub id, not to the local folder '{name}'")
+        return ModelSpec(name=Path(name).name, target=Source(str(Path(name).expanduser())))
+    base = name.rpartition("@")[0] if "@" in name else name
+    if base.count("/") == 1 and not base.startswith((".", "/", "~")):
+        source = parse(name, revision)
+        return ModelSpec(name=source.id.split("/")[1], target=source)
     raise SpecbenchError(
         f"unknown model '{name}': use an alias ({', '.join(ALIASES)}), a local folder or a hub id like org/name"
     )
@@ -93,23 +146,30 @@ def _check_local(path: str, what: str) -> None:
         raise SpecbenchError(f"the bundled tiny {what} is missing at {path}: build it with `specbench zoo build`")
 
 
-def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, what: str = "model"):
+def load_causal_lm(
+    path: str | Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    what: str = "model",
+    trust_remote_code: bool = False,
+):
+    """A causal LM from a local folder (a run fetches hub checkpoints first) or a hub id (training commands)."""
     from transformers import AutoModelForCausalLM
 
-    _check_local(path, what)
+    _check_local(str(path), what)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         raise SpecbenchError(f"could not load {what} '{path}': {str(err).splitlines()[0]}") from err
     return model.to(device).eval()
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    _check_local(path, "tokenizer")
+    _check_local(str(path), "tokenizer")
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         raise SpecbenchError(f"could not load the tokenizer of '{path}': {str(err).splitlines()[0]}") from err
 

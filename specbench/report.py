@@ -26,8 +26,6 @@ OVERALL = "overall"
 SPEC_BENCH_GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 TEX_LABELS = {"mt_bench": "MT", "translation": "Trans", "summarization": "Summ", "qa": "QA",
               "math_reasoning": "Math", "rag": "RAG", OVERALL: "Overall"}
-COLORS = {"vanilla": "#7f7f7f", "sps": "#1f77b4", "pld": "#ff7f0e", "lookahead": "#bcbd22", "ouroboros": "#8c564b",
-          "medusa": "#e377c2", "eagle": "#2ca02c", "eagle2": "#d62728", "eagle3": "#9467bd"}
 EXTRA_COLORS = ("#17becf", "#393b79", "#ad494a", "#637939", "#8c6d31", "#7b4173", "#3182bd", "#e6550d",
                 "#31a354", "#756bb1")
 TIME_COLORS = ("#525252", "#bdbdbd", "#ffffff")  # draft, verify, other: greys, so no method colour is reused
@@ -365,14 +363,18 @@ def detail_tex(cell: Cell) -> str:
 
 
 def method_colors(methods: set[str]) -> dict[str, str]:
-    """Fixed colours for known methods (a variant such as sps-68m takes its family's colour when the family
-    itself is absent), then a fixed order of extra colours for the others, sorted by name."""
-    out = {m: COLORS[m] for m in methods if m in COLORS}
+    """The colours implementations registered for their own names (a variant such as sps-68m or eagle2[top_k=6]
+    takes its family's colour when the family itself is absent), then a fixed order of extra colours for the
+    others, sorted by name."""
+    from .methods import registry  # importing the methods registers their colours
+
+    colors = {name: impl.color for name, impl in registry.IMPLEMENTATIONS.items() if impl.color}
+    out = {m: colors[m] for m in methods if m in colors}
     rest = sorted(methods - set(out))
     for m in rest:
-        family = m.split("-")[0]
-        if family in COLORS and family not in methods and COLORS[family] not in out.values():
-            out[m] = COLORS[family]
+        family = m.split("[")[0].split("-")[0]
+        if family in colors and family not in methods and colors[family] not in out.values():
+            out[m] = colors[family]
     for i, m in enumerate(m for m in rest if m not in out):
         out[m] = EXTRA_COLORS[i % len(EXTRA_COLORS)]
     return out
@@ -644,7 +646,16 @@ def source_line(s: Source) -> str:
 
 
 def _sources_md(sources: list[Source]) -> str:
-    return "\n".join(f"- {source_line(s)}" for s in sources)
+    """One bullet per source; below it the hub revisions it loaded and the methods `all` skipped (why)."""
+    lines = []
+    for s in sources:
+        lines.append(f"- {source_line(s)}")
+        manifest = s.manifest or {}
+        for role, ck in (manifest.get("checkpoints") or {}).items():
+            if ck.get("revision"):
+                lines.append(f"  - {role}: `{ck['source']}` at revision `{ck['revision']}`")
+        lines += [f"  - skipped {name}: {why}" for name, why in (manifest.get("skipped") or {}).items()]
+    return "\n".join(lines)
 
 
 def _notes(cells: list[Cell]) -> list[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from . import __version__, methods, models, tasks
+from . import plan as planning
 from .chat import prompt_ids
 from .decode import Generation, decode
 from .errors import SpecbenchError
@@ -39,6 +40,8 @@ class RunConfig:
     seed: int = 0
     draft: str | None = None
     heads: dict[str, str] = field(default_factory=dict)  # method family (or "*") -> head checkpoint (--head)
+    revision: str | None = None  # of a hub target given by id (aliases pin their own)
+    trust_remote_code: bool = False
     fields: dict[str, str] = field(default_factory=dict)
     warmup: bool = True
     progress: bool = True
@@ -150,21 +153,45 @@ def forward_profile(
     return out
 
 
+def prepare(cfg: RunConfig) -> planning.Plan:
+    """The run's plan (nothing loaded yet); skipped methods are announced one line each."""
+    models.pick_dtype(cfg.dtype, models.pick_device(cfg.device))  # a bad --device/--dtype fails first
+    plan = planning.make(cfg)
+    for name, why in plan.skipped.items():
+        print(f"{name} skipped: {why}", file=sys.stderr)
+    return plan
+
+
 class Session:
     """A loaded target model with its tokenizer, ready to run methods over questions."""
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path]) -> None:
         self.cfg = cfg
-        self.spec = models.resolve(cfg.model)
+        self.spec = plan.spec
+        self.plan = plan
+        self.paths = paths
         self.device = models.pick_device(cfg.device)
         self.dtype = models.pick_dtype(cfg.dtype, self.device)
-        self.tokenizer = models.load_tokenizer(self.spec.path)
-        self.model = models.load_causal_lm(self.spec.path, self.device, self.dtype)
+        self.tokenizer = models.load_tokenizer(paths["target"], cfg.trust_remote_code)
+        self.model = models.load_causal_lm(paths["target"], self.device, self.dtype, "target", cfg.trust_remote_code)
         self.target = Target(self.model)
         self.stop_ids = models.stop_ids(self.tokenizer, self.model)
         self.resources = methods.Resources(
-            self.spec, self.model, self.tokenizer, self.device, self.dtype, cfg.draft, cfg.heads
+            self.spec.name,
+            self.model,
+            self.tokenizer,
+            self.device,
+            self.dtype,
+            draft_path=paths.get("draft"),
+            head_paths={role.removesuffix(" head"): p for role, p in paths.items() if role.endswith(" head")},
+            trust_remote_code=cfg.trust_remote_code,
         )
+
+    @classmethod
+    def open(cls, cfg: RunConfig) -> Session:
+        """Plan, fetch and check every checkpoint, then load the target: mistakes surface before it loads."""
+        plan = prepare(cfg)
+        return cls(cfg, plan, planning.fetch(plan, cfg.trust_remote_code))
 
     def check_fits(self, question: tasks.Question, messages: list[dict[str, str]]) -> list[int]:
         """The prompt ids for `messages`, or a clear error when they leave no room in the model's context."""
@@ -257,16 +284,14 @@ def answer_path(run_dir: Path, task: str, method: str, temperature: float) -> Pa
 
 def run(cfg: RunConfig) -> Path:
     """Run the matrix; returns the run folder. Re-running the same command resumes where it stopped."""
-    names = methods.available() if "all" in cfg.methods else list(dict.fromkeys(cfg.methods))
-    for name in names:
-        methods.preset(name)
-    names = ["vanilla", *[n for n in names if n != "vanilla"]]  # every speedup needs vanilla, run first
     if cfg.max_new_tokens is not None and cfg.max_new_tokens <= 0:
         raise SpecbenchError(f"--max-new-tokens must be positive, got {cfg.max_new_tokens}")
     if any(t < 0 for t in cfg.temperatures):
         raise SpecbenchError("temperatures must be >= 0")
+    plan = prepare(cfg)
     task_list = [tasks.load(t, cfg.data_dir, cfg.fields) for t in cfg.tasks]
-    session = Session(cfg)
+    session = Session(cfg, plan, planning.fetch(plan, cfg.trust_remote_code))
+    names = plan.methods
     run_dir = Path(cfg.out) if cfg.out else default_out(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = {
@@ -276,7 +301,9 @@ def run(cfg: RunConfig) -> Path:
             "device": session.device.type,
             "dtype": str(session.dtype).removeprefix("torch."),
         },
-        "model": {"name": session.spec.name, "path": session.spec.path, "draft": cfg.draft or session.spec.draft},
+        "model": {"name": session.spec.name, "path": session.spec.path},
+        "checkpoints": planning.revisions(session.plan, session.paths),
+        "skipped": session.plan.skipped,
         "machine": machine(session.device),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }

@@ -31,6 +31,14 @@ class Task:
     max_new_tokens: int | None = None
 
 
+class NotDownloaded(SpecbenchError):
+    """The task's data file is neither local nor cached, and downloading was not allowed."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(f"the task's data is not on this machine: it would be downloaded from {url}")
+        self.url = url
+
+
 def available() -> list[str]:
     return presets.names("tasks")
 
@@ -62,8 +70,8 @@ def _download(url: str, sha256: str | None, dest: Path) -> Path:
     return dest
 
 
-def _source_file(source: dict, data: Path | None) -> Path:
-    """The task's data file: in the data dir, in the download cache, or downloaded now."""
+def _source_file(source: dict, data: Path | None, download: bool = True) -> Path:
+    """The task's data file: in the data dir, in the download cache, or downloaded now (when `download`)."""
     rel = source["file"]
     if data is not None and (data / rel).is_file():
         return data / rel
@@ -75,6 +83,8 @@ def _source_file(source: dict, data: Path | None) -> Path:
         raise SpecbenchError(
             f"this task reads {where}: pass --data-dir (or set SPECBENCH_DATA_DIR) to a folder with it"
         )
+    if not download:
+        raise NotDownloaded(source["url"])
     return _download(source["url"], source.get("sha256"), cached)
 
 
@@ -140,16 +150,18 @@ def from_jsonl(path: str | Path, field_map: dict[str, str] | None = None) -> Tas
     return Task(path.stem, f"questions from {path}", _questions(records, path, fields, path.stem, {}))
 
 
-def load(name: str, data: str | Path | None = None, field_map: dict[str, str] | None = None) -> Task:
-    """A preset name from tasks/, or a path to a .jsonl file."""
+def load(
+    name: str, data: str | Path | None = None, field_map: dict[str, str] | None = None, download: bool = True
+) -> Task:
+    """A preset name from tasks/, or a path to a .jsonl file; `download=False` raises NotDownloaded instead."""
     if name.endswith(".jsonl") or Path(name).is_file():
         return from_jsonl(name, field_map)
     spec = presets.load("tasks", name)
     groups = spec.get("category_groups") or {}
     if "questions" in spec:
-        records, path = spec["questions"], presets.preset_dir("tasks") / f"{name}.yaml"
+        records, path = spec["questions"], presets.path("tasks", name)
     else:
-        path = _source_file(spec["source"], data_dir(data))
+        path = _source_file(spec["source"], data_dir(data), download)
         records = read_jsonl(path)
     fields = {**(spec.get("fields") or {"turns": "turns"}), **(field_map or {})}
     questions = _questions(records, path, fields, spec.get("category", name), groups)

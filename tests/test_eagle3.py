@@ -3,6 +3,7 @@ greedy equality with vanilla, the sampling test, and training by the training-ti
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,7 +27,6 @@ from specbench.heads.train import (
 )
 from specbench.methods.eagle import DynamicTree, Eagle
 from specbench.methods.vanilla import Vanilla
-from specbench.models import ModelSpec
 from specbench.target import Target
 from specbench.verify import sampling_test
 
@@ -100,8 +100,8 @@ def llama():
 
 
 def resources(model, head: str | None) -> methods.Resources:
-    return methods.Resources(ModelSpec("random", "random"), model, None, torch.device("cpu"), torch.float32, None,
-                             {"eagle3": head} if head else {})  # fmt: skip
+    return methods.Resources("random", model, None, torch.device("cpu"), torch.float32, None,
+                             {"eagle3": Path(head)} if head else {})  # fmt: skip
 
 
 def greedy(model, proposer, prompt=PROMPTS[0], n=30):
@@ -311,9 +311,9 @@ def test_train_eagle3_writes_the_official_layout(capsys, deep_target, tmp_path):
 
 def test_preset_and_aliases():
     assert methods.preset("eagle3")["params"] == {"total_tokens": 60, "depth": 7, "top_k": 10}
-    assert models.resolve("vicuna-13b").heads["eagle3"] == "yuhuili/EAGLE3-Vicuna1.3-13B"
+    assert models.resolve("vicuna-13b").heads["eagle3"].id == "yuhuili/EAGLE3-Vicuna1.3-13B"
     llama31 = models.resolve("llama3.1-8b")
     assert llama31.path == "meta-llama/Llama-3.1-8B-Instruct"
-    assert llama31.heads == {"eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
+    assert {k: v.id for k, v in llama31.heads.items()} == {"eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
     with pytest.raises(SpecbenchError, match="specbench train eagle3"):
-        methods.build("eagle3", methods.Resources(models.resolve("vicuna-7b"), None, None, "cpu", torch.float32))
+        methods.build("eagle3", methods.Resources("vicuna-7b", None, None, "cpu", torch.float32))

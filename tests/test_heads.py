@@ -1,6 +1,7 @@
 """Head checkpoints in the official layouts (scaled down): Medusa .pt/.safetensors, EAGLE-1/2 .bin/.safetensors."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,6 @@ from specbench.heads import eagle as eagle_heads
 from specbench.heads import medusa as medusa_heads
 from specbench.heads.checkpoint import target_signature
 from specbench.methods.vanilla import Vanilla
-from specbench.models import ModelSpec
 from specbench.target import Target
 
 from .conftest import random_llama
@@ -44,8 +44,8 @@ def target():
 
 
 def resources(model, head) -> methods.Resources:
-    spec, heads = ModelSpec("random", "random"), {"*": head} if head else {}
-    return methods.Resources(spec, model, None, torch.device("cpu"), torch.float32, None, heads)
+    heads = {family: Path(head) for family in ("medusa", "eagle", "eagle3")} if head else {}
+    return methods.Resources("random", model, None, torch.device("cpu"), torch.float32, None, heads)
 
 
 def greedy(model, proposer, prompt=PROMPT, n=30):
@@ -182,9 +182,7 @@ def test_missing_head_says_how_to_get_one(tmp_path, target):
     res = resources(target, None)
     with pytest.raises(SpecbenchError, match="--head"):
         methods.build("eagle", res)
-    res = methods.Resources(
-        ModelSpec("tiny", "x", heads={"eagle": str(tmp_path / "none")}), target, None, "cpu", torch.float32
-    )
+    res = methods.Resources("tiny", target, None, "cpu", torch.float32, head_paths={"eagle": tmp_path / "none"})
     with pytest.raises(SpecbenchError, match="specbench train eagle"):
         methods.build("eagle2", res)
     with pytest.raises(SpecbenchError, match="none of medusa_lm_head.safetensors, medusa_lm_head.pt"):

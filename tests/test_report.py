@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specbench import report
+import specbench.methods  # noqa: F401  (registers the implementations and their colours)
+from specbench import registry, report
 from specbench.errors import SpecbenchError
 from specbench.results import Answer
 
@@ -212,8 +213,10 @@ def test_sources_never_mix(run_dir, tmp_path):
     cells = report.collect_cells(report.load_sources([run_dir, other]))
     assert [c.source.name for c in cells] == ["run-a", "run-a", "machine-b/run-a"]
     assert cells[2].baseline is None and math.isnan(cells[2].stats["sps"].paired["overall"].value)
-    assert report.method_colors({"sps", "sps-68m", "eagle"})["eagle"] == report.COLORS["eagle"]
-    assert report.method_colors({"sps-68m"})["sps-68m"] == report.COLORS["sps"]
+    colors = {name: impl.color for name, impl in registry.IMPLEMENTATIONS.items()}
+    assert report.method_colors({"sps", "sps-68m", "eagle"})["eagle"] == colors["eagle"]
+    assert report.method_colors({"sps-68m"})["sps-68m"] == colors["sps"]
+    assert report.method_colors({"eagle2[top_k=6]"})["eagle2[top_k=6]"] == colors["eagle2"]
 
 
 def test_paper_figures_and_tables_for_several_runs(run_dir, tmp_path):

@@ -14,7 +14,6 @@ from specbench.heads.train import TrainConfig, train_eagle, train_medusa
 from specbench.methods.eagle import DynamicTree, Eagle, StaticTree
 from specbench.methods.medusa import Medusa
 from specbench.methods.vanilla import Vanilla
-from specbench.models import ModelSpec
 from specbench.target import Target
 from specbench.tree import Tree, from_choices
 from specbench.verify import sampling_test
@@ -191,7 +190,7 @@ def test_typical_acceptance_is_labelled_lossy(small_vocab, tmp_path):
     assert methods.preset("medusa-typical")["lossless"] is False
     assert methods.preset("medusa")["lossless"] is True
     save(random_medusa(small_vocab).heads, tmp_path, "random")
-    res = methods.Resources(ModelSpec("m", "m"), small_vocab, None, "cpu", torch.float32, heads={"*": str(tmp_path)})
+    res = methods.Resources("m", small_vocab, None, "cpu", torch.float32, head_paths={"medusa": tmp_path})
     assert methods.build("medusa-typical", res).typical is not None
     with pytest.raises(SpecbenchError, match="must say lossless: false"):
         methods.build("medusa", res, {"acceptance": "typical"})  # a lossy rule under a lossless label

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from specbench.chat import vicuna_prompt
 from specbench.cli import main
 from specbench.errors import SpecbenchError
-from specbench.zoo import build_family, continue_family
+from specbench.zoo.build import build_family, continue_family
 from specbench.zoo.corpus import build_corpus
 from specbench.zoo.evaluate import distinct2, repeated4
 from specbench.zoo.plan import FULL

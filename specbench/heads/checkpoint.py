@@ -11,22 +11,12 @@ import torch
 from ..errors import SpecbenchError
 
 
-def fetch(source: str, name: str) -> Path | None:
-    """`name` inside the local folder `source`, else downloaded from the hub repository `source`; None if absent."""
-    local = Path(source).expanduser()
-    if local.is_dir():
-        return local / name if (local / name).is_file() else None
-    if source.startswith((".", "/", "~")) or source.count("/") != 1:
-        raise SpecbenchError(f"head checkpoint '{source}' is neither a folder nor a hub id like org/name")
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
-
-    try:
-        return Path(hf_hub_download(source, name))
-    except EntryNotFoundError:  # not in the repository, or offline and not cached
-        return None
-    except (HfHubHTTPError, OSError, ValueError) as err:
-        raise SpecbenchError(f"could not download {name} from '{source}': {str(err).splitlines()[0]}") from err
+def fetch(source: str | Path, name: str) -> Path | None:
+    """`name` inside the head folder `source` (hub heads are fetched into the local cache first), or None."""
+    folder = Path(source).expanduser()
+    if not folder.is_dir():
+        raise SpecbenchError(f"head checkpoint '{source}' is not a folder")
+    return folder / name if (folder / name).is_file() else None
 
 
 def read_config(source: str, what: str) -> dict:
@@ -53,8 +43,35 @@ def read_weights(source: str, names: tuple[str, ...], what: str) -> dict[str, to
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # any unreadable file: corrupt, truncated, or a pickle with code in it
             raise SpecbenchError(f"{what} '{source}': cannot read {name} ({str(err).splitlines()[0]})") from err
-    offline = "" if Path(source).expanduser().is_dir() else " (or the hub cannot be reached: check the network)"
-    raise SpecbenchError(f"{what} '{source}' has none of {', '.join(names)}{offline}")
+    raise SpecbenchError(f"{what} '{source}' has none of {', '.join(names)}")
+
+
+def weight_shapes(source: str | Path, names: tuple[str, ...], what: str) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of the first of `names` that exists, without reading the tensors (header or mmap)."""
+    for name in names:
+        path = fetch(source, name)
+        if path is None:
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors import safe_open
+
+                with safe_open(str(path), "pt") as f:
+                    return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            return {k: tuple(v.shape) for k, v in state.items()}
+        except Exception as err:  # corrupt or not a state dict
+            raise SpecbenchError(f"{what} '{source}': cannot read {name} ({str(err).splitlines()[0]})") from err
+    raise SpecbenchError(f"{what} '{source}' has none of {', '.join(names)}")
+
+
+def config_shape(source: str | Path, what: str, hidden_keys: tuple[str, ...]) -> tuple[int, int | None]:
+    """(target hidden size, vocabulary) a head's config.json says it was built for: the first of `hidden_keys`."""
+    config = read_config(source, what)
+    hidden = next((config[k] for k in hidden_keys if config.get(k)), None)
+    if not isinstance(hidden, int):
+        raise SpecbenchError(f"{what} '{source}': config.json has no {' or '.join(hidden_keys)}")
+    return hidden, config.get("vocab_size")
 
 
 def check(expected: dict[str, torch.Size], state: dict[str, torch.Tensor], what: str) -> None:

@@ -18,7 +18,9 @@ from transformers import Cache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from ..errors import SpecbenchError
-from .checkpoint import check, read_config, read_weights, save_safetensors
+from ..hub import Layout
+from ..registry import HeadFamily, head_family
+from .checkpoint import check, config_shape, read_config, read_weights, save_safetensors
 
 FILES = ("pytorch_model.bin", "model.safetensors")
 CONFIG_KEYS = (
@@ -110,3 +112,11 @@ def save(state: dict[str, torch.Tensor], raw_config: dict, out: Path, half: bool
     out.mkdir(parents=True, exist_ok=True)
     save_safetensors(state, out / "model.safetensors", half)
     (out / "config.json").write_text(json.dumps(raw_config, indent=2) + "\n")
+
+
+def fits(folder: Path) -> tuple[int, int | None]:
+    """The target hidden size and vocabulary the head's config is for (it drafts the target's own features)."""
+    return config_shape(folder, "EAGLE head", ("hidden_size",))
+
+
+FAMILY = head_family(HeadFamily("eagle", "EAGLE-1/2", Layout(tuple((f,) for f in FILES)), load, fits))

@@ -20,8 +20,9 @@ from transformers import Cache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..errors import SpecbenchError
+from ..registry import HeadFamily, head_family
 from . import eagle
-from .checkpoint import check, read_config, read_weights
+from .checkpoint import check, config_shape, read_config, read_weights
 
 
 def feature_layers(num_layers: int) -> tuple[int, int, int]:
@@ -152,3 +153,11 @@ def save(head: Eagle3Head, raw_config: dict, out: Path, half: bool = False) -> N
     """The official layout: no embed_tokens (the target's), d2t/t2d when the draft vocabulary is reduced."""
     state = {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"}
     eagle.save(state, raw_config, out, half)
+
+
+def fits(folder: Path) -> tuple[int, int | None]:
+    """The target hidden size (`target_hidden_size`, else the head's own) and vocabulary the head is for."""
+    return config_shape(folder, "EAGLE-3 head", ("target_hidden_size", "hidden_size"))
+
+
+FAMILY = head_family(HeadFamily("eagle3", "EAGLE-3", eagle.FAMILY.layout, load, fits))

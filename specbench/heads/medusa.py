@@ -16,7 +16,9 @@ import torch
 from torch import nn
 
 from ..errors import SpecbenchError
-from .checkpoint import check, read_weights, save_safetensors
+from ..hub import Layout
+from ..registry import HeadFamily, head_family
+from .checkpoint import check, read_weights, save_safetensors, weight_shapes
 
 FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
@@ -66,8 +68,31 @@ def from_state(state: dict[str, torch.Tensor], what: str) -> MedusaHeads:
     return heads
 
 
-def load(source: str) -> MedusaHeads:
-    return from_state(read_weights(source, FILES, "Medusa heads"), f"Medusa heads '{source}'")
+def load(source: str | Path, target_model: nn.Module | None = None) -> MedusaHeads:
+    """Heads from the official layout; with `target_model`, checked to be for its hidden size and vocabulary."""
+    heads = from_state(read_weights(source, FILES, "Medusa heads"), f"Medusa heads '{source}'")
+    if target_model is not None:
+        vocab, hidden = target_model.get_output_embeddings().weight.shape
+        _check_fits(source, fits(Path(source)), hidden, vocab)
+    return heads
+
+
+def fits(folder: Path) -> tuple[int, int | None]:
+    """The target hidden size and vocabulary (None: the heads read out through the target's lm_head)."""
+    shapes = weight_shapes(folder, FILES, "Medusa heads")
+    if "0.0.linear.weight" not in shapes:
+        raise SpecbenchError(f"Medusa heads '{folder}': key '0.0.linear.weight' is missing: not a Medusa checkpoint")
+    layers = 1 + max(int(m[1]) for k in shapes if (m := re.match(r"0\.(\d+)\.linear\.weight$", k)))
+    projection = shapes.get(f"0.{layers}.weight")
+    return shapes["0.0.linear.weight"][1], projection[0] if projection else None
+
+
+def _check_fits(source, shape: tuple[int, int | None], hidden: int, vocab: int) -> None:
+    if shape[0] != hidden or shape[1] not in (None, vocab):
+        raise SpecbenchError(
+            f"Medusa heads '{source}' are for hidden size {shape[0]} and vocabulary {shape[1]}, the target has "
+            f"{hidden} and {vocab}: use heads trained for this target"
+        )
 
 
 def save(heads: MedusaHeads, out: Path, base_model: str, half: bool = False) -> None:
@@ -80,3 +105,6 @@ def save(heads: MedusaHeads, out: Path, base_model: str, half: bool = False) -> 
         "medusa_num_layers": heads.num_layers,
     }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+FAMILY = head_family(HeadFamily("medusa", "Medusa", Layout(tuple((f,) for f in FILES)), load, fits))

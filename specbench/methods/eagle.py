@@ -20,10 +20,13 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from .. import choices
 from ..heads.eagle import EagleHead
-from ..heads.eagle3 import Eagle3Head
+from ..heads.eagle3 import Eagle3Head, feature_layers
+from ..registry import implementation
 from ..tree import Tree, additive_mask
 from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
+from .resources import Resources
 
 
 @dataclass
@@ -181,3 +184,21 @@ class Eagle(Proposer):
         positions = torch.full((1, len(nodes)), position, device=self.device)
         mask = additive_mask(allowed, self.head.fc.weight.dtype, self.device)
         return self.head(features, ids, positions, mask, self.cache)[0]
+
+
+@implementation("eagle", color="#2ca02c")
+def build_eagle(params: dict, res: Resources) -> Proposer:
+    tree = StaticTree(choices.resolve(params.pop("tree", "eagle_mc_sim_7b_63")), **params)
+    return Eagle(res.head("eagle"), res.target_model.get_output_embeddings(), tree)
+
+
+@implementation("eagle2", color="#d62728")
+def build_eagle2(params: dict, res: Resources) -> Proposer:
+    return Eagle(res.head("eagle"), res.target_model.get_output_embeddings(), DynamicTree(**params))
+
+
+@implementation("eagle3", color="#9467bd")
+def build_eagle3(params: dict, res: Resources) -> Proposer:
+    head = res.head("eagle3")
+    layers = feature_layers(res.target_model.config.get_text_config().num_hidden_layers)
+    return Eagle(head, head.logits, DynamicTree(**params), feature_layers=layers, target_ids=head.target_ids)

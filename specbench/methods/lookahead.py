@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import torch
 
+from ..registry import implementation
 from ..tree import trie
 from .base import Feedback, Proposal, Proposer
 from .jacobi import JacobiWindow
 from .ngram_pool import NgramPool
+from .resources import Resources
 
 
 class Lookahead(Proposer):
@@ -49,3 +51,8 @@ class Lookahead(Proposer):
             return
         for ngram in self.window.advance(feedback.side_logits):
             self.pool.add(ngram)
+
+
+@implementation("lookahead", color="#bcbd22")
+def build(params: dict, res: Resources) -> Proposer:
+    return Lookahead(**params)

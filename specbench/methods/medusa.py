@@ -6,10 +6,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import choices
 from ..errors import SpecbenchError
 from ..heads.medusa import MedusaHeads
+from ..registry import implementation
 from ..tree import Tree, from_choices
 from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
+from .resources import Resources
 
 ACCEPTANCE = ("exact", "typical")  # exact: greedy at T = 0, lossless tree rejection sampling at T > 0
 
@@ -67,3 +70,9 @@ class Medusa(Proposer):
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
         self.hidden = feedback.features[-1]
+
+
+@implementation("medusa", color="#e377c2")
+def build(params: dict, res: Resources) -> Proposer:
+    tree = choices.resolve(params.pop("tree", "medusa_mc_sim_7b_63"))
+    return Medusa(res.head("medusa"), res.target_model.get_output_embeddings(), tree, **params)

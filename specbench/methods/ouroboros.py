@@ -17,11 +17,13 @@ from __future__ import annotations
 import torch
 
 from .. import acceptance
+from ..registry import implementation
 from ..sampling import probabilities
 from ..target import Target
 from ..tree import trie
 from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
 from .lookahead import Lookahead
+from .resources import Resources
 
 
 class Ouroboros(Proposer):
@@ -96,3 +98,8 @@ class Ouroboros(Proposer):
         self.draft.crop(min(self.draft.cached, len(tokens) - 1))
         self.drafter.pool.add_sequence(tokens[max(0, self.verified - self.drafter.pool.length) :])
         self.verified = len(tokens)
+
+
+@implementation("ouroboros", color="#8c564b")
+def build(params: dict, res: Resources) -> Proposer:
+    return Ouroboros(res.draft_model(), **params)

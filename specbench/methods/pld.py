@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..registry import implementation
 from ..tree import chain
 from .base import NO_PROPOSAL, Proposal, Proposer
+from .resources import Resources
 
 
 def find_continuation(tokens: list[int], max_ngram: int, num_pred: int) -> list[int]:
@@ -33,3 +35,8 @@ class PromptLookup(Proposer):
     def propose(self, tokens: list[int], max_depth: int) -> Proposal:
         draft = find_continuation(tokens, self.max_ngram_size, self.num_pred_tokens)
         return Proposal(chain(draft)) if draft else NO_PROPOSAL
+
+
+@implementation("pld", color="#ff7f0e")
+def build(params: dict, res: Resources) -> Proposer:
+    return PromptLookup(**params)

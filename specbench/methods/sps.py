@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from ..registry import implementation
 from ..sampling import probabilities, sample
 from ..target import Target
 from ..tree import chain
 from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
+from .resources import Resources
 
 
 class DraftModel(Proposer):
@@ -43,3 +45,8 @@ class DraftModel(Proposer):
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
         # Cached drafted tokens stay valid up to the last accepted one; the newest token is the next root.
         self.draft.crop(min(self.draft.cached, len(tokens) - 1))
+
+
+@implementation("sps", color="#1f77b4")
+def build(params: dict, res: Resources) -> Proposer:
+    return DraftModel(res.draft_model(), **params)

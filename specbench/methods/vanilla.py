@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from ..registry import implementation
 from .base import Proposer
+from .resources import Resources
 
 
 class Vanilla(Proposer):
     name = "vanilla"
+
+
+@implementation("vanilla", color="#7f7f7f")
+def build(params: dict, res: Resources) -> Proposer:
+    return Vanilla(**params)

@@ -1,0 +1,57 @@
+"""What a method may need besides its hyper-parameters: the loaded target, and the draft and head checkpoints a
+run fetched before loading anything heavy."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import SpecbenchError
+from ..heads.checkpoint import trained_for_other_target
+from ..models import load_causal_lm
+from ..registry import HEADS, train_hint
+
+
+@dataclass
+class Resources:
+    model_name: str
+    target_model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    draft_path: Path | None = None  # local folder of the draft model
+    head_paths: dict[str, Path] = field(default_factory=dict)  # head family -> local folder
+    trust_remote_code: bool = False
+    _draft: torch.nn.Module | None = None
+
+    def draft_model(self) -> torch.nn.Module:
+        """The draft model, loaded once and shared by the methods that draft with it."""
+        if self.draft_path is None:
+            raise SpecbenchError(f"model '{self.model_name}' has no draft model: pass one with --draft PATH_OR_HUB_ID")
+        if self._draft is None:
+            self._draft = load_causal_lm(
+                self.draft_path, self.device, self.dtype, "draft model", self.trust_remote_code
+            )
+        return self._draft
+
+    def head(self, family: str) -> torch.nn.Module:
+        """The head of `family` loaded for this target, on the run's device and dtype."""
+        path = self.head_paths.get(family)
+        if path is None:
+            raise SpecbenchError(
+                f"model '{self.model_name}' has no {HEADS[family].title} head: pass one with "
+                f"--head {family}=PATH_OR_HUB_ID, or {train_hint(family, self.model_name, 'PATH')}"
+            )
+        if not path.is_dir():
+            raise SpecbenchError(f"the {family} head is missing at {path}: {train_hint(family, self.model_name, path)}")
+        if trained_for_other_target(str(path), self.target_model):
+            print(
+                f"warning: the {family} head at {path} was trained for a different version of target "
+                f"'{self.model_name}' (its accuracy.json signature differs), so its acceptance will be poor: "
+                f"re{train_hint(family, self.model_name, path)}",
+                file=sys.stderr,
+            )
+        return HEADS[family].load(path, self.target_model).to(self.device, self.dtype)

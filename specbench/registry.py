@@ -1,0 +1,104 @@
+"""The one registry: method implementations and head families, each registered by the module that defines it.
+
+The CLI's choices, `--methods all`, `list methods`, the presets' `needs:` checks and the report's colours
+derive from it. A method is a module that calls `implementation(...)` plus a YAML preset naming it; a folder
+of such modules and presets outside the package joins with `add_methods(folder)`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import SpecbenchError
+from .hub import Layout
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    build: Callable[[dict, Any], Any]  # (preset params, Resources) -> Proposer
+    color: str | None = None  # the report's colour for the method (None: one is picked)
+
+
+@dataclass(frozen=True)
+class HeadFamily:
+    """Draft heads that read the target's states, loaded from their official layout."""
+
+    name: str  # as in `--head NAME=PATH` and `needs: NAME head`
+    title: str  # for people: "EAGLE-1/2"
+    layout: Layout  # the files a load reads
+    load: Callable[[Path, Any], Any]  # (local folder, target model) -> head module
+    fits: Callable[[Path], tuple[int, int | None]]  # folder -> (target hidden size, target vocabulary or None)
+
+
+IMPLEMENTATIONS: dict[str, Implementation] = {}
+HEADS: dict[str, HeadFamily] = {}
+
+
+def implementation(name: str, color: str | None = None) -> Callable:
+    """Decorator registering `build(params, resources) -> Proposer` under `name` (a preset's `implementation:`)."""
+
+    def register(build: Callable) -> Callable:
+        IMPLEMENTATIONS[name] = Implementation(name, build, color)
+        return build
+
+    return register
+
+
+def head_family(family: HeadFamily) -> HeadFamily:
+    HEADS[family.name] = family
+    return family
+
+
+def train_hint(family: str, model: str, out: str | Path) -> str:
+    return f"train one with `specbench train {family} --target {model} --out {out}`"
+
+
+def add_methods(folder: str | Path) -> None:
+    """Register a folder of method modules (`*.py`, each calling `implementation`) and presets (`*.yaml`)."""
+    from . import presets
+
+    folder = Path(folder).expanduser().resolve()
+    if not folder.is_dir():
+        raise SpecbenchError(f"method folder '{folder}' does not exist")
+    for path in sorted(folder.glob("*.py")):
+        name = f"specbench_user_methods.{path.stem}"
+        if name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    presets.add_dir("methods", folder)
+
+
+@dataclass(frozen=True)
+class Need:
+    """A resource a method cannot run without: the model's draft, or a head of one family."""
+
+    kind: str  # "draft" or "head"
+    family: str | None = None
+
+    def __str__(self) -> str:
+        return "draft" if self.kind == "draft" else f"{self.family} head"
+
+
+def parse_needs(method: str, value: str | list | None) -> list[Need]:
+    """A preset's `needs:` ("draft", "eagle head", or a list of them) as Need values."""
+    items = [value] if isinstance(value, str) else list(value or [])
+    needs = []
+    for item in items:
+        words = str(item).split()
+        if words == ["draft"]:
+            needs.append(Need("draft"))
+        elif len(words) == 2 and words[1] == "head" and words[0] in HEADS:
+            needs.append(Need("head", words[0]))
+        else:
+            families = ", ".join(f"'{f} head'" for f in HEADS)
+            raise SpecbenchError(f"method preset '{method}': needs '{item}' is not 'draft' or one of {families}")
+    return needs
