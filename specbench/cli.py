@@ -102,8 +102,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--methods",
         type=_names,
-        default=["vanilla", "sps", "pld"],
-        help="comma-separated, or all; a variant overrides a preset's params: eagle2[top_k=6,depth=4,total_tokens=24]",
+        default=["default"],
+        help="comma-separated names; all (every method the model can run) or default (vanilla, sps, pld: those the "
+        "model can run); a variant overrides a preset's params: eagle2[top_k=6,depth=4,total_tokens=24]",
     )
     run.add_argument("--tasks", type=_names, default=["quick"], help="task names or .jsonl paths, comma-separated")
     run.add_argument("--temperatures", type=_floats, default=[0.0], help="comma-separated, e.g. 0,1")

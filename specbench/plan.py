@@ -13,6 +13,8 @@ from .hub import Checkpoint, Source
 from .models import ModelSpec
 from .registry import HEADS, Need
 
+DEFAULT_METHODS = ["vanilla", "sps", "pld"]  # `specbench run` without --methods: those of them the model can run
+
 
 @dataclass
 class TaskPlan:
@@ -52,16 +54,18 @@ def why_missing(need: Need, spec: ModelSpec) -> str:
 def choose_methods(
     requested: list[str], spec: ModelSpec, draft: str | None, heads: dict[str, str]
 ) -> tuple[list[str], dict[str, str]]:
-    """`all` becomes every method the model can run (the rest skipped with a reason); a method named explicitly
-    that cannot run is an error. Vanilla runs first: every speedup needs it."""
-    names = methods.available() if "all" in requested else list(dict.fromkeys(requested))
+    """`all` becomes every method the model can run and `default` the default set it can run (the rest skipped
+    with a reason); a method named explicitly that cannot run is an error. Vanilla runs first: every speedup
+    needs it."""
+    chosen = {"all": methods.available(), "default": DEFAULT_METHODS}
+    names = list(dict.fromkeys(n for r in requested for n in chosen.get(r, [r])))
     names = ["vanilla", *[n for n in names if n != "vanilla"]]
     runnable, skipped = [], {}
     for name in names:
         missing = [n for n in methods.needs(name) if need_source(n, spec, draft, heads) is None]
         if not missing:
             runnable.append(name)
-        elif "all" in requested and name in methods.available():
+        elif name not in requested:  # chosen through all or default
             skipped[name] = why_missing(missing[0], spec)
         else:
             raise SpecbenchError(f"{name} cannot run: {why_missing(missing[0], spec)}")

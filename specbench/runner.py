@@ -28,7 +28,7 @@ from .verify import greedy_check
 @dataclass
 class RunConfig:
     model: str = "tiny"
-    methods: list[str] = field(default_factory=lambda: ["vanilla", "sps", "pld"])
+    methods: list[str] = field(default_factory=lambda: ["default"])  # names, variants, "all" or "default"
     tasks: list[str] = field(default_factory=lambda: ["quick"])
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     limit: int | None = None  # questions per category

@@ -140,7 +140,7 @@ def build(hub: Path, work: Path, aliases: tuple[str, ...] = ("vicuna-7b", "vicun
     for n, alias in enumerate(aliases):
         spec = ALIASES[alias]
         hidden = 64 + 16 * n  # each alias its own width, so a head of one does not fit the other
-        target = random_llama(vocab, layers=2, hidden=hidden, seed=n, init=0.1)
+        target = random_llama(vocab, layers=5, hidden=hidden, seed=n, init=0.1)  # EAGLE-3 reads layers 2, 2, 2
         add_repo(hub, spec.target, {**_llama_files(target, pickled_shards=True), **tok_files})
         if spec.draft and spec.draft.id not in done:
             draft = random_llama(vocab, layers=1, hidden=32, seed=10, init=0.1)
