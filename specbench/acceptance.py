@@ -7,11 +7,13 @@ and returns the accepted root-to-node path plus the target's own next token (bon
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
-from .sampling import sample, uniform
+from .errors import SpecbenchError
+from .sampling import probabilities, sample, uniform
 from .tree import Tree
 
 
@@ -102,3 +104,50 @@ def typical(
                 best = row
     rows = tree.path(best)
     return Accepted(rows, sample(probs[best], generator), len(rows) + (1 if tree.children()[best] else 0))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """An acceptance rule as the decode loop applies it: greedy longest match at T = 0, `sampled` at T > 0.
+    A method's preset names it (`acceptance:`); the registry resolves it once and hands it to the loop."""
+
+    name: str
+    lossless: bool
+    sampled: Callable[..., Accepted]  # (tree, probs [n+1, V], draft_probs [n, V] | None, generator, **params)
+    params: dict = field(default_factory=dict)
+
+    def __call__(
+        self,
+        tree: Tree,
+        logits: torch.Tensor,  # [n+1, V]: the target's rows for [root] + nodes
+        draft_probs: torch.Tensor | None,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> Accepted:
+        if temperature == 0:
+            return greedy(tree, logits)
+        return self.sampled(tree, probabilities(logits, temperature), draft_probs, generator, **self.params)
+
+
+def _typical(tree: Tree, probs: torch.Tensor, draft_probs, generator, **params) -> Accepted:
+    return typical(tree, probs, **params, generator=generator)  # point masses by nature: draft_probs unused
+
+
+RULES = {
+    "exact": Rule("exact", True, speculative_sampling),
+    "typical": Rule("typical", False, _typical, {"posterior_threshold": 0.09, "posterior_alpha": 0.3}),
+}
+EXACT = RULES["exact"]
+
+
+def rule(spec: str | dict | None) -> Rule:
+    """A preset's `acceptance:` value: a rule name (default exact), or {rule: NAME, param: value, ...}."""
+    spec = {"rule": spec or "exact"} if not isinstance(spec, dict) else dict(spec)
+    name = spec.pop("rule", "exact")
+    if name not in RULES:
+        raise SpecbenchError(f"unknown acceptance rule '{name}': use one of {', '.join(RULES)}")
+    base = RULES[name]
+    unknown = sorted(set(spec) - set(base.params))
+    if unknown:
+        raise SpecbenchError(f"acceptance rule '{name}' has no parameter '{unknown[0]}'")
+    return Rule(base.name, base.lossless, base.sampled, {**base.params, **spec})

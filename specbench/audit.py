@@ -12,14 +12,14 @@ from .verify import NEAR_TIE, greedy_check, sampling_test
 GREEDY_TOKENS = 128  # default per-turn budget of the greedy audit when the task's own is longer
 
 
-def _greedy(session: Session, proposer, vanilla, questions, budget: int, seed: int) -> tuple[int, int, int]:
+def _greedy(session: Session, method: str, proposer, vanilla, questions, budget: int, seed: int) -> tuple:
     exact = ties = bugs = 0
     bar = Progress(len(questions), "greedy audit", "questions")
     for q in questions:
         bar.update()
         s = question_seed(seed, q.id, 0.0)
-        ref, ref_prompts, _ = session.answer(vanilla, q, budget, 0.0, s)
-        ours, _, _ = session.answer(proposer, q, budget, 0.0, s)
+        ref, ref_prompts, _ = session.answer("vanilla", vanilla, q, budget, 0.0, s)
+        ours, _, _ = session.answer(method, proposer, q, budget, 0.0, s)
         check = greedy_check(session.model, [g.tokens for g in ours], [g.tokens for g in ref], ref_prompts)
         if check["match"]:
             exact += 1
@@ -68,7 +68,7 @@ def audit(args) -> int:
     print(f"verify {args.method} on {session.spec.name} ({'lossless rule' if lossless else 'LOSSY rule'})")
     if args.mode in ("greedy", "both"):
         budget = args.max_new_tokens or GREEDY_TOKENS
-        exact, ties, bugs = _greedy(session, proposer, vanilla, questions, budget, args.seed)
+        exact, ties, bugs = _greedy(session, args.method, proposer, vanilla, questions, budget, args.seed)
         print(
             f"greedy: {exact}/{len(questions)} questions token-identical to vanilla, {ties} near-tie divergences "
             f"(margin < {NEAR_TIE[session.dtype]:g}), {bugs} real mismatches -> {'FAIL' if bugs else 'pass'}"
@@ -91,6 +91,7 @@ def audit(args) -> int:
                 stop_ids=session.stop_ids,
                 alpha=args.alpha,
                 seed=args.seed,
+                rule=methods.rule(args.method),
             )
             verdict = "pass" if result.passed else ("FAIL" if lossless else "differs (lossy by design)")
             print(

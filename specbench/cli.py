@@ -436,9 +436,21 @@ def _zoo(args) -> None:
         print(build_family(out, data, smoke=args.smoke, seed=args.seed))
 
 
+def _add_user_methods() -> None:
+    """Folders of method modules and presets named by $SPECBENCH_METHODS (separated like PATH) join the registry."""
+    folders = [f for f in os.environ.get("SPECBENCH_METHODS", "").split(os.pathsep) if f]
+    if folders:
+        from . import methods  # noqa: F401  (the built-in methods first)
+        from .registry import add_methods
+
+        for folder in folders:
+            add_methods(folder)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        _add_user_methods()
         if args.command == "run":
             _run(args)
         elif args.command == "report":

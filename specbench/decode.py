@@ -10,7 +10,7 @@ import torch
 from . import acceptance
 from .errors import SpecbenchError
 from .methods.base import Feedback, Proposer
-from .sampling import probabilities
+from .step import verify
 from .target import Target
 
 
@@ -50,8 +50,10 @@ def decode(
     temperature: float,
     stop_ids: set[int],
     generator: torch.Generator | None = None,
+    rule: acceptance.Rule = acceptance.EXACT,
 ) -> Generation:
-    """Generate up to max_new_tokens after `prompt`, timing prefill to last token (device synchronised)."""
+    """Generate up to max_new_tokens after `prompt`, timing prefill to last token (device synchronised).
+    `rule` is the method's acceptance rule (its preset's, through `methods.rule`)."""
     if max_new_tokens <= 0:
         raise SpecbenchError(f"max_new_tokens must be positive, got {max_new_tokens}")
     if len(prompt) >= target.context_length:
@@ -73,21 +75,8 @@ def decode(
         t0 = _clock(device)
         proposal = proposer.propose(tokens, depth).pruned(depth)
         t1 = _clock(device)
-        past = target.cached
-        tree, side = proposal.tree, proposal.side
-        out = target.run([tokens[-1], *tree.tokens, *(side.tokens if side else [])], tree, layers=layers, side=side)
-        logits = out.logits[: len(tree) + 1]
-        if temperature == 0:
-            accepted = acceptance.greedy(proposal.tree, logits)
-        else:
-            probs = probabilities(logits, temperature)
-            if proposer.typical is not None:
-                accepted = acceptance.typical(proposal.tree, probs, **proposer.typical, generator=generator)
-            else:
-                accepted = acceptance.speculative_sampling(proposal.tree, probs, proposal.draft_probs, generator)
-        kept = [0, *accepted.rows]
-        target.commit(past, kept)
-        new = [proposal.tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
+        step = verify(target, tokens[-1], proposal, rule, temperature, generator, layers)
+        new = step.new
         stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
         if stop_at is not None:
             new = new[: stop_at + 1]
@@ -95,15 +84,16 @@ def decode(
         tokens.extend(new)
         gen.tokens.extend(new)
         t2 = _clock(device)
+        n = len(proposal.tree) + 1
+        out = step.output
         feedback = Feedback(
-            accepted,
-            out.features[kept] if out.features is not None else None,
-            out.logits[len(tree) + 1 :] if side else None,
+            step.accepted,
+            out.features[step.kept] if out.features is not None else None,
+            out.logits[n:] if proposal.side else None,
         )
         proposer.update(tokens, proposal, feedback)
         t3 = _clock(device)
-        sent = len(tree) + 1 + (len(side.tokens) if side else 0)
-        gen.steps.append(Step(len(new), accepted.tested, sent, t1 - t0 + t3 - t2, t2 - t1))
+        gen.steps.append(Step(len(new), step.accepted.tested, len(out.logits), t1 - t0 + t3 - t2, t2 - t1))
         if stop_at is not None:
             break
     gen.wall_time = _clock(device) - start

@@ -62,6 +62,7 @@ def choose_methods(
     names = ["vanilla", *[n for n in names if n != "vanilla"]]
     runnable, skipped = [], {}
     for name in names:
+        methods.rule(name)  # a preset whose rule contradicts its label fails here, before anything loads
         missing = [n for n in methods.needs(name) if need_source(n, spec, draft, heads) is None]
         if not missing:
             runnable.append(name)

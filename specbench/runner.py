@@ -203,8 +203,18 @@ class Session:
             )
         return ids
 
-    def answer(self, proposer, question: tasks.Question, max_new_tokens: int, temperature: float, seed: int):
-        """Decode every turn, feeding the model's own earlier answers back. Returns generations and prompts."""
+    def answer(
+        self,
+        method: str,
+        proposer,
+        question: tasks.Question,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+    ):
+        """Decode every turn with the method's proposer and acceptance rule, feeding the model's own earlier
+        answers back. Returns generations, prompts and texts."""
+        rule = methods.rule(method)
         generator = torch.Generator(self.device).manual_seed(seed)
         messages: list[dict[str, str]] = []
         gens: list[Generation] = []
@@ -221,6 +231,7 @@ class Session:
                 temperature=temperature,
                 stop_ids=self.stop_ids,
                 generator=generator,
+                rule=rule,
             )
             text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True).strip()
             messages.append({"role": "assistant", "content": text})
@@ -335,13 +346,13 @@ def run(cfg: RunConfig) -> Path:
         lossless = bool(methods.preset(name).get("lossless", True))
         bar.set_description(f"{task.name} T={temperature:g} {name}")
         if cfg.warmup:
-            session.answer(proposer, questions[0], budget, temperature, 0)
+            session.answer(name, proposer, questions[0], budget, temperature, 0)
         reference = {}
         if temperature == 0 and name != "vanilla":
             reference = {a.question_id: a for a in read_file(answer_path(run_dir, task.name, "vanilla", 0.0))}
         for question in pending:
             seed = question_seed(cfg.seed, question.id, temperature)
-            gens, prompts, texts = session.answer(proposer, question, budget, temperature, seed)
+            gens, prompts, texts = session.answer(name, proposer, question, budget, temperature, seed)
             answer = _answer_record(
                 question, task.name, name, lossless, temperature, session.spec.name, seed, gens, texts
             )

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from scipy import stats
 
+from . import acceptance
 from .decode import decode
 from .errors import SpecbenchError
 from .methods.base import Proposer
@@ -131,6 +132,7 @@ def sampling_test(
     stop_ids: set[int],
     alpha: float = 1e-3,
     seed: int = 0,
+    rule: acceptance.Rule = acceptance.EXACT,
 ) -> SamplingTest:
     """Chi-square goodness of fit of the method's first `horizon` sampled tokens against vanilla's exact law.
 
@@ -159,6 +161,7 @@ def sampling_test(
             temperature=temperature,
             stop_ids=stop_ids,
             generator=generator,
+            rule=rule,
         )
         counts[min(of.get(tuple(out.tokens), len(masses) - 1), len(expected) - 1)] += 1
     expected *= samples / expected.sum()

@@ -4,12 +4,12 @@ equality with vanilla, acceptance of briefly trained heads, and the sampling tes
 import pytest
 import torch
 
-from specbench import acceptance, methods
+from specbench import acceptance, methods, presets
 from specbench.choices import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63
 from specbench.decode import decode
 from specbench.errors import SpecbenchError
 from specbench.heads.eagle import build, config_from_target
-from specbench.heads.medusa import MedusaHeads, save
+from specbench.heads.medusa import MedusaHeads
 from specbench.heads.train import TrainConfig, train_eagle, train_medusa
 from specbench.methods.eagle import DynamicTree, Eagle, StaticTree
 from specbench.methods.medusa import Medusa
@@ -186,16 +186,19 @@ def test_tree_methods_pass_the_sampling_test(small_vocab, name):
     assert result.passed, result
 
 
-def test_typical_acceptance_is_labelled_lossy(small_vocab, tmp_path):
+def test_typical_acceptance_is_labelled_lossy(small_vocab, tmp_path, monkeypatch):
     assert methods.preset("medusa-typical")["lossless"] is False
     assert methods.preset("medusa")["lossless"] is True
-    save(random_medusa(small_vocab).heads, tmp_path, "random")
-    res = methods.Resources("m", small_vocab, None, "cpu", torch.float32, head_paths={"medusa": tmp_path})
-    assert methods.build("medusa-typical", res).typical is not None
+    rule = methods.rule("medusa-typical")
+    assert rule.lossless is False and rule.params == {"posterior_threshold": 0.09, "posterior_alpha": 0.3}
+    lying = tmp_path / "presets"
+    lying.mkdir()
+    (lying / "medusa-lying.yaml").write_text("implementation: medusa\nlossless: true\nacceptance: typical\n")
+    monkeypatch.setattr(presets, "_EXTRA", {})  # the extra preset folder is this test's alone
+    presets.add_dir("methods", lying)
     with pytest.raises(SpecbenchError, match="must say lossless: false"):
-        methods.build("medusa", res, {"acceptance": "typical"})  # a lossy rule under a lossless label
-    proposer = random_medusa(small_vocab, acceptance="typical")
-    assert proposer.lossless is False and proposer.typical == {"posterior_threshold": 0.09, "posterior_alpha": 0.3}
+        methods.rule("medusa-lying")  # a lossy rule under a lossless label
+    proposer = random_medusa(small_vocab)
     gen = decode(
         Target(small_vocab),
         proposer,
@@ -204,5 +207,6 @@ def test_typical_acceptance_is_labelled_lossy(small_vocab, tmp_path):
         temperature=1.0,
         stop_ids=set(),
         generator=torch.Generator().manual_seed(0),
+        rule=rule,
     )
     assert len(gen.tokens) == 12

@@ -12,7 +12,7 @@ import re
 
 import yaml
 
-from .. import presets, registry
+from .. import acceptance, presets, registry
 from ..errors import SpecbenchError
 from ..registry import Need, parse_needs
 from .base import Proposal, Proposer
@@ -72,13 +72,21 @@ def build(name: str, res: Resources, overrides: dict | None = None) -> Proposer:
     spec = preset(name)
     params = {**(spec.get("params") or {}), **(overrides or {})}
     try:
-        proposer = registry.IMPLEMENTATIONS[spec["implementation"]].build(params, res)
+        return registry.IMPLEMENTATIONS[spec["implementation"]].build(params, res)
     except (TypeError, ValueError) as err:
         raise SpecbenchError(f"bad parameters for method '{name}': {err}") from err
-    if proposer.lossless != bool(spec.get("lossless", True)):  # results are labelled from the preset
-        raise SpecbenchError(f"method preset '{name}' must say lossless: {str(proposer.lossless).lower()} for its rule")
-    proposer.name = name
-    return proposer
 
 
-__all__ = ["Proposal", "Proposer", "Resources", "available", "build", "needs", "preset", "variant"]
+def rule(name: str) -> acceptance.Rule:
+    """The method's acceptance rule from its preset (`acceptance:`, default exact), which must match its label."""
+    spec = preset(name)
+    try:
+        found = acceptance.rule(spec.get("acceptance"))
+    except SpecbenchError as err:
+        raise SpecbenchError(f"method preset '{name}': {err}") from err
+    if found.lossless != bool(spec.get("lossless", True)):  # results are labelled from the preset
+        raise SpecbenchError(f"method preset '{name}' must say lossless: {str(found.lossless).lower()} for its rule")
+    return found
+
+
+__all__ = ["Proposal", "Proposer", "Resources", "available", "build", "needs", "preset", "rule", "variant"]

@@ -48,10 +48,7 @@ class Proposer:
     method that drafts token by token stops there instead of wasting the work.
     """
 
-    name = "base"
-    lossless = True  # False for rules such as typical acceptance; results are labelled with it
     feature_layers: tuple[int, ...] | None = None  # target hidden states the method drafts from (Target.run)
-    typical: dict[str, float] | None = None  # set: Medusa's typical acceptance (lossy) replaces sampling at T > 0
 
     def start(
         self,

@@ -97,7 +97,6 @@ class DynamicTree:
 
 
 class Eagle(Proposer):
-    name = "eagle"
 
     def __init__(
         self,

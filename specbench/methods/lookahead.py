@@ -19,7 +19,6 @@ from .resources import Resources
 
 
 class Lookahead(Proposer):
-    name = "lookahead"
 
     def __init__(
         self, ngram_size: int = 5, window_size: int = 7, guess_set_size: int = 7, pool_from_prompt: bool = False

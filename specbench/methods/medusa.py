@@ -14,11 +14,8 @@ from ..tree import Tree, from_choices
 from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
 from .resources import Resources
 
-ACCEPTANCE = ("exact", "typical")  # exact: greedy at T = 0, lossless tree rejection sampling at T > 0
-
 
 class Medusa(Proposer):
-    name = "medusa"
     feature_layers = (-1,)
 
     def __init__(
@@ -26,9 +23,6 @@ class Medusa(Proposer):
         heads: MedusaHeads,
         lm_head: nn.Module,
         choices: list[list[int]],
-        acceptance: str = "exact",
-        posterior_threshold: float = 0.09,
-        posterior_alpha: float = 0.3,
     ) -> None:
         vocab, hidden = lm_head.weight.shape
         own = None if heads.shared_lm_head else heads[0][-1].out_features
@@ -37,8 +31,6 @@ class Medusa(Proposer):
                 f"the Medusa heads are for hidden size {heads[0][0].linear.in_features} and vocabulary "
                 f"{own or vocab}, the target has {hidden} and {vocab}: use heads trained for this target"
             )
-        if acceptance not in ACCEPTANCE:
-            raise ValueError(f"acceptance must be one of {', '.join(ACCEPTANCE)}, got '{acceptance}'")
         self.template = from_choices(choices, max_rank=vocab)  # tokens: each node's rank in its head's top-k
         self.depth = self.template.max_depth()
         if self.depth > len(heads):
@@ -48,9 +40,6 @@ class Medusa(Proposer):
             )
         self.heads = heads
         self.lm_head = lm_head
-        typical = {"posterior_threshold": posterior_threshold, "posterior_alpha": posterior_alpha}
-        self.typical = typical if acceptance == "typical" else None
-        self.lossless = self.typical is None
         self.slot = (
             torch.tensor([d - 1 for d in self.template.depths()]),  # which head
             torch.tensor(self.template.tokens),  # which of its candidates

@@ -19,6 +19,7 @@ import torch
 from .. import acceptance
 from ..registry import implementation
 from ..sampling import probabilities
+from ..step import verify
 from ..target import Target
 from ..tree import trie
 from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
@@ -27,7 +28,6 @@ from .resources import Resources
 
 
 class Ouroboros(Proposer):
-    name = "ouroboros"
 
     def __init__(
         self,
@@ -77,20 +77,11 @@ class Ouroboros(Proposer):
         """One draft forward over its own lookahead proposal after seq[-1]: the tokens it keeps (at least one)
         and, when sampling, the draft distribution each was drawn from (q [V] per token)."""
         proposal = self.drafter.propose(seq, self.drafter.reach)
-        tree, side = proposal.tree, proposal.side
-        past = self.draft.cached
-        out = self.draft.run([seq[-1], *tree.tokens, *side.tokens], tree, side=side)
-        logits = out.logits[: len(tree) + 1]  # [1 + n, V]
-        if self.temperature == 0:
-            accepted = acceptance.greedy(tree, logits)
-            q_rows = []
-        else:
-            probs = probabilities(logits, self.temperature)
-            accepted = acceptance.speculative_sampling(tree, probs, None, self.generator)
-            q_rows = list(probs[[0, *accepted.rows]])
-        self.draft.commit(past, [0, *accepted.rows])
-        new = [tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
-        self.drafter.update([*seq, *new], proposal, Feedback(accepted, side_logits=out.logits[len(tree) + 1 :]))
+        step = verify(self.draft, seq[-1], proposal, acceptance.EXACT, self.temperature, self.generator)
+        n = len(proposal.tree) + 1
+        q_rows = [] if self.temperature == 0 else list(probabilities(step.output.logits[step.kept], self.temperature))
+        new = step.new
+        self.drafter.update([*seq, *new], proposal, Feedback(step.accepted, side_logits=step.output.logits[n:]))
         return new, q_rows
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:

@@ -8,7 +8,7 @@ from .resources import Resources
 
 
 class Vanilla(Proposer):
-    name = "vanilla"
+    """Proposes nothing: every step verifies the root alone and keeps the target's token."""
 
 
 @implementation("vanilla", color="#7f7f7f")

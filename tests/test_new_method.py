@@ -1,0 +1,70 @@
+"""A method added from outside the package: one module and one preset in a folder, registered through the public
+registry (`SPECBENCH_METHODS`), runs, verifies and reports with no file of the project touched."""
+
+from __future__ import annotations
+
+import json
+
+from specbench import presets, registry
+from specbench.cli import main
+
+MODULE = '''
+"""repeat: proposes the root token k more times (a point-mass chain, so the exact rule keeps it lossless)."""
+
+from specbench.methods.base import Proposal, Proposer
+from specbench.registry import implementation
+from specbench.tree import chain
+
+
+class Repeat(Proposer):
+    def __init__(self, length: int = 2) -> None:
+        self.length = length
+
+    def propose(self, tokens, max_depth):
+        return Proposal(chain([tokens[-1]] * min(self.length, max_depth)))
+
+
+@implementation("repeat", color="#000000")
+def build(params, resources):
+    return Repeat(**params)
+'''
+
+PRESET = """implementation: repeat
+description: the root token proposed again (a toy method)
+lossless: true
+params:
+  length: 3
+"""
+
+
+def test_a_method_from_a_plugin_folder_runs_verifies_and_reports(tmp_path, monkeypatch, capsys, tiny_models):
+    folder = tmp_path / "my_methods"
+    folder.mkdir()
+    (folder / "repeat.py").write_text(MODULE)
+    (folder / "repeat.yaml").write_text(PRESET)
+    monkeypatch.setenv("SPECBENCH_METHODS", str(folder))
+    monkeypatch.setattr(presets, "_EXTRA", {})
+    monkeypatch.setattr(registry, "IMPLEMENTATIONS", dict(registry.IMPLEMENTATIONS))
+    target, _ = tiny_models
+    run = tmp_path / "run"
+    argv = ["run", "--model", str(target), "--methods", "vanilla,repeat", "--limit", "1", "--max-new-tokens", "8",
+            "--out", str(run)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in (run / "answers" / "quick" / "repeat-temperature-0.jsonl").open()]
+    assert len(rows) == 6 and all(r["specbench"]["greedy_check"]["match"] for r in rows)
+    assert "repeat" in (run / "report" / "report.md").read_text()
+    capsys.readouterr()
+    argv = ["verify", "--method", "repeat", "--model", str(target), "--limit", "1", "--max-new-tokens", "8",
+            "--samples", "300", "--horizon", "2", "--prompts", "1"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "greedy: 6/6 questions token-identical" in out and "verdict: pass" in out
+    assert main(["list", "methods"]) == 0
+    assert "the root token proposed again" in capsys.readouterr().out
+
+
+def test_a_missing_plugin_folder_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECBENCH_METHODS", str(tmp_path / "nowhere"))
+    monkeypatch.setattr(presets, "_EXTRA", {})
+    assert main(["list", "methods"]) == 2
+    assert "method folder" in capsys.readouterr().err
