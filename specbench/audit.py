@@ -5,9 +5,9 @@ from __future__ import annotations
 from . import methods, tasks
 from .chat import prompt_ids
 from .errors import SpecbenchError
+from .losslessness import NEAR_TIE, greedy_check, sampling_test
 from .progress import Progress
 from .runner import RunConfig, Session, question_seed
-from .verify import NEAR_TIE, greedy_check, sampling_test
 
 GREEDY_TOKENS = 128  # default per-turn budget of the greedy audit when the task's own is longer
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import torch
 
 from . import acceptance
+from .cached_lm import CachedLM
 from .errors import SpecbenchError
 from .methods.base import Feedback, Proposer
 from .step import verify
-from .target import Target
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def _clock(device: torch.device) -> float:
 
 
 def decode(
-    target: Target,
+    target: CachedLM,
     proposer: Proposer,
     prompt: list[int],
     *,

@@ -16,13 +16,13 @@ import torch
 
 from . import __version__, methods, models, tasks
 from . import plan as planning
+from .cached_lm import CachedLM
 from .chat import prompt_ids
 from .decode import Generation, decode
 from .errors import SpecbenchError
+from .losslessness import greedy_check
 from .progress import Progress
 from .results import Answer, append, read_file
-from .target import Target
-from .verify import greedy_check
 
 
 @dataclass
@@ -130,7 +130,7 @@ def warn_if_busy(info: dict) -> None:
 
 @torch.inference_mode()
 def forward_profile(
-    target: Target, context: int = 256, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 5
+    target: CachedLM, context: int = 256, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 5
 ) -> dict[int, float]:
     """Median seconds of one target forward over k new tokens after `context` cached tokens (for roofline)."""
     context = min(context, target.context_length - max(sizes) - 1)
@@ -174,7 +174,7 @@ class Session:
         self.dtype = models.pick_dtype(cfg.dtype, self.device)
         self.tokenizer = models.load_tokenizer(paths["target"], cfg.trust_remote_code)
         self.model = models.load_causal_lm(paths["target"], self.device, self.dtype, "target", cfg.trust_remote_code)
-        self.target = Target(self.model)
+        self.target = CachedLM(self.model)
         self.stop_ids = models.stop_ids(self.tokenizer, self.model)
         self.resources = methods.Resources(
             self.spec.name,

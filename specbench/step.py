@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import acceptance
-from .target import Forward, Target
+from .cached_lm import CachedLM, Forward
 
 if TYPE_CHECKING:
     from .methods.base import Proposal
@@ -26,7 +26,7 @@ class Verified:
 
 
 def verify(
-    model: Target,
+    model: CachedLM,
     root: int,
     proposal: Proposal,
     rule: acceptance.Rule,

@@ -1,12 +1,12 @@
 import pytest
 import torch
 
+from specbench.cached_lm import CachedLM
 from specbench.decode import decode
 from specbench.errors import SpecbenchError
 from specbench.methods.pld import PromptLookup, find_continuation
 from specbench.methods.sps import DraftModel
 from specbench.methods.vanilla import Vanilla
-from specbench.target import Target
 from specbench.tree import Tree
 
 from .conftest import random_llama, random_qwen2
@@ -21,7 +21,7 @@ def pair(request):
 
 
 def greedy_tokens(target, proposer, prompt, n=40, stop=frozenset()):
-    return decode(Target(target), proposer, prompt, max_new_tokens=n, temperature=0, stop_ids=set(stop))
+    return decode(CachedLM(target), proposer, prompt, max_new_tokens=n, temperature=0, stop_ids=set(stop))
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -73,7 +73,7 @@ def test_draft_stops_at_the_token_budget(pair, monkeypatch):
 def test_tree_commit_keeps_non_contiguous_rows(pair):
     """Verify a tree whose accepted path skips rows; later logits must equal a fresh forward's."""
     target, _ = pair
-    t = Target(target)
+    t = CachedLM(target)
     prompt = PROMPTS[0]
     t.forward(prompt[:-1])
     full = target(torch.tensor([prompt])).logits[0, -1]
@@ -82,7 +82,7 @@ def test_tree_commit_keeps_non_contiguous_rows(pair):
     b = int(after_a.argmax())
     tree = Tree([(a + 1) % 64, a, 3, b], [-1, -1, 0, 1])  # rows: 1 wrong, 2 = a, 3 under wrong, 4 = b under a
     past = t.cached
-    t.verify(prompt[-1], tree)
+    t.forward([prompt[-1], *tree.tokens], tree)
     t.commit(past, [0, 2, 4])
     assert t.cached == len(prompt) + 2
     nxt = t.forward([int(after_a.argmax())])
@@ -93,7 +93,7 @@ def test_tree_commit_keeps_non_contiguous_rows(pair):
 def test_prompt_longer_than_context_is_refused():
     target = random_llama(32, context=16)
     with pytest.raises(SpecbenchError, match="context"):
-        decode(Target(target), Vanilla(), list(range(1, 20)), max_new_tokens=4, temperature=0, stop_ids=set())
+        decode(CachedLM(target), Vanilla(), list(range(1, 20)), max_new_tokens=4, temperature=0, stop_ids=set())
 
 
 def test_nonpositive_budget_is_refused(pair):
@@ -111,7 +111,7 @@ def test_find_continuation_hand_worked():
 
 def test_features_come_with_the_same_logits(pair):
     target, _ = pair
-    t = Target(target)
+    t = CachedLM(target)
     prompt = PROMPTS[0]
     plain = t.run(prompt).logits
     t.reset()
@@ -125,15 +125,15 @@ def test_features_come_with_the_same_logits(pair):
 
 
 def test_side_branch_leaves_tree_logits_alone(pair):
-    from specbench.target import SideBranch
+    from specbench.cached_lm import SideBranch
 
     target, _ = pair
     prompt = PROMPTS[0]
     tree = Tree([4, 5], [-1, 0])
-    t = Target(target)
+    t = CachedLM(target)
     t.forward(prompt[:-1])
     past = t.cached
-    alone = t.verify(prompt[-1], tree)
+    alone = t.forward([prompt[-1], *tree.tokens], tree)
     t.crop(past)
     # two side tokens at offsets 1 and 2 that see the root and each other causally, not the tree
     allowed = torch.tensor([[1, 0, 0, 1, 0], [1, 0, 0, 1, 1]], dtype=torch.bool)

@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
 from specbench import methods, models
+from specbench.cached_lm import CachedLM
 from specbench.cli import main
 from specbench.decode import decode
 from specbench.errors import SpecbenchError
@@ -25,10 +26,9 @@ from specbench.heads.train import (
     ttt_pairs,
     unroll,
 )
+from specbench.losslessness import sampling_test
 from specbench.methods.eagle import DynamicTree, Eagle
 from specbench.methods.vanilla import Vanilla
-from specbench.target import Target
-from specbench.verify import sampling_test
 
 from .conftest import random_llama, random_qwen2
 
@@ -105,7 +105,7 @@ def resources(model, head: str | None) -> methods.Resources:
 
 
 def greedy(model, proposer, prompt=PROMPTS[0], n=30):
-    return decode(Target(model), proposer, prompt, max_new_tokens=n, temperature=0, stop_ids=set())
+    return decode(CachedLM(model), proposer, prompt, max_new_tokens=n, temperature=0, stop_ids=set())
 
 
 def random_head(model, used: torch.Tensor | None = None, seed: int = 3, std: float = 0.1) -> eagle3.Eagle3Head:
@@ -218,7 +218,7 @@ def test_greedy_eagle3_matches_vanilla_token_for_token(target, prompt):
 def test_drafted_tokens_are_target_ids_of_the_draft_vocabulary(llama):
     p = proposer(llama, random_head(llama, USED), DynamicTree(60, 7, 10))
     prompt = PROMPTS[0]
-    target = Target(llama)
+    target = CachedLM(llama)
     target.reset()
     p.start(prompt, 0.0, None, target.run(prompt[:-1], layers=p.feature_layers).features)
     assert p.pending.shape == (0, 3 * HIDDEN) and p.feature_layers == (2, 3, 4)
@@ -233,7 +233,7 @@ def test_eagle3_passes_the_sampling_test():
     model = random_llama(8, layers=5, hidden=32, seed=0, init=0.5)
     head = random_head(model, torch.tensor([0, 2, 3, 5, 7]), std=0.3)
     result = sampling_test(
-        Target(model), proposer(model, head, DynamicTree(10, 1, 3)), [1, 2, 3, 1, 2], horizon=3, samples=1000,
+        CachedLM(model), proposer(model, head, DynamicTree(10, 1, 3)), [1, 2, 3, 1, 2], horizon=3, samples=1000,
         temperature=1.0, stop_ids=set(),
     )  # fmt: skip
     assert result.passed, result

@@ -8,13 +8,13 @@ import torch
 from safetensors.torch import save_file
 
 from specbench import methods
+from specbench.cached_lm import CachedLM
 from specbench.decode import decode
 from specbench.errors import SpecbenchError
 from specbench.heads import eagle as eagle_heads
 from specbench.heads import medusa as medusa_heads
 from specbench.heads.checkpoint import target_signature
 from specbench.methods.vanilla import Vanilla
-from specbench.target import Target
 
 from .conftest import random_llama
 
@@ -49,7 +49,7 @@ def resources(model, head) -> methods.Resources:
 
 
 def greedy(model, proposer, prompt=PROMPT, n=30):
-    return decode(Target(model), proposer, prompt, max_new_tokens=n, temperature=0, stop_ids=set())
+    return decode(CachedLM(model), proposer, prompt, max_new_tokens=n, temperature=0, stop_ids=set())
 
 
 def medusa_state(num_heads: int, own_projection: bool = True) -> dict[str, torch.Tensor]:

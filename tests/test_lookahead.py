@@ -2,15 +2,15 @@ import pytest
 import torch
 
 from specbench import methods
+from specbench.cached_lm import CachedLM
 from specbench.decode import decode
 from specbench.errors import SpecbenchError
+from specbench.losslessness import sampling_test
 from specbench.methods.jacobi import JacobiWindow, lookahead_mask, lookahead_offsets
 from specbench.methods.lookahead import Lookahead
 from specbench.methods.ngram_pool import NgramPool
 from specbench.methods.vanilla import Vanilla
-from specbench.target import Target
 from specbench.tree import Tree, trie
-from specbench.verify import sampling_test
 
 from .conftest import random_llama, random_qwen2
 
@@ -41,10 +41,10 @@ def test_window_rows_see_exactly_their_column_sequence():
     window.rows = [[30, 31, 32, 33], [40, 41, 42, 43], [50, 51, 52, 53]]
     tree = trie([[6, 8], [6, 9], [12]])
     side = window.side(len(tree))
-    target = Target(model)
+    target = CachedLM(model)
     target.forward(prompt[:-1])
     past = target.cached
-    alone = target.verify(prompt[-1], tree)
+    alone = target.forward([prompt[-1], *tree.tokens], tree)
     target.crop(past)
     out = target.run([prompt[-1], *tree.tokens, *side.tokens], tree, side=side).logits
     torch.testing.assert_close(out[: len(tree) + 1], alone, atol=1e-5, rtol=1e-5)
@@ -97,9 +97,9 @@ def target(request):
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_lookahead_matches_vanilla_token_for_token(target, prompt):
-    reference = decode(Target(target), Vanilla(), prompt, max_new_tokens=40, temperature=0, stop_ids=set()).tokens
+    reference = decode(CachedLM(target), Vanilla(), prompt, max_new_tokens=40, temperature=0, stop_ids=set()).tokens
     for proposer in (Lookahead(), Lookahead(3, 4, 3, pool_from_prompt=True), Lookahead(2, 1, 1)):
-        gen = decode(Target(target), proposer, prompt, max_new_tokens=40, temperature=0, stop_ids=set())
+        gen = decode(CachedLM(target), proposer, prompt, max_new_tokens=40, temperature=0, stop_ids=set())
         assert gen.tokens == reference, proposer.__dict__
         assert sum(gen.accept_lengths) == 40
 
@@ -109,7 +109,7 @@ def test_lookahead_pool_gets_hits(target):
     best = 0
     for prompt in PROMPTS[:2]:
         for proposer in (Lookahead(), Lookahead(4, 5, 5, pool_from_prompt=True)):
-            gen = decode(Target(target), proposer, prompt, max_new_tokens=40, temperature=0, stop_ids=set())
+            gen = decode(CachedLM(target), proposer, prompt, max_new_tokens=40, temperature=0, stop_ids=set())
             best = max(best, *gen.accept_lengths)
             assert max(s.tree_size for s in gen.steps) > 1
     assert best > 1
@@ -119,7 +119,7 @@ def test_lookahead_pool_gets_hits(target):
 def small_vocab():
     """An 8-token target (cheap exact law) and a prompt of its own greedy text, so that pooled n-grams hit."""
     model = random_llama(8, layers=1, hidden=32, seed=0, init=0.5)
-    text = decode(Target(model), Vanilla(), [1, 2], max_new_tokens=8, temperature=0, stop_ids=set()).tokens
+    text = decode(CachedLM(model), Vanilla(), [1, 2], max_new_tokens=8, temperature=0, stop_ids=set()).tokens
     return model, [1, 2, *text]
 
 
@@ -128,12 +128,13 @@ def test_lookahead_passes_the_sampling_test(small_vocab):
     proposer = Lookahead(3, 3, 4, pool_from_prompt=True)
     generator = torch.Generator().manual_seed(1)
     runs = [
-        decode(Target(model), proposer, prompt, max_new_tokens=3, temperature=1.0, stop_ids=set(), generator=generator)
+        decode(CachedLM(model), proposer, prompt, max_new_tokens=3, temperature=1.0, stop_ids=set(),
+               generator=generator)
         for _ in range(40)
     ]
     assert max(n for run in runs for n in run.accept_lengths) > 1  # the tree is exercised while sampling
     result = sampling_test(
-        Target(model), proposer, prompt, horizon=3, samples=1500, temperature=1.0, stop_ids=set(), seed=0
+        CachedLM(model), proposer, prompt, horizon=3, samples=1500, temperature=1.0, stop_ids=set(), seed=0
     )
     assert result.passed, result
 

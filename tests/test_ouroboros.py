@@ -1,11 +1,11 @@
 import pytest
 import torch
 
+from specbench.cached_lm import CachedLM
 from specbench.decode import decode
+from specbench.losslessness import sampling_test
 from specbench.methods.ouroboros import Ouroboros
 from specbench.methods.vanilla import Vanilla
-from specbench.target import Target
-from specbench.verify import sampling_test
 
 from .conftest import random_llama, random_qwen2
 
@@ -19,7 +19,7 @@ def pair(request):
 
 
 def greedy(target, proposer, prompt, n=40):
-    return decode(Target(target), proposer, prompt, max_new_tokens=n, temperature=0, stop_ids=set())
+    return decode(CachedLM(target), proposer, prompt, max_new_tokens=n, temperature=0, stop_ids=set())
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -69,7 +69,7 @@ def test_ouroboros_passes_the_sampling_test(small_vocab, use_target_as_draft):
     drafter = target if use_target_as_draft else draft
     proposer = Ouroboros(drafter, 1, ngram_size=2, window_size=2, guess_set_size=2, topk=2, pool_from_prompt=True)
     result = sampling_test(
-        Target(target), proposer, prompt, horizon=3, samples=1500, temperature=1.0, stop_ids=set(), seed=0
+        CachedLM(target), proposer, prompt, horizon=3, samples=1500, temperature=1.0, stop_ids=set(), seed=0
     )
     assert result.passed, result
 

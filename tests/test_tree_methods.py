@@ -5,18 +5,18 @@ import pytest
 import torch
 
 from specbench import acceptance, methods, presets
+from specbench.cached_lm import CachedLM
 from specbench.choices import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63
 from specbench.decode import decode
 from specbench.errors import SpecbenchError
 from specbench.heads.eagle import build, config_from_target
 from specbench.heads.medusa import MedusaHeads
 from specbench.heads.train import TrainConfig, train_eagle, train_medusa
+from specbench.losslessness import sampling_test
 from specbench.methods.eagle import DynamicTree, Eagle, StaticTree
 from specbench.methods.medusa import Medusa
 from specbench.methods.vanilla import Vanilla
-from specbench.target import Target
 from specbench.tree import Tree, from_choices
-from specbench.verify import sampling_test
 
 from .conftest import random_llama, random_qwen2
 
@@ -85,7 +85,7 @@ def target(request):
 
 
 def greedy(model, proposer, prompt, n=40):
-    return decode(Target(model), proposer, prompt, max_new_tokens=n, temperature=0, stop_ids=set())
+    return decode(CachedLM(model), proposer, prompt, max_new_tokens=n, temperature=0, stop_ids=set())
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -100,7 +100,7 @@ def test_tree_methods_match_vanilla_token_for_token(target, prompt):
 def test_stop_token_and_budget_cut_tree_steps(target):
     reference = greedy(target, Vanilla(), PROMPTS[0], n=30).tokens
     for name, proposer in proposers(target, random_eagle_head(target)).items():
-        gen = decode(Target(target), proposer, PROMPTS[0], max_new_tokens=30, temperature=0, stop_ids={reference[9]})
+        gen = decode(CachedLM(target), proposer, PROMPTS[0], max_new_tokens=30, temperature=0, stop_ids={reference[9]})
         assert gen.tokens == reference[: reference.index(reference[9]) + 1], name
         assert greedy(target, proposer, PROMPTS[0], n=7).tokens == reference[:7], name
 
@@ -181,7 +181,7 @@ def test_tree_methods_pass_the_sampling_test(small_vocab, name):
         "eagle2": Eagle(head, lm_head, DynamicTree(10, 1, 3)),
     }[name]  # trees two deep: a horizon of 3 tokens verifies at most two drafted levels
     result = sampling_test(
-        Target(small_vocab), proposer, [1, 2, 3, 1, 2], horizon=3, samples=1000, temperature=1.0, stop_ids=set()
+        CachedLM(small_vocab), proposer, [1, 2, 3, 1, 2], horizon=3, samples=1000, temperature=1.0, stop_ids=set()
     )
     assert result.passed, result
 
@@ -200,7 +200,7 @@ def test_typical_acceptance_is_labelled_lossy(small_vocab, tmp_path, monkeypatch
         methods.rule("medusa-lying")  # a lossy rule under a lossless label
     proposer = random_medusa(small_vocab)
     gen = decode(
-        Target(small_vocab),
+        CachedLM(small_vocab),
         proposer,
         [1, 2, 3],
         max_new_tokens=12,

@@ -1,12 +1,12 @@
 import pytest
 import torch
 
+from specbench.cached_lm import CachedLM
+from specbench.losslessness import exact_distribution, first_divergence, greedy_check, sampling_test
 from specbench.methods.base import Proposal
 from specbench.methods.pld import PromptLookup
 from specbench.methods.sps import DraftModel
 from specbench.methods.vanilla import Vanilla
-from specbench.target import Target
-from specbench.verify import exact_distribution, first_divergence, greedy_check, sampling_test
 
 from .conftest import random_llama
 
@@ -32,18 +32,18 @@ class UniformClaimDraft(DraftModel):
 
 def run_test(target, proposer, samples=1500):
     return sampling_test(
-        Target(target), proposer, PROMPT, horizon=2, samples=samples, temperature=1.0, stop_ids=set(), seed=0
+        CachedLM(target), proposer, PROMPT, horizon=2, samples=samples, temperature=1.0, stop_ids=set(), seed=0
     )
 
 
 def test_exact_distribution_sums_to_one(small_vocab):
-    law = exact_distribution(Target(small_vocab[0]), PROMPT, 2, 1.0, set(), min_prob=0.0)
+    law = exact_distribution(CachedLM(small_vocab[0]), PROMPT, 2, 1.0, set(), min_prob=0.0)
     assert len(law) == 64
     assert abs(sum(law.values()) - 1) < 1e-5
 
 
 def test_stop_token_ends_a_sequence_early(small_vocab):
-    law = exact_distribution(Target(small_vocab[0]), PROMPT, 2, 1.0, {3}, min_prob=0.0)
+    law = exact_distribution(CachedLM(small_vocab[0]), PROMPT, 2, 1.0, {3}, min_prob=0.0)
     assert (3,) in law and not any(len(k) == 2 and k[0] == 3 for k in law)
     assert abs(sum(law.values()) - 1) < 1e-5
 

@@ -26,7 +26,7 @@ from .checkpoint import check, config_shape, read_config, read_weights
 
 
 def feature_layers(num_layers: int) -> tuple[int, int, int]:
-    """The target hidden states EAGLE-3 fuses, low -> mid -> high (indices as in Target.run: i = output of layer i)."""
+    """The target states EAGLE-3 fuses, low -> mid -> high (numbered as in CachedLM.run: i = layer i's output)."""
     if num_layers < 5:
         raise SpecbenchError(
             f"EAGLE-3 reads the target's hidden states 2, L//2 and L-3, so it needs >= 5 layers; the target has "

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
+from ..cached_lm import hidden_features
 from ..errors import SpecbenchError
 from ..progress import Progress
-from ..target import hidden_features
 from ..tree import additive_mask
 from . import eagle3
 from .checkpoint import target_signature
@@ -60,7 +60,7 @@ def windows(stream: torch.Tensor, cfg: TrainConfig, generator: torch.Generator, 
 
 @torch.no_grad()
 def target_pass(model: nn.Module, ids: torch.Tensor, layers: tuple[int, ...] = (-1,)) -> tuple[torch.Tensor, ...]:
-    """Features [B, L, F] (Target.run's `layers`; by default the final normalised states) and logits [B, L, V],
+    """Features [B, L, F] (CachedLM.run's `layers`; by default the final normalised states) and logits [B, L, V],
     in float32."""
     device = next(model.parameters()).device
     out = model.get_decoder()(input_ids=ids.to(device), output_hidden_states=any(i != -1 for i in layers))

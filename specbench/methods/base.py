@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..acceptance import Accepted
-from ..target import SideBranch
+from ..cached_lm import SideBranch
 from ..tree import EMPTY, Tree
 
 
@@ -48,7 +48,7 @@ class Proposer:
     method that drafts token by token stops there instead of wasting the work.
     """
 
-    feature_layers: tuple[int, ...] | None = None  # target hidden states the method drafts from (Target.run)
+    feature_layers: tuple[int, ...] | None = None  # target hidden states the method drafts from (CachedLM.run)
 
     def start(
         self,
@@ -57,13 +57,11 @@ class Proposer:
         generator: torch.Generator | None,
         features: torch.Tensor | None = None,
     ) -> None:
-        """A new turn begins with this prompt; `features` [len(prompt) - 1, F] when feature_layers is set."""
+        """A new turn begins with this prompt: a method with per-turn state (draft cache, pools) overrides this,
+        calls super().start(...) first, then resets its state. `features` [len(prompt) - 1, F] when
+        feature_layers is set."""
         self.temperature = temperature
         self.generator = generator
-        self.begin(prompt, features)
-
-    def begin(self, prompt: list[int], features: torch.Tensor | None) -> None:
-        """Reset the method's own per-turn state (draft cache, pools) for a new prompt."""
 
     def propose(self, tokens: list[int], max_depth: int) -> Proposal:
         return NO_PROPOSAL

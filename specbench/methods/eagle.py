@@ -104,7 +104,7 @@ class Eagle(Proposer):
         lm_head: Callable[[torch.Tensor], torch.Tensor],  # head output [n, H] -> draft-vocabulary logits [n, V']
         expansion: StaticTree | DynamicTree,
         *,
-        feature_layers: tuple[int, ...] = (-1,),  # the target states the head reads (Target.run's `layers`)
+        feature_layers: tuple[int, ...] = (-1,),  # the target states the head reads (CachedLM.run's `layers`)
         target_ids: Callable[[torch.Tensor], torch.Tensor] | None = None,  # draft ids -> target ids; None: equal
     ) -> None:
         self.head = head
@@ -114,7 +114,14 @@ class Eagle(Proposer):
         self.target_ids = target_ids
         self.device = head.fc.weight.device
 
-    def begin(self, prompt: list[int], features: torch.Tensor | None) -> None:
+    def start(
+        self,
+        prompt: list[int],
+        temperature: float,
+        generator: torch.Generator | None,
+        features: torch.Tensor | None = None,
+    ) -> None:
+        super().start(prompt, temperature, generator, features)
         self.cache = DynamicCache(config=self.head.config)  # pairs of committed tokens only
         self.pending = features if features is not None else torch.empty(0, self.head.feature_size)
         self.root: torch.Tensor | None = None  # [H]: the head's output at the root's position

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..target import SideBranch
+from ..cached_lm import SideBranch
 
 
 def lookahead_mask(levels: int, width: int) -> torch.Tensor:

@@ -35,7 +35,14 @@ class Lookahead(Proposer):
         """Largest position offset from the root a proposal uses."""
         return max(self.pool.length, self.window.reach)
 
-    def begin(self, prompt: list[int], features: torch.Tensor | None) -> None:
+    def start(
+        self,
+        prompt: list[int],
+        temperature: float,
+        generator: torch.Generator | None,
+        features: torch.Tensor | None = None,
+    ) -> None:
+        super().start(prompt, temperature, generator, features)
         self.pool.clear()
         if self.pool_from_prompt:
             self.pool.add_sequence(prompt)

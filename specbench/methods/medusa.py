@@ -46,7 +46,14 @@ class Medusa(Proposer):
         )
         self.hidden: torch.Tensor | None = None  # [H]: the target's last state, the one that produced the root
 
-    def begin(self, prompt: list[int], features: torch.Tensor | None) -> None:
+    def start(
+        self,
+        prompt: list[int],
+        temperature: float,
+        generator: torch.Generator | None,
+        features: torch.Tensor | None = None,
+    ) -> None:
+        super().start(prompt, temperature, generator, features)
         self.hidden = features[-1] if features is not None and len(features) else None
 
     @torch.inference_mode()

@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 
 from .. import acceptance
+from ..cached_lm import CachedLM
 from ..registry import implementation
 from ..sampling import probabilities
 from ..step import verify
-from ..target import Target
 from ..tree import trie
 from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
 from .lookahead import Lookahead
@@ -41,12 +41,19 @@ class Ouroboros(Proposer):
     ) -> None:
         if num_draft_tokens < 1 or topk < 0:
             raise ValueError("ouroboros needs num_draft_tokens >= 1 and topk >= 0")
-        self.draft = Target(draft_model)
+        self.draft = CachedLM(draft_model)
         self.drafter = Lookahead(ngram_size, window_size, guess_set_size, pool_from_prompt)
         self.gamma = num_draft_tokens
         self.topk = topk
 
-    def begin(self, prompt: list[int], features: torch.Tensor | None) -> None:
+    def start(
+        self,
+        prompt: list[int],
+        temperature: float,
+        generator: torch.Generator | None,
+        features: torch.Tensor | None = None,
+    ) -> None:
+        super().start(prompt, temperature, generator, features)
         self.drafter.start(prompt, self.temperature, self.generator)
         self.verified = len(prompt)  # tokens the pool has learned from
         self.draft.prefill(prompt)
@@ -85,8 +92,7 @@ class Ouroboros(Proposer):
         return new, q_rows
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
-        # Cached drafted tokens stay valid up to the last accepted one; the newest token is the next root.
-        self.draft.crop(min(self.draft.cached, len(tokens) - 1))
+        self.draft.follow(tokens)
         self.drafter.pool.add_sequence(tokens[max(0, self.verified - self.drafter.pool.length) :])
         self.verified = len(tokens)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from ..cached_lm import CachedLM
 from ..registry import implementation
 from ..sampling import probabilities, sample
-from ..target import Target
 from ..tree import chain
 from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
 from .resources import Resources
@@ -17,10 +17,17 @@ class DraftModel(Proposer):
     def __init__(self, draft_model, num_draft_tokens: int = 4) -> None:
         if num_draft_tokens < 1:
             raise ValueError("sps needs num_draft_tokens >= 1")
-        self.draft = Target(draft_model)
+        self.draft = CachedLM(draft_model)
         self.k = num_draft_tokens
 
-    def begin(self, prompt: list[int], features: torch.Tensor | None) -> None:
+    def start(
+        self,
+        prompt: list[int],
+        temperature: float,
+        generator: torch.Generator | None,
+        features: torch.Tensor | None = None,
+    ) -> None:
+        super().start(prompt, temperature, generator, features)
         self.draft.prefill(prompt)
 
     def propose(self, tokens: list[int], max_depth: int) -> Proposal:
@@ -42,8 +49,7 @@ class DraftModel(Proposer):
         return Proposal(chain(drafted), torch.stack(rows) if rows else None)
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
-        # Cached drafted tokens stay valid up to the last accepted one; the newest token is the next root.
-        self.draft.crop(min(self.draft.cached, len(tokens) - 1))
+        self.draft.follow(tokens)
 
 
 @implementation("sps", color="#1f77b4")

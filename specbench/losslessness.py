@@ -1,4 +1,5 @@
-"""Losslessness audits: greedy token-by-token agreement with vanilla, and a goodness-of-fit test for sampling."""
+"""Losslessness maths: greedy token-by-token agreement with vanilla, and a goodness-of-fit test for sampling
+(`specbench verify` runs them: audit.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import torch
 from scipy import stats
 
 from . import acceptance
+from .cached_lm import CachedLM
 from .decode import decode
 from .errors import SpecbenchError
 from .methods.base import Proposer
 from .sampling import probabilities
-from .target import Target
-from .tree import Tree
+from .tree import trie
 
 NEAR_TIE = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 1e-1}  # top-1/top-2 logit margins
 
@@ -68,7 +69,7 @@ class SamplingTest:
 
 
 def exact_distribution(
-    target: Target, prompt: list[int], horizon: int, temperature: float, stop_ids: set[int], min_prob: float
+    target: CachedLM, prompt: list[int], horizon: int, temperature: float, stop_ids: set[int], min_prob: float
 ) -> dict[tuple[int, ...], float]:
     """Vanilla sampling's exact probabilities of every continuation of `horizon` tokens (or ending at a stop
     token) whose probability is at least min_prob. Level by level, all open prefixes form one token tree
@@ -78,16 +79,12 @@ def exact_distribution(
     frontier: dict[tuple[int, ...], float] = {(): 1.0}
     done: dict[tuple[int, ...], float] = {}
     for _ in range(horizon):
-        node: dict[tuple[int, ...], int] = {(): 0}  # prefix -> input row ([root] + tree)
-        tokens: list[int] = []
-        parents: list[int] = []
-        for seq in frontier:
-            for depth in range(1, len(seq) + 1):
-                if seq[:depth] not in node:
-                    node[seq[:depth]] = len(tokens) + 1
-                    tokens.append(seq[depth - 1])
-                    parents.append(node[seq[: depth - 1]] - 1)
-        logits = target.verify(prompt[-1], Tree(tokens, parents))
+        tree = trie([list(seq) for seq in frontier])
+        prefixes: list[tuple[int, ...]] = []  # each node's token sequence from the root
+        for token, parent in zip(tree.tokens, tree.parents, strict=True):
+            prefixes.append((*(prefixes[parent] if parent >= 0 else ()), token))
+        node = {(): 0, **{seq: i + 1 for i, seq in enumerate(prefixes)}}  # prefix -> input row ([root] + tree)
+        logits = target.forward([prompt[-1], *tree.tokens], tree)
         target.crop(past)
         rows = [node[seq] for seq in frontier]
         probs = probabilities(logits[rows], temperature).cpu().numpy()
@@ -122,7 +119,7 @@ def _bins(law: dict[tuple[int, ...], float], samples: int) -> tuple[dict[tuple[i
 
 
 def sampling_test(
-    target: Target,
+    target: CachedLM,
     proposer: Proposer,
     prompt: list[int],
     *,

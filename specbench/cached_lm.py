@@ -12,7 +12,8 @@ from .tree import Tree, attention_mask, position_ids
 
 @dataclass(frozen=True)
 class SideBranch:
-    """Extra tokens verified in the same forward whose logits only the proposer reads (Lookahead's window).
+    """Extra tokens run in the same forward as a proposal's tree whose logits only the proposer reads (e.g. a
+    Jacobi window).
 
     Their cache rows are always dropped by the commit that follows."""
 
@@ -33,8 +34,9 @@ class Forward:
     features: torch.Tensor | None = None  # [rows, F]: the requested hidden states, concatenated on the last dim
 
 
-class Target:
-    """Wraps any `AutoModelForCausalLM`. The cache holds every committed token except the newest (the root)."""
+class CachedLM:
+    """Any `AutoModelForCausalLM` (a target or a draft) with its KV cache: tree forwards, commit and crop.
+    The cache holds every committed token except the newest (the root)."""
 
     def __init__(self, model) -> None:
         self.model = model.eval()
@@ -60,10 +62,6 @@ class Target:
         """Append `tokens` to the cache (a chain, or [root] + tree when `tree` is given). Returns logits [n, V],
         or [1, V] for the last token only with `last_only` (a prefill: no vocabulary projection of the prompt)."""
         return self.run(tokens, tree, last_only=last_only).logits
-
-    def verify(self, root: int, tree: Tree) -> torch.Tensor:
-        """One forward over [root] + tree. Returns logits [len(tree) + 1, V]; the cache grows by that many rows."""
-        return self.forward([root, *tree.tokens], tree)
 
     @torch.inference_mode()
     def run(
@@ -109,6 +107,11 @@ class Target:
                 layer.keys[:, :, dst] = layer.keys.index_select(2, src)
                 layer.values[:, :, dst] = layer.values.index_select(2, src)
         self.crop(start + len(keep))
+
+    def follow(self, tokens: list[int]) -> None:
+        """A draft after a verification: its cached rows stay valid up to the last accepted token; the newest
+        token of `tokens` is the next root, so nothing from it on stays cached."""
+        self.crop(len(tokens) - 1)
 
     @torch.inference_mode()
     def crop(self, length: int) -> None:
