@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+
 VICUNA_SYSTEM = (
     "A chat between a curious user and an artificial intelligence assistant. "
     "The assistant gives helpful, detailed, and polite answers to the user's questions."
 )
 
-# FastChat's "vicuna_v1.1" conversation (sep " ", sep2 "</s>") written as a Jinja chat template, so that a
-# tokenizer carrying it renders exactly what the fallback below renders by hand.
+# FastChat's "vicuna_v1.1" conversation (sep " ", sep2 "</s>") as a Jinja chat template: the one definition of
+# the format, carried by the bundled tokenizer and rendered by `vicuna_prompt` for tokenizers without one.
 VICUNA_TEMPLATE = (
     "{{ bos_token }}"
     "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}"
@@ -23,17 +25,16 @@ VICUNA_TEMPLATE = (
 
 
 def vicuna_prompt(messages: list[dict[str, str]], bos: str = "", eos: str = "</s>") -> str:
-    """Render a conversation (ending with a user turn) in the Vicuna v1.1 format, generation prompt included."""
-    system = VICUNA_SYSTEM
-    if messages and messages[0]["role"] == "system":
-        system, messages = messages[0]["content"], messages[1:]
-    text = bos + system + " "
-    for message in messages:
-        if message["role"] == "user":
-            text += "USER: " + message["content"] + " "
-        else:
-            text += "ASSISTANT: " + message["content"] + eos
-    return text + "ASSISTANT:"
+    """Render a conversation (ending with a user turn) in the Vicuna v1.1 format, generation prompt included.
+    With bos "" the text is FastChat's `get_prompt()`, which the tokenizer then prefixes with its BOS id."""
+    return _vicuna().render(messages=messages, bos_token=bos, eos_token=eos, add_generation_prompt=True)
+
+
+@functools.cache
+def _vicuna():
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # as transformers renders chat templates
+
+    return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(VICUNA_TEMPLATE)
 
 
 def prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:

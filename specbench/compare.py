@@ -155,7 +155,7 @@ def _rows(base: Cell, new: Cell, method: str, limits: Limits) -> tuple[list[Row]
         only_new.append(f"{where}: {len(n_ids - b_ids)} question(s)")
     vanilla = method != BASELINE and base.baseline is not None and new.baseline is not None
     rows = []
-    for cat in dict.fromkeys([*base.categories, *new.categories, OVERALL]):
+    for cat in dict.fromkeys([*base.groups, *new.groups, OVERALL]):
         b, n = select(base.by_method[method], cat), select(new.by_method[method], cat)
         if not b or not n:
             (only_base if b else only_new).append(f"{where} · {cat}")
@@ -219,7 +219,7 @@ def _change(change: metrics.Speedup | None) -> str:
     if change is None or change.pairs == 0:
         return MISSING
     mark = "" if change.pairs < MIN_PAIRS else DOWN if change.high < 1 else UP if change.low > 1 else ""
-    return f"{change.value:.3f}× [{change.low:.3f}, {change.high:.3f}] {mark}".rstrip()
+    return f"{metrics.format_ratio(change.value, change.low, change.high, digits=3)} {mark}".rstrip()
 
 
 def _pair(values: tuple, spec: str) -> str:

@@ -102,3 +102,19 @@ def losslessness(answers: list[Answer]) -> Losslessness:
     exact = sum(1 for c in checked if c["match"])
     ties = sum(1 for c in checked if not c["match"] and c["near_tie"])
     return Losslessness(len(checked), exact, ties, len(checked) - exact - ties)
+
+
+def format_ratio(
+    value: float,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    digits: int = 2,
+    times: str = "×",
+    interval: str = " [{}, {}]",
+) -> str:
+    """`2.31× [2.10, 2.55]`: a ratio and its 95% interval, the one way every table writes a speedup
+    (`times` and `interval` adapt it to LaTeX)."""
+    text = f"{value:.{digits}f}{times}"
+    return text if low is None or high is None else text + interval.format(f"{low:.{digits}f}", f"{high:.{digits}f}")
+

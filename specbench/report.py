@@ -20,10 +20,10 @@ from matplotlib.ticker import StrMethodFormatter
 from . import metrics
 from .errors import SpecbenchError
 from .results import Answer, read_answers, read_file
+from .tasks import groups as task_groups
 
 BASELINE = "vanilla"
 OVERALL = "overall"
-SPEC_BENCH_GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 TEX_LABELS = {"mt_bench": "MT", "translation": "Trans", "summarization": "Summ", "qa": "QA",
               "math_reasoning": "Math", "rag": "RAG", OVERALL: "Overall"}
 EXTRA_COLORS = ("#17becf", "#393b79", "#ad494a", "#637939", "#8c6d31", "#7b4173", "#3182bd", "#e6550d",
@@ -132,9 +132,11 @@ class Cell:
         return self.by_method.get(BASELINE)
 
     @property
-    def categories(self) -> list[str]:
+    def groups(self) -> list[str]:
+        """The reporting groups present, Spec-Bench's subtasks first in their order."""
         present = {a.group for answers in self.by_method.values() for a in answers}
-        return [g for g in SPEC_BENCH_GROUPS if g in present] + sorted(present - set(SPEC_BENCH_GROUPS))
+        order = list(task_groups("spec_bench"))
+        return [g for g in order if g in present] + sorted(present - set(order))
 
     @property
     def missing_baseline(self) -> str | None:
@@ -148,7 +150,7 @@ class Cell:
         out = {}
         for method, answers in self.by_method.items():
             s = MethodStats(method, answers)
-            for cat in [*self.categories, OVERALL]:
+            for cat in [*self.groups, OVERALL]:
                 mine, base = select(answers, cat), select(self.baseline or [], cat)
                 s.paired[cat] = metrics.paired_speedup(mine, base)
                 s.spec_bench[cat] = metrics.spec_bench_speedup(mine, base)
@@ -237,11 +239,11 @@ def fmt_speedup(s: metrics.Speedup) -> str:
     """`2.31× [2.10, 2.55]`: the paired speedup with its 95% interval."""
     if s.pairs == 0 or math.isnan(s.value):
         return NA
-    return f"{s.value:.2f}× [{s.low:.2f}, {s.high:.2f}]"
+    return metrics.format_ratio(s.value, s.low, s.high)
 
 
 def fmt_ratio(x: float) -> str:
-    return NA if math.isnan(x) else f"{x:.2f}×"
+    return NA if math.isnan(x) else metrics.format_ratio(x)
 
 
 def _num(x: float | None, spec: str, none: str = MISSING) -> str:
@@ -257,7 +259,7 @@ def md_table(header: list[str], rows: list[list[str]], left: int = 1) -> str:
 
 
 def leaderboard_md(cell: Cell) -> str:
-    cats = cell.categories
+    cats = cell.groups
     rows = [[s.display, *(fmt_speedup(s.paired[c]) for c in cats), f"{s.tau:.2f}", fmt_speedup(s.paired[OVERALL])]
             for s in cell.ranked()]
     if not rows:
@@ -266,7 +268,7 @@ def leaderboard_md(cell: Cell) -> str:
 
 
 def spec_bench_md(cell: Cell) -> str:
-    cats = [*cell.categories, OVERALL]
+    cats = [*cell.groups, OVERALL]
     rows = [[s.display, *(fmt_ratio(s.spec_bench[c]) for c in cats)] for s in cell.ranked()]
     return md_table(["method", *cats[:-1], "Overall"], rows) if rows else ""
 
@@ -324,7 +326,7 @@ def _tex(text: str) -> str:
 def _tex_speedup(s: metrics.Speedup) -> str:
     if s.pairs == 0 or math.isnan(s.value):
         return NA
-    return f"{s.value:.2f}$\\times$\\,{{\\scriptsize[{s.low:.2f}, {s.high:.2f}]}}"
+    return metrics.format_ratio(s.value, s.low, s.high, times="$\\times$", interval="\\,{{\\scriptsize[{}, {}]}}")
 
 
 def _tabular(comment: str, header: list[str], rows: list[list[str]]) -> str:
@@ -336,7 +338,7 @@ def _tabular(comment: str, header: list[str], rows: list[list[str]]) -> str:
 
 
 def leaderboard_tex(cell: Cell) -> str:
-    cats = cell.categories
+    cats = cell.groups
     head = ["Method", *(_tex(TEX_LABELS.get(c, c)) for c in cats), r"$\tau$", "Overall"]
     rows = [[_tex(s.display), *(_tex_speedup(s.paired[c]) for c in cats), f"{s.tau:.2f}",
              _tex_speedup(s.paired[OVERALL])] for s in cell.ranked()]
@@ -402,7 +404,7 @@ def plot_speedups(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) 
     rows = cell.ranked()
     if cell.baseline is None or not rows:
         return []
-    cats = [*cell.categories, OVERALL]
+    cats = [*cell.groups, OVERALL]
     fig = Figure(figsize=(max(6.0, 1.1 * len(cats) + 0.4 * len(rows)), 4.2))
     ax = fig.add_subplot()
     width = 0.8 / len(rows)

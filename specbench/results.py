@@ -11,8 +11,6 @@ from pathlib import Path
 
 from .errors import SpecbenchError
 
-SPEC_BENCH_MT_LABELS = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-
 
 @dataclass
 class Answer:
@@ -76,7 +74,10 @@ class Answer:
 
 
 def spec_bench_group(category: str) -> str:
-    return "mt_bench" if category in SPEC_BENCH_MT_LABELS else category
+    """The Spec-Bench subtask of a label in Spec-Bench's own answer files (its task preset's groups)."""
+    from .tasks import groups
+
+    return next((g for g, labels in groups("spec_bench").items() if category in labels), category)
 
 
 _NAME = re.compile(

@@ -168,6 +168,11 @@ def load(
     return Task(name, spec.get("description", ""), questions, spec.get("max_new_tokens"))
 
 
+def groups(name: str) -> dict[str, list[str]]:
+    """A task preset's reporting groups in their order: group -> the category labels it holds."""
+    return dict(presets.load("tasks", name).get("category_groups") or {})
+
+
 def limit_per_category(questions: list[Question], limit: int | None) -> list[Question]:
     """The first `limit` questions of each reporting category, in file order."""
     if limit is None:

@@ -265,3 +265,27 @@ def test_remote_code_is_off_unless_asked(monkeypatch, tiny_models):
     models.load_causal_lm(target, models.pick_device("cpu"), models.DTYPES["float32"])
     models.load_causal_lm(target, models.pick_device("cpu"), models.DTYPES["float32"], trust_remote_code=True)
     assert seen == [False, True]
+
+
+class _Payload:
+    """Pickles as a call that would create a file: what a malicious checkpoint does on an unsafe load."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_pickled_heads_load_with_weights_only(tmp_path):
+    import torch
+
+    from specbench.heads import medusa
+
+    marker = tmp_path / "code-ran"
+    folder = tmp_path / "heads"
+    folder.mkdir()
+    torch.save({"0.0.linear.weight": _Payload(marker)}, folder / "medusa_lm_head.pt")
+    with pytest.raises(hub.SpecbenchError, match="cannot read medusa_lm_head.pt"):
+        medusa.load(folder)
+    assert not marker.exists()
