@@ -591,6 +591,10 @@ FOOTNOTES = """\
   of vanilla within a category, unpaired, as in Spec-Bench's `speed.py`; one run, not Spec-Bench's mean of 3.
 - **τ (mean accepted length)**: Σ new tokens / Σ decoding steps (target forwards after prefill), the target's
   own bonus or corrected token included, so vanilla is 1.00. Comparable across machines; speedups are not.
+  Published τ from the EAGLE, Medusa and Lookahead scripts counts differently: the token their prefill yields is
+  free (their first tree hangs from it; ours from the last prompt token, one more forward), and their loops may
+  count tokens drafted past the stop token or the budget, which we cut before counting. So on a short answer our τ
+  is a little lower than theirs for the same accepted trees (the reference traces agree step by step).
 - **tokens/s**: Σ new tokens / Σ wall time; wall time runs from the start of prefill to the last accepted token.
 - **mean tree size**: tokens sent to the target per verification forward, averaged over steps.
 - **draft share**: Σ draft time / (Σ draft time + Σ verify time).

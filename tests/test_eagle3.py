@@ -223,7 +223,8 @@ def test_drafted_tokens_are_target_ids_of_the_draft_vocabulary(llama):
     p.start(prompt, 0.0, None, target.run(prompt[:-1], layers=p.feature_layers).features)
     assert p.pending.shape == (0, 3 * HIDDEN) and p.feature_layers == (2, 3, 4)
     tree = p.propose(prompt, 8).tree
-    assert len(tree) == 60 and tree.max_depth() <= 8 and set(tree.tokens) <= set(USED.tolist())
+    assert len(tree) + 1 == 60, "total_tokens counts the verified rows, root included (59 drafts)"
+    assert tree.max_depth() <= 8 and set(tree.tokens) <= set(USED.tolist())
     shallow = p.propose(prompt, 1).tree
     assert len(shallow) == 10 and shallow.max_depth() == 1, "one token left to draft: the top 10 at depth 1 only"
 

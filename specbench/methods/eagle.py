@@ -6,7 +6,8 @@ and which nodes are sent to the target:
 
 - StaticTree (EAGLE-1): the published tree of ranks; a node's children are its parent's top-ranked guesses.
 - DynamicTree (EAGLE-2 and EAGLE-3): every grown node offers top_k children scored by cumulative draft
-  log-probability; the top_k best of each level grow, and the best `total_tokens` of all candidates are verified.
+  log-probability; the top_k best of each level grow, and the best `total_tokens - 1` of all candidates are
+  verified with the root: `total_tokens` counts the verified rows, root included, as the reference's total_token.
 
 Candidates are the draft's deterministic top-k, so at T > 0 they go to verification as point masses
 (draft_probs None): accept x with probability p(x), else zero p(x) and try the next sibling. That is lossless.
@@ -80,9 +81,9 @@ class StaticTree:
 
 class DynamicTree:
     def __init__(self, total_tokens: int, depth: int, top_k: int) -> None:
-        if total_tokens < 1 or depth < 0 or top_k < 1:
-            raise ValueError("a dynamic tree needs total_tokens >= 1, depth >= 0 and top_k >= 1")
-        self.total_tokens = total_tokens
+        if total_tokens < 2 or depth < 0 or top_k < 1:
+            raise ValueError("a dynamic tree needs total_tokens >= 2 (the root and a draft), depth >= 0, top_k >= 1")
+        self.drafts = total_tokens - 1  # total_tokens counts the root, as EAGLE's total_token does
         self.branch = top_k
         self.max_depth = depth + 1  # EAGLE's `depth` counts the expansions after the first level
 
@@ -93,7 +94,7 @@ class DynamicTree:
         return best(level, found.scores, self.branch)
 
     def select(self, found: Candidates) -> list[int]:
-        return best(list(range(len(found.tokens))), found.scores, self.total_tokens)
+        return best(list(range(len(found.tokens))), found.scores, self.drafts)
 
 
 class Eagle(Proposer):
