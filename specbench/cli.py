@@ -112,6 +112,14 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--no-warmup", action="store_true", help="skip the discarded warm-up question per method")
     run.add_argument("--no-report", action="store_true", help="do not write the report after the run")
     run.add_argument(
+        "--repeats", type=int, default=1, help="time each question K times per method and keep the median (default 1)"
+    )
+    run.add_argument(
+        "--no-noise-floor",
+        action="store_true",
+        help="skip the A/A column (vanilla timed twice per question, reported as vanilla-aa: the run's noise floor)",
+    )
+    run.add_argument(
         "--dry-run",
         action="store_true",
         help="print the plan (methods, skipped methods, tasks, checkpoints with revisions, cache status, download "
@@ -283,6 +291,8 @@ def _run(args) -> None:
         trust_remote_code=args.trust_remote_code,
         fields=dict(args.field),
         warmup=not args.no_warmup,
+        noise_floor=not args.no_noise_floor,
+        repeats=args.repeats,
     )
     if args.dry_run:
         from . import plan

@@ -104,6 +104,9 @@ def losslessness(answers: list[Answer]) -> Losslessness:
     return Losslessness(len(checked), exact, ties, len(checked) - exact - ties)
 
 
+BUSY_SHARE = 0.25  # other processes using more than this share of the CPUs make a timing untrustworthy
+
+
 def format_ratio(
     value: float,
     low: float | None = None,

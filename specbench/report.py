@@ -664,8 +664,24 @@ def _sources_md(sources: list[Source]) -> str:
     return "\n".join(lines)
 
 
+NOISE_FLOOR = "vanilla-aa"  # the runner's A/A column: vanilla timed twice per question in the same interleaving
+
+
 def _notes(cells: list[Cell]) -> list[str]:
-    return [f"- {c.missing_baseline}" for c in cells if c.missing_baseline]
+    notes = [f"- {c.missing_baseline}" for c in cells if c.missing_baseline]
+    for c in cells:
+        aa = c.stats.get(NOISE_FLOOR)
+        if aa is not None and c.baseline is not None:
+            notes.append(f"- {c.title}: noise floor (A/A: vanilla timed again in the same interleaving) "
+                         f"{fmt_speedup(aa.paired[OVERALL])}; speedups inside it are not differences")
+        cpus = ((c.source.manifest or {}).get("machine") or {}).get("cpu_count") or 1
+        timed = [a for answers in c.by_method.values() for a in answers if a.busy_cpus is not None]
+        busy = [a for a in timed if a.busy_cpus > metrics.BUSY_SHARE * cpus]
+        if busy:
+            notes.append(f"- {c.title}: **busy machine**: {len(busy)} of {len(timed)} answers were timed while other "
+                         f"processes kept more than {metrics.BUSY_SHARE * cpus:.1f} of {cpus} CPUs busy; its "
+                         "timings and speedups are not trustworthy")
+    return notes
 
 
 def summary(sources: list[Path]) -> str:

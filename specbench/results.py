@@ -36,6 +36,7 @@ class Answer:
     seed: int | None = None
     lossless_rule: bool = True
     greedy_check: dict | None = None  # vs vanilla at temperature 0: match, turn, position, margin, near_tie
+    busy_cpus: float | None = None  # CPUs' worth of other processes' work while this answer was timed
 
     def to_record(self, model_id: str) -> dict:
         """A Spec-Bench answer line, with our fields under "specbench"."""
@@ -68,6 +69,7 @@ class Answer:
                 "draft_time": self.draft_time,
                 "verify_time": self.verify_time,
                 "output_ids": self.output_ids,
+                "busy_cpus": self.busy_cpus,
                 "greedy_check": self.greedy_check,
             },
         }
@@ -128,6 +130,7 @@ def from_record(record: dict, source: Path) -> Answer:
         seed=extra.get("seed"),
         lossless_rule=extra.get("lossless_rule", True),
         greedy_check=extra.get("greedy_check"),
+        busy_cpus=extra.get("busy_cpus"),
     )
 
 

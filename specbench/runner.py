@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import __version__, methods, models, tasks
+from . import __version__, methods, metrics, models, tasks
 from . import plan as planning
 from .cached_lm import CachedLM
 from .chat import prompt_ids
@@ -45,6 +45,8 @@ class RunConfig:
     fields: dict[str, str] = field(default_factory=dict)
     warmup: bool = True
     progress: bool = True
+    noise_floor: bool = True  # time vanilla twice per question (the A/A column) to report the run's noise
+    repeats: int = 1  # timings per question and method; the median one is kept
 
 
 def question_seed(base: int, question_id: int | str, temperature: float) -> int:
@@ -118,10 +120,36 @@ def busy_cpus(seconds: float = 0.5) -> float | None:
     return (1 - (idle1 - idle0) / max(total1 - total0, 1)) * (os.cpu_count() or 1)
 
 
+class OtherLoad:
+    """CPUs' worth of work other processes did over an interval: all CPUs' busy time (/proc/stat) minus this
+    process's own CPU time, over the wall time. None off Linux."""
+
+    def __enter__(self) -> OtherLoad:
+        self.start = self._sample()
+        self.value: float | None = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end = self._sample()
+        if self.start is not None and end is not None and end[2] > self.start[2]:
+            busy, own, wall = (e - s for e, s in zip(end, self.start, strict=True))
+            self.value = max(0.0, (busy - own) / wall)
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float] | None:
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except (OSError, ValueError):
+            return None
+        ticks = os.sysconf("SC_CLK_TCK")
+        times = os.times()
+        return (sum(fields) - fields[3] - fields[4]) / ticks, times.user + times.system, time.perf_counter()
+
+
 def warn_if_busy(info: dict) -> None:
     """Timing on a loaded machine is wrong (and CPU thread pools degrade badly under contention): say so."""
     busy, cpus = info.get("busy_cpus"), info.get("cpu_count") or 1
-    if busy is not None and busy > 0.25 * cpus:
+    if busy is not None and busy > metrics.BUSY_SHARE * cpus:
         print(
             f"specbench: warning: other processes keep {busy:.1f} of {cpus} CPUs busy; they will distort the timings",
             file=sys.stderr,
@@ -271,8 +299,9 @@ def _check_manifest(path: Path, manifest: dict) -> None:
         path.write_text(json.dumps(manifest, indent=2))
         return
     old = json.loads(path.read_text())
-    keys = ("model", "dtype", "device", "max_new_tokens", "seed", "limit")
-    differ = [k for k in keys if old["config"].get(k) != manifest["config"].get(k)]
+    keys = {"model": None, "dtype": None, "device": None, "max_new_tokens": None, "seed": None, "limit": None,
+            "repeats": 1}  # key -> its value in manifests written before it was recorded
+    differ = [k for k, default in keys.items() if old["config"].get(k, default) != manifest["config"].get(k)]
     if old["machine"]["device_name"] != manifest["machine"]["device_name"]:
         differ.append("machine")
     if differ:
@@ -299,6 +328,8 @@ def run(cfg: RunConfig) -> Path:
         raise SpecbenchError(f"--max-new-tokens must be positive, got {cfg.max_new_tokens}")
     if any(t < 0 for t in cfg.temperatures):
         raise SpecbenchError("temperatures must be >= 0")
+    if cfg.repeats < 1:
+        raise SpecbenchError(f"--repeats must be at least 1, got {cfg.repeats}")
     plan = prepare(cfg)
     task_list = [tasks.load(t, cfg.data_dir, cfg.fields) for t in cfg.tasks]
     session = Session(cfg, plan, planning.fetch(plan, cfg.trust_remote_code))
@@ -324,46 +355,96 @@ def run(cfg: RunConfig) -> Path:
     if not profile_path.exists():
         profile_path.write_text(json.dumps(forward_profile(session.target)))
 
-    plan = []
+    units = _units(run_dir, task_list, cfg, names, session)
+    proposers = {name: methods.build(name, session.resources) for name in names}  # fail fast on bad checkpoints
+    bar = Progress(sum(len(u.methods) for u in units), "answers", "answers", enabled=cfg.progress)
+    warmed: set[str] = set()
+    warned = False
+    for unit in units:
+        if cfg.warmup:  # one discarded question per method before its first timed one
+            for name in (n for n in unit.methods if _base(n) not in warmed):
+                bar.set_description(f"warm-up {name}")
+                session.answer(_base(name), proposers[_base(name)], unit.question, unit.budget, unit.temperature, 0)
+                warmed.add(_base(name))
+        bar.set_description(f"{unit.task} T={unit.temperature:g} question {unit.question.id}")
+        seed = question_seed(cfg.seed, unit.question.id, unit.temperature)
+        timed: dict[str, list] = {name: [] for name in unit.methods}
+        for _ in range(cfg.repeats):  # rounds: every method back to back on this question, in the rotated order
+            for name in unit.methods:
+                with OtherLoad() as load:
+                    gens, _, texts = session.answer(_base(name), proposers[_base(name)], unit.question, unit.budget,
+                                                    unit.temperature, seed)  # fmt: skip
+                timed[name].append((sum(g.wall_time for g in gens), gens, texts, load.value))
+        answers = {}
+        for name, runs in timed.items():
+            if len({tuple(map(tuple, (g.tokens for g in r[1]))) for r in runs}) > 1:
+                print(f"\nspecbench: warning: {name} gave different tokens across the {cfg.repeats} repeats of "
+                      f"question {unit.question.id} (nondeterministic kernels?); the median-time repeat is kept",
+                      file=sys.stderr)  # fmt: skip
+            _, gens, texts, busy = sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]  # the median timing
+            lossless = bool(methods.preset(_base(name)).get("lossless", True))
+            answers[name] = _answer_record(
+                unit.question, unit.task, name, lossless, unit.temperature, session.spec.name, seed, gens, texts
+            )
+            answers[name].busy_cpus = max((r[3] for r in runs if r[3] is not None), default=None)
+            if busy is not None and busy > metrics.BUSY_SHARE * (os.cpu_count() or 1) and not warned:
+                warned = True
+                print(f"\nspecbench: warning: other processes kept {busy:.1f} CPUs busy while question "
+                      f"{unit.question.id} was timed; the report flags the cells this touches", file=sys.stderr)
+        reference = answers.get("vanilla") or unit.vanilla
+        for name, answer in answers.items():  # written once the whole question is done: a kill loses nothing half
+            if unit.temperature == 0 and name != "vanilla" and reference is not None:
+                ref_prompts = _reference_prompts(session, unit.question, reference.turns)
+                answer.greedy_check = greedy_check(session.model, answer.output_ids, reference.output_ids, ref_prompts)
+            path = answer_path(run_dir, unit.task, name, unit.temperature)
+            append(path, answer, f"{session.spec.name}-{name}-temperature-{unit.temperature:g}")
+            bar.update(1)
+    bar.close()
+    return run_dir
+
+
+AA = "vanilla-aa"  # vanilla timed a second time in the same interleaving: its "speedup" is the run's noise floor
+
+
+def _base(name: str) -> str:
+    """The method whose proposer and rule an answer column uses (the A/A column is vanilla's)."""
+    return "vanilla" if name == AA else name
+
+
+@dataclass
+class Unit:
+    """One question at one temperature: the methods still to answer it, in the order they run."""
+
+    task: str
+    question: tasks.Question
+    budget: int
+    temperature: float
+    methods: list[str]
+    vanilla: Answer | None  # vanilla's answer from an earlier, resumed part of the run
+
+
+def _units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str], session: Session) -> list[Unit]:
+    """Work in question order; each question's methods rotate by one place per question, so no method always
+    runs first (or right after another) and slow drift of the machine spreads over all of them."""
+    columns = [*names, AA] if cfg.noise_floor else names
+    units = []
     for task in task_list:
         questions = tasks.limit_per_category(task.questions, cfg.limit)
         for question in questions:
             session.check_fits(question, [{"role": "user", "content": question.turns[0]}])
         budget = cfg.max_new_tokens or task.max_new_tokens or 256
         for temperature in cfg.temperatures:
-            for name in names:
+            done = {}
+            for name in columns:
                 path = answer_path(run_dir, task.name, name, temperature)
-                done = {a.question_id for a in read_file(path)} if path.exists() else set()
-                pending = [q for q in questions if q.id not in done]
-                plan.append((task, questions, budget, temperature, name, path, pending))
-    proposers = {name: methods.build(name, session.resources) for name in names}  # fail fast on bad checkpoints
-    total = sum(len(p[-1]) for p in plan)
-    bar = Progress(total, "questions", "questions", enabled=cfg.progress)
-    for task, questions, budget, temperature, name, path, pending in plan:
-        if not pending:
-            continue
-        proposer = proposers[name]
-        lossless = bool(methods.preset(name).get("lossless", True))
-        bar.set_description(f"{task.name} T={temperature:g} {name}")
-        if cfg.warmup:
-            session.answer(name, proposer, questions[0], budget, temperature, 0)
-        reference = {}
-        if temperature == 0 and name != "vanilla":
-            reference = {a.question_id: a for a in read_file(answer_path(run_dir, task.name, "vanilla", 0.0))}
-        for question in pending:
-            seed = question_seed(cfg.seed, question.id, temperature)
-            gens, prompts, texts = session.answer(name, proposer, question, budget, temperature, seed)
-            answer = _answer_record(
-                question, task.name, name, lossless, temperature, session.spec.name, seed, gens, texts
-            )
-            if question.id in reference:
-                ref = reference[question.id]
-                ref_prompts = _reference_prompts(session, question, ref.turns)
-                answer.greedy_check = greedy_check(session.model, answer.output_ids, ref.output_ids, ref_prompts)
-            append(path, answer, f"{session.spec.name}-{name}-temperature-{temperature:g}")
-            bar.update(1)
-    bar.close()
-    return run_dir
+                done[name] = {a.question_id: a for a in read_file(path)} if path.exists() else {}
+            for i, question in enumerate(questions):
+                order = columns[i % len(columns) :] + columns[: i % len(columns)]
+                todo = [n for n in order if question.id not in done[n]]
+                if todo:
+                    vanilla = done["vanilla"].get(question.id)
+                    units.append(Unit(task.name, question, budget, temperature, todo, vanilla))
+    return units
 
 
 def _reference_prompts(session: Session, question: tasks.Question, answers: list[str]) -> list[list[int]]:

@@ -255,3 +255,26 @@ def test_paper_figures_and_tables_for_several_runs(run_dir, tmp_path):
 def test_missing_source_is_a_user_error(tmp_path):
     with pytest.raises(SpecbenchError, match="no such run folder"):
         report.load_sources([tmp_path / "nowhere"])
+
+
+def test_noise_floor_and_busy_machine_notes(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"config": {"dtype": "float32"}, "model": {"name": "tiny"},
+                                                   "machine": {"device_name": "cpu", "cpu_count": 2}}))
+    quiet = [answer(q, "chat", "vanilla", 0.0, 1.0, [1, 1], busy_cpus=0.1) for q in range(4)]
+    again = [answer(q, "chat", "vanilla-aa", 0.0, 1.0 + 0.01 * q, [1, 1], busy_cpus=0.1) for q in range(4)]
+    busy = [answer(q, "chat", "sps", 0.0, 0.5, [2], busy_cpus=1.5 if q == 2 else 0.0) for q in range(4)]
+    write(run / "answers" / "quick" / "vanilla-temperature-0.jsonl", quiet)
+    write(run / "answers" / "quick" / "vanilla-aa-temperature-0.jsonl", again)
+    write(run / "answers" / "quick" / "sps-temperature-0.jsonl", busy)
+    md = report.build_report([run], tmp_path / "out").read_text()
+    assert "noise floor (A/A: vanilla timed again in the same interleaving) 0.99× [0.98, 1.00]" in md
+    assert "**busy machine**: 1 of 12 answers" in md and "more than 0.5 of 2 CPUs" in md
+    quiet_run = tmp_path / "quiet"
+    (quiet_run / "answers").mkdir(parents=True)
+    (quiet_run / "manifest.json").write_text((run / "manifest.json").read_text())
+    write(quiet_run / "answers" / "quick" / "vanilla-temperature-0.jsonl", quiet)
+    write(quiet_run / "answers" / "quick" / "sps-temperature-0.jsonl", [answer(q, "chat", "sps", 0.0, 0.5, [2])
+                                                                          for q in range(4)])  # fmt: skip
+    assert "busy machine" not in report.build_report([quiet_run], tmp_path / "out2").read_text()

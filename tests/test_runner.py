@@ -70,3 +70,71 @@ def test_sampling_run_records_seeds(tiny_models, tmp_path):
     out = run(config(tiny_models, tmp_path, methods=["sps"], temperatures=[1.0], limit=1))
     answers = read_file(answer_path(out, "quick", "sps", 1.0))
     assert len(answers) == 6 and all(a.seed is not None and a.greedy_check is None for a in answers)
+
+
+def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path, monkeypatch):
+    """Each question runs every method back to back, the order rotating by one per question; the A/A column
+    (vanilla timed again) is part of the rotation and matches vanilla token for token."""
+    from specbench import runner
+
+    calls = []
+    answer = runner.Session.answer
+
+    def spy(self, method, proposer, question, *args):
+        calls.append((question.id, method))
+        return answer(self, method, proposer, question, *args)
+
+    monkeypatch.setattr(runner.Session, "answer", spy)
+    out = run(config(tiny_models, tmp_path, warmup=False))
+    by_question: dict = {}
+    for qid, method in calls:
+        by_question.setdefault(qid, []).append(method)
+    orders = list(by_question.values())
+    assert all(sorted(o) == ["pld", "sps", "vanilla", "vanilla"] for o in orders)  # vanilla twice: the A/A column
+    assert len({tuple(o) for o in orders}) == 4, "the order rotates per question"
+    aa = read_file(answer_path(out, "quick", runner.AA, 0.0))
+    assert len(aa) == 6 and all(a.greedy_check["match"] for a in aa)
+
+
+def test_a_run_killed_inside_a_question_writes_none_of_it(tiny_models, tmp_path, monkeypatch):
+    from specbench import runner
+
+    answer = runner.Session.answer
+    seen = []
+
+    def dies_on_the_third_question(self, method, proposer, question, *args):
+        seen.append(question.id)
+        if len(set(seen)) == 3 and method == "pld":
+            raise KeyboardInterrupt
+        return answer(self, method, proposer, question, *args)
+
+    monkeypatch.setattr(runner.Session, "answer", dies_on_the_third_question)
+    with pytest.raises(KeyboardInterrupt):
+        run(config(tiny_models, tmp_path, warmup=False, noise_floor=False))
+    counts = {m: len(line_ids(answer_path(tmp_path, "quick", m, 0.0))) for m in ("vanilla", "sps", "pld")}
+    assert counts == {"vanilla": 2, "sps": 2, "pld": 2}, "the interrupted question left no partial answers"
+    monkeypatch.setattr(runner.Session, "answer", answer)
+    run(config(tiny_models, tmp_path, warmup=False, noise_floor=False))
+    for method in ("vanilla", "sps", "pld"):
+        ids = line_ids(answer_path(tmp_path, "quick", method, 0.0))
+        assert len(ids) == 6 and len(set(ids)) == 6
+
+
+def test_repeats_keep_the_median_timing(tiny_models, tmp_path, monkeypatch):
+    from specbench import runner
+
+    answer = runner.Session.answer
+    walls = iter([3.0, 1.0, 2.0] * 100)  # the three repeats of each answer take 3 s, 1 s and 2 s
+
+    def timed(self, *args):
+        gens, prompts, texts = answer(self, *args)
+        wall = next(walls)
+        for g in gens:
+            g.wall_time = wall / len(gens)
+        return gens, prompts, texts
+
+    monkeypatch.setattr(runner.Session, "answer", timed)
+    out = run(config(tiny_models, tmp_path, methods=["vanilla"], warmup=False, noise_floor=False, repeats=3))
+    assert all(sum(a.wall_time) == pytest.approx(2.0) for a in read_file(answer_path(out, "quick", "vanilla", 0.0)))
+    with pytest.raises(SpecbenchError, match="repeats"):
+        run(config(tiny_models, tmp_path, methods=["vanilla"], repeats=1))  # resuming with other settings
