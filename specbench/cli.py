@@ -401,8 +401,9 @@ def _regenerate(args) -> None:
         raise SpecbenchError(f"no prompts in '{source}'")
     spec = models.resolve(args.target)
     device = models.pick_device(args.device)
-    model = models.load_causal_lm(spec.path, device, models.pick_dtype(args.dtype, device), what="target")
-    tokenizer = models.load_tokenizer(spec.path)
+    folder = models.target_folder(spec)
+    model = models.load_causal_lm(folder, device, models.pick_dtype(args.dtype, device), what="target")
+    tokenizer = models.load_tokenizer(folder)
     sequences, skipped = regenerate(
         model,
         tokenizer,

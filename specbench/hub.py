@@ -149,7 +149,7 @@ def listing(source: Source, what: str) -> Listing:
     if source.local:
         folder = Path(source.id).expanduser()
         if not folder.is_dir():
-            raise SpecbenchError(f"{what} '{source.id}' is neither a folder nor a hub id like org/name")
+            raise SpecbenchError(f"{what} '{source.id}' does not exist: pass a folder or a hub id like org/name")
         files = _folder_files(folder)
         return Listing(files, set(files))
     if _offline():

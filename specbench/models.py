@@ -118,6 +118,13 @@ def resolve(name: str, revision: str | None = None) -> ModelSpec:
     )
 
 
+def target_folder(spec: ModelSpec) -> Path:
+    """The target as a local folder: a hub target is fetched at its pinned revision (commands that load only it)."""
+    from .hub import TRANSFORMERS, checkpoint, fetch
+
+    return fetch(checkpoint("target", spec.target, TRANSFORMERS))
+
+
 def pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -141,7 +148,8 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def _check_local(path: str, what: str) -> None:
+def check_bundled(path: str, what: str) -> None:
+    """A missing part of the bundled tiny family says how to build it."""
     if path.startswith(str(TINY_DIR)) and not Path(path).is_dir():
         raise SpecbenchError(f"the bundled tiny {what} is missing at {path}: build it with `specbench zoo build`")
 
@@ -156,7 +164,7 @@ def load_causal_lm(
     """A causal LM from a local folder (a run fetches hub checkpoints first) or a hub id (training commands)."""
     from transformers import AutoModelForCausalLM
 
-    _check_local(str(path), what)
+    check_bundled(str(path), what)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
@@ -167,7 +175,7 @@ def load_causal_lm(
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    _check_local(str(path), "tokenizer")
+    check_bundled(str(path), "tokenizer")
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:

@@ -99,10 +99,10 @@ def make(cfg) -> Plan:
     spec = models.resolve(cfg.model, cfg.revision)
     names, skipped = choose_methods(cfg.methods, spec, cfg.draft, cfg.heads)
     task_plans = [_task(t, cfg) for t in cfg.tasks]
-    checkpoints = {
-        role: hub.checkpoint(role, source, layout)
-        for role, (source, layout) in sources(names, spec, cfg.draft, cfg.heads).items()
-    }
+    checkpoints = {}
+    for role, (source, layout) in sources(names, spec, cfg.draft, cfg.heads).items():
+        models.check_bundled(source.id, role)
+        checkpoints[role] = hub.checkpoint(role, source, layout)
     return Plan(spec, names, skipped, task_plans, list(cfg.temperatures), checkpoints)
 
 

@@ -289,3 +289,11 @@ def test_pickled_heads_load_with_weights_only(tmp_path):
     with pytest.raises(hub.SpecbenchError, match="cannot read medusa_lm_head.pt"):
         medusa.load(folder)
     assert not marker.exists()
+
+
+def test_training_commands_load_the_pinned_target(offline_cache):
+    """`specbench train` / `regenerate` read a hub target at the alias's commit, from the cache when offline."""
+    folder = models.target_folder(models.resolve("vicuna-7b"))
+    assert folder.name == COMMIT_7B and (folder / "config.json").is_file()
+    with pytest.raises(hub.SpecbenchError, match="not in the local hub cache"):
+        models.target_folder(models.resolve("llama3.1-8b"))

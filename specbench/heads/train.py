@@ -270,8 +270,9 @@ def train_head(
     from .data import token_streams
 
     spec = models.resolve(target)
-    model = models.load_causal_lm(spec.path, device, dtype, what="target").requires_grad_(False)
-    train, heldout = token_streams(data, models.load_tokenizer(spec.path), smoke)
+    folder = models.target_folder(spec)
+    model = models.load_causal_lm(folder, device, dtype, what="target").requires_grad_(False)
+    train, heldout = token_streams(data, models.load_tokenizer(folder), smoke)
     if kind == "medusa":
         heads, accuracy = train_medusa(model, train, heldout, cfg)
         medusa_heads.save(heads, out, spec.path, compact)
