@@ -10,7 +10,7 @@ import torch
 from . import acceptance
 from .cached_lm import CachedLM
 from .errors import SpecbenchError
-from .methods.base import Feedback, Proposer
+from .methods.base import Feedback, Proposer, Turn
 from .step import verify
 
 
@@ -66,7 +66,7 @@ def decode(
     layers = proposer.feature_layers
     prefill = target.prefill(prompt, layers)
     t0 = _clock(device)
-    proposer.start(prompt, temperature, generator, prefill.features if prefill is not None else None)
+    proposer.start(Turn(prompt, temperature, generator, prefill.features if prefill is not None else None))
     tokens = list(prompt)
     gen = Generation([], prefill_draft_time=_clock(device) - t0)
     while len(gen.tokens) < budget:

@@ -27,6 +27,7 @@ from specbench.heads.train import (
     unroll,
 )
 from specbench.losslessness import sampling_test
+from specbench.methods.base import Turn
 from specbench.methods.eagle import DynamicTree, Eagle
 from specbench.methods.vanilla import Vanilla
 
@@ -220,7 +221,7 @@ def test_drafted_tokens_are_target_ids_of_the_draft_vocabulary(llama):
     prompt = PROMPTS[0]
     target = CachedLM(llama)
     target.reset()
-    p.start(prompt, 0.0, None, target.run(prompt[:-1], layers=p.feature_layers).features)
+    p.start(Turn(prompt, 0.0, None, target.run(prompt[:-1], layers=p.feature_layers).features))
     assert p.pending.shape == (0, 3 * HIDDEN) and p.feature_layers == (2, 3, 4)
     tree = p.propose(prompt, 8).tree
     assert len(tree) + 1 == 60, "total_tokens counts the verified rows, root included (59 drafts)"

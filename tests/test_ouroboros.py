@@ -4,6 +4,7 @@ import torch
 from specbench.cached_lm import CachedLM
 from specbench.decode import decode
 from specbench.losslessness import sampling_test
+from specbench.methods.base import Turn
 from specbench.methods.ouroboros import Ouroboros
 from specbench.methods.vanilla import Vanilla
 
@@ -78,7 +79,7 @@ def test_draft_probs_are_the_draft_law_then_point_masses(small_vocab):
     """Sampling: rows of the drafted chain are the draft's distribution at their prefix, phrase rows one-hot."""
     target, draft, prompt = small_vocab
     proposer = Ouroboros(draft, 2, ngram_size=3, window_size=2, guess_set_size=2, topk=2, pool_from_prompt=True)
-    proposer.start(prompt, 1.0, torch.Generator().manual_seed(0))
+    proposer.start(Turn(prompt, 1.0, torch.Generator().manual_seed(0)))
     proposal = proposer.propose(prompt, 2)
     tree, q = proposal.tree, proposal.draft_probs
     assert q.shape == (len(tree), 8)

@@ -29,40 +29,44 @@ def read_config(source: str, what: str) -> dict:
         raise SpecbenchError(f"{what} '{source}': unreadable config.json ({err})") from err
 
 
-def read_weights(source: str, names: tuple[str, ...], what: str) -> dict[str, torch.Tensor]:
-    """The first of `names` that exists: safetensors, or a pickle read with weights_only=True."""
-    for name in names:
-        path = fetch(source, name)
-        if path is None:
-            continue
-        try:
-            if name.endswith(".safetensors"):
-                from safetensors.torch import load_file
+def _first(source: str | Path, names: tuple[str, ...], what: str) -> Path:
+    """The first of `names` present in the head folder."""
+    path = next((p for p in (fetch(source, n) for n in names) if p is not None), None)
+    if path is None:
+        raise SpecbenchError(f"{what} '{source}' has none of {', '.join(names)}")
+    return path
 
-                return load_file(str(path))
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # any unreadable file: corrupt, truncated, or a pickle with code in it
-            raise SpecbenchError(f"{what} '{source}': cannot read {name} ({str(err).splitlines()[0]})") from err
-    raise SpecbenchError(f"{what} '{source}' has none of {', '.join(names)}")
+
+def _unreadable(err: Exception, source: str | Path, path: Path, what: str) -> SpecbenchError:
+    """Any unreadable weights file: corrupt, truncated, not a state dict, or a pickle with code in it."""
+    return SpecbenchError(f"{what} '{source}': cannot read {path.name} ({str(err).splitlines()[0]})")
+
+
+def read_weights(source: str | Path, names: tuple[str, ...], what: str) -> dict[str, torch.Tensor]:
+    """The first of `names` that exists: safetensors, or a pickle read with weights_only=True."""
+    path = _first(source, names, what)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise _unreadable(err, source, path, what) from err
 
 
 def weight_shapes(source: str | Path, names: tuple[str, ...], what: str) -> dict[str, tuple[int, ...]]:
     """Key -> shape of the first of `names` that exists, without reading the tensors (header or mmap)."""
-    for name in names:
-        path = fetch(source, name)
-        if path is None:
-            continue
-        try:
-            if name.endswith(".safetensors"):
-                from safetensors import safe_open
+    path = _first(source, names, what)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
 
-                with safe_open(str(path), "pt") as f:
-                    return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            return {k: tuple(v.shape) for k, v in state.items()}
-        except Exception as err:  # corrupt or not a state dict
-            raise SpecbenchError(f"{what} '{source}': cannot read {name} ({str(err).splitlines()[0]})") from err
-    raise SpecbenchError(f"{what} '{source}' has none of {', '.join(names)}")
+            with safe_open(str(path), "pt") as f:
+                return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+        return {k: tuple(v.shape) for k, v in torch.load(path, weights_only=True, mmap=True).items()}
+    except Exception as err:
+        raise _unreadable(err, source, path, what) from err
 
 
 def config_shape(source: str | Path, what: str, hidden_keys: tuple[str, ...]) -> tuple[int, int | None]:

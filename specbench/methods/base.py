@@ -39,6 +39,16 @@ class Feedback:
     side_logits: torch.Tensor | None = None  # [m, V]: the target's logits at the side-branch tokens
 
 
+@dataclass(frozen=True)
+class Turn:
+    """What a proposer is told when a new turn begins."""
+
+    prompt: list[int]
+    temperature: float
+    generator: torch.Generator | None = None
+    features: torch.Tensor | None = None  # [len(prompt) - 1, F]: the prompt's target states, when feature_layers
+
+
 class Proposer:
     """A method: proposes a token tree each step and learns what the target accepted.
 
@@ -50,18 +60,11 @@ class Proposer:
 
     feature_layers: tuple[int, ...] | None = None  # target hidden states the method drafts from (CachedLM.run)
 
-    def start(
-        self,
-        prompt: list[int],
-        temperature: float,
-        generator: torch.Generator | None,
-        features: torch.Tensor | None = None,
-    ) -> None:
-        """A new turn begins with this prompt: a method with per-turn state (draft cache, pools) overrides this,
-        calls super().start(...) first, then resets its state. `features` [len(prompt) - 1, F] when
-        feature_layers is set."""
-        self.temperature = temperature
-        self.generator = generator
+    def start(self, turn: Turn) -> None:
+        """A new turn begins: a method with per-turn state (draft cache, pools) overrides this, calls
+        super().start(turn) first, then resets its state."""
+        self.temperature = turn.temperature
+        self.generator = turn.generator
 
     def propose(self, tokens: list[int], max_depth: int) -> Proposal:
         return NO_PROPOSAL

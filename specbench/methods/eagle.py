@@ -26,7 +26,7 @@ from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head, feature_layers
 from ..registry import implementation
 from ..tree import Tree, additive_mask
-from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
+from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
 from .resources import Resources
 
 
@@ -115,18 +115,12 @@ class Eagle(Proposer):
         self.target_ids = target_ids
         self.device = head.fc.weight.device
 
-    def start(
-        self,
-        prompt: list[int],
-        temperature: float,
-        generator: torch.Generator | None,
-        features: torch.Tensor | None = None,
-    ) -> None:
-        super().start(prompt, temperature, generator, features)
+    def start(self, turn: Turn) -> None:
+        super().start(turn)
         self.cache = DynamicCache(config=self.head.config)  # pairs of committed tokens only
-        self.pending = features if features is not None else torch.empty(0, self.head.feature_size)
+        self.pending = turn.features if turn.features is not None else torch.empty(0, self.head.feature_size)
         self.root: torch.Tensor | None = None  # [H]: the head's output at the root's position
-        self._extend(prompt)
+        self._extend(turn.prompt)
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
         self.pending = torch.cat([self.pending.to(feedback.features), feedback.features])

@@ -8,11 +8,9 @@ branches. Every candidate is a point mass, so sampling with the shared residual 
 
 from __future__ import annotations
 
-import torch
-
 from ..registry import implementation
 from ..tree import trie
-from .base import Feedback, Proposal, Proposer
+from .base import Feedback, Proposal, Proposer, Turn
 from .jacobi import JacobiWindow
 from .ngram_pool import NgramPool
 from .resources import Resources
@@ -35,18 +33,12 @@ class Lookahead(Proposer):
         """Largest position offset from the root a proposal uses."""
         return max(self.pool.length, self.window.reach)
 
-    def start(
-        self,
-        prompt: list[int],
-        temperature: float,
-        generator: torch.Generator | None,
-        features: torch.Tensor | None = None,
-    ) -> None:
-        super().start(prompt, temperature, generator, features)
+    def start(self, turn: Turn) -> None:
+        super().start(turn)
         self.pool.clear()
         if self.pool_from_prompt:
-            self.pool.add_sequence(prompt)
-        self.window.reset(prompt)
+            self.pool.add_sequence(turn.prompt)
+        self.window.reset(turn.prompt)
 
     def propose(self, tokens: list[int], max_depth: int) -> Proposal:
         tree = trie(self.pool.candidates(tokens[-1], self.guess_set_size))

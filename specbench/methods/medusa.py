@@ -11,7 +11,7 @@ from ..errors import SpecbenchError
 from ..heads.medusa import MedusaHeads
 from ..registry import implementation
 from ..tree import Tree, from_choices
-from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
+from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
 from .resources import Resources
 
 
@@ -46,15 +46,9 @@ class Medusa(Proposer):
         )
         self.hidden: torch.Tensor | None = None  # [H]: the target's last state, the one that produced the root
 
-    def start(
-        self,
-        prompt: list[int],
-        temperature: float,
-        generator: torch.Generator | None,
-        features: torch.Tensor | None = None,
-    ) -> None:
-        super().start(prompt, temperature, generator, features)
-        self.hidden = features[-1] if features is not None and len(features) else None
+    def start(self, turn: Turn) -> None:
+        super().start(turn)
+        self.hidden = turn.features[-1] if turn.features is not None and len(turn.features) else None
 
     @torch.inference_mode()
     def propose(self, tokens: list[int], max_depth: int) -> Proposal:

@@ -22,7 +22,7 @@ from ..registry import implementation
 from ..sampling import probabilities
 from ..step import verify
 from ..tree import trie
-from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
+from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
 from .lookahead import Lookahead
 from .resources import Resources
 
@@ -46,17 +46,11 @@ class Ouroboros(Proposer):
         self.gamma = num_draft_tokens
         self.topk = topk
 
-    def start(
-        self,
-        prompt: list[int],
-        temperature: float,
-        generator: torch.Generator | None,
-        features: torch.Tensor | None = None,
-    ) -> None:
-        super().start(prompt, temperature, generator, features)
-        self.drafter.start(prompt, self.temperature, self.generator)
-        self.verified = len(prompt)  # tokens the pool has learned from
-        self.draft.prefill(prompt)
+    def start(self, turn: Turn) -> None:
+        super().start(turn)
+        self.drafter.start(turn)
+        self.verified = len(turn.prompt)  # tokens the pool has learned from
+        self.draft.prefill(turn.prompt)
 
     def propose(self, tokens: list[int], max_depth: int) -> Proposal:
         gamma = min(self.gamma, max_depth)

@@ -8,7 +8,7 @@ from ..cached_lm import CachedLM
 from ..registry import implementation
 from ..sampling import probabilities, sample
 from ..tree import chain
-from .base import NO_PROPOSAL, Feedback, Proposal, Proposer
+from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
 from .resources import Resources
 
 
@@ -20,15 +20,9 @@ class DraftModel(Proposer):
         self.draft = CachedLM(draft_model)
         self.k = num_draft_tokens
 
-    def start(
-        self,
-        prompt: list[int],
-        temperature: float,
-        generator: torch.Generator | None,
-        features: torch.Tensor | None = None,
-    ) -> None:
-        super().start(prompt, temperature, generator, features)
-        self.draft.prefill(prompt)
+    def start(self, turn: Turn) -> None:
+        super().start(turn)
+        self.draft.prefill(turn.prompt)
 
     def propose(self, tokens: list[int], max_depth: int) -> Proposal:
         k = min(self.k, max_depth)
