@@ -104,6 +104,59 @@ def losslessness(answers: list[Answer]) -> Losslessness:
     return Losslessness(len(checked), exact, ties, len(checked) - exact - ties)
 
 
+PROFILE_SCHEMA = "1.0"  # NVIDIA SPEED-Bench specdec_bench's speculation_profile.json schema_version
+
+
+def speculation_profile(answers: list[Answer], k: int, method: str) -> dict:
+    """The cell's acceptance profile in the layout of SPEED-Bench's `speculation_profile.json` (NVIDIA
+    Model-Optimizer `examples/specdec_bench`), so engine runs measured there compare with ours.
+
+    L = tokens a step appended (the target's own included: L = 1 accepted no draft). Position i (0-based) is the
+    (i+1)-th draft token: marginal[i] = P(L >= i + 2) over steps, conditional[i] = marginal[i] / marginal[i-1]
+    (0 after a 0). `k` is the deepest draft position reported (longer L are counted at k + 1).
+    """
+    lengths = [min(length, k + 1) for a in answers for length in a.accept_lengths]
+    n = len(lengths)
+    at_least = [sum(length >= i + 2 for length in lengths) / n if n else 0.0 for i in range(k)]
+    conditional = [(m / prev if prev else 0.0) for m, prev in zip(at_least, [1.0, *at_least[:-1]], strict=True)]
+    histogram = {length: lengths.count(length) for length in sorted(set(lengths))}
+    mean = sum(lengths) / n if n else float("nan")
+    per_request = [sum(a.accept_lengths) / len(a.accept_lengths) for a in answers if a.accept_lengths]
+    groups = sorted({a.group for a in answers})
+    by_group = {g: [sum(a.accept_lengths) / len(a.accept_lengths) for a in answers if a.group == g and a.accept_lengths]
+                for g in groups}  # fmt: skip
+    implied = 1 + sum(at_least)
+    drops = [{"position": i, "value": m, "previous": at_least[i - 1]}
+             for i, m in enumerate(at_least) if i and m > at_least[i - 1] + 1e-9]  # fmt: skip
+    return {
+        "schema_version": PROFILE_SCHEMA,
+        "measured": n > 0,
+        "method": method,
+        "num_speculative_tokens": k,
+        "block_size": None,
+        "max_supported_k": k,
+        "verification_method": "longest_prefix",
+        "conditional_accept_rates": [round(x, 6) for x in conditional],
+        "marginal_accept_rates": [round(x, 6) for x in at_least],
+        "mean_accept_length": round(mean, 6) if n else None,
+        "mean_accept_length_per_request": round(sum(per_request) / len(per_request), 6) if per_request else None,
+        "accept_length_model": "measured_per_k",
+        "accept_length_by_k": {str(k): round(mean, 6)} if n else {},
+        "acceptance_length_histogram": {str(length): c for length, c in histogram.items()},
+        "per_category": {g: round(sum(v) / len(v), 6) for g, v in by_group.items() if v} or None,
+        "validation": {
+            "mean_consistency": {
+                "implied_mean_accept_length": round(implied, 6),
+                "reported_mean_accept_length": round(mean, 6) if n else None,
+                "abs_delta": round(abs(implied - mean), 6) if n else None,
+                "tolerance": 0.02,
+                "passed": bool(n) and abs(implied - mean) <= 0.02,
+            },
+            "marginal_monotonicity": {"passed": not drops, "violations": drops},
+        },
+    }
+
+
 BUSY_SHARE = 0.25  # other processes using more than this share of the CPUs make a timing untrustworthy
 
 

@@ -61,3 +61,24 @@ def test_losslessness_counts():
     result = metrics.losslessness([answer(i, [1], [1.0], [1], [1], check=c) for i, c in enumerate(checks)])
     assert (result.questions, result.exact, result.near_ties, result.bugs) == (3, 1, 1, 1)
     assert math.isclose(result.exact_rate, 1 / 3)
+
+
+def test_speculation_profile_hand_worked():
+    """SPEED-Bench's worked case: lengths 1 x40, 2 x30, 3 x30 with K = 3."""
+    from specbench.metrics import speculation_profile
+
+    steps = [1] * 40 + [2] * 30 + [3] * 30
+    answers = [Answer(question_id=i, category="c", group="g", method="m", temperature=0.0, model="t", task="q",
+                      new_tokens=[sum(part)], wall_time=[1.0], decoding_steps=[len(part)], accept_lengths=part)
+               for i, part in enumerate((steps[:50], steps[50:]))]  # fmt: skip
+    profile = speculation_profile(answers, 3, "eagle3")
+    assert profile["conditional_accept_rates"] == [0.6, 0.5, 0.0]
+    assert profile["marginal_accept_rates"] == [0.6, 0.3, 0.0]
+    assert profile["mean_accept_length"] == 1.9
+    assert profile["acceptance_length_histogram"] == {"1": 40, "2": 30, "3": 30}
+    checks = profile["validation"]
+    assert checks["mean_consistency"]["passed"] and checks["marginal_monotonicity"]["passed"]
+    assert profile["schema_version"] == "1.0" and profile["num_speculative_tokens"] == 3
+    # brute force: marginal[i] is the share of steps that accepted the (i+1)-th draft token
+    for i, m in enumerate(profile["marginal_accept_rates"]):
+        assert m == sum(length >= i + 2 for length in steps) / len(steps)

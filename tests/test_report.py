@@ -278,3 +278,7 @@ def test_noise_floor_and_busy_machine_notes(tmp_path):
     write(quiet_run / "answers" / "quick" / "sps-temperature-0.jsonl", [answer(q, "chat", "sps", 0.0, 0.5, [2])
                                                                           for q in range(4)])  # fmt: skip
     assert "busy machine" not in report.build_report([quiet_run], tmp_path / "out2").read_text()
+    profile = json.loads(next((tmp_path / "out" / "speculation_profiles").glob("*/sps/speculation_profile.json"))
+                         .read_text())  # fmt: skip
+    assert profile["mean_accept_length"] == 2.0 and profile["marginal_accept_rates"] == [1.0]
+    assert not list((tmp_path / "out" / "speculation_profiles").glob("*/vanilla*"))
