@@ -174,7 +174,6 @@ class Checkpoint:
 
     role: str  # "target", "draft", "eagle head", ...
     source: Source
-    layout: Layout
     listing: Listing
     files: list[str]  # what the load reads (empty: not known, the listing is empty)
 
@@ -196,12 +195,12 @@ def checkpoint(role: str, source: Source, layout: Layout) -> Checkpoint:
     """List a checkpoint and pick its files; a listing without the weights it needs is an error."""
     found = listing(source, role)
     if not found.files:  # nothing known: a hub id neither cached nor reachable
-        return Checkpoint(role, source, layout, found, [])
+        return Checkpoint(role, source, found, [])
     files = layout.select(sorted(found.files))
     if files is None:
         where = "folder" if source.local else "hub repository"
         raise SpecbenchError(f"{role} '{source}': the {where} has none of {layout.describe()}")
-    return Checkpoint(role, source, layout, found, files)
+    return Checkpoint(role, source, found, files)
 
 
 def fetch(ck: Checkpoint) -> Path:

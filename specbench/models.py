@@ -24,16 +24,12 @@ class ModelSpec:
         return self.target.id
 
 
-def _hub(pinned: str) -> Source:
-    """'org/name@commit' as written in the alias table."""
-    return parse(pinned)
-
-
 VICUNA_68M = "double7/vicuna-68m@f35c45e548302e8edd0a31db7490b42ea2ddd109"  # MCSD's draft, Spec-Bench's SpS drafter
 
 
 def _alias(name: str, target: str, draft: str | None = None, **heads: str) -> ModelSpec:
-    return ModelSpec(name, _hub(target), _hub(draft) if draft else None, {k: _hub(v) for k, v in heads.items()})
+    """An alias from 'org/name@commit' strings."""
+    return ModelSpec(name, parse(target), parse(draft) if draft else None, {k: parse(v) for k, v in heads.items()})
 
 
 # Every hub checkpoint pinned to a commit, so numbers can be reproduced later. Only heads published by the

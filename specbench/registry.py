@@ -84,9 +84,6 @@ class Need:
     kind: str  # "draft" or "head"
     family: str | None = None
 
-    def __str__(self) -> str:
-        return "draft" if self.kind == "draft" else f"{self.family} head"
-
 
 def parse_needs(method: str, value: str | list | None) -> list[Need]:
     """A preset's `needs:` ("draft", "eagle head", or a list of them) as Need values."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import __version__, methods, metrics, models, tasks
+from . import __version__, acceptance, methods, metrics, models, tasks
 from . import plan as planning
 from .cached_lm import CachedLM
 from .chat import prompt_ids
@@ -107,17 +107,21 @@ def busy_cpus(seconds: float = 0.5) -> float | None:
     """CPUs' worth of work other processes do right now (from /proc/stat over `seconds`; None off Linux).
     Unlike the load average, it does not remember a job that has just finished."""
 
-    def sample() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+    first = _cpu_ticks()
+    time.sleep(seconds)
+    last = _cpu_ticks()
+    if first is None or last is None:
+        return None
+    return (1 - (last[1] - first[1]) / max(last[0] - first[0], 1)) * (os.cpu_count() or 1)
 
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """All CPUs' (total, idle + iowait) clock ticks since boot, from /proc/stat; None off Linux."""
     try:
-        total0, idle0 = sample()
-        time.sleep(seconds)
-        total1, idle1 = sample()
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]
     except (OSError, ValueError, IndexError):
         return None
-    return (1 - (idle1 - idle0) / max(total1 - total0, 1)) * (os.cpu_count() or 1)
 
 
 class OtherLoad:
@@ -137,13 +141,12 @@ class OtherLoad:
 
     @staticmethod
     def _sample() -> tuple[float, float, float] | None:
-        try:
-            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        except (OSError, ValueError):
+        """(all CPUs' busy seconds, this process's CPU seconds, wall clock)."""
+        ticks = _cpu_ticks()
+        if ticks is None:
             return None
-        ticks = os.sysconf("SC_CLK_TCK")
-        times = os.times()
-        return (sum(fields) - fields[3] - fields[4]) / ticks, times.user + times.system, time.perf_counter()
+        own = os.times()
+        return (ticks[0] - ticks[1]) / os.sysconf("SC_CLK_TCK"), own.user + own.system, time.perf_counter()
 
 
 def warn_if_busy(info: dict) -> None:
@@ -204,6 +207,7 @@ class Session:
         self.model = models.load_causal_lm(paths["target"], self.device, self.dtype, "target", cfg.trust_remote_code)
         self.target = CachedLM(self.model)
         self.stop_ids = models.stop_ids(self.tokenizer, self.model)
+        self.rules: dict[str, acceptance.Rule] = {}  # method -> its acceptance rule, read from its preset once
         self.resources = methods.Resources(
             self.spec.name,
             self.model,
@@ -242,7 +246,9 @@ class Session:
     ):
         """Decode every turn with the method's proposer and acceptance rule, feeding the model's own earlier
         answers back. Returns generations, prompts and texts."""
-        rule = methods.rule(method)
+        if method not in self.rules:
+            self.rules[method] = methods.rule(method)
+        rule = self.rules[method]
         generator = torch.Generator(self.device).manual_seed(seed)
         messages: list[dict[str, str]] = []
         gens: list[Generation] = []
@@ -357,6 +363,7 @@ def run(cfg: RunConfig) -> Path:
 
     units = _units(run_dir, task_list, cfg, names, session)
     proposers = {name: methods.build(name, session.resources) for name in names}  # fail fast on bad checkpoints
+    lossless = {name: bool(methods.preset(name).get("lossless", True)) for name in names}
     bar = Progress(sum(len(u.methods) for u in units), "answers", "answers", enabled=cfg.progress)
     warmed: set[str] = set()
     warned = False
@@ -382,10 +389,8 @@ def run(cfg: RunConfig) -> Path:
                       f"question {unit.question.id} (nondeterministic kernels?); the median-time repeat is kept",
                       file=sys.stderr)  # fmt: skip
             _, gens, texts, busy = sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]  # the median timing
-            lossless = bool(methods.preset(_base(name)).get("lossless", True))
-            answers[name] = _answer_record(
-                unit.question, unit.task, name, lossless, unit.temperature, session.spec.name, seed, gens, texts
-            )
+            answers[name] = _answer_record(unit.question, unit.task, name, lossless[_base(name)], unit.temperature,
+                                           session.spec.name, seed, gens, texts)  # fmt: skip
             answers[name].busy_cpus = max((r[3] for r in runs if r[3] is not None), default=None)
             if busy is not None and busy > metrics.BUSY_SHARE * (os.cpu_count() or 1) and not warned:
                 warned = True

@@ -45,13 +45,6 @@ def needs(name: str) -> list[Need]:
     return parse_needs(name, preset(name).get("needs"))
 
 
-def color(name: str) -> str | None:
-    """The registered display colour of a method's implementation (variants share it)."""
-    spec = presets.load("methods", variant(name)[0]) if variant(name)[0] in available() else {}
-    impl = registry.IMPLEMENTATIONS.get(spec.get("implementation", ""))
-    return impl.color if impl else None
-
-
 def variant(name: str) -> tuple[str, dict]:
     """'eagle2[top_k=6,depth=4]' -> ('eagle2', {'top_k': 6, 'depth': 4}); values are read as YAML scalars."""
     match = _VARIANT.match(name)
