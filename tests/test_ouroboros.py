@@ -29,7 +29,7 @@ def test_ouroboros_matches_vanilla_token_for_token(pair, prompt):
     reference = greedy(target, Vanilla(), prompt).tokens
     proposers = (
         Ouroboros(draft, 4, ngram_size=3, window_size=4, guess_set_size=4, topk=2, pool_from_prompt=True),
-        Ouroboros(draft, 1, ngram_size=2, window_size=2, guess_set_size=2, topk=0),
+        Ouroboros(draft, 1, ngram_size=2, window_size=2, guess_set_size=2, topk=0, layout="shifted"),
         Ouroboros(target, 3, ngram_size=4, window_size=3, guess_set_size=3, topk=3),
     )
     for proposer in proposers:
@@ -68,7 +68,9 @@ def small_vocab():
 def test_ouroboros_passes_the_sampling_test(small_vocab, use_target_as_draft):
     target, draft, prompt = small_vocab
     drafter = target if use_target_as_draft else draft
-    proposer = Ouroboros(drafter, 1, ngram_size=2, window_size=2, guess_set_size=2, topk=2, pool_from_prompt=True)
+    proposer = Ouroboros(
+        drafter, 1, ngram_size=2, window_size=2, guess_set_size=2, topk=2, pool_from_prompt=True, layout="shifted"
+    )
     result = sampling_test(
         CachedLM(target), proposer, prompt, horizon=3, samples=1500, temperature=1.0, stop_ids=set(), seed=0
     )

@@ -42,11 +42,12 @@ class Ouroboros(Proposer):
         guess_set_size: int = 20,
         topk: int = 3,
         pool_from_prompt: bool = False,
+        layout: str = "reference",
     ) -> None:
         if num_draft_tokens < 1 or topk < 0:
             raise ValueError("ouroboros needs num_draft_tokens >= 1 and topk >= 0")
         self.draft = CachedLM(draft_model)
-        self.drafter = Lookahead(ngram_size, window_size, guess_set_size, pool_from_prompt)
+        self.drafter = Lookahead(ngram_size, window_size, guess_set_size, pool_from_prompt, layout)
         self.gamma = num_draft_tokens
         self.topk = topk
 
