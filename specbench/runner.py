@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -9,6 +10,8 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -147,6 +150,18 @@ class OtherLoad:
             return None
         own = os.times()
         return (ticks[0] - ticks[1]) / os.sysconf("SC_CLK_TCK"), own.user + own.system, time.perf_counter()
+
+
+@contextmanager
+def without_gc() -> Iterator[None]:
+    """Collect first, then keep Python's cyclic collector out of a timed region (as timeit does): its pauses
+    would land on whichever method happens to be running."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def warn_if_busy(info: dict) -> None:
@@ -378,7 +393,7 @@ def run(cfg: RunConfig) -> Path:
         timed: dict[str, list] = {name: [] for name in unit.methods}
         for _ in range(cfg.repeats):  # rounds: every method back to back on this question, in the rotated order
             for name in unit.methods:
-                with OtherLoad() as load:
+                with without_gc(), OtherLoad() as load:
                     gens, _, texts = session.answer(_base(name), proposers[_base(name)], unit.question, unit.budget,
                                                     unit.temperature, seed)  # fmt: skip
                 timed[name].append((sum(g.wall_time for g in gens), gens, texts, load.value))

@@ -79,3 +79,16 @@ def test_greedy_check_reports_margin_at_divergence(small_vocab):
     top = torch.topk(logits, 2).values
     assert check["margin"] == pytest.approx(float(top[0] - top[1]), abs=1e-5)
     assert greedy_check(target, [[best]], [[best]], [PROMPT])["match"]
+
+
+@pytest.mark.parametrize("method", ["lookahead", "lookahead-shifted", "suffix"])
+def test_verify_command_passes_for_model_free_presets(capsys, tiny_models, method):
+    """Greedy answers token-identical to vanilla's and the sampling test passed, through the registry's presets."""
+    from specbench.cli import main
+
+    target, _ = tiny_models
+    args = ["--model", str(target), "--limit", "1", "--max-new-tokens", "12"]
+    code = main(["verify", "--method", method, *args, "--samples", "300", "--horizon", "2", "--prompts", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "greedy: 6/6 questions token-identical" in out and "verdict: pass" in out

@@ -1,0 +1,90 @@
+"""Suffix decoding (Oliaro et al. 2024; Snowflake ArcticInference, vLLM `method: suffix`): model-free drafts
+from what followed the context's suffix in this request's prompt and in earlier answers.
+
+Two indexes, as the reference's `SuffixDecodingCache`: a local one over this turn's prompt and the tokens
+committed so far, and a global one over the answers of earlier requests (and the growing answer of this one),
+at most `max_cached_requests` of them, oldest evicted first (0 turns the global one off). Each step drafts
+from both and keeps the better-scoring draft (`suffix_index.speculate`); candidates are point masses, so the
+shared rules keep greedy output identical and sampling exact.
+
+Scope of the global index, so that no answer leaks into its own timing: it lives in one proposer, that is one
+method (variants included) in one run, and sees the answers of the questions that method already answered,
+in the run's question order. A request is keyed by its prompt, and a new request with a prompt seen before
+first evicts that prompt's cached answer, as the reference does for a reused request id: the warm-up answer
+and earlier repeats of a question never feed its timed answer. A resumed run starts with an empty index.
+"""
+
+from __future__ import annotations
+
+from ..registry import implementation
+from ..tree import Tree
+from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
+from .resources import Resources
+from .suffix_index import SuffixIndex, speculate
+
+LOCAL = 0  # the local index's one sequence id
+
+
+class SuffixDecoding(Proposer):
+
+    def __init__(
+        self,
+        max_spec_tokens: int = 32,
+        max_tree_depth: int = 24,
+        max_spec_factor: float = 1.0,
+        max_spec_offset: float = 0.0,
+        min_token_prob: float = 0.1,
+        max_cached_requests: int = 10000,
+        tree: bool = True,
+    ) -> None:
+        if max_spec_tokens < 1 or max_tree_depth < 2 or max_spec_factor < 0 or not 0 <= min_token_prob <= 1:
+            raise ValueError(
+                "suffix needs max_spec_tokens >= 1, max_tree_depth >= 2, max_spec_factor >= 0 and "
+                "0 <= min_token_prob <= 1"
+            )
+        if max_cached_requests < 0:
+            raise ValueError("suffix needs max_cached_requests >= 0 (0 turns the global index off)")
+        self.options = dict(
+            depth=max_tree_depth, factor=max_spec_factor, offset=max_spec_offset, min_prob=min_token_prob, tree=tree
+        )
+        self.max_spec_tokens = max_spec_tokens
+        self.max_cached_requests = max_cached_requests
+        self.shared = SuffixIndex()  # earlier answers, one sequence per request
+        self.requests: dict[tuple[int, ...], int] = {}  # prompt -> its answer's sequence id, oldest first
+        self.next_id = 0
+
+    def start(self, turn: Turn) -> None:
+        super().start(turn)
+        self.local = SuffixIndex()
+        self.local.extend(LOCAL, turn.prompt)
+        self.seen = len(turn.prompt)
+        self.current: int | None = None
+        if self.max_cached_requests == 0:
+            return
+        key = tuple(turn.prompt)
+        if key in self.requests:  # the same prompt again (warm-up, a repeat): its old answer must not help
+            self.shared.remove(self.requests.pop(key))
+        while len(self.requests) >= self.max_cached_requests:
+            self.shared.remove(self.requests.pop(next(iter(self.requests))))
+        self.current = self.requests[key] = self.next_id
+        self.next_id += 1
+
+    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
+        limit = min(self.max_spec_tokens, max_depth)
+        if limit < 1:
+            return NO_PROPOSAL
+        drafts = [speculate(index, tokens, max_tokens=limit, **self.options) for index in (self.local, self.shared)]
+        best = max(drafts, key=lambda d: d.score)  # the local draft on a tie, as the reference
+        return Proposal(Tree(best.tokens, best.parents)) if best.tokens else NO_PROPOSAL
+
+    def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
+        new = tokens[self.seen :]
+        self.seen = len(tokens)
+        self.local.extend(LOCAL, new)
+        if self.current is not None:
+            self.shared.extend(self.current, new)
+
+
+@implementation("suffix", color="#843c39")
+def build(params: dict, res: Resources) -> Proposer:
+    return SuffixDecoding(**params)
