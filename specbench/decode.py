@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -51,9 +52,11 @@ def decode(
     stop_ids: set[int],
     generator: torch.Generator | None = None,
     rule: acceptance.Rule = acceptance.EXACT,
+    request: tuple[Hashable, int] | None = None,
 ) -> Generation:
     """Generate up to max_new_tokens after `prompt`, timing prefill to last token (device synchronised).
-    `rule` is the method's acceptance rule (its preset's, through `methods.rule`)."""
+    `rule` is the method's acceptance rule (its preset's, through `methods.rule`); `request` names what is
+    answered (`Turn.request`)."""
     if max_new_tokens <= 0:
         raise SpecbenchError(f"max_new_tokens must be positive, got {max_new_tokens}")
     if len(prompt) >= target.context_length:
@@ -66,7 +69,8 @@ def decode(
     layers = proposer.feature_layers
     prefill = target.prefill(prompt, layers)
     t0 = _clock(device)
-    proposer.start(Turn(prompt, temperature, generator, prefill.features if prefill is not None else None))
+    features = prefill.features if prefill is not None else None
+    proposer.start(Turn(prompt, temperature, generator, features, request))
     tokens = list(prompt)
     gen = Generation([], prefill_draft_time=_clock(device) - t0)
     while len(gen.tokens) < budget:

@@ -269,7 +269,7 @@ class Session:
         gens: list[Generation] = []
         prompts: list[list[int]] = []
         texts: list[str] = []
-        for turn in question.turns:
+        for number, turn in enumerate(question.turns):
             messages.append({"role": "user", "content": turn})
             ids = self.check_fits(question, messages)
             gen = decode(
@@ -281,6 +281,7 @@ class Session:
                 stop_ids=self.stop_ids,
                 generator=generator,
                 rule=rule,
+                request=((question.group, question.id), number),
             )
             text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True).strip()
             messages.append({"role": "assistant", "content": text})

@@ -138,3 +138,24 @@ def test_repeats_keep_the_median_timing(tiny_models, tmp_path, monkeypatch):
     assert all(sum(a.wall_time) == pytest.approx(2.0) for a in read_file(answer_path(out, "quick", "vanilla", 0.0)))
     with pytest.raises(SpecbenchError, match="repeats"):
         run(config(tiny_models, tmp_path, methods=["vanilla"], repeats=1))  # resuming with other settings
+
+
+def test_cross_request_methods_never_see_their_own_earlier_answer(tiny_models, tmp_path, monkeypatch):
+    """suffix keeps a run's earlier answers, but the warm-up and each repeat of a question decode exactly as
+    the first time: their own earlier answers are evicted, not drafted from."""
+    from specbench import runner
+
+    answer = runner.Session.answer
+    steps: dict = {}
+
+    def spy(self, method, proposer, question, *args):
+        gens, prompts, texts = answer(self, method, proposer, question, *args)
+        if method == "suffix":
+            steps.setdefault(question.id, []).append([g.accept_lengths for g in gens])
+        return gens, prompts, texts
+
+    monkeypatch.setattr(runner.Session, "answer", spy)
+    run(config(tiny_models, tmp_path, methods=["vanilla", "suffix"], noise_floor=False, repeats=2))
+    assert len(steps) == 6 and sum(len(calls) for calls in steps.values()) == 6 * 2 + 1  # one warm-up
+    for calls in steps.values():
+        assert all(call == calls[0] for call in calls), calls

@@ -118,8 +118,8 @@ def test_removal_forgets_a_sequence():
     assert 3 not in index.where
 
 
-def turn(prompt: list[int]) -> Turn:
-    return Turn(prompt, 0.0)
+def turn(prompt: list[int], request=None) -> Turn:
+    return Turn(prompt, 0.0, request=request)
 
 
 def test_global_index_holds_earlier_answers_but_never_a_prompts_own():
@@ -135,6 +135,22 @@ def test_global_index_holds_earlier_answers_but_never_a_prompts_own():
     off.update([1, 2, 30, 31, 32, 33, 34], None, None)
     off.start(turn([5, 6, 30, 31]))
     assert off.propose([5, 6, 30, 31], 8).tree.tokens == []  # the prompt alone has no continuation of 30 31
+
+
+def test_requests_are_keyed_by_the_callers_name_when_given():
+    """Two questions with one prompt feed each other; a question answered again restarts its conversation."""
+    proposer = SuffixDecoding()
+    proposer.start(turn([1, 2], request=("q1", 0)))
+    proposer.update([1, 2, 30, 31, 32], None, None)
+    proposer.start(turn([1, 2], request=("q2", 0)))
+    assert proposer.propose([1, 2, 30, 31], 8).tree.tokens == [32]
+    proposer.start(turn([1, 2, 30, 31, 32, 7], request=("q1", 1)))  # q1's second turn still sees its first
+    proposer.update([1, 2, 30, 31, 32, 7, 50, 51, 52], None, None)
+    proposer.start(turn([8], request=("q3", 0)))
+    assert proposer.propose([8, 50, 51], 8).tree.tokens == [52]
+    proposer.start(turn([1, 2], request=("q1", 0)))  # q1 answered again: both its turns' answers are gone
+    assert proposer.propose([1, 2, 30, 31], 8).tree.tokens == []
+    assert proposer.propose([1, 2, 50, 51], 8).tree.tokens == []
 
 
 def test_global_index_evicts_oldest_first():

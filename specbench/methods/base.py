@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,7 @@ class Turn:
     temperature: float
     generator: torch.Generator | None = None
     features: torch.Tensor | None = None  # [len(prompt) - 1, F]: the prompt's target states, when feature_layers
+    request: tuple[Hashable, int] | None = None  # (question, turn number): the same each time it is answered
 
 
 class Proposer:

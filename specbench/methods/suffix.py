@@ -9,12 +9,16 @@ shared rules keep greedy output identical and sampling exact.
 
 Scope of the global index, so that no answer leaks into its own timing: it lives in one proposer, that is one
 method (variants included) in one run, and sees the answers of the questions that method already answered,
-in the run's question order. A request is keyed by its prompt, and a new request with a prompt seen before
-first evicts that prompt's cached answer, as the reference does for a reused request id: the warm-up answer
-and earlier repeats of a question never feed its timed answer. A resumed run starts with an empty index.
+in the run's question order. A request is `Turn.request`, (question, turn number) (the prompt as a one-turn
+question when the caller names none). Answering a question again restarts its conversation: the cached
+answers of that turn and the later ones are evicted first, as the reference does for a reused request id. So
+neither the warm-up nor an earlier repeat of a question feeds its timed answer, while a later turn still sees
+the earlier turns, and two questions that share a prompt feed each other. A resumed run starts empty.
 """
 
 from __future__ import annotations
+
+from collections.abc import Hashable
 
 from ..registry import implementation
 from ..tree import Tree
@@ -50,7 +54,7 @@ class SuffixDecoding(Proposer):
         self.max_spec_tokens = max_spec_tokens
         self.max_cached_requests = max_cached_requests
         self.shared = SuffixIndex()  # earlier answers, one sequence per request
-        self.requests: dict[tuple[int, ...], int] = {}  # prompt -> its answer's sequence id, oldest first
+        self.requests: dict[tuple[Hashable, int], int] = {}  # (question, turn) -> its answer's id, oldest first
         self.next_id = 0
 
     def start(self, turn: Turn) -> None:
@@ -61,9 +65,9 @@ class SuffixDecoding(Proposer):
         self.current: int | None = None
         if self.max_cached_requests == 0:
             return
-        key = tuple(turn.prompt)
-        if key in self.requests:  # the same prompt again (warm-up, a repeat): its old answer must not help
-            self.shared.remove(self.requests.pop(key))
+        key = turn.request if turn.request is not None else (tuple(turn.prompt), 0)
+        for old in [k for k in self.requests if k[0] == key[0] and k[1] >= key[1]]:  # answered again: restart
+            self.shared.remove(self.requests.pop(old))
         while len(self.requests) >= self.max_cached_requests:
             self.shared.remove(self.requests.pop(next(iter(self.requests))))
         self.current = self.requests[key] = self.next_id
