@@ -131,6 +131,12 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--out", type=Path, help="output folder (default: reports/<first source's name>)")
     report.add_argument("--title")
 
+    export = sub.add_parser("export", help="answers as a table (one row per turn, or per step) for pandas and papers")
+    export.add_argument("sources", nargs="+", type=Path, help="run folders, folders of answer files or answer files")
+    export.add_argument("--out", type=Path, required=True, help="file to write (.csv, .parquet or .jsonl)")
+    export.add_argument("--format", choices=["csv", "parquet", "jsonl"], help="default: from --out's suffix")
+    export.add_argument("--steps", action="store_true", help="one row per decoding step instead of per turn")
+
     compare = sub.add_parser("compare", help="regression check of a run against a baseline run (exit 1: limit crossed)")
     compare.add_argument("baseline", type=Path, help="run folder (or folder of answer files) to compare against")
     compare.add_argument("new", type=Path, help="run folder to judge")
@@ -316,6 +322,17 @@ def _report(args) -> None:
     print(build_report(args.sources, out, args.title))
 
 
+def _export(args) -> None:
+    fmt = args.format or args.out.suffix.lstrip(".")
+    if fmt not in ("csv", "parquet", "jsonl"):
+        raise SpecbenchError(f"cannot tell the format of {args.out}: name it .csv, .parquet or .jsonl, or use --format")
+    from .frames import export, frame, steps_frame
+
+    data = (steps_frame if args.steps else frame)(args.sources)
+    export(data, args.out, fmt)
+    print(f"{args.out}: {len(data)} rows ({'steps' if args.steps else 'turns'}) x {len(data.columns)} columns")
+
+
 def _compare(args) -> int:
     from .compare import Limits, compare, to_json, to_markdown
 
@@ -466,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
             _run(args)
         elif args.command == "report":
             _report(args)
+        elif args.command == "export":
+            _export(args)
         elif args.command == "compare":
             return _compare(args)
         elif args.command == "verify":

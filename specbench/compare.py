@@ -14,8 +14,9 @@ from pathlib import Path
 
 from . import metrics
 from .errors import SpecbenchError
-from .report import BASELINE, MISSING, OVERALL, Cell, Source, collect_cells, load_sources, md_table, select, source_line
+from .report import BASELINE, MISSING, OVERALL, Cell, collect_cells, md_table, select, source_line
 from .results import Answer
+from .sources import Source, load_sources
 
 MACHINE_KEYS = (("config", "dtype"), ("machine", "device"), ("machine", "device_name"), ("machine", "cpu_count"))
 SOFTWARE_KEYS = (("machine", "torch"), ("machine", "transformers"), ("machine", "python"), ("machine", "git_revision"))

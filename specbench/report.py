@@ -14,12 +14,13 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
 from . import metrics
-from .errors import SpecbenchError
-from .results import Answer, read_answers, read_file
+from .results import Answer
+from .sources import Source, load_sources
 from .tasks import groups as task_groups
 
 BASELINE = "vanilla"
@@ -32,56 +33,6 @@ TIME_COLORS = ("#525252", "#bdbdbd", "#ffffff")  # draft, verify, other: greys, 
 ALPHA_DEPTH = 5
 NA = "n/a"  # no baseline to compare with
 MISSING = "—"  # not recorded
-
-
-# ---------------------------------------------------------------- loading
-
-
-@dataclass
-class Source:
-    """One run (a run folder, or a folder of answer files): its answers never mix with another's."""
-
-    path: Path
-    name: str
-    answers: list[Answer]
-    manifest: dict | None = None
-    profile: dict[int, float] | None = None  # new tokens -> seconds of one target forward
-
-    @property
-    def device(self) -> str | None:
-        return ((self.manifest or {}).get("machine") or {}).get("device_name")
-
-    @property
-    def label(self) -> str:
-        return f"{self.name} ({self.device})" if self.device else self.name
-
-
-def _read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def load_sources(paths: list[Path]) -> list[Source]:
-    """One source per folder given; answer files given one by one join the source of their folder."""
-    groups: dict[Path, list[Path]] = {}
-    for p in map(Path, paths):
-        if not p.exists():
-            raise SpecbenchError(f"{p}: no such run folder or answer file")
-        groups.setdefault((p if p.is_dir() else p.parent).resolve(), []).append(p)
-    sources = []
-    taken: set[str] = set()
-    for root, members in groups.items():
-        whole = any(m.is_dir() for m in members)
-        answers = read_answers(root) if whole else [a for m in members for a in read_file(m)]
-        name = root.name
-        if name in taken:
-            name = f"{root.parent.name}/{root.name}"
-        while name in taken:
-            name += "'"
-        taken.add(name)
-        profile = _read_json(root / "forward_profile.json")
-        sources.append(Source(root, name, answers, _read_json(root / "manifest.json"),
-                              {int(k): float(v) for k, v in profile.items()} if profile else None))
-    return sources
 
 
 # ---------------------------------------------------------------- numbers
@@ -251,11 +202,10 @@ def _num(x: float | None, spec: str, none: str = MISSING) -> str:
 
 
 def md_table(header: list[str], rows: list[list[str]], left: int = 1) -> str:
-    """A Markdown table: the first `left` columns left-aligned, the rest right-aligned."""
-    align = [":---"] * left + ["---:"] * (len(header) - left)
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
+    """A Markdown table (pandas through tabulate): the first `left` columns left-aligned, the rest right."""
+    align = ["left"] * left + ["right"] * (len(header) - left)
+    table = pd.DataFrame(rows, columns=header)
+    return table.to_markdown(index=False, tablefmt="pipe", colalign=align, disable_numparse=True)
 
 
 def leaderboard_md(cell: Cell) -> str:
@@ -330,11 +280,9 @@ def _tex_speedup(s: metrics.Speedup) -> str:
 
 
 def _tabular(comment: str, header: list[str], rows: list[list[str]]) -> str:
-    """A booktabs tabular: the first column left-aligned, the rest right-aligned; cells already in LaTeX."""
-    lines = [f"% {comment}", r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}", r"\toprule",
-             " & ".join(header) + r" \\", r"\midrule"]
-    lines += [" & ".join(row) + r" \\" for row in rows]
-    return "\n".join([*lines, r"\bottomrule", r"\end{tabular}"])
+    """A booktabs tabular (pandas' Styler): the first column left-aligned, the rest right; cells already LaTeX."""
+    styled = pd.DataFrame(rows, columns=header).style.hide(axis="index")
+    return f"% {comment}\n" + styled.to_latex(column_format="l" + "r" * (len(header) - 1), hrules=True).rstrip()
 
 
 def leaderboard_tex(cell: Cell) -> str:

@@ -17,3 +17,27 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 def uniform(generator: torch.Generator | None, device: torch.device | str) -> float:
     return float(torch.rand((), generator=generator, device=device))
+
+
+
+def draw_distinct(
+    probs: torch.Tensor, k: int, generator: torch.Generator | None
+) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """For each row of probs [F, V]: up to k distinct tokens drawn one after another without replacement (fewer
+    when the row has fewer tokens with mass), and the law each was drawn from ([k', V]: the row without the
+    earlier draws, renormalised). The draws are the top k of log-probabilities plus Gumbel noise, which orders
+    them as successive sampling without replacement. Rejection sampling verifies such siblings exactly when
+    each is tested against its own law (recursive rejection sampling)."""
+    probs = probs.float()
+    k = min(k, probs.shape[-1])
+    noise = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_min(1e-20)
+    keys = torch.log(probs) - torch.log(-torch.log(noise))  # log p + Gumbel; -inf where p = 0
+    order = keys.topk(k, dim=-1).indices  # [F, k]
+    drawn = torch.nn.functional.one_hot(order, probs.shape[-1]).to(probs)  # [F, k, V]
+    earlier = drawn.cumsum(dim=1) - drawn  # the tokens drawn before each draw
+    rest = probs[:, None, :] * (1 - earlier)  # [F, k, V]
+    laws = rest / rest.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+    support = (probs > 0).sum(dim=-1).clamp(max=k).tolist()
+    return [row[:n] for row, n in zip(order.tolist(), support, strict=True)], [
+        law[:n] for law, n in zip(laws, support, strict=True)
+    ]

@@ -1,8 +1,12 @@
+import itertools
+
 import numpy as np
+import pytest
 import torch
 from scipy import stats
 
 from specbench.acceptance import greedy, speculative_sampling
+from specbench.sampling import draw_distinct
 from specbench.tree import Tree, chain
 
 
@@ -103,3 +107,91 @@ def test_wrong_draft_distribution_is_detected():
         return tree, torch.full((2, q1.numel()), 1.0 / q1.numel())
 
     assert _chi_square_joint(lying_chain) < 1e-6
+
+
+def _exact_law(p: torch.Tensor, draws: list[int], laws: list[torch.Tensor]) -> torch.Tensor:
+    """The exact law of the token speculative_sampling emits at the root for sibling drafts `draws`, each
+    tested against its row of `laws`: accepted with min(1, p(x)/q(x)), else p <- norm(max(0, p - q))."""
+    out, reach, cur = torch.zeros_like(p), 1.0, p.clone()
+    for x, q in zip(draws, laws, strict=True):
+        accept = min(1.0, float(cur[x] / q[x])) if q[x] > 0 else 0.0
+        out[x] += reach * accept
+        reach *= 1 - accept
+        residual = torch.clamp(cur - q, min=0.0)
+        cur = residual / residual.sum() if residual.sum() > 0 else cur
+    return out + reach * cur
+
+
+def _law_over_all_draws(p: torch.Tensor, q: torch.Tensor, k: int, honest: bool) -> torch.Tensor:
+    """Brute force over every ordered draw of k distinct tokens from q: the emitted token's law. honest: each
+    sibling is tested against the law it was drawn from (q without the earlier draws); else against q."""
+    law = torch.zeros_like(p)
+    for draws in itertools.permutations(range(len(p)), k):
+        weight, rest, laws = 1.0, q.clone(), []
+        for x in draws:
+            conditional = rest / rest.sum()
+            weight *= float(conditional[x])
+            laws.append(conditional if honest else q)
+            rest = rest.clone()
+            rest[x] = 0.0
+        law += weight * _exact_law(p, list(draws), laws)
+    return law
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize("seed", range(5))
+def test_siblings_drawn_without_replacement_keep_the_target_law(k, seed):
+    gen = torch.Generator().manual_seed(seed)
+    p, q = (d / d.sum() for d in (_random_dist(gen, 4).double(), _random_dist(gen, 4).double()))
+    torch.testing.assert_close(_law_over_all_draws(p, q, k, honest=True), p, atol=1e-12, rtol=0)
+
+
+def test_siblings_tested_against_the_unconditioned_law_are_biased():
+    """The planted mistake: later siblings tested against q itself, not q without the earlier draws."""
+    biases = []
+    for seed in range(5):
+        gen = torch.Generator().manual_seed(seed)
+        p, q = (d / d.sum() for d in (_random_dist(gen, 4).double(), _random_dist(gen, 4).double()))
+        biases += [float((_law_over_all_draws(p, q, k, honest=False) - p).abs().max()) for k in (2, 3)]
+    assert max(biases) > 0.05 and sum(b > 1e-3 for b in biases) >= len(biases) // 2, biases
+
+
+def test_draw_distinct_returns_each_draws_law():
+    gen = torch.Generator().manual_seed(0)
+    q = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.2, 0.3, 0.4]])
+    (first, second), laws = draw_distinct(q, 5, gen)
+    assert sorted(first) == [0, 1, 2] and sorted(second) == [0, 1, 2, 3]  # distinct, within the support
+    for row, tokens, law in zip(q, (first, second), laws, strict=True):
+        for i in range(len(tokens)):
+            rest = row.clone()
+            rest[tokens[:i]] = 0.0
+            torch.testing.assert_close(law[i], rest / rest.sum())
+
+
+def test_draw_distinct_is_successive_sampling_without_replacement():
+    """Ordered pairs (a, b) come with probability q(a) q(b) / (1 - q(a))."""
+    gen = torch.Generator().manual_seed(1)
+    q = torch.tensor([0.5, 0.25, 0.15, 0.1])
+    trials = 20000
+    tokens, _ = draw_distinct(q.expand(trials, -1), 2, gen)
+    counts = np.zeros((4, 4))
+    for a, b in tokens:
+        counts[a, b] += 1
+    pairs = [(a, b) for a, b in itertools.permutations(range(4), 2)]
+    exact = np.array([float(q[a]) * float(q[b]) / (1 - float(q[a])) for a, b in pairs])
+    expected = exact / exact.sum() * trials
+    assert stats.chisquare([counts[a, b] for a, b in pairs], expected).pvalue > 1e-3
+
+
+def test_sampled_siblings_pass_and_the_planted_mistake_fails_the_chi_square():
+    def siblings(honest: bool):
+        def draft(gen, q1, q2):
+            ((a, b),), (laws,) = draw_distinct(q1[None], 2, gen)
+            ((c,),), (child,) = draw_distinct(q2[a][None], 1, gen)
+            rows = [laws[0], laws[1] if honest else q1, child[0]]
+            return Tree([a, b, c], [-1, -1, 0]), torch.stack(rows)
+
+        return draft
+
+    assert _chi_square_joint(siblings(True)) > 1e-3
+    assert _chi_square_joint(siblings(False), trials=30000) < 1e-6

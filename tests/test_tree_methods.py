@@ -76,6 +76,7 @@ def proposers(model, head):
         "eagle": Eagle(head, lm_head, StaticTree(EAGLE_MC_SIM_7B_63)),
         "eagle2": Eagle(head, lm_head, DynamicTree(60, 5, 10)),
         "eagle2_small": Eagle(head, lm_head, DynamicTree(8, 3, 2)),
+        "eagle2_sampled": Eagle(head, lm_head, DynamicTree(8, 3, 2), sampled=True),  # T = 0: the same as eagle2
     }
 
 
@@ -171,19 +172,45 @@ def small_vocab():
     return random_llama(8, layers=1, hidden=32, seed=0, init=0.5)
 
 
-@pytest.mark.parametrize("name", ["medusa", "eagle", "eagle2"])
-def test_tree_methods_pass_the_sampling_test(small_vocab, name):
-    head = random_eagle_head(small_vocab)
-    lm_head = small_vocab.get_output_embeddings()
-    proposer = {
-        "medusa": random_medusa(small_vocab),
-        "eagle": Eagle(head, lm_head, StaticTree([[0], [1], [2], [0, 0], [0, 1], [1, 0]])),
-        "eagle2": Eagle(head, lm_head, DynamicTree(10, 1, 3)),
-    }[name]  # trees two deep: a horizon of 3 tokens verifies at most two drafted levels
-    result = sampling_test(
-        CachedLM(small_vocab), proposer, [1, 2, 3, 1, 2], horizon=3, samples=1000, temperature=1.0, stop_ids=set()
+class UnconditionedSiblings(Eagle):
+    """The planted mistake: siblings drawn without replacement but verified against the draft's whole law."""
+
+    def _children(self, logits):
+        q = torch.softmax(logits.float(), dim=-1)
+        return [(toks, logps, q[row].expand(len(toks), -1)) for row, (toks, logps, _) in
+                enumerate(super()._children(logits))]  # fmt: skip
+
+
+SMALL_STATIC = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]  # two deep: a horizon of 3 verifies two drafted levels
+
+
+def small_proposer(name: str, model) -> object:
+    head, lm_head = random_eagle_head(model), model.get_output_embeddings()
+    return {
+        "medusa": lambda: random_medusa(model),
+        "eagle": lambda: Eagle(head, lm_head, StaticTree(SMALL_STATIC)),
+        "eagle2": lambda: Eagle(head, lm_head, DynamicTree(10, 1, 3)),
+        "eagle-sampled": lambda: Eagle(head, lm_head, StaticTree(SMALL_STATIC), sampled=True),
+        "eagle2-sampled": lambda: Eagle(head, lm_head, DynamicTree(10, 1, 3), sampled=True),
+        "planted": lambda: UnconditionedSiblings(head, lm_head, StaticTree(SMALL_STATIC), sampled=True),
+    }[name]()
+
+
+def small_sampling_test(model, proposer, samples=1000):
+    return sampling_test(
+        CachedLM(model), proposer, [1, 2, 3, 1, 2], horizon=3, samples=samples, temperature=1.0, stop_ids=set()
     )
+
+
+@pytest.mark.parametrize("name", ["medusa", "eagle", "eagle2", "eagle-sampled", "eagle2-sampled"])
+def test_tree_methods_pass_the_sampling_test(small_vocab, name):
+    result = small_sampling_test(small_vocab, small_proposer(name, small_vocab))
     assert result.passed, result
+
+
+def test_sampled_siblings_verified_against_the_wrong_law_fail_the_audit(small_vocab):
+    result = small_sampling_test(small_vocab, small_proposer("planted", small_vocab), samples=4000)
+    assert not result.passed, result
 
 
 def test_typical_acceptance_is_labelled_lossy(small_vocab, tmp_path, monkeypatch):

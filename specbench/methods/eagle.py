@@ -11,6 +11,14 @@ and which nodes are sent to the target:
 
 Candidates are the draft's deterministic top-k, so at T > 0 they go to verification as point masses
 (draft_probs None): accept x with probability p(x), else zero p(x) and try the next sibling. That is lossless.
+
+With `sampled` (T > 0 only), each grown node's children are instead drawn from the draft's distribution at
+the run's temperature without replacement (`sampling.draw_distinct`), and each is verified against the law it
+was drawn from (recursive rejection sampling: the shared exact rule with those rows as draft_probs), which
+keeps far more acceptance when sampling. Exactness needs every node's place in the tree to be decided
+without looking at its own token: siblings are tested in draw order, a node's children may depend on its
+score, but EAGLE-2's final pick of the best-scoring nodes would bias the draws, so a sampled dynamic tree
+keeps the first `total_tokens - 1` candidates in the order they were drawn (level by level) instead.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from .. import choices
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head, feature_layers
 from ..registry import implementation
+from ..sampling import draw_distinct, probabilities
 from ..tree import Tree, additive_mask
 from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
 from .resources import Resources
@@ -38,6 +47,7 @@ class Candidates:
     parents: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)  # cumulative draft log-probability
     ranks: list[tuple[int, ...]] = field(default_factory=list)  # rank of each node on the path from the root
+    laws: list[torch.Tensor] = field(default_factory=list)  # when sampled: the law each token was drawn from [V]
 
     def path(self, parent: int, rank: int) -> tuple[int, ...]:
         """The ranks from the root to the `rank`-th child of `parent`."""
@@ -94,6 +104,8 @@ class DynamicTree:
         return best(level, found.scores, self.branch)
 
     def select(self, found: Candidates) -> list[int]:
+        if found.laws:  # sampled: which nodes are verified must not depend on their own draws
+            return list(range(min(self.drafts, len(found.tokens))))
         return best(list(range(len(found.tokens))), found.scores, self.drafts)
 
 
@@ -107,16 +119,21 @@ class Eagle(Proposer):
         *,
         feature_layers: tuple[int, ...] = (-1,),  # the target states the head reads (CachedLM.run's `layers`)
         target_ids: Callable[[torch.Tensor], torch.Tensor] | None = None,  # draft ids -> target ids; None: equal
+        target_vocab: int | None = None,  # the target's vocabulary size when the draft's differs
+        sampled: bool = False,  # at T > 0, draw children from the draft without replacement (module docstring)
     ) -> None:
         self.head = head
         self.lm_head = lm_head
         self.expansion = expansion
         self.feature_layers = feature_layers
         self.target_ids = target_ids
+        self.target_vocab = target_vocab
+        self.sampled = sampled
         self.device = head.fc.weight.device
 
     def start(self, turn: Turn) -> None:
         super().start(turn)
+        self.sampling = self.sampled and turn.temperature > 0
         self.cache = DynamicCache(config=self.head.config)  # pairs of committed tokens only
         self.pending = turn.features if turn.features is not None else torch.empty(0, self.head.feature_size)
         self.root: torch.Tensor | None = None  # [H]: the head's output at the root's position
@@ -152,14 +169,13 @@ class Eagle(Proposer):
         frontier, fed = [-1], []
         for depth in range(1, depths + 1):
             logits = self.lm_head(torch.stack([hidden[f] for f in frontier]))  # [F, V']
-            top = torch.log_softmax(logits.float(), dim=-1).topk(min(self.expansion.branch, logits.shape[-1]))
-            ids = top.indices if self.target_ids is None else self.target_ids(top.indices)  # [F, k]
-            level = [
-                found.add(token, parent, logp, rank)
-                for parent, logps, toks in zip(frontier, top.values.tolist(), ids.tolist(), strict=True)
-                for rank, (logp, token) in enumerate(zip(logps, toks, strict=True))
-                if self.expansion.admits(found.path(parent, rank))
-            ]
+            level = []
+            for parent, (toks, logps, laws) in zip(frontier, self._children(logits), strict=True):
+                for rank, (logp, token) in enumerate(zip(logps, toks, strict=True)):
+                    if self.expansion.admits(found.path(parent, rank)):
+                        level.append(found.add(token, parent, logp, rank))
+                        if laws is not None:
+                            found.laws.append(laws[rank])
             frontier = self.expansion.grow(level, found) if depth < depths else []
             if not frontier:
                 break
@@ -168,7 +184,28 @@ class Eagle(Proposer):
         if fed:  # tree keys are discarded, the committed prefix stays (transformers 5 crops by minus the count)
             self.cache.crop(-len(fed))
         keep = self.expansion.select(found)
-        return Proposal(Tree(found.tokens, found.parents).subtree(keep))
+        tree = Tree(found.tokens, found.parents).subtree(keep)
+        return Proposal(tree, torch.stack([found.laws[i] for i in keep]) if found.laws else None)
+
+    def _children(self, logits: torch.Tensor) -> list[tuple[list[int], list[float], torch.Tensor | None]]:
+        """Per parent row of logits [F, V']: its candidate children as target ids, their draft log-probabilities
+        and, when sampling, the law each was drawn from over the target vocabulary ([k, V])."""
+        k = min(self.expansion.branch, logits.shape[-1])
+        if not self.sampling:
+            top = torch.log_softmax(logits.float(), dim=-1).topk(k)
+            ids = top.indices if self.target_ids is None else self.target_ids(top.indices)  # [F, k]
+            return [(row, logps, None) for row, logps in zip(ids.tolist(), top.values.tolist(), strict=True)]
+        draft_ids = torch.arange(logits.shape[-1], device=logits.device)
+        to_target = draft_ids if self.target_ids is None else self.target_ids(draft_ids)  # [V']
+        q = probabilities(logits, self.temperature)  # [F, V']
+        out = []
+        for row, drawn, laws in zip(q, *draw_distinct(q, k, self.generator), strict=True):
+            if self.target_ids is not None:  # laws move onto the target vocabulary
+                full = laws.new_zeros(len(drawn), self.target_vocab)
+                full[:, to_target] = laws
+                laws = full
+            out.append((to_target[drawn].tolist(), torch.log(row[drawn]).tolist(), laws))
+        return out
 
     def _feed(self, nodes: list[int], found: Candidates, hidden: dict, fed: list[int], position: int) -> torch.Tensor:
         """One draft forward over a level's growing nodes; each sees the committed prefix, its fed ancestors
@@ -189,17 +226,28 @@ class Eagle(Proposer):
 
 @implementation("eagle", color="#2ca02c")
 def build_eagle(params: dict, res: Resources) -> Proposer:
+    sampled = params.pop("sampled", False)
     tree = StaticTree(choices.resolve(params.pop("tree", "eagle_mc_sim_7b_63")), **params)
-    return Eagle(res.head("eagle"), res.target_model.get_output_embeddings(), tree)
+    return Eagle(res.head("eagle"), res.target_model.get_output_embeddings(), tree, sampled=sampled)
 
 
 @implementation("eagle2", color="#d62728")
 def build_eagle2(params: dict, res: Resources) -> Proposer:
-    return Eagle(res.head("eagle"), res.target_model.get_output_embeddings(), DynamicTree(**params))
+    sampled = params.pop("sampled", False)
+    return Eagle(res.head("eagle"), res.target_model.get_output_embeddings(), DynamicTree(**params), sampled=sampled)
 
 
 @implementation("eagle3", color="#9467bd")
 def build_eagle3(params: dict, res: Resources) -> Proposer:
+    sampled = params.pop("sampled", False)
     head = res.head("eagle3")
-    layers = feature_layers(res.target_model.config.get_text_config().num_hidden_layers)
-    return Eagle(head, head.logits, DynamicTree(**params), feature_layers=layers, target_ids=head.target_ids)
+    text = res.target_model.config.get_text_config()
+    return Eagle(
+        head,
+        head.logits,
+        DynamicTree(**params),
+        feature_layers=feature_layers(text.num_hidden_layers),
+        target_ids=head.target_ids,
+        target_vocab=text.vocab_size,
+        sampled=sampled,
+    )

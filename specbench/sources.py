@@ -1,0 +1,57 @@
+"""Run folders and answer files read as sources: one run's answers, its manifest and forward profile."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SpecbenchError
+from .results import Answer, read_answers, read_file
+
+
+@dataclass
+class Source:
+    """One run (a run folder, or a folder of answer files): its answers never mix with another's."""
+
+    path: Path
+    name: str
+    answers: list[Answer]
+    manifest: dict | None = None
+    profile: dict[int, float] | None = None  # new tokens -> seconds of one target forward
+
+    @property
+    def device(self) -> str | None:
+        return ((self.manifest or {}).get("machine") or {}).get("device_name")
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.device})" if self.device else self.name
+
+
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def load_sources(paths: list[Path]) -> list[Source]:
+    """One source per folder given; answer files given one by one join the source of their folder."""
+    groups: dict[Path, list[Path]] = {}
+    for p in map(Path, paths):
+        if not p.exists():
+            raise SpecbenchError(f"{p}: no such run folder or answer file")
+        groups.setdefault((p if p.is_dir() else p.parent).resolve(), []).append(p)
+    sources = []
+    taken: set[str] = set()
+    for root, members in groups.items():
+        whole = any(m.is_dir() for m in members)
+        answers = read_answers(root) if whole else [a for m in members for a in read_file(m)]
+        name = root.name
+        if name in taken:
+            name = f"{root.parent.name}/{root.name}"
+        while name in taken:
+            name += "'"
+        taken.add(name)
+        profile = _read_json(root / "forward_profile.json")
+        sources.append(Source(root, name, answers, _read_json(root / "manifest.json"),
+                              {int(k): float(v) for k, v in profile.items()} if profile else None))
+    return sources

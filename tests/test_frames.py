@@ -1,0 +1,90 @@
+import math
+
+import pandas as pd
+import pytest
+
+from specbench import report
+from specbench.cli import main
+from specbench.frames import frame, steps_frame
+
+from .test_report import SPEC_BENCH_ANSWERS, answer, needs_answers, write
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A run folder: vanilla and sps on three questions, one of them two turns long."""
+    run = tmp_path / "run-a"
+    two_turns = answer(2, "chat", "sps", 0.0, 0.5, [3, 1, 2, 2], tested=[3, 3, 3, 3], tree_size=[4] * 4)
+    two_turns.new_tokens, two_turns.wall_time, two_turns.decoding_steps = [4, 4], [0.2, 0.3], [2, 2]
+    two_turns.turns = ["first", "second"]
+    sps = [answer(q, "chat", "sps", 0.0, 0.5, [3, 1], tested=[3, 3], tree_size=[4, 4]) for q in range(2)]
+    vanilla = [answer(q, "chat", "vanilla", 0.0, 1.0, [1] * 4) for q in range(3)]
+    write(run / "answers" / "quick" / "sps-temperature-0.jsonl", [*sps, two_turns])
+    write(run / "answers" / "quick" / "vanilla-temperature-0.jsonl", vanilla)
+    return run
+
+
+def test_one_row_per_turn_with_the_recorded_fields(run_dir):
+    data = frame([run_dir])
+    assert len(data) == 3 + 2 + 2  # vanilla 3 turns, sps 2 single-turn questions + one of two turns
+    row = data[(data.method == "sps") & (data.question_id == 2) & (data.turn == 1)].iloc[0]
+    assert (row.new_tokens, row.wall_time, row.steps, row.tau, row.text) == (4, 0.3, 2, 2.0, "second")
+    assert row.tokens_per_s == pytest.approx(4 / 0.3) and row.mean_tree_size == 4.0
+    assert row.source == "run-a" and row.task == "quick" and row.model == "tiny"
+    steps = steps_frame([run_dir])
+    assert len(steps) == 4 * 3 + 2 * 2 + 4
+    two = steps[(steps.method == "sps") & (steps.question_id == 2)]
+    assert two.turn.tolist() == [0, 0, 1, 1] and two.step.tolist() == [0, 1, 0, 1]
+    assert two.accepted.tolist() == [3, 1, 2, 2] and two.tested.tolist() == [3] * 4
+
+
+def test_the_reports_numbers_come_out_of_the_frame(run_dir, tmp_path):
+    (cell,) = report.collect_cells(report.load_sources([run_dir]))
+    data = frame([run_dir])
+    for method, rows in data.groupby("method"):
+        assert rows.new_tokens.sum() / rows.steps.sum() == pytest.approx(cell.stats[method].tau)
+    per_question = data.groupby(["method", "question_id"]).agg(tokens=("new_tokens", "sum"), wall=("wall_time", "sum"))
+    throughput = per_question.tokens / per_question.wall
+    ratio = throughput["sps"] / throughput["vanilla"]
+    assert math.exp(ratio.map(math.log).mean()) == pytest.approx(cell.stats["sps"].paired[report.OVERALL].value)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet", "jsonl"])
+def test_export_round_trips(run_dir, tmp_path, capsys, fmt):
+    out = tmp_path / f"turns.{fmt}"
+    assert main(["export", str(run_dir), "--out", str(out)]) == 0
+    assert "7 rows (turns)" in capsys.readouterr().out
+    back = {"csv": pd.read_csv, "parquet": pd.read_parquet, "jsonl": lambda p: pd.read_json(p, lines=True)}[fmt](out)
+    expected = frame([run_dir])
+    assert len(back) == len(expected) == 7
+    assert back.new_tokens.tolist() == expected.new_tokens.tolist()
+    assert back.wall_time.tolist() == pytest.approx(expected.wall_time.tolist())
+    assert not list(tmp_path.glob("*.partial"))
+    steps = tmp_path / "steps.csv"
+    assert main(["export", str(run_dir), "--steps", "--out", str(steps)]) == 0
+    assert len(pd.read_csv(steps)) == 20
+
+
+def test_export_errors_are_one_line(run_dir, tmp_path, capsys):
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "turns.xlsx")]) == 2
+    assert "name it .csv, .parquet or .jsonl" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "nowhere"), "--out", str(tmp_path / "t.csv")]) == 2
+    assert "no such run folder" in capsys.readouterr().err
+    assert not (tmp_path / "t.csv").exists()
+
+
+@needs_answers
+def test_spec_bench_files_reproduce_the_reference_figures():
+    """The data README's figures from Spec-Bench's own answer files: τ, Spec-Bench's speedup (ratio of mean
+    per-question tokens/s) and our paired speedup (geometric mean of per-question ratios)."""
+    data = frame([SPEC_BENCH_ANSWERS])
+    assert len(data) == 3 * (480 + 80)  # MT-bench's 80 questions have two turns
+    per_question = data.groupby(["method", "question_id"])[["new_tokens", "wall_time", "steps"]].sum()
+    throughput = per_question.new_tokens / per_question.wall_time
+    tau = per_question.groupby("method").new_tokens.sum() / per_question.groupby("method").steps.sum()
+    figures = {"sps-68m": (2.50, 1.51, 1.47), "eagle": (3.58, 2.18, 2.12)}
+    for method, (expected_tau, spec_bench, paired) in figures.items():
+        assert tau[method] == pytest.approx(expected_tau, abs=0.005)
+        assert throughput[method].mean() / throughput["vanilla"].mean() == pytest.approx(spec_bench, abs=0.005)
+        ratios = throughput[method] / throughput["vanilla"]
+        assert math.exp(ratios.map(math.log).mean()) == pytest.approx(paired, abs=0.005)
