@@ -124,7 +124,8 @@ def test_all_methods_on_an_alias_run_from_the_hub_cache(hf_home, tmp_path, alias
     assert done.returncode == 0, done.stderr
     manifest = json.loads((run / "manifest.json").read_text())
     spec = models.ALIASES[alias]
-    expected = {"vanilla", "sps", "pld", "lookahead", "ouroboros", "medusa", "medusa-typical", "eagle", "eagle2"}
+    expected = {"vanilla", "sps", "pld", "suffix", "lookahead", "lookahead-shifted", "ouroboros", "medusa"}
+    expected |= {"medusa-typical", "eagle", "eagle2"}
     if alias == "vicuna-7b":
         assert "eagle3 skipped: vicuna-7b has no EAGLE-3 head; pass --head eagle3=PATH_OR_HUB_ID" in done.stderr
         assert set(manifest["skipped"]) == {"eagle3"}
