@@ -134,7 +134,7 @@ def parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="answers as a table (one row per turn, or per step) for pandas and papers")
     export.add_argument("sources", nargs="+", type=Path, help="run folders, folders of answer files or answer files")
     export.add_argument("--out", type=Path, required=True, help="file to write (.csv, .parquet or .jsonl)")
-    export.add_argument("--format", choices=["csv", "parquet", "jsonl"], help="default: from --out's suffix")
+    export.add_argument("--format", metavar="csv|parquet|jsonl", help="default: from --out's suffix")
     export.add_argument("--steps", action="store_true", help="one row per decoding step instead of per turn")
 
     compare = sub.add_parser("compare", help="regression check of a run against a baseline run (exit 1: limit crossed)")
@@ -323,13 +323,10 @@ def _report(args) -> None:
 
 
 def _export(args) -> None:
-    fmt = args.format or args.out.suffix.lstrip(".")
-    if fmt not in ("csv", "parquet", "jsonl"):
-        raise SpecbenchError(f"cannot tell the format of {args.out}: name it .csv, .parquet or .jsonl, or use --format")
     from .frames import export, frame, steps_frame
 
     data = (steps_frame if args.steps else frame)(args.sources)
-    export(data, args.out, fmt)
+    export(data, args.out, args.format)
     print(f"{args.out}: {len(data)} rows ({'steps' if args.steps else 'turns'}) x {len(data.columns)} columns")
 
 

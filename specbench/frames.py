@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from .errors import SpecbenchError
 from .results import Answer
 from .sources import Source, load_sources
-
-KEYS = ["source", "model", "task", "temperature", "method", "question_id"]
 
 
 def _machine(source: Source) -> dict:
@@ -116,8 +115,11 @@ def steps_frame(paths: list[str | Path]) -> pd.DataFrame:
 FORMATS = ("csv", "parquet", "jsonl")
 
 
-def export(data: pd.DataFrame, out: Path, fmt: str) -> None:
-    """Write the frame; a half-written file never stays behind."""
+def export(data: pd.DataFrame, out: Path, fmt: str | None = None) -> None:
+    """Write the frame in `fmt` (default: from out's suffix); a half-written file never stays behind."""
+    fmt = fmt or out.suffix.lstrip(".")
+    if fmt not in FORMATS:
+        raise SpecbenchError(f"cannot tell the format of {out}: name it .csv, .parquet or .jsonl, or use --format")
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     try:
