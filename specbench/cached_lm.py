@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from .errors import SpecbenchError
 from .tree import Tree, attention_mask, position_ids
 
 
@@ -34,11 +35,21 @@ class Forward:
     features: torch.Tensor | None = None  # [rows, F]: the requested hidden states, concatenated on the last dim
 
 
+RECURRENT = ("linear", "mamba", "conv", "recurrent", "ssm")  # config layer types whose state is not a KV cache
+
+
 class CachedLM:
     """Any `AutoModelForCausalLM` (a target or a draft) with its KV cache: tree forwards, commit and crop.
     The cache holds every committed token except the newest (the root)."""
 
     def __init__(self, model) -> None:
+        types = set(getattr(model.config.get_text_config(), "layer_types", None) or [])
+        recurrent = sorted(t for t in types if any(word in str(t) for word in RECURRENT))
+        if recurrent:
+            raise SpecbenchError(
+                f"model '{model.config.name_or_path}' has {', '.join(recurrent)} layers, whose recurrent state can "
+                "neither verify a token tree nor roll back a rejection: use a model with attention layers only"
+            )
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype

@@ -179,9 +179,13 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--prompts", type=int, default=2, help="prompts in the sampling test")
     verify.add_argument("--alpha", type=float, default=1e-3, help="significance of the sampling test")
 
-    train = sub.add_parser("train", help="train Medusa or EAGLE heads for a target by self-distillation on text")
+    train = sub.add_parser(
+        "train", help="train Medusa or EAGLE heads or an MTP module for a target by self-distillation on text"
+    )
     train.add_argument(
-        "kind", choices=["medusa", "eagle", "eagle3"], help="medusa heads, an EAGLE-1/2 head or an EAGLE-3 head"
+        "kind",
+        choices=["medusa", "eagle", "eagle3", "mtp"],
+        help="medusa heads, an EAGLE-1/2 head, an EAGLE-3 head or an MTP module (DeepSeek-V3 layout)",
     )
     train.add_argument("--target", default="tiny", help="alias, local folder or hub id of the target")
     train.add_argument(
@@ -191,7 +195,7 @@ def parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--out", type=Path, required=True, help="folder for the head and its accuracy.json")
     train.add_argument("--steps", type=int, default=2000)
-    train.add_argument("--lr", type=float, help="learning rate (default: 1e-3 medusa, 3e-4 eagle and eagle3)")
+    train.add_argument("--lr", type=float, help="learning rate (default: 1e-3 medusa, 3e-4 the others)")
     train.add_argument("--seq-len", type=int, default=256, help="tokens per training window")
     train.add_argument("--batch-size", type=int, default=8)
     train.add_argument("--medusa-heads", type=int, default=5, help="number of Medusa heads (tree depth limit)")
@@ -203,10 +207,10 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--compact",
         action="store_true",
-        help="store float16 weights and leave out an EAGLE head's embedding (copied from the target on load)",
+        help="store float16 weights and leave out an EAGLE head's or MTP module's embedding and readout (the target's)",
     )
     train.add_argument("--draft-vocab", type=int, default=32000, help="eagle3: draft vocabulary (at most the target's)")
-    train.add_argument("--ttt-steps", type=int, default=7, help="eagle3: steps of the training-time test")
+    train.add_argument("--ttt-steps", type=int, default=7, help="eagle3, mtp: steps of the training-time test")
     train.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     train.add_argument("--dtype", default="auto", help="the target's dtype; heads train in float32")
     train.add_argument("--seed", type=int, default=0)

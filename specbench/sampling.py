@@ -19,7 +19,6 @@ def uniform(generator: torch.Generator | None, device: torch.device | str) -> fl
     return float(torch.rand((), generator=generator, device=device))
 
 
-
 def draw_distinct(
     probs: torch.Tensor, k: int, generator: torch.Generator | None
 ) -> tuple[list[list[int]], list[torch.Tensor]]:

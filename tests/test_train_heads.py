@@ -1,15 +1,17 @@
-"""`specbench train medusa|eagle` end to end on a tiny random target; the saved heads load like official ones."""
+"""`specbench train medusa|eagle|mtp` end to end on a tiny random target; the saved heads load like official ones."""
 
 import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import DynamicCache
 
 from specbench import tasks
 from specbench.cli import main
 from specbench.heads import eagle as eagle_heads
 from specbench.heads import medusa as medusa_heads
+from specbench.heads import mtp as mtp_heads
 from specbench.heads.data import token_streams
 from specbench.heads.eagle import build, config_from_target
 from specbench.heads.train import target_pass, unroll
@@ -28,7 +30,7 @@ def corpus(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("kind, data", [("medusa", "text.txt"), ("eagle", "text.jsonl")])
+@pytest.mark.parametrize("kind, data", [("medusa", "text.txt"), ("eagle", "text.jsonl"), ("mtp", "text.jsonl")])
 def test_train_writes_official_layout_that_loads_and_decodes(capsys, tiny_models, corpus, tmp_path, kind, data):
     target_dir, _ = tiny_models
     out = tmp_path / kind
@@ -46,10 +48,14 @@ def test_train_writes_official_layout_that_loads_and_decodes(capsys, tiny_models
     if kind == "medusa":
         assert (out / "medusa_lm_head.safetensors").is_file() and config["medusa_num_heads"] == 5
         assert len(medusa_heads.load(str(out))) == 5
+    elif kind == "mtp":  # the DeepSeek-V3 layout, keys under the layer after the target's last
+        assert config["num_nextn_predict_layers"] == 1 and config["num_hidden_layers"] == 2
+        assert "model.layers.2.eh_proj.weight" in load_file(str(out / "model.safetensors"))
+        mtp_heads.load(str(out), model)
     else:
         assert (out / "model.safetensors").is_file() and config["bias"] is True
         eagle_heads.load(str(out), model)
-    method = "eagle2" if kind == "eagle" else "medusa"
+    method = {"eagle": "eagle2", "medusa": "medusa", "mtp": "mtp"}[kind]
     verify = f"verify --method {method} --mode greedy --limit 1 --max-new-tokens 8 --device cpu".split()
     code = main([*verify, "--model", str(target_dir), "--head", f"{kind}={out}"])
     text = capsys.readouterr().out

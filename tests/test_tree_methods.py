@@ -73,6 +73,7 @@ def proposers(model, head):
     lm_head = model.get_output_embeddings()
     return {
         "medusa": random_medusa(model),
+        "medusa_sampled": random_medusa(model, sampled=True),  # T = 0: the same as medusa
         "eagle": Eagle(head, lm_head, StaticTree(EAGLE_MC_SIM_7B_63)),
         "eagle2": Eagle(head, lm_head, DynamicTree(60, 5, 10)),
         "eagle2_small": Eagle(head, lm_head, DynamicTree(8, 3, 2)),
@@ -188,6 +189,7 @@ def small_proposer(name: str, model) -> object:
     head, lm_head = random_eagle_head(model), model.get_output_embeddings()
     return {
         "medusa": lambda: random_medusa(model),
+        "medusa-sampled": lambda: random_medusa(model, sampled=True, tree=SMALL_STATIC),
         "eagle": lambda: Eagle(head, lm_head, StaticTree(SMALL_STATIC)),
         "eagle2": lambda: Eagle(head, lm_head, DynamicTree(10, 1, 3)),
         "eagle-sampled": lambda: Eagle(head, lm_head, StaticTree(SMALL_STATIC), sampled=True),
@@ -202,7 +204,7 @@ def small_sampling_test(model, proposer, samples=1000):
     )
 
 
-@pytest.mark.parametrize("name", ["medusa", "eagle", "eagle2", "eagle-sampled", "eagle2-sampled"])
+@pytest.mark.parametrize("name", ["medusa", "medusa-sampled", "eagle", "eagle2", "eagle-sampled", "eagle2-sampled"])
 def test_tree_methods_pass_the_sampling_test(small_vocab, name):
     result = small_sampling_test(small_vocab, small_proposer(name, small_vocab))
     assert result.passed, result

@@ -124,3 +124,32 @@ def trained_for_other_target(source: str, model: torch.nn.Module) -> bool:
         return False
     current = target_signature(model)
     return recorded is not None and current is not None and recorded != current
+
+
+def read_prefixed(source: str | Path, prefix: str, what: str) -> dict[str, torch.Tensor]:
+    """The tensors under `prefix` (keys with it removed) in a folder's safetensors, sharded or not: with a
+    model.safetensors.index.json only the shards holding such keys are opened (one layer of a 600B model)."""
+    from safetensors import safe_open
+
+    folder = Path(source).expanduser()
+    index = folder / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted({file for key, file in weight_map.items() if key.startswith(prefix)})
+        else:
+            names = sorted(p.name for p in folder.glob("*.safetensors"))
+    except (OSError, ValueError, KeyError) as err:
+        raise SpecbenchError(f"{what}: unreadable {index.name} ({err})") from err
+    out = {}
+    for name in names:
+        try:
+            with safe_open(str(folder / name), "pt") as f:
+                for key in f.keys():  # noqa: SIM118
+                    if key.startswith(prefix):
+                        out[key[len(prefix) :]] = f.get_tensor(key)
+        except Exception as err:
+            raise _unreadable(err, source, folder / name, what) from err
+    if not out:
+        raise SpecbenchError(f"{what}: no weights under '{prefix}' in {', '.join(names) or 'its safetensors files'}")
+    return out

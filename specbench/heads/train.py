@@ -1,4 +1,4 @@
-"""Self-distillation of Medusa heads and EAGLE heads from a frozen target over text: the labels are the
+"""Self-distillation of Medusa heads, EAGLE heads and MTP modules from a frozen target over text: the labels are the
 target's own next-token distributions on that text (no generation), the inputs its hidden states (the final
 ones; three inner ones for EAGLE-3).
 
@@ -22,7 +22,7 @@ from ..cached_lm import hidden_features
 from ..errors import SpecbenchError
 from ..progress import Progress
 from ..tree import additive_mask
-from . import eagle3
+from . import eagle3, mtp
 from .checkpoint import target_signature
 from .eagle import EagleHead, build, config_from_target
 from .medusa import MedusaHeads
@@ -217,7 +217,9 @@ def draft_vocab_cross_entropy(draft: torch.Tensor, target: torch.Tensor, t2d: to
     return (per_position * inside).mean()
 
 
-def ttt_pairs(head: eagle3.Eagle3Head, features: torch.Tensor, ids: torch.Tensor, logits: torch.Tensor, steps: int):
+def ttt_pairs(
+    head: eagle3.Eagle3Head | mtp.MtpHead, features: torch.Tensor, ids: torch.Tensor, logits: torch.Tensor, steps: int
+):
     """Per unrolled step s: (draft logits [B, L-s, V'], the target's logits [B, L-s, V]) about the same tokens."""
     outputs = unroll(head, features, ids, steps)
     return [(head.logits(x[:, : ids.shape[1] - s]), logits[:, s:]) for s, x in enumerate(outputs, 1)]
@@ -256,14 +258,43 @@ def train_eagle3(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, c
     return head.eval(), raw, _evaluate(depth_hits, heldout, model, cfg, device, layers)
 
 
+def train_mtp(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, depths: int = 6):
+    """An MTP module (DeepSeek-V3 layout, a decoder layer of the target's class) trained as it drafts: unrolled
+    cfg.ttt_steps steps on its own outputs (EAGLE-3's training-time test), step s's cross-entropy against the
+    target's distributions weighted ttt_decay ** (s - 1). The embedding and readout are the target's, frozen;
+    the final norm starts as the target's. Returns the module and its per-step held-out accuracy."""
+    if cfg.ttt_steps >= cfg.seq_len:
+        raise SpecbenchError(f"--ttt-steps {cfg.ttt_steps} leaves no position to train in --seq-len {cfg.seq_len}")
+    lm_head = model.get_output_embeddings()
+    device = lm_head.weight.device
+    head = mtp.MtpHead(model, mtp.DEEPSEEK)
+    with torch.no_grad():
+        head.embed_tokens.weight.copy_(model.get_input_embeddings().weight.float())
+        head.head.weight.copy_(lm_head.weight.float())
+        head.norm.weight.copy_(model.get_decoder().norm.weight.float())
+    head = head.to(device)
+    head.embed_tokens.weight.requires_grad_(False)
+    head.head.weight.requires_grad_(False)
+
+    def loss(ids, features, logits):
+        pairs = ttt_pairs(head, features, ids, logits, cfg.ttt_steps)
+        return sum(cfg.ttt_decay**s * draft_vocab_cross_entropy(d, t, None) for s, (d, t) in enumerate(pairs))
+
+    def depth_hits(ids, features, logits):
+        return [_hits(d.argmax(-1), t) for d, t in ttt_pairs(head, features, ids, logits, depths)]
+
+    _loop("mtp", [p for p in head.parameters() if p.requires_grad], loss, train, model, cfg)
+    return head.eval(), _evaluate(depth_hits, heldout, model, cfg, device)
+
+
 def train_head(
     kind: str, target: str, data: Path, out: Path, cfg: TrainConfig, device, dtype, smoke: bool, compact: bool = False
 ) -> dict:
     """Load the target (alias, folder or hub id), train a `kind` head on `data`, save it in the official
     layout with accuracy.json beside it. Returns that report.
 
-    `compact`: float16 storage, and an EAGLE-1/2 head without the embedding (the loader copies the target's),
-    as the bundled tiny heads are stored."""
+    `compact`: float16 storage, and an EAGLE-1/2 head or MTP module without the embedding (and readout) the
+    loader copies from the target, as the bundled tiny heads are stored."""
     from .. import models
     from . import eagle as eagle_heads
     from . import medusa as medusa_heads
@@ -282,6 +313,9 @@ def train_head(
         eagle_heads.save(
             {k: v for k, v in state.items() if not (compact and k == "embed_tokens.weight")}, raw, out, compact
         )
+    elif kind == "mtp":
+        head, accuracy = train_mtp(model, train, heldout, cfg)
+        mtp.save(head, model.config, out, compact, with_shared=not compact)
     else:
         head, raw, accuracy = train_eagle3(model, train, heldout, cfg)
         eagle3.save(head, raw, out, compact)

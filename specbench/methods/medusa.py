@@ -1,5 +1,11 @@
 """Medusa: extra heads on the target's last hidden state each guess one more future token; their top-k
-candidates are arranged in a static tree (each node's token is the k-th guess of the head at its depth)."""
+candidates are arranged in a static tree (each node's token is the k-th guess of the head at its depth).
+
+With `sampled` (T > 0 only), a node's children are instead drawn without replacement from the distribution
+of the head at their depth (at the run's temperature), the k-th draw taking the place of the k-th guess,
+and each is verified against the law it was drawn from (recursive rejection sampling), as the sampled EAGLE
+trees are. Every parent's children must then have ranks 0..k-1: a skipped draw would change its later
+siblings' laws."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from .. import choices
 from ..errors import SpecbenchError
 from ..heads.medusa import MedusaHeads
 from ..registry import implementation
+from ..sampling import draw_distinct, probabilities
 from ..tree import Tree, from_choices
 from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
 from .resources import Resources
@@ -23,6 +30,7 @@ class Medusa(Proposer):
         heads: MedusaHeads,
         lm_head: nn.Module,
         choices: list[list[int]],
+        sampled: bool = False,
     ) -> None:
         vocab, hidden = lm_head.weight.shape
         own = None if heads.shared_lm_head else heads[0][-1].out_features
@@ -40,6 +48,15 @@ class Medusa(Proposer):
             )
         self.heads = heads
         self.lm_head = lm_head
+        self.sampled = sampled
+        depths, ranks = self.template.depths(), self.template.tokens
+        kids_of: dict[int, list[int]] = {}
+        for child, parent in enumerate(self.template.parents):  # siblings come in rank order
+            kids_of.setdefault(parent, []).append(child)
+        self.families = sorted(kids_of.items())  # (parent, its children); parent -1 is the root
+        self.family_depth = torch.tensor([depths[p] if p >= 0 else 0 for p, _ in self.families])  # children's head
+        if sampled and any([ranks[c] for c in kids] != list(range(len(kids))) for _, kids in self.families):
+            raise ValueError("a sampled Medusa tree needs each node's children to have ranks 0..k-1")
         self.slot = (
             torch.tensor([d - 1 for d in self.template.depths()]),  # which head
             torch.tensor(self.template.tokens),  # which of its candidates
@@ -55,8 +72,26 @@ class Medusa(Proposer):
         if self.hidden is None:
             return NO_PROPOSAL
         logits = self.heads(self.hidden.to(self.lm_head.weight.dtype), self.lm_head)[: self.depth]  # [depth, V]
+        if self.sampled and self.temperature > 0:
+            return self._sampled(probabilities(logits, self.temperature))
         top = logits.topk(max(self.template.tokens) + 1, dim=-1).indices.cpu()  # [depth, k]
         return Proposal(Tree(top[self.slot].tolist(), self.template.parents))
+
+    def _sampled(self, q: torch.Tensor) -> Proposal:
+        """Every family's children drawn at once from q [depth, V] of the head at their depth. A row with less
+        mass than a family is wide gives fewer draws: the nodes past them are dropped with their subtrees."""
+        widest = max(len(kids) for _, kids in self.families)
+        drawn, laws = draw_distinct(q[self.family_depth], widest, self.generator)
+        tokens, law = list(self.template.tokens), {}
+        for (_, kids), row, rows in zip(self.families, drawn, laws, strict=True):
+            for rank, child in enumerate(kids[: len(row)]):
+                tokens[child], law[child] = row[rank], rows[rank]
+        kept: set[int] = set()
+        for i, parent in enumerate(self.template.parents):  # parents come first
+            if i in law and (parent < 0 or parent in kept):
+                kept.add(i)
+        keep = sorted(kept)
+        return Proposal(Tree(tokens, self.template.parents).subtree(keep), torch.stack([law[i] for i in keep]))
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
         self.hidden = feedback.features[-1]
@@ -64,5 +99,5 @@ class Medusa(Proposer):
 
 @implementation("medusa", color="#e377c2")
 def build(params: dict, res: Resources) -> Proposer:
-    tree = choices.resolve(params.pop("tree", "medusa_mc_sim_7b_63"))
+    tree = choices.resolve(params.pop("tree", "medusa_mc_sim_7b_63"))  # sampled: passed on in params
     return Medusa(res.head("medusa"), res.target_model.get_output_embeddings(), tree, **params)
