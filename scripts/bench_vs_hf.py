@@ -50,7 +50,7 @@ def main() -> None:
     questions = [q for t in args.tasks.split(",") for q in
                  tasks.limit_per_category(tasks.load(t, args.data_dir).questions, args.limit)]
     prompts = [prompt_ids(session.tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in questions]
-    sps, pld = methods.preset("sps")["params"], methods.preset("pld")["params"]
+    sps, pld = methods.preset("sps").params, methods.preset("pld").params
     draft = session.resources.draft_model()
     pairs = {
         "vanilla": (methods.build("vanilla", session.resources), {}),

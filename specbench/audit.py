@@ -41,8 +41,7 @@ def audit(args) -> int:
         raise SpecbenchError("--samples must be >= 10, --horizon and --prompts >= 1")
     if args.mode != "greedy" and args.temperature <= 0:
         raise SpecbenchError("the sampling test needs --temperature > 0")
-    preset = methods.preset(args.method)
-    lossless = bool(preset.get("lossless", True))
+    lossless = methods.preset(args.method).lossless
     cfg = RunConfig(
         model=args.model,
         methods=["vanilla", args.method],

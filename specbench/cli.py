@@ -355,7 +355,7 @@ def _list(what: str) -> None:
 
         for name in methods.available():
             spec = methods.preset(name)
-            print(f"{name:15s} {spec.get('description', '')}{'' if spec.get('lossless', True) else ' [lossy]'}")
+            print(f"{name:15s} {spec.description}{'' if spec.lossless else ' [lossy]'}")
     elif what == "models":
         from .models import ALIASES
 
@@ -368,7 +368,7 @@ def _list(what: str) -> None:
         from . import tasks
 
         for name in tasks.available():
-            print(f"{name:15s} {tasks.presets.load('tasks', name).get('description', '')}")
+            print(f"{name:15s} {tasks.presets.load('tasks', name).description}")
 
 
 def _train(args) -> None:

@@ -1,13 +1,54 @@
-"""Where the YAML presets live: `methods/` and `tasks/` in a checkout, `specbench/_presets/` in a wheel, plus
-folders added at run time (`registry.add_methods`)."""
+"""The YAML presets: where they live (`methods/` and `tasks/` in a checkout, `specbench/_presets/` in a wheel,
+plus folders added at run time by `registry.add_methods`) and the keys each kind may hold, read into typed
+objects so a misspelt key or a wrong type fails in one line naming the file and the key."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from .errors import SpecbenchError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class MethodPreset(Strict):
+    implementation: str  # a name registered with registry.implementation
+    description: str = ""
+    lossless: bool = True  # results are labelled from it; must agree with the acceptance rule
+    needs: str | list[str] | None = None  # "draft", "eagle head", ... (registry.parse_needs)
+    acceptance: str | dict[str, Any] | None = None  # a rule name or {rule: NAME, param: value} (acceptance.rule)
+    params: dict[str, Any] = {}  # keyword arguments of the implementation's build
+
+
+class TaskSource(Strict):
+    file: str  # path under the data dir (and the download cache)
+    url: str | None = None  # where to download it, pinned to a commit
+    sha256: str | None = None  # of the downloaded file
+
+
+class TaskPreset(Strict):
+    description: str = ""
+    source: TaskSource | None = None
+    questions: list[dict[str, Any]] | None = None  # built-in questions instead of a source
+    fields: dict[str, str] | None = None  # question key -> record field or "{field}" template
+    category: str | None = None  # the category of every question without one
+    category_groups: dict[str, list[str]] = {}  # reporting group -> the category labels it holds, in order
+    max_new_tokens: int | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TaskPreset:
+        if (self.source is None) == (self.questions is None):
+            raise ValueError("give exactly one of source and questions")
+        return self
+
+
+SCHEMAS: dict[str, type[Strict]] = {"methods": MethodPreset, "tasks": TaskPreset}
 
 _HERE = Path(__file__).resolve().parent
 _EXTRA: dict[str, list[Path]] = {}
@@ -47,6 +88,31 @@ def path(kind: str, name: str) -> Path:
     return found[name]
 
 
-def load(kind: str, name: str) -> dict:
-    with path(kind, name).open() as f:
-        return yaml.safe_load(f) or {}
+def load(kind: str, name: str) -> Any:
+    """The preset as its kind's typed object (MethodPreset, TaskPreset)."""
+    where = path(kind, name)
+    try:
+        with where.open() as f:
+            raw = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as err:
+        raise SpecbenchError(f"{where}: not readable YAML ({str(err).splitlines()[0]})") from err
+    if not isinstance(raw, dict):
+        raise SpecbenchError(f"{where}: a preset is a mapping of keys to values")
+    schema = SCHEMAS[kind]
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as err:
+        raise SpecbenchError(f"{where}: {_first_error(err, schema)}") from None
+
+
+def _first_error(err: ValidationError, schema: type[Strict]) -> str:
+    """One line for the first problem: the key (dotted path) and what is wrong with it."""
+    first = err.errors()[0]
+    key = ".".join(str(part) for part in first["loc"])
+    if first["type"] == "extra_forbidden" and len(first["loc"]) == 1:
+        return f"unknown key '{key}' (allowed: {', '.join(schema.model_fields)})"
+    if first["type"] == "extra_forbidden":
+        return f"unknown key '{key}'"
+    if first["type"] == "missing":
+        return f"key '{key}' is missing"
+    return f"key '{key}': {first['msg']}" if key else first["msg"].removeprefix("Value error, ")

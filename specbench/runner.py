@@ -379,7 +379,7 @@ def run(cfg: RunConfig) -> Path:
 
     units = _units(run_dir, task_list, cfg, names, session)
     proposers = {name: methods.build(name, session.resources) for name in names}  # fail fast on bad checkpoints
-    lossless = {name: bool(methods.preset(name).get("lossless", True)) for name in names}
+    lossless = {name: methods.preset(name).lossless for name in names}
     bar = Progress(sum(len(u.methods) for u in units), "answers", "answers", enabled=cfg.progress)
     warmed: set[str] = set()
     warned = False

@@ -70,22 +70,22 @@ def _download(url: str, sha256: str | None, dest: Path) -> Path:
     return dest
 
 
-def _source_file(source: dict, data: Path | None, download: bool = True) -> Path:
+def _source_file(source: presets.TaskSource, data: Path | None, download: bool = True) -> Path:
     """The task's data file: in the data dir, in the download cache, or downloaded now (when `download`)."""
-    rel = source["file"]
+    rel = source.file
     if data is not None and (data / rel).is_file():
         return data / rel
     cached = CACHE_DIR / "data" / rel
-    if cached.is_file() and (not source.get("sha256") or _sha256(cached) == source["sha256"]):
+    if cached.is_file() and (not source.sha256 or _sha256(cached) == source.sha256):
         return cached
-    if not source.get("url"):
+    if not source.url:
         where = f"{data / rel}" if data else f"<data-dir>/{rel}"
         raise SpecbenchError(
             f"this task reads {where}: pass --data-dir (or set SPECBENCH_DATA_DIR) to a folder with it"
         )
     if not download:
-        raise NotDownloaded(source["url"])
-    return _download(source["url"], source.get("sha256"), cached)
+        raise NotDownloaded(source.url)
+    return _download(source.url, source.sha256, cached)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -157,20 +157,19 @@ def load(
     if name.endswith(".jsonl") or Path(name).is_file():
         return from_jsonl(name, field_map)
     spec = presets.load("tasks", name)
-    groups = spec.get("category_groups") or {}
-    if "questions" in spec:
-        records, path = spec["questions"], presets.path("tasks", name)
+    if spec.questions is not None:
+        records, path = spec.questions, presets.path("tasks", name)
     else:
-        path = _source_file(spec["source"], data_dir(data), download)
+        path = _source_file(spec.source, data_dir(data), download)
         records = read_jsonl(path)
-    fields = {**(spec.get("fields") or {"turns": "turns"}), **(field_map or {})}
-    questions = _questions(records, path, fields, spec.get("category", name), groups)
-    return Task(name, spec.get("description", ""), questions, spec.get("max_new_tokens"))
+    fields = {**(spec.fields or {"turns": "turns"}), **(field_map or {})}
+    questions = _questions(records, path, fields, spec.category or name, spec.category_groups)
+    return Task(name, spec.description, questions, spec.max_new_tokens)
 
 
 def groups(name: str) -> dict[str, list[str]]:
     """A task preset's reporting groups in their order: group -> the category labels it holds."""
-    return dict(presets.load("tasks", name).get("category_groups") or {})
+    return dict(presets.load("tasks", name).category_groups)
 
 
 def limit_per_category(questions: list[Question], limit: int | None) -> list[Question]:

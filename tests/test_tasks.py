@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from specbench import tasks
+from specbench import presets, tasks
 from specbench.chat import VICUNA_SYSTEM, prompt_ids, vicuna_prompt
 from specbench.errors import SpecbenchError
 
@@ -45,13 +45,13 @@ def test_download_checks_sha256(tmp_path, monkeypatch):
     data = tmp_path / "q.jsonl"
     data.write_text(json.dumps({"turns": ["hello"]}) + "\n")
     digest = hashlib.sha256(data.read_bytes()).hexdigest()
-    source = {"file": "x/q.jsonl", "url": data.as_uri(), "sha256": digest}
+    source = presets.TaskSource(file="x/q.jsonl", url=data.as_uri(), sha256=digest)
     path = tasks._source_file(source, None)
     assert path == tmp_path / "cache" / "data" / "x" / "q.jsonl" and path.read_bytes() == data.read_bytes()
     data.write_text("changed\n")  # the cached copy is used from now on
     assert tasks._source_file(source, None) == path
     with pytest.raises(SpecbenchError, match="sha256"):
-        tasks._source_file({"file": "y/q.jsonl", "url": data.as_uri(), "sha256": digest}, None)
+        tasks._source_file(presets.TaskSource(file="y/q.jsonl", url=data.as_uri(), sha256=digest), None)
 
 
 def test_missing_local_only_file_says_what_to_do(tmp_path, monkeypatch):

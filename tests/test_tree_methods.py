@@ -216,8 +216,8 @@ def test_sampled_siblings_verified_against_the_wrong_law_fail_the_audit(small_vo
 
 
 def test_typical_acceptance_is_labelled_lossy(small_vocab, tmp_path, monkeypatch):
-    assert methods.preset("medusa-typical")["lossless"] is False
-    assert methods.preset("medusa")["lossless"] is True
+    assert methods.preset("medusa-typical").lossless is False
+    assert methods.preset("medusa").lossless is True
     rule = methods.rule("medusa-typical")
     assert rule.lossless is False and rule.params == {"posterior_threshold": 0.09, "posterior_alpha": 0.3}
     lying = tmp_path / "presets"

@@ -29,20 +29,18 @@ def available() -> list[str]:
 _VARIANT = re.compile(r"^([\w.-]+)\[(.*)\]$")
 
 
-def preset(name: str) -> dict:
+def preset(name: str) -> presets.MethodPreset:
     """A method's YAML preset; for a variant `base[key=value,...]`, base's preset with those params changed."""
     base, overrides = variant(name)
     spec = presets.load("methods", base)
-    if spec.get("implementation") not in registry.IMPLEMENTATIONS:
-        raise SpecbenchError(f"method preset '{base}' names an unknown implementation {spec.get('implementation')}")
-    if overrides:
-        spec = {**spec, "params": {**(spec.get("params") or {}), **overrides}}
-    return spec
+    if spec.implementation not in registry.IMPLEMENTATIONS:
+        raise SpecbenchError(f"method preset '{base}' names an unknown implementation {spec.implementation}")
+    return spec.model_copy(update={"params": {**spec.params, **overrides}}) if overrides else spec
 
 
 def needs(name: str) -> list[Need]:
     """What the method cannot run without, from its preset's `needs:` key."""
-    return parse_needs(name, preset(name).get("needs"))
+    return parse_needs(name, preset(name).needs)
 
 
 def variant(name: str) -> tuple[str, dict]:
@@ -63,9 +61,9 @@ def variant(name: str) -> tuple[str, dict]:
 
 def build(name: str, res: Resources, overrides: dict | None = None) -> Proposer:
     spec = preset(name)
-    params = {**(spec.get("params") or {}), **(overrides or {})}
+    params = {**spec.params, **(overrides or {})}
     try:
-        return registry.IMPLEMENTATIONS[spec["implementation"]].build(params, res)
+        return registry.IMPLEMENTATIONS[spec.implementation].build(params, res)
     except (TypeError, ValueError) as err:
         raise SpecbenchError(f"bad parameters for method '{name}': {err}") from err
 
@@ -74,10 +72,10 @@ def rule(name: str) -> acceptance.Rule:
     """The method's acceptance rule from its preset (`acceptance:`, default exact), which must match its label."""
     spec = preset(name)
     try:
-        found = acceptance.rule(spec.get("acceptance"))
+        found = acceptance.rule(spec.acceptance)
     except SpecbenchError as err:
         raise SpecbenchError(f"method preset '{name}': {err}") from err
-    if found.lossless != bool(spec.get("lossless", True)):  # results are labelled from the preset
+    if found.lossless != spec.lossless:  # results are labelled from the preset
         raise SpecbenchError(f"method preset '{name}' must say lossless: {str(found.lossless).lower()} for its rule")
     return found
 

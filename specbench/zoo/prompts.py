@@ -35,7 +35,7 @@ def spec_bench_first_turns(data_dir: Path, per_subtask: int) -> dict[str, list[s
     from specbench import presets
     from specbench.tasks import limit_per_category, load
 
-    if not (data_dir / presets.load("tasks", "spec_bench")["source"]["file"]).is_file():
+    if not (data_dir / presets.load("tasks", "spec_bench").source.file).is_file():
         return {}
     by_subtask: dict[str, list[str]] = {}
     for q in limit_per_category(load("spec_bench", data_dir).questions, per_subtask):
