@@ -13,10 +13,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import metrics
+from .cells import BASELINE, MISSING, OVERALL, Cell, collect_cells, select, source_line
 from .errors import SpecbenchError
-from .report import BASELINE, MISSING, OVERALL, Cell, collect_cells, md_table, select, source_line
 from .results import Answer
 from .sources import Source, load_sources
+from .tables import md_table
 
 MACHINE_KEYS = (("config", "dtype"), ("machine", "device"), ("machine", "device_name"), ("machine", "cpu_count"))
 SOFTWARE_KEYS = (("machine", "torch"), ("machine", "transformers"), ("machine", "python"), ("machine", "git_revision"))

@@ -193,3 +193,12 @@ def test_cli_errors_are_one_line(baseline, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["compare", str(baseline), str(other), "--max-slowdown", "5"])
     assert "percentage (5%)" in capsys.readouterr().err
+
+
+def test_compare_loads_without_matplotlib():
+    """A CI runner that only compares runs needs no plotting stack: compare reads cells and tables, not plots."""
+    import subprocess
+    import sys
+
+    code = "import sys, specbench.compare; sys.exit(any(m.startswith('matplotlib') for m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

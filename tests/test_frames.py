@@ -3,7 +3,7 @@ import math
 import pandas as pd
 import pytest
 
-from specbench import report
+from specbench import cells, sources
 from specbench.cli import main
 from specbench.frames import frame, steps_frame
 
@@ -39,14 +39,14 @@ def test_one_row_per_turn_with_the_recorded_fields(run_dir):
 
 
 def test_the_reports_numbers_come_out_of_the_frame(run_dir, tmp_path):
-    (cell,) = report.collect_cells(report.load_sources([run_dir]))
+    (cell,) = cells.collect_cells(sources.load_sources([run_dir]))
     data = frame([run_dir])
     for method, rows in data.groupby("method"):
         assert rows.new_tokens.sum() / rows.steps.sum() == pytest.approx(cell.stats[method].tau)
     per_question = data.groupby(["method", "question_id"]).agg(tokens=("new_tokens", "sum"), wall=("wall_time", "sum"))
     throughput = per_question.tokens / per_question.wall
     ratio = throughput["sps"] / throughput["vanilla"]
-    assert math.exp(ratio.map(math.log).mean()) == pytest.approx(cell.stats["sps"].paired[report.OVERALL].value)
+    assert math.exp(ratio.map(math.log).mean()) == pytest.approx(cell.stats["sps"].paired[cells.OVERALL].value)
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet", "jsonl"])

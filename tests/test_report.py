@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import specbench.methods  # noqa: F401  (registers the implementations and their colours)
-from specbench import registry, report
+from specbench import plots, registry, report, sources
+from specbench.cells import collect_cells
 from specbench.errors import SpecbenchError
 from specbench.results import Answer
 
@@ -73,7 +74,7 @@ def hand_paired_speedup(method: list[dict], base: list[dict]) -> float:
 def spec_bench_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     path = report.build_report([SPEC_BENCH_ANSWERS], out)
-    cells = report.collect_cells(report.load_sources([SPEC_BENCH_ANSWERS]))
+    cells = collect_cells(sources.load_sources([SPEC_BENCH_ANSWERS]))
     return path, cells
 
 
@@ -210,13 +211,13 @@ def test_sources_never_mix(run_dir, tmp_path):
     other.mkdir(parents=True)
     write(other / "answers" / "quick" / "sps-temperature-0.jsonl",
           [answer(q, "chat", "sps", 0.0, 0.1, [4]) for q in range(3)])
-    cells = report.collect_cells(report.load_sources([run_dir, other]))
+    cells = collect_cells(sources.load_sources([run_dir, other]))
     assert [c.source.name for c in cells] == ["run-a", "run-a", "machine-b/run-a"]
     assert cells[2].baseline is None and math.isnan(cells[2].stats["sps"].paired["overall"].value)
     colors = {name: impl.color for name, impl in registry.IMPLEMENTATIONS.items()}
-    assert report.method_colors({"sps", "sps-68m", "eagle"})["eagle"] == colors["eagle"]
-    assert report.method_colors({"sps-68m"})["sps-68m"] == colors["sps"]
-    assert report.method_colors({"eagle2[top_k=6]"})["eagle2[top_k=6]"] == colors["eagle2"]
+    assert plots.method_colors({"sps", "sps-68m", "eagle"})["eagle"] == colors["eagle"]
+    assert plots.method_colors({"sps-68m"})["sps-68m"] == colors["sps"]
+    assert plots.method_colors({"eagle2[top_k=6]"})["eagle2[top_k=6]"] == colors["eagle2"]
 
 
 def test_paper_figures_and_tables_for_several_runs(run_dir, tmp_path):
@@ -254,7 +255,7 @@ def test_paper_figures_and_tables_for_several_runs(run_dir, tmp_path):
 
 def test_missing_source_is_a_user_error(tmp_path):
     with pytest.raises(SpecbenchError, match="no such run folder"):
-        report.load_sources([tmp_path / "nowhere"])
+        sources.load_sources([tmp_path / "nowhere"])
 
 
 def test_noise_floor_and_busy_machine_notes(tmp_path):

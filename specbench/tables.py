@@ -1,0 +1,139 @@
+"""Tables of cells, each built once as rows and rendered as Markdown (pandas through tabulate) and LaTeX
+(pandas' Styler: booktabs, escaped cells)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pandas as pd
+
+from . import metrics
+from .cells import BASELINE, MISSING, NA, OVERALL, Cell, draft_share, mean_tree_size, roofline
+
+TEX_LABELS = {"mt_bench": "MT", "translation": "Trans", "summarization": "Summ", "qa": "QA",
+              "math_reasoning": "Math", "rag": "RAG", OVERALL: "Overall"}
+ALPHA_DEPTH = 5  # per-position acceptance columns
+
+
+def fmt_speedup(s: metrics.Speedup) -> str:
+    """`2.31× [2.10, 2.55]`: the paired speedup with its 95% interval."""
+    if s.pairs == 0 or math.isnan(s.value):
+        return NA
+    return metrics.format_ratio(s.value, s.low, s.high)
+
+
+def fmt_ratio(x: float) -> str:
+    return NA if math.isnan(x) else metrics.format_ratio(x)
+
+
+def _num(x: float | None, spec: str, none: str = MISSING) -> str:
+    return none if x is None or math.isnan(x) else format(x, spec)
+
+
+def md_table(header: list[str], rows: list[list[str]], left: int = 1) -> str:
+    """A Markdown table (pandas through tabulate): the first `left` columns left-aligned, the rest right."""
+    align = ["left"] * left + ["right"] * (len(header) - left)
+    table = pd.DataFrame(rows, columns=header)
+    return table.to_markdown(index=False, tablefmt="pipe", colalign=align, disable_numparse=True)
+
+
+def leaderboard_md(cell: Cell) -> str:
+    cats = cell.groups
+    rows = [[s.display, *(fmt_speedup(s.paired[c]) for c in cats), f"{s.tau:.2f}", fmt_speedup(s.paired[OVERALL])]
+            for s in cell.ranked()]
+    if not rows:
+        return f"Only `{BASELINE}` was run here: nothing to compare."
+    return md_table(["method", *cats, "τ", "Overall"], rows)
+
+
+def spec_bench_md(cell: Cell) -> str:
+    cats = [*cell.groups, OVERALL]
+    rows = [[s.display, *(fmt_ratio(s.spec_bench[c]) for c in cats)] for s in cell.ranked()]
+    return md_table(["method", *cats[:-1], "Overall"], rows) if rows else ""
+
+
+def detail_rows(cell: Cell) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-method detail table, the one source of its Markdown and LaTeX forms."""
+    stats = list(cell.stats.values())
+    alphas = {s.method: metrics.acceptance_by_position(s.answers, ALPHA_DEPTH) for s in stats}
+    show_alpha = any(alphas.values())
+    show_roof = cell.source.profile is not None
+    header = ["method", "questions", "τ", "tokens/s", "mean tree size", "draft share"]
+    header += [f"α_{k}" for k in range(1, ALPHA_DEPTH + 1)] if show_alpha else []
+    header += ["roofline efficiency"] if show_roof else []
+    rows = []
+    for s in stats:
+        row = [s.display, str(len(s.answers)), f"{s.tau:.2f}", f"{metrics.tokens_per_second(s.answers):.1f}",
+               _num(mean_tree_size(s.answers), ".1f"), _num(draft_share(s.answers), ".1%")]
+        if show_alpha:
+            a = alphas[s.method]
+            row += [_num(a[k] if k < len(a) else None, ".2f") for k in range(ALPHA_DEPTH)]
+        if show_roof:
+            roof = roofline(cell, s)
+            row.append(_num(roof, ".0%", NA if cell.baseline is None else MISSING))
+        rows.append(row)
+    return header, rows
+
+
+def detail_md(cell: Cell) -> str:
+    return md_table(*detail_rows(cell))
+
+
+def lossless_md(cells: list[Cell]) -> str:
+    rows = []
+    for cell in cells:
+        if cell.temperature != 0:
+            continue
+        for s in cell.ranked():
+            check = metrics.losslessness(s.answers)
+            where = [cell.source.label, cell.model, cell.task, s.display]
+            if check.questions == 0:
+                rows.append([*where, "not checked", MISSING, MISSING, MISSING])
+            else:
+                bugs = f"**{check.bugs}**" if check.bugs and not s.lossy else str(check.bugs)
+                rows.append([*where, str(check.questions), f"{check.exact_rate:.1%}", str(check.near_ties), bugs])
+    if not rows:
+        return "No temperature-0 runs of a method other than vanilla."
+    return md_table(["run", "model", "task", "method", "questions checked", "exact match", "near-tie divergences",
+                     "mismatches (bugs)"], rows, left=4)
+
+
+def _tex(text: str) -> str:
+    return re.sub(r"([_&%#$])", r"\\\1", text).replace("~", r"\textasciitilde{}")
+
+
+def _tex_speedup(s: metrics.Speedup) -> str:
+    if s.pairs == 0 or math.isnan(s.value):
+        return NA
+    return metrics.format_ratio(s.value, s.low, s.high, times="$\\times$", interval="\\,{{\\scriptsize[{}, {}]}}")
+
+
+def _tabular(comment: str, header: list[str], rows: list[list[str]]) -> str:
+    """A booktabs tabular (pandas' Styler): the first column left-aligned, the rest right; cells already LaTeX."""
+    styled = pd.DataFrame(rows, columns=header).style.hide(axis="index")
+    return f"% {comment}\n" + styled.to_latex(column_format="l" + "r" * (len(header) - 1), hrules=True).rstrip()
+
+
+def leaderboard_tex(cell: Cell) -> str:
+    cats = cell.groups
+    head = ["Method", *(_tex(TEX_LABELS.get(c, c)) for c in cats), r"$\tau$", "Overall"]
+    rows = [[_tex(s.display), *(_tex_speedup(s.paired[c]) for c in cats), f"{s.tau:.2f}",
+             _tex_speedup(s.paired[OVERALL])] for s in cell.ranked()]
+    return _tabular(f"{cell.title}: paired speedup over vanilla (geometric mean, 95% bootstrap CI); tau = mean "
+                    "accepted length", head, rows)
+
+
+def _tex_header(name: str) -> str:
+    if name == "τ":
+        return r"$\tau$"
+    if name.startswith("α_"):
+        return f"$\\alpha_{{{name[2:]}}}$"
+    return _tex(name.capitalize())
+
+
+def detail_tex(cell: Cell) -> str:
+    """The per-method detail table in LaTeX, from the same rows as its Markdown form."""
+    header, rows = detail_rows(cell)
+    return _tabular(f"{cell.title}: per-method detail", [_tex_header(h) for h in header],
+                    [[_tex(c) for c in row] for row in rows])
