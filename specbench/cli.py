@@ -106,7 +106,9 @@ def parser() -> argparse.ArgumentParser:
         help="comma-separated names; all (every method the model can run) or default (vanilla, sps, pld: those the "
         "model can run); a variant overrides a preset's params: eagle2[top_k=6,depth=4,total_tokens=24]",
     )
-    run.add_argument("--tasks", type=_names, default=["quick"], help="task names or .jsonl paths, comma-separated")
+    run.add_argument(
+        "--tasks", type=_names, default=["quick"], help="task names or .jsonl/.json/.csv/.parquet files, by commas"
+    )
     run.add_argument("--temperatures", type=_floats, default=[0.0], help="comma-separated, e.g. 0,1")
     run.add_argument("--out", help="run folder (default: results/<model>-<tasks>-<hash>; re-running resumes)")
     run.add_argument("--no-warmup", action="store_true", help="skip the discarded warm-up question per method")

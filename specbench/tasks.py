@@ -1,4 +1,5 @@
-"""Tasks: a YAML preset (or a user's JSONL file) -> questions with ids, categories and one or more turns."""
+"""Tasks: a YAML preset (or a user's JSONL, JSON, CSV or Parquet file) -> questions with ids, categories and one
+or more turns. Files are read through `datasets`."""
 
 from __future__ import annotations
 
@@ -88,6 +89,29 @@ def _source_file(source: presets.TaskSource, data: Path | None, download: bool =
     return _download(source.url, source.sha256, cached)
 
 
+FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}  # suffix -> datasets builder
+
+
+def read_records(path: Path) -> list[dict]:
+    """A local file's records through `datasets` (its Arrow cache makes a second read cheap), fields that a
+    record lacks left out. A JSON-lines file `datasets` cannot read is read line by line, which names a bad
+    line or reads lines whose field types differ (Arrow needs one type per field)."""
+    kind = FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise SpecbenchError(f"{path}: a task file is {', '.join(FORMATS)}")
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    try:
+        table = datasets.load_dataset(kind, data_files=str(path), split="train")
+    except Exception as err:
+        if kind == "json":
+            return read_jsonl(path)
+        raise SpecbenchError(f"{path}: not readable as {kind} ({str(err).splitlines()[0]})") from err
+    return [{k: v for k, v in record.items() if v is not None} for record in table.to_list()]
+
+
 def read_jsonl(path: Path) -> list[dict]:
     records = []
     with path.open(encoding="utf-8") as f:
@@ -132,12 +156,13 @@ def _questions(records: list[dict], path: Path, fields: dict, default_category: 
     return questions
 
 
-def from_jsonl(path: str | Path, field_map: dict[str, str] | None = None) -> Task:
-    """A user's JSONL file: `turns` (list) or `prompt`/`question`/`instruction` (string) per line, by default."""
+def from_file(path: str | Path, field_map: dict[str, str] | None = None) -> Task:
+    """A user's file (FORMATS): `turns` (list) or `prompt`/`question`/`instruction`/`text` (string) per record,
+    by default."""
     path = Path(path)
     if not path.is_file():
         raise SpecbenchError(f"task file {path} does not exist")
-    records = read_jsonl(path)
+    records = read_records(path)
     if not records:
         raise SpecbenchError(f"{path}: no records")
     fields = dict(field_map or {})
@@ -153,15 +178,15 @@ def from_jsonl(path: str | Path, field_map: dict[str, str] | None = None) -> Tas
 def load(
     name: str, data: str | Path | None = None, field_map: dict[str, str] | None = None, download: bool = True
 ) -> Task:
-    """A preset name from tasks/, or a path to a .jsonl file; `download=False` raises NotDownloaded instead."""
-    if name.endswith(".jsonl") or Path(name).is_file():
-        return from_jsonl(name, field_map)
+    """A preset name from tasks/, or a path to a task file; `download=False` raises NotDownloaded instead."""
+    if Path(name).suffix.lower() in FORMATS or Path(name).is_file():
+        return from_file(name, field_map)
     spec = presets.load("tasks", name)
     if spec.questions is not None:
         records, path = spec.questions, presets.path("tasks", name)
     else:
         path = _source_file(spec.source, data_dir(data), download)
-        records = read_jsonl(path)
+        records = read_records(path)
     fields = {**(spec.fields or {"turns": "turns"}), **(field_map or {})}
     questions = _questions(records, path, fields, spec.category or name, spec.category_groups)
     return Task(name, spec.description, questions, spec.max_new_tokens)

@@ -64,14 +64,14 @@ def test_missing_local_only_file_says_what_to_do(tmp_path, monkeypatch):
 def test_jsonl_defaults_and_errors(tmp_path):
     good = tmp_path / "t.jsonl"
     good.write_text(json.dumps({"question": "a?", "category": "c"}) + "\n" + json.dumps({"question": "b?"}) + "\n")
-    task = tasks.from_jsonl(good)
+    task = tasks.from_file(good)
     assert [q.turns for q in task.questions] == [["a?"], ["b?"]] and task.questions[1].category == "t"
     with pytest.raises(SpecbenchError, match=r"t\.jsonl:1: no 'nope' field"):
-        tasks.from_jsonl(good, {"prompt": "nope"})
+        tasks.from_file(good, {"prompt": "nope"})
     dup = tmp_path / "dup.jsonl"
     dup.write_text(json.dumps({"id": 1, "prompt": "x"}) + "\n" + json.dumps({"id": 1, "prompt": "y"}) + "\n")
     with pytest.raises(SpecbenchError, match="not unique"):
-        tasks.from_jsonl(dup)
+        tasks.from_file(dup)
 
 
 def test_vicuna_fallback_matches_template(tiny_models):
@@ -87,3 +87,26 @@ def test_vicuna_fallback_matches_template(tiny_models):
     tokenizer.chat_template = None
     assert prompt_ids(tokenizer, messages) == with_template
     assert vicuna_prompt(messages) == f"{VICUNA_SYSTEM} USER: Hi ASSISTANT: Hello</s>USER: Bye ASSISTANT:"
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".json"])
+def test_csv_parquet_and_json_files_load_like_jsonl(tmp_path, suffix):
+    import pandas as pd
+
+    rows = pd.DataFrame({"question": ["What is 2 + 2?", "Name a colour."], "kind": ["math", "qa"], "n": [7, 8]})
+    path = tmp_path / f"mine{suffix}"
+    {".csv": rows.to_csv, ".parquet": rows.to_parquet, ".json": rows.to_json}[suffix](
+        path, **({"index": False} if suffix != ".json" else {"orient": "records", "lines": True})
+    )
+    task = tasks.load(str(path), field_map={"id": "n", "category": "kind"})
+    assert [(q.id, q.category, q.turns) for q in task.questions] == [
+        (7, "math", ["What is 2 + 2?"]),
+        (8, "qa", ["Name a colour."]),
+    ]
+
+
+def test_a_file_of_another_format_is_a_one_line_error(tmp_path):
+    path = tmp_path / "mine.xlsx"
+    path.write_text("x")
+    with pytest.raises(SpecbenchError, match=r"mine\.xlsx: a task file is \.jsonl, \.json, \.csv, \.parquet"):
+        tasks.load(str(path))
