@@ -1,8 +1,8 @@
 """Micro-benchmarks of the hot paths (pytest-benchmark; not part of the test run):
 
-    python -m pytest benchmarks/ --benchmark-only                       # the table
-    python -m pytest benchmarks/ --benchmark-only --benchmark-save=NAME  # record a baseline (benchmarks/.results)
-    python -m pytest benchmarks/ --benchmark-only --benchmark-compare=0001 --benchmark-compare-fail=mean:25%
+    python -m pytest benchmarks/ --benchmark-only                    # the table
+    ... --benchmark-storage=benchmarks/baselines --benchmark-save=NAME  # record a baseline for this machine
+    ... --benchmark-storage=benchmarks/baselines --benchmark-compare --benchmark-compare-fail=mean:25%
 
 The decode loop is timed against a stub target (no model: the next token after t is t + 1, and each
 forward still builds the mask and positions a real one would), so what remains is the loop's own cost per
