@@ -90,7 +90,7 @@ def _task(name: str, cfg) -> TaskPlan:
     try:
         task = tasks.load(name, cfg.data_dir, cfg.fields, download=False)
     except tasks.NotDownloaded as missing:
-        return TaskPlan(name, None, f"downloaded from {missing.url} when the run starts")
+        return TaskPlan(name, None, f"read from {missing.url} when the run starts")
     return TaskPlan(task.name, len(tasks.limit_per_category(task.questions, cfg.limit)))
 
 

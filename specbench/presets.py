@@ -26,10 +26,31 @@ class MethodPreset(Strict):
     params: dict[str, Any] = {}  # keyword arguments of the implementation's build
 
 
+class HubDataset(Strict):
+    id: str  # a hub dataset repository, read with datasets.load_dataset
+    config: str | None = None
+    split: str
+    revision: str  # the dataset repository's commit (40 hex digits): the data never changes under a run
+    fields: dict[str, str] | None = None  # the hub records' field names, when they differ from the file's
+
+    @model_validator(mode="after")
+    def _pinned(self) -> HubDataset:
+        if len(self.revision) != 40 or any(c not in "0123456789abcdef" for c in self.revision):
+            raise ValueError(f"hub.revision must be a 40-hex-digit commit, not '{self.revision}'")
+        return self
+
+
 class TaskSource(Strict):
     file: str  # path under the data dir (and the download cache)
     url: str | None = None  # where to download it, pinned to a commit
     sha256: str | None = None  # of the downloaded file
+    hub: HubDataset | None = None  # else from this hub dataset, cached by `datasets`
+
+    @model_validator(mode="after")
+    def _one_remote(self) -> TaskSource:
+        if self.url and self.hub:
+            raise ValueError("give at most one of source.url and source.hub")
+        return self
 
 
 class TaskPreset(Strict):
@@ -40,6 +61,7 @@ class TaskPreset(Strict):
     category: str | None = None  # the category of every question without one
     category_groups: dict[str, list[str]] = {}  # reporting group -> the category labels it holds, in order
     max_new_tokens: int | None = None
+    placeholder: str | None = None  # text standing in for data that is not redistributed: such questions skipped
 
     @model_validator(mode="after")
     def _one_source(self) -> TaskPreset:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ class NotDownloaded(SpecbenchError):
     """The task's data file is neither local nor cached, and downloading was not allowed."""
 
     def __init__(self, url: str) -> None:
-        super().__init__(f"the task's data is not on this machine: it would be downloaded from {url}")
+        super().__init__(f"the task's data is not on this machine: it would be read from {url}")
         self.url = url
 
 
@@ -71,6 +72,30 @@ def _download(url: str, sha256: str | None, dest: Path) -> Path:
     return dest
 
 
+def _quiet_datasets():
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def hub_records(hub: presets.HubDataset) -> list[dict]:
+    """A hub dataset's split at its pinned revision, through `datasets` (cached in HF_DATASETS_CACHE; offline
+    with HF_DATASETS_OFFLINE=1 or HF_HUB_OFFLINE=1, when cached)."""
+    datasets = _quiet_datasets()
+    name = f"{hub.id}{f' ({hub.config})' if hub.config else ''} at {hub.revision[:7]}"
+    try:
+        table = datasets.load_dataset(hub.id, hub.config, split=hub.split, revision=hub.revision)
+    except Exception as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise SpecbenchError(
+            f"hub dataset {name} is not cached and could not be fetched ({reason}): connect once to cache it, "
+            "or pass --data-dir with a local copy"
+        ) from err
+    return [{k: v for k, v in record.items() if v is not None} for record in table.to_list()]
+
+
 def _source_file(source: presets.TaskSource, data: Path | None, download: bool = True) -> Path:
     """The task's data file: in the data dir, in the download cache, or downloaded now (when `download`)."""
     rel = source.file
@@ -99,10 +124,7 @@ def read_records(path: Path) -> list[dict]:
     kind = FORMATS.get(path.suffix.lower())
     if kind is None:
         raise SpecbenchError(f"{path}: a task file is {', '.join(FORMATS)}")
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    datasets = _quiet_datasets()
     try:
         table = datasets.load_dataset(kind, data_files=str(path), split="train")
     except Exception as err:
@@ -182,12 +204,26 @@ def load(
     if Path(name).suffix.lower() in FORMATS or Path(name).is_file():
         return from_file(name, field_map)
     spec = presets.load("tasks", name)
+    fields = spec.fields or {"turns": "turns"}
+    local = data_dir(data)
+    hub = spec.source.hub if spec.source else None
     if spec.questions is not None:
         records, path = spec.questions, presets.path("tasks", name)
+    elif hub and not (local and (local / spec.source.file).is_file()):
+        if not download:
+            raise NotDownloaded(f"hub dataset {hub.id} at {hub.revision[:7]} (cached by datasets)")
+        records, path = hub_records(hub), Path(f"{hub.id}@{hub.revision[:7]}")
+        fields = hub.fields or fields
     else:
-        path = _source_file(spec.source, data_dir(data), download)
+        path = _source_file(spec.source, local, download)
         records = read_records(path)
-    fields = {**(spec.fields or {"turns": "turns"}), **(field_map or {})}
+    if spec.placeholder:
+        kept = [r for r in records if spec.placeholder not in json.dumps(r, ensure_ascii=False)]
+        if len(kept) < len(records):
+            print(f"task {name}: {len(records) - len(kept)} of {len(records)} questions skipped: their data is not "
+                  "redistributed (placeholder text)", file=sys.stderr)  # fmt: skip
+        records = kept
+    fields = {**fields, **(field_map or {})}
     questions = _questions(records, path, fields, spec.category or name, spec.category_groups)
     return Task(name, spec.description, questions, spec.max_new_tokens)
 

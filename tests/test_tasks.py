@@ -110,3 +110,55 @@ def test_a_file_of_another_format_is_a_one_line_error(tmp_path):
     path.write_text("x")
     with pytest.raises(SpecbenchError, match=r"mine\.xlsx: a task file is \.jsonl, \.json, \.csv, \.parquet"):
         tasks.load(str(path))
+
+
+def test_hub_tasks_read_the_pinned_revision_and_skip_placeholder_rows(monkeypatch, capsys):
+    import datasets
+
+    calls = []
+
+    def load_dataset(repo, config, split, revision):
+        calls.append((repo, config, split, revision))
+        return datasets.Dataset.from_list([
+            {"question_id": 1, "category": "qa", "turns": ["Who wrote Emma?"]},
+            {"question_id": 2, "category": "rag", "turns": ["FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE"]},
+        ])  # fmt: skip
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    task = tasks.load("speed_bench")
+    assert calls == [("nvidia/SPEED-Bench", "qualitative", "test", "487aa718444e816458d1a0a52bfce7a454285cf4")]
+    assert [(q.id, q.category, q.turns) for q in task.questions] == [(1, "qa", ["Who wrote Emma?"])]
+    assert "1 of 2 questions skipped: their data is not redistributed" in capsys.readouterr().err
+    with pytest.raises(tasks.NotDownloaded, match="hub dataset nvidia/SPEED-Bench at 487aa71"):
+        tasks.load("speed_bench", download=False)  # a dry run reads nothing
+
+
+def test_hub_fields_apply_to_hub_records_only(monkeypatch):
+    import datasets
+
+    rows = [{"prompt_id": "ab12", "category": "writing", "prompt": ["Write a haiku.", "Now a limerick."]}]
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kw: datasets.Dataset.from_list(rows))
+    (question,) = tasks.load("mt_bench").questions
+    assert (question.id, question.group, question.turns) == ("ab12", "writing", ["Write a haiku.", "Now a limerick."])
+
+
+def test_an_uncached_hub_dataset_offline_is_a_one_line_error(tmp_path):
+    """The real `datasets` in offline mode with an empty cache: the error names the dataset and what to do."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    env.pop("SPECBENCH_DATA_DIR", None)
+    code = "from specbench import tasks\ntry:\n    tasks.load('gsm8k')\nexcept tasks.SpecbenchError as e:\n    print(e)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    line = out.stdout.strip()
+    assert line.startswith("hub dataset openai/gsm8k (main) at 740312a is not cached"), out
+    assert "pass --data-dir" in line and "\n" not in line
+
+
+def test_bad_hub_revision_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "pinned.yaml").write_text("source: {file: a.jsonl, hub: {id: a/b, split: test, revision: main}}\n")
+    monkeypatch.setitem(tasks.presets._EXTRA, "tasks", [tmp_path])
+    with pytest.raises(SpecbenchError, match="hub.revision must be a 40-hex-digit commit, not 'main'"):
+        tasks.load("pinned")
