@@ -30,6 +30,14 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _shard(text: str) -> list[int]:
+    """I/N -> [I, N]."""
+    match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise argparse.ArgumentTypeError(f"expected I/N with 1 <= I <= N (e.g. 2/4), got '{text}'")
+    return [int(match[1]), int(match[2])]
+
+
 def _names(text: str) -> list[str]:
     """Comma-separated names; commas inside a method variant's brackets (eagle2[top_k=6,depth=4]) stay."""
     return [x.strip() for x in re.split(r",(?![^\[]*\])", text) if x.strip()]
@@ -122,11 +130,22 @@ def parser() -> argparse.ArgumentParser:
         help="skip the A/A column (vanilla timed twice per question, reported as vanilla-aa: the run's noise floor)",
     )
     run.add_argument(
+        "--shard",
+        type=_shard,
+        metavar="I/N",
+        help="answer only the I-th of N deterministic slices of the questions (SLURM array jobs); "
+        "`specbench merge` joins the N run folders",
+    )
+    run.add_argument(
         "--dry-run",
         action="store_true",
         help="print the plan (methods, skipped methods, tasks, checkpoints with revisions, cache status, download "
         "size) and exit without loading or downloading anything",
     )
+
+    merge = sub.add_parser("merge", help="join the run folders of `run --shard I/N` into one run folder")
+    merge.add_argument("runs", nargs="+", type=Path, help="the shards' run folders")
+    merge.add_argument("--out", type=Path, required=True, help="the merged run folder (must not exist)")
 
     report = sub.add_parser("report", help="tables and plots from run folders or Spec-Bench answer files")
     report.add_argument("sources", nargs="+", type=Path)
@@ -305,6 +324,7 @@ def _run(args) -> None:
         warmup=not args.no_warmup,
         noise_floor=not args.no_noise_floor,
         repeats=args.repeats,
+        shard=args.shard,
     )
     if args.dry_run:
         from . import plan
@@ -484,6 +504,11 @@ def main(argv: list[str] | None = None) -> int:
         _add_user_methods()
         if args.command == "run":
             _run(args)
+        elif args.command == "merge":
+            from .merge import merge
+
+            out = merge(args.runs, args.out)
+            print(f"merged {len(args.runs)} shards into {out}")
         elif args.command == "report":
             _report(args)
         elif args.command == "export":

@@ -50,6 +50,7 @@ class RunConfig:
     progress: bool = True
     noise_floor: bool = True  # time vanilla twice per question (the A/A column) to report the run's noise
     repeats: int = 1  # timings per question and method; the median one is kept
+    shard: list[int] | None = None  # [I, N]: only every N-th question from the I-th (1-based), for array jobs
 
 
 def question_seed(base: int, question_id: int | str, temperature: float) -> int:
@@ -60,9 +61,10 @@ def question_seed(base: int, question_id: int | str, temperature: float) -> int:
 def default_out(cfg: RunConfig) -> Path:
     """The same command resumes into the same folder."""
     key = json.dumps([cfg.model, sorted(cfg.tasks), cfg.limit, cfg.max_new_tokens, cfg.dtype, cfg.seed])
+    shard = f"-shard{cfg.shard[0]}of{cfg.shard[1]}" if cfg.shard else ""
     return (
         Path("results")
-        / f"{Path(cfg.model).name}-{'+'.join(Path(t).stem for t in cfg.tasks)}-{zlib.crc32(key.encode()):08x}"
+        / f"{Path(cfg.model).name}-{'+'.join(Path(t).stem for t in cfg.tasks)}-{zlib.crc32(key.encode()):08x}{shard}"
     )
 
 
@@ -322,7 +324,7 @@ def _check_manifest(path: Path, manifest: dict) -> None:
         return
     old = json.loads(path.read_text())
     keys = {"model": None, "dtype": None, "device": None, "max_new_tokens": None, "seed": None, "limit": None,
-            "repeats": 1}  # key -> its value in manifests written before it was recorded
+            "repeats": 1, "shard": None}  # key -> its value in manifests written before it was recorded
     differ = [k for k, default in keys.items() if old["config"].get(k, default) != manifest["config"].get(k)]
     if old["machine"]["device_name"] != manifest["machine"]["device_name"]:
         differ.append("machine")
@@ -352,6 +354,8 @@ def run(cfg: RunConfig) -> Path:
         raise SpecbenchError("temperatures must be >= 0")
     if cfg.repeats < 1:
         raise SpecbenchError(f"--repeats must be at least 1, got {cfg.repeats}")
+    if cfg.shard and not 1 <= cfg.shard[0] <= cfg.shard[1]:
+        raise SpecbenchError(f"--shard {cfg.shard[0]}/{cfg.shard[1]}: write I/N with 1 <= I <= N, e.g. 2/4")
     plan = prepare(cfg)
     task_list = [tasks.load(t, cfg.data_dir, cfg.fields) for t in cfg.tasks]
     session = Session(cfg, plan, planning.fetch(plan, cfg.trust_remote_code))
@@ -451,8 +455,10 @@ def _units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str], ses
     units = []
     for task in task_list:
         questions = tasks.limit_per_category(task.questions, cfg.limit)
-        for question in questions:
-            session.check_fits(question, [{"role": "user", "content": question.turns[0]}])
+        first, step = (cfg.shard[0] - 1, cfg.shard[1]) if cfg.shard else (0, 1)
+        mine = set(range(first, len(questions), step))  # this shard's questions
+        for i in sorted(mine):
+            session.check_fits(questions[i], [{"role": "user", "content": questions[i].turns[0]}])
         budget = cfg.max_new_tokens or task.max_new_tokens or 256
         for temperature in cfg.temperatures:
             done = {}
@@ -460,7 +466,9 @@ def _units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str], ses
                 path = answer_path(run_dir, task.name, name, temperature)
                 done[name] = {a.question_id: a for a in read_file(path)} if path.exists() else {}
             for i, question in enumerate(questions):
-                order = columns[i % len(columns) :] + columns[: i % len(columns)]
+                if i not in mine:
+                    continue
+                order = columns[i % len(columns) :] + columns[: i % len(columns)]  # as in the unsharded run
                 todo = [n for n in order if question.id not in done[n]]
                 if todo:
                     vanilla = done["vanilla"].get(question.id)

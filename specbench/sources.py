@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,4 +55,28 @@ def load_sources(paths: list[Path]) -> list[Source]:
         profile = _read_json(root / "forward_profile.json")
         sources.append(Source(root, name, answers, _read_json(root / "manifest.json"),
                               {int(k): float(v) for k, v in profile.items()} if profile else None))
-    return sources
+    return _join_shards(sources)
+
+
+def _join_shards(sources: list[Source]) -> list[Source]:
+    """The shards of one `run --shard I/N` command given together become one source, as `specbench merge`
+    would make them (and are refused as it refuses them)."""
+    from .merge import merged_manifest
+
+    splits: dict[int, list[Source]] = {}
+    for s in sources:
+        shard = ((s.manifest or {}).get("config") or {}).get("shard")
+        if shard:
+            splits.setdefault(shard[1], []).append(s)
+    out = []
+    for s in sources:
+        shard = ((s.manifest or {}).get("config") or {}).get("shard")
+        group = splits.get(shard[1], []) if shard else []
+        if len(group) < 2:
+            out.append(s)
+        elif s is group[0]:
+            manifest = merged_manifest([g.path for g in group], [g.manifest for g in group])
+            name = re.sub(r"-shard\d+of\d+$", "", s.name)
+            answers = [a for g in group for a in g.answers]
+            out.append(Source(s.path, name, answers, manifest, s.profile))
+    return out
