@@ -59,17 +59,17 @@ def speculative_sampling(
         p = probs[row]
         for child in children[row]:
             x = tree.tokens[child - 1]
-            if draft_probs is None:
-                q = torch.zeros_like(p)
-                q[x] = 1.0
-            else:
-                q = draft_probs[child - 1]
-            px, qx = float(p[x]), float(q[x])
+            q = None if draft_probs is None else draft_probs[child - 1]
+            px, qx = float(p[x]), 1.0 if q is None else float(q[x])
             if qx > 0 and uniform(generator, p.device) * qx < px:
                 rows.append(child)
                 row = child
                 break
-            residual = torch.clamp(p - q, min=0.0)
+            if q is None:  # a point mass: the residual is p without x (no one-hot of the vocabulary built)
+                residual = p.clone()
+                residual[x] = 0.0
+            else:
+                residual = torch.clamp(p - q, min=0.0)
             total = float(residual.sum())
             p = residual / total if total > 0 else p
         else:

@@ -39,7 +39,7 @@ ALIASES: dict[str, ModelSpec] = {
         name="tiny",
         target=Source(str(TINY_DIR / "target")),
         draft=Source(str(TINY_DIR / "draft")),
-        heads={family: Source(str(TINY_DIR / family)) for family in ("medusa", "eagle", "eagle3")},
+        heads={family: Source(str(TINY_DIR / family)) for family in ("medusa", "eagle", "eagle3", "mtp")},
     ),
     **{
         spec.name: spec

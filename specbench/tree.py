@@ -93,11 +93,12 @@ EMPTY = Tree([], [])
 def ancestor_matrix(tree: Tree) -> torch.Tensor:
     """Bool [n+1, n+1]: entry (i, j) says input row i may attend to row j (j is i or an ancestor)."""
     n = len(tree) + 1
-    allowed = torch.zeros(n, n, dtype=torch.bool)
-    allowed[0, 0] = True
-    for i, p in enumerate(tree.parents):
-        allowed[i + 1] = allowed[p + 1]
-        allowed[i + 1, i + 1] = True
+    parent = torch.tensor([0, *(p + 1 for p in tree.parents)])  # each row's parent row; the root's is itself
+    rows, node = torch.arange(n), torch.arange(n)
+    allowed = torch.eye(n, dtype=torch.bool)
+    for _ in range(tree.max_depth()):  # climb one level at a time: whole rows at once, not node by node
+        node = parent[node]
+        allowed[rows, node] = True
     return allowed
 
 
