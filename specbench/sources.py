@@ -63,15 +63,16 @@ def _join_shards(sources: list[Source]) -> list[Source]:
     would make them (and are refused as it refuses them)."""
     from .merge import merged_manifest
 
+    def shard(s: Source) -> list[int] | None:
+        return ((s.manifest or {}).get("config") or {}).get("shard")
+
     splits: dict[int, list[Source]] = {}
     for s in sources:
-        shard = ((s.manifest or {}).get("config") or {}).get("shard")
-        if shard:
-            splits.setdefault(shard[1], []).append(s)
+        if shard(s):
+            splits.setdefault(shard(s)[1], []).append(s)
     out = []
     for s in sources:
-        shard = ((s.manifest or {}).get("config") or {}).get("shard")
-        group = splits.get(shard[1], []) if shard else []
+        group = splits.get(shard(s)[1], []) if shard(s) else []
         if len(group) < 2:
             out.append(s)
         elif s is group[0]:

@@ -93,6 +93,11 @@ def hub_records(hub: presets.HubDataset) -> list[dict]:
             f"hub dataset {name} is not cached and could not be fetched ({reason}): connect once to cache it, "
             "or pass --data-dir with a local copy"
         ) from err
+    return _records(table)
+
+
+def _records(table) -> list[dict]:
+    """A datasets table's rows, fields a row lacks (None) left out, as a JSON line would have them."""
     return [{k: v for k, v in record.items() if v is not None} for record in table.to_list()]
 
 
@@ -131,7 +136,7 @@ def read_records(path: Path) -> list[dict]:
         if kind == "json":
             return read_jsonl(path)
         raise SpecbenchError(f"{path}: not readable as {kind} ({str(err).splitlines()[0]})") from err
-    return [{k: v for k, v in record.items() if v is not None} for record in table.to_list()]
+    return _records(table)
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -80,7 +80,7 @@ DEEPSEEK = MtpLayout(
         ("enorm.", "enorm."),
         ("hnorm.", "hnorm."),
         ("embed_tokens.", "embed_tokens."),
-    ),  # fmt: skip
+    ),
     "",
     normed_output=False,
     zero_first=True,
