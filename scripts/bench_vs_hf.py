@@ -19,7 +19,8 @@ import torch
 from specbench import methods, tasks
 from specbench.chat import prompt_ids
 from specbench.decode import decode
-from specbench.runner import RunConfig, Session, machine
+from specbench.machine import machine
+from specbench.session import RunConfig, Session
 
 
 def hf_generate(model, ids: list[int], n: int, stop: set[int], **kw) -> tuple[list[int], float]:

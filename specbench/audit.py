@@ -7,7 +7,7 @@ from .chat import prompt_ids
 from .errors import SpecbenchError
 from .losslessness import NEAR_TIE, greedy_check, sampling_test
 from .progress import Progress
-from .runner import RunConfig, Session, question_seed
+from .session import RunConfig, Session, question_seed
 
 GREEDY_TOKENS = 128  # default per-turn budget of the greedy audit when the task's own is longer
 

@@ -137,6 +137,16 @@ def parser() -> argparse.ArgumentParser:
         "`specbench merge` joins the N run folders",
     )
     run.add_argument(
+        "--workers",
+        type=int,
+        help="answer the questions on N Ray workers of one device each (a GPU each where the cluster has GPUs); "
+        'needs pip install "specbench[ray]"',
+    )
+    run.add_argument("--ray-address", help="with --workers: join this Ray cluster (default: start a local one)")
+    run.add_argument(
+        "--threads", type=int, help="torch CPU threads per worker (default: torch's own; with --workers: cores / N)"
+    )
+    run.add_argument(
         "--dry-run",
         action="store_true",
         help="print the plan (methods, skipped methods, tasks, checkpoints with revisions, cache status, download "
@@ -325,6 +335,9 @@ def _run(args) -> None:
         noise_floor=not args.no_noise_floor,
         repeats=args.repeats,
         shard=args.shard,
+        workers=args.workers,
+        ray_address=args.ray_address,
+        threads=args.threads,
     )
     if args.dry_run:
         from . import plan

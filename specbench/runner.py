@@ -1,61 +1,25 @@
-"""Runs the matrix tasks x temperatures x methods for one model: warm-up, seeding, timing, resumable output."""
+"""Runs the matrix tasks x temperatures x methods for one model: the plan, the run folder and its manifest, the
+units of work still to do, and the only writer of answers (one line per answer, flushed, so a killed run resumes).
+The units are answered by a Worker in this process, or by Ray workers (`--workers`, see `scaleout`)."""
 
 from __future__ import annotations
 
-import gc
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
-from . import __version__, acceptance, methods, metrics, models, tasks
+from . import metrics, tasks
 from . import plan as planning
-from .cached_lm import CachedLM
-from .chat import prompt_ids
-from .decode import Generation, decode
 from .errors import SpecbenchError
-from .losslessness import greedy_check
+from .machine import warn_if_busy
 from .progress import Progress
 from .results import Answer, append, read_file
-
-
-@dataclass
-class RunConfig:
-    model: str = "tiny"
-    methods: list[str] = field(default_factory=lambda: ["default"])  # names, variants, "all" or "default"
-    tasks: list[str] = field(default_factory=lambda: ["quick"])
-    temperatures: list[float] = field(default_factory=lambda: [0.0])
-    limit: int | None = None  # questions per category
-    max_new_tokens: int | None = None  # None: each task's own default
-    device: str = "auto"
-    dtype: str = "auto"
-    out: str | None = None
-    data_dir: str | None = None
-    seed: int = 0
-    draft: str | None = None
-    heads: dict[str, str] = field(default_factory=dict)  # method family (or "*") -> head checkpoint (--head)
-    revision: str | None = None  # of a hub target given by id (aliases pin their own)
-    trust_remote_code: bool = False
-    fields: dict[str, str] = field(default_factory=dict)
-    warmup: bool = True
-    progress: bool = True
-    noise_floor: bool = True  # time vanilla twice per question (the A/A column) to report the run's noise
-    repeats: int = 1  # timings per question and method; the median one is kept
-    shard: list[int] | None = None  # [I, N]: only every N-th question from the I-th (1-based), for array jobs
-
-
-def question_seed(base: int, question_id: int | str, temperature: float) -> int:
-    """A seed per question (and temperature), stable across methods and runs."""
-    return zlib.crc32(f"{base}/{question_id}/{temperature}".encode())
+from .session import RunConfig, prepare
+from .worker import AA, Unit, Worker
 
 
 def default_out(cfg: RunConfig) -> Path:
@@ -65,255 +29,6 @@ def default_out(cfg: RunConfig) -> Path:
     return (
         Path("results")
         / f"{Path(cfg.model).name}-{'+'.join(Path(t).stem for t in cfg.tasks)}-{zlib.crc32(key.encode()):08x}{shard}"
-    )
-
-
-def _git_revision() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine(device: torch.device) -> dict:
-    import transformers
-
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
-    return {
-        "device": device.type,
-        "device_name": name,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "specbench": __version__,
-        "git_revision": _git_revision(),
-        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "busy_cpus": busy_cpus(),
-    }
-
-
-def busy_cpus(seconds: float = 0.5) -> float | None:
-    """CPUs' worth of work other processes do right now (from /proc/stat over `seconds`; None off Linux).
-    Unlike the load average, it does not remember a job that has just finished."""
-
-    first = _cpu_ticks()
-    time.sleep(seconds)
-    last = _cpu_ticks()
-    if first is None or last is None:
-        return None
-    return (1 - (last[1] - first[1]) / max(last[0] - first[0], 1)) * (os.cpu_count() or 1)
-
-
-def _cpu_ticks() -> tuple[int, int] | None:
-    """All CPUs' (total, idle + iowait) clock ticks since boot, from /proc/stat; None off Linux."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return sum(fields), fields[3] + fields[4]
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-class OtherLoad:
-    """CPUs' worth of work other processes did over an interval: all CPUs' busy time (/proc/stat) minus this
-    process's own CPU time, over the wall time. None off Linux."""
-
-    def __enter__(self) -> OtherLoad:
-        self.start = self._sample()
-        self.value: float | None = None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        end = self._sample()
-        if self.start is not None and end is not None and end[2] > self.start[2]:
-            busy, own, wall = (e - s for e, s in zip(end, self.start, strict=True))
-            self.value = max(0.0, (busy - own) / wall)
-
-    @staticmethod
-    def _sample() -> tuple[float, float, float] | None:
-        """(all CPUs' busy seconds, this process's CPU seconds, wall clock)."""
-        ticks = _cpu_ticks()
-        if ticks is None:
-            return None
-        own = os.times()
-        return (ticks[0] - ticks[1]) / os.sysconf("SC_CLK_TCK"), own.user + own.system, time.perf_counter()
-
-
-@contextmanager
-def without_gc() -> Iterator[None]:
-    """Collect first, then keep Python's cyclic collector out of a timed region (as timeit does): its pauses
-    would land on whichever method happens to be running."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-def warn_if_busy(info: dict) -> None:
-    """Timing on a loaded machine is wrong (and CPU thread pools degrade badly under contention): say so."""
-    busy, cpus = info.get("busy_cpus"), info.get("cpu_count") or 1
-    if busy is not None and busy > metrics.BUSY_SHARE * cpus:
-        print(
-            f"specbench: warning: other processes keep {busy:.1f} of {cpus} CPUs busy; they will distort the timings",
-            file=sys.stderr,
-        )
-
-
-@torch.inference_mode()
-def forward_profile(
-    target: CachedLM, context: int = 256, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 5
-) -> dict[int, float]:
-    """Median seconds of one target forward over k new tokens after `context` cached tokens (for roofline)."""
-    context = min(context, target.context_length - max(sizes) - 1)
-    vocab = target.model.config.vocab_size
-    generator = torch.Generator().manual_seed(0)
-    filler = torch.randint(0, vocab, (context + max(sizes),), generator=generator).tolist()
-    target.reset()
-    target.forward(filler[:context], last_only=True)
-    out = {}
-    for k in sizes:
-        times = []
-        for _ in range(repeats + 1):
-            start = time.perf_counter()
-            target.forward(filler[context : context + k])
-            if target.device.type == "cuda":
-                torch.cuda.synchronize(target.device)
-            times.append(time.perf_counter() - start)
-            target.crop(context)
-        out[k] = sorted(times[1:])[len(times[1:]) // 2]
-    return out
-
-
-def prepare(cfg: RunConfig) -> planning.Plan:
-    """The run's plan (nothing loaded yet); skipped methods are announced one line each."""
-    models.pick_dtype(cfg.dtype, models.pick_device(cfg.device))  # a bad --device/--dtype fails first
-    plan = planning.make(cfg)
-    for name, why in plan.skipped.items():
-        print(f"{name} skipped: {why}", file=sys.stderr)
-    return plan
-
-
-class Session:
-    """A loaded target model with its tokenizer, ready to run methods over questions."""
-
-    def __init__(self, cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path]) -> None:
-        self.cfg = cfg
-        self.spec = plan.spec
-        self.plan = plan
-        self.paths = paths
-        self.device = models.pick_device(cfg.device)
-        self.dtype = models.pick_dtype(cfg.dtype, self.device)
-        self.tokenizer = models.load_tokenizer(paths["target"], cfg.trust_remote_code)
-        self.model = models.load_causal_lm(paths["target"], self.device, self.dtype, "target", cfg.trust_remote_code)
-        self.target = CachedLM(self.model)
-        self.stop_ids = models.stop_ids(self.tokenizer, self.model)
-        self.rules: dict[str, acceptance.Rule] = {}  # method -> its acceptance rule, read from its preset once
-        self.resources = methods.Resources(
-            self.spec.name,
-            self.model,
-            self.tokenizer,
-            self.device,
-            self.dtype,
-            draft_path=paths.get("draft"),
-            head_paths={role.removesuffix(" head"): p for role, p in paths.items() if role.endswith(" head")},
-            trust_remote_code=cfg.trust_remote_code,
-        )
-
-    @classmethod
-    def open(cls, cfg: RunConfig) -> Session:
-        """Plan, fetch and check every checkpoint, then load the target: mistakes surface before it loads."""
-        plan = prepare(cfg)
-        return cls(cfg, plan, planning.fetch(plan, cfg.trust_remote_code))
-
-    def check_fits(self, question: tasks.Question, messages: list[dict[str, str]]) -> list[int]:
-        """The prompt ids for `messages`, or a clear error when they leave no room in the model's context."""
-        ids = prompt_ids(self.tokenizer, messages)
-        if len(ids) >= self.target.context_length:
-            raise SpecbenchError(
-                f"question {question.id}: its prompt has {len(ids)} tokens, more than the model's context of "
-                f"{self.target.context_length}; drop it from the task or use a model with a longer context"
-            )
-        return ids
-
-    def answer(
-        self,
-        method: str,
-        proposer,
-        question: tasks.Question,
-        max_new_tokens: int,
-        temperature: float,
-        seed: int,
-    ):
-        """Decode every turn with the method's proposer and acceptance rule, feeding the model's own earlier
-        answers back. Returns generations, prompts and texts."""
-        if method not in self.rules:
-            self.rules[method] = methods.rule(method)
-        rule = self.rules[method]
-        generator = torch.Generator(self.device).manual_seed(seed)
-        messages: list[dict[str, str]] = []
-        gens: list[Generation] = []
-        prompts: list[list[int]] = []
-        texts: list[str] = []
-        for number, turn in enumerate(question.turns):
-            messages.append({"role": "user", "content": turn})
-            ids = self.check_fits(question, messages)
-            gen = decode(
-                self.target,
-                proposer,
-                ids,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                stop_ids=self.stop_ids,
-                generator=generator,
-                rule=rule,
-                request=((question.group, question.id), number),
-            )
-            text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True).strip()
-            messages.append({"role": "assistant", "content": text})
-            gens.append(gen)
-            prompts.append(ids)
-            texts.append(text)
-        return gens, prompts, texts
-
-
-def _answer_record(question, task, method, lossless, temperature, model_name, seed, gens, texts) -> Answer:
-    return Answer(
-        question_id=question.id,
-        category=question.category,
-        group=question.group,
-        method=method,
-        temperature=temperature,
-        model=model_name,
-        task=task,
-        new_tokens=[len(g.tokens) for g in gens],
-        wall_time=[g.wall_time for g in gens],
-        decoding_steps=[len(g.steps) for g in gens],
-        accept_lengths=[s.accept_length for g in gens for s in g.steps],
-        turns=texts,
-        tested=[s.tested for g in gens for s in g.steps],
-        tree_size=[s.tree_size for g in gens for s in g.steps],
-        draft_time=sum(g.prefill_draft_time + sum(s.draft_time for s in g.steps) for g in gens),
-        verify_time=sum(sum(s.verify_time for s in g.steps) for g in gens),
-        output_ids=[g.tokens for g in gens],
-        seed=seed,
-        lossless_rule=lossless,
     )
 
 
@@ -339,6 +54,8 @@ def _check_manifest(path: Path, manifest: dict) -> None:
             "methods": sorted(set(old["config"]["methods"]) | set(manifest["config"]["methods"])),
         },
     }
+    if "workers" in old or "workers" in manifest:  # every machine that answered a part of the run
+        merged["workers"] = old.get("workers", [old["machine"]]) + manifest.get("workers", [manifest["machine"]])
     path.write_text(json.dumps(merged, indent=2))
 
 
@@ -346,8 +63,7 @@ def answer_path(run_dir: Path, task: str, method: str, temperature: float) -> Pa
     return run_dir / "answers" / task / f"{method}-temperature-{temperature:g}.jsonl"
 
 
-def run(cfg: RunConfig) -> Path:
-    """Run the matrix; returns the run folder. Re-running the same command resumes where it stopped."""
+def _validate(cfg: RunConfig) -> None:
     if cfg.max_new_tokens is not None and cfg.max_new_tokens <= 0:
         raise SpecbenchError(f"--max-new-tokens must be positive, got {cfg.max_new_tokens}")
     if any(t < 0 for t in cfg.temperatures):
@@ -356,99 +72,103 @@ def run(cfg: RunConfig) -> Path:
         raise SpecbenchError(f"--repeats must be at least 1, got {cfg.repeats}")
     if cfg.shard and not 1 <= cfg.shard[0] <= cfg.shard[1]:
         raise SpecbenchError(f"--shard {cfg.shard[0]}/{cfg.shard[1]}: write I/N with 1 <= I <= N, e.g. 2/4")
+    if cfg.workers is not None and cfg.workers < 1:
+        raise SpecbenchError(f"--workers must be at least 1, got {cfg.workers}")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise SpecbenchError(f"--threads must be at least 1, got {cfg.threads}")
+    if cfg.ray_address and not cfg.workers:
+        raise SpecbenchError("--ray-address needs --workers N: how many workers to run on that cluster")
+
+
+class LocalPool:
+    """One Worker in this process: the default path, free of Ray."""
+
+    def __init__(self, cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path]) -> None:
+        self.worker = Worker(cfg, plan, paths)
+
+    def infos(self) -> list[dict]:
+        return [self.worker.info()]
+
+    def profile(self) -> dict[int, float]:
+        return self.worker.profile()
+
+    def check(self, units: list[Unit]) -> None:
+        self.worker.check(units)
+
+    def answers(self, units: list[Unit], bar: Progress) -> Iterator[tuple[int, list[Answer]]]:
+        for unit in units:
+            bar.set_description(f"{unit.task} T={unit.temperature:g} question {unit.question.id}")
+            yield 0, self.worker.answer(unit)
+
+    def close(self) -> None:
+        pass
+
+
+def run(cfg: RunConfig) -> Path:
+    """Run the matrix; returns the run folder. Re-running the same command resumes where it stopped."""
+    _validate(cfg)
     plan = prepare(cfg)
     task_list = [tasks.load(t, cfg.data_dir, cfg.fields) for t in cfg.tasks]
-    session = Session(cfg, plan, planning.fetch(plan, cfg.trust_remote_code))
+    paths = planning.fetch(plan, cfg.trust_remote_code)
+    if cfg.workers:
+        from .scaleout import RayPool
+
+        pool = RayPool(cfg, plan)
+    else:
+        pool = LocalPool(cfg, plan, paths)
+    try:
+        return _drive(cfg, plan, paths, task_list, pool)
+    finally:
+        pool.close()
+
+
+def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_list: list, pool) -> Path:
+    """Write the manifest, then every unit's answers as they arrive; only this function writes the run folder."""
     names = plan.methods
     run_dir = Path(cfg.out) if cfg.out else default_out(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
+    infos = pool.infos()
     manifest = {
-        "config": {
-            **asdict(cfg),
-            "methods": names,
-            "device": session.device.type,
-            "dtype": str(session.dtype).removeprefix("torch."),
-        },
-        "model": {"name": session.spec.name, "path": session.spec.path},
-        "checkpoints": planning.revisions(session.plan, session.paths),
-        "skipped": session.plan.skipped,
-        "machine": machine(session.device),
+        "config": {**asdict(cfg), "methods": names, "device": infos[0]["device"], "dtype": infos[0]["dtype"]},
+        "model": {"name": plan.spec.name, "path": plan.spec.path},
+        "checkpoints": planning.revisions(plan, paths),
+        "skipped": plan.skipped,
+        "machine": infos[0]["machine"],
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    warn_if_busy(manifest["machine"])
+    if cfg.workers:
+        manifest["workers"] = [info["machine"] for info in infos]
+    for info in infos:
+        warn_if_busy(info["machine"])
     _check_manifest(run_dir / "manifest.json", manifest)
     profile_path = run_dir / "forward_profile.json"
     if not profile_path.exists():
-        profile_path.write_text(json.dumps(forward_profile(session.target)))
+        profile_path.write_text(json.dumps(pool.profile()))
 
-    units = _units(run_dir, task_list, cfg, names, session)
-    proposers = {name: methods.build(name, session.resources) for name in names}  # fail fast on bad checkpoints
-    lossless = {name: methods.preset(name).lossless for name in names}
+    units = _units(run_dir, task_list, cfg, names)
+    pool.check(units)
     bar = Progress(sum(len(u.methods) for u in units), "answers", "answers", enabled=cfg.progress)
-    warmed: set[str] = set()
-    warned = False
-    for unit in units:
-        if cfg.warmup:  # one discarded question per method before its first timed one
-            for name in (n for n in unit.methods if _base(n) not in warmed):
-                bar.set_description(f"warm-up {name}")
-                session.answer(_base(name), proposers[_base(name)], unit.question, unit.budget, unit.temperature, 0)
-                warmed.add(_base(name))
-        bar.set_description(f"{unit.task} T={unit.temperature:g} question {unit.question.id}")
-        seed = question_seed(cfg.seed, unit.question.id, unit.temperature)
-        timed: dict[str, list] = {name: [] for name in unit.methods}
-        for _ in range(cfg.repeats):  # rounds: every method back to back on this question, in the rotated order
-            for name in unit.methods:
-                with without_gc(), OtherLoad() as load:
-                    gens, _, texts = session.answer(_base(name), proposers[_base(name)], unit.question, unit.budget,
-                                                    unit.temperature, seed)  # fmt: skip
-                timed[name].append((sum(g.wall_time for g in gens), gens, texts, load.value))
-        answers = {}
-        for name, runs in timed.items():
-            if len({tuple(map(tuple, (g.tokens for g in r[1]))) for r in runs}) > 1:
-                print(f"\nspecbench: warning: {name} gave different tokens across the {cfg.repeats} repeats of "
-                      f"question {unit.question.id} (nondeterministic kernels?); the median-time repeat is kept",
-                      file=sys.stderr)  # fmt: skip
-            _, gens, texts, busy = sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]  # the median timing
-            answers[name] = _answer_record(unit.question, unit.task, name, lossless[_base(name)], unit.temperature,
-                                           session.spec.name, seed, gens, texts)  # fmt: skip
-            answers[name].busy_cpus = max((r[3] for r in runs if r[3] is not None), default=None)
-            if busy is not None and busy > metrics.BUSY_SHARE * (os.cpu_count() or 1) and not warned:
-                warned = True
-                print(f"\nspecbench: warning: other processes kept {busy:.1f} CPUs busy while question "
-                      f"{unit.question.id} was timed; the report flags the cells this touches", file=sys.stderr)
-        reference = answers.get("vanilla") or unit.vanilla
-        for name, answer in answers.items():  # written once the whole question is done: a kill loses nothing half
-            if unit.temperature == 0 and name != "vanilla" and reference is not None:
-                ref_prompts = _reference_prompts(session, unit.question, reference.turns)
-                answer.greedy_check = greedy_check(session.model, answer.output_ids, reference.output_ids, ref_prompts)
-            path = answer_path(run_dir, unit.task, name, unit.temperature)
-            append(path, answer, f"{session.spec.name}-{name}-temperature-{unit.temperature:g}")
-            bar.update(1)
+    done = [0] * len(infos)
+    start, warned = time.perf_counter(), False
+    for worker, answers in pool.answers(units, bar):  # a unit's answers are written once all of them are done
+        done[worker] += len(answers)
+        cpus = infos[worker]["machine"]["cpu_count"] or 1
+        busy = max((a.busy_cpus for a in answers if a.busy_cpus is not None), default=None)
+        if busy is not None and busy > metrics.BUSY_SHARE * cpus and not warned:
+            warned = True
+            print(f"\nspecbench: warning: other processes kept {busy:.1f} CPUs busy while question "
+                  f"{answers[0].question_id} was timed; the report flags the cells this touches", file=sys.stderr)
+        minutes = (time.perf_counter() - start) / 60
+        rates = {"per worker": " ".join(f"{n / minutes:.1f}" for n in done) + " answers/min"} if len(done) > 1 else {}
+        for answer in answers:
+            path = answer_path(run_dir, answer.task, answer.method, answer.temperature)
+            append(path, answer, f"{plan.spec.name}-{answer.method}-temperature-{answer.temperature:g}")
+            bar.update(1, **rates)
     bar.close()
     return run_dir
 
 
-AA = "vanilla-aa"  # vanilla timed a second time in the same interleaving: its "speedup" is the run's noise floor
-
-
-def _base(name: str) -> str:
-    """The method whose proposer and rule an answer column uses (the A/A column is vanilla's)."""
-    return "vanilla" if name == AA else name
-
-
-@dataclass
-class Unit:
-    """One question at one temperature: the methods still to answer it, in the order they run."""
-
-    task: str
-    question: tasks.Question
-    budget: int
-    temperature: float
-    methods: list[str]
-    vanilla: Answer | None  # vanilla's answer from an earlier, resumed part of the run
-
-
-def _units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str], session: Session) -> list[Unit]:
+def _units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) -> list[Unit]:
     """Work in question order; each question's methods rotate by one place per question, so no method always
     runs first (or right after another) and slow drift of the machine spreads over all of them."""
     columns = [*names, AA] if cfg.noise_floor else names
@@ -457,8 +177,6 @@ def _units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str], ses
         questions = tasks.limit_per_category(task.questions, cfg.limit)
         first, step = (cfg.shard[0] - 1, cfg.shard[1]) if cfg.shard else (0, 1)
         mine = set(range(first, len(questions), step))  # this shard's questions
-        for i in sorted(mine):
-            session.check_fits(questions[i], [{"role": "user", "content": questions[i].turns[0]}])
         budget = cfg.max_new_tokens or task.max_new_tokens or 256
         for temperature in cfg.temperatures:
             done = {}
@@ -476,12 +194,3 @@ def _units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str], ses
     return units
 
 
-def _reference_prompts(session: Session, question: tasks.Question, answers: list[str]) -> list[list[int]]:
-    """Vanilla's prompt ids for each turn, rebuilt from its answer texts."""
-    messages: list[dict[str, str]] = []
-    prompts = []
-    for turn, text in zip(question.turns, answers, strict=False):
-        messages.append({"role": "user", "content": turn})
-        prompts.append(prompt_ids(session.tokenizer, messages))
-        messages.append({"role": "assistant", "content": text})
-    return prompts

@@ -75,16 +75,16 @@ def test_sampling_run_records_seeds(tiny_models, tmp_path):
 def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path, monkeypatch):
     """Each question runs every method back to back, the order rotating by one per question; the A/A column
     (vanilla timed again) is part of the rotation and matches vanilla token for token."""
-    from specbench import runner
+    from specbench import runner, session
 
     calls = []
-    answer = runner.Session.answer
+    answer = session.Session.answer
 
     def spy(self, method, proposer, question, *args):
         calls.append((question.id, method))
         return answer(self, method, proposer, question, *args)
 
-    monkeypatch.setattr(runner.Session, "answer", spy)
+    monkeypatch.setattr(session.Session, "answer", spy)
     out = run(config(tiny_models, tmp_path, warmup=False))
     by_question: dict = {}
     for qid, method in calls:
@@ -97,9 +97,9 @@ def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path,
 
 
 def test_a_run_killed_inside_a_question_writes_none_of_it(tiny_models, tmp_path, monkeypatch):
-    from specbench import runner
+    from specbench import session
 
-    answer = runner.Session.answer
+    answer = session.Session.answer
     seen = []
 
     def dies_on_the_third_question(self, method, proposer, question, *args):
@@ -108,12 +108,12 @@ def test_a_run_killed_inside_a_question_writes_none_of_it(tiny_models, tmp_path,
             raise KeyboardInterrupt
         return answer(self, method, proposer, question, *args)
 
-    monkeypatch.setattr(runner.Session, "answer", dies_on_the_third_question)
+    monkeypatch.setattr(session.Session, "answer", dies_on_the_third_question)
     with pytest.raises(KeyboardInterrupt):
         run(config(tiny_models, tmp_path, warmup=False, noise_floor=False))
     counts = {m: len(line_ids(answer_path(tmp_path, "quick", m, 0.0))) for m in ("vanilla", "sps", "pld")}
     assert counts == {"vanilla": 2, "sps": 2, "pld": 2}, "the interrupted question left no partial answers"
-    monkeypatch.setattr(runner.Session, "answer", answer)
+    monkeypatch.setattr(session.Session, "answer", answer)
     run(config(tiny_models, tmp_path, warmup=False, noise_floor=False))
     for method in ("vanilla", "sps", "pld"):
         ids = line_ids(answer_path(tmp_path, "quick", method, 0.0))
@@ -121,9 +121,9 @@ def test_a_run_killed_inside_a_question_writes_none_of_it(tiny_models, tmp_path,
 
 
 def test_repeats_keep_the_median_timing(tiny_models, tmp_path, monkeypatch):
-    from specbench import runner
+    from specbench import session
 
-    answer = runner.Session.answer
+    answer = session.Session.answer
     walls = iter([3.0, 1.0, 2.0] * 100)  # the three repeats of each answer take 3 s, 1 s and 2 s
 
     def timed(self, *args):
@@ -133,7 +133,7 @@ def test_repeats_keep_the_median_timing(tiny_models, tmp_path, monkeypatch):
             g.wall_time = wall / len(gens)
         return gens, prompts, texts
 
-    monkeypatch.setattr(runner.Session, "answer", timed)
+    monkeypatch.setattr(session.Session, "answer", timed)
     out = run(config(tiny_models, tmp_path, methods=["vanilla"], warmup=False, noise_floor=False, repeats=3))
     assert all(sum(a.wall_time) == pytest.approx(2.0) for a in read_file(answer_path(out, "quick", "vanilla", 0.0)))
     with pytest.raises(SpecbenchError, match="repeats"):
@@ -143,9 +143,9 @@ def test_repeats_keep_the_median_timing(tiny_models, tmp_path, monkeypatch):
 def test_cross_request_methods_never_see_their_own_earlier_answer(tiny_models, tmp_path, monkeypatch):
     """suffix keeps a run's earlier answers, but the warm-up and each repeat of a question decode exactly as
     the first time: their own earlier answers are evicted, not drafted from."""
-    from specbench import runner
+    from specbench import session
 
-    answer = runner.Session.answer
+    answer = session.Session.answer
     steps: dict = {}
 
     def spy(self, method, proposer, question, *args):
@@ -154,7 +154,7 @@ def test_cross_request_methods_never_see_their_own_earlier_answer(tiny_models, t
             steps.setdefault(question.id, []).append([g.accept_lengths for g in gens])
         return gens, prompts, texts
 
-    monkeypatch.setattr(runner.Session, "answer", spy)
+    monkeypatch.setattr(session.Session, "answer", spy)
     run(config(tiny_models, tmp_path, methods=["vanilla", "suffix"], noise_floor=False, repeats=2))
     assert len(steps) == 6 and sum(len(calls) for calls in steps.values()) == 6 * 2 + 1  # one warm-up
     for calls in steps.values():

@@ -1,0 +1,127 @@
+"""The machine a timing ran on and the load on it: what the manifest records and what makes a timing
+untrustworthy (other processes' CPU work, Python's cyclic collector)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from . import __version__, metrics
+
+
+def _git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(device: torch.device) -> dict:
+    import transformers
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    return {
+        "device": device.type,
+        "device_name": name,
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "specbench": __version__,
+        "git_revision": _git_revision(),
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "busy_cpus": busy_cpus(),
+    }
+
+
+def busy_cpus(seconds: float = 0.5) -> float | None:
+    """CPUs' worth of work other processes do right now (from /proc/stat over `seconds`; None off Linux).
+    Unlike the load average, it does not remember a job that has just finished."""
+
+    first = _cpu_ticks()
+    time.sleep(seconds)
+    last = _cpu_ticks()
+    if first is None or last is None:
+        return None
+    return (1 - (last[1] - first[1]) / max(last[0] - first[0], 1)) * (os.cpu_count() or 1)
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """All CPUs' (total, idle + iowait) clock ticks since boot, from /proc/stat; None off Linux."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class OtherLoad:
+    """CPUs' worth of work other processes did over an interval: all CPUs' busy time (/proc/stat) minus this
+    process's own CPU time, over the wall time. None off Linux."""
+
+    def __enter__(self) -> OtherLoad:
+        self.start = self._sample()
+        self.value: float | None = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end = self._sample()
+        if self.start is not None and end is not None and end[2] > self.start[2]:
+            busy, own, wall = (e - s for e, s in zip(end, self.start, strict=True))
+            self.value = max(0.0, (busy - own) / wall)
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float] | None:
+        """(all CPUs' busy seconds, this process's CPU seconds, wall clock)."""
+        ticks = _cpu_ticks()
+        if ticks is None:
+            return None
+        own = os.times()
+        return (ticks[0] - ticks[1]) / os.sysconf("SC_CLK_TCK"), own.user + own.system, time.perf_counter()
+
+
+@contextmanager
+def without_gc() -> Iterator[None]:
+    """Collect first, then keep Python's cyclic collector out of a timed region (as timeit does): its pauses
+    would land on whichever method happens to be running."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def warn_if_busy(info: dict) -> None:
+    """Timing on a loaded machine is wrong (and CPU thread pools degrade badly under contention): say so."""
+    busy, cpus = info.get("busy_cpus"), info.get("cpu_count") or 1
+    if busy is not None and busy > metrics.BUSY_SHARE * cpus:
+        print(
+            f"specbench: warning: other processes keep {busy:.1f} of {cpus} CPUs busy; they will distort the timings",
+            file=sys.stderr,
+        )
