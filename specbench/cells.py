@@ -1,6 +1,6 @@
-"""Cells: answers grouped by (source, model, task, temperature), and each method's numbers in a cell (paired
-speedups, τ, tree size, draft share, roofline efficiency), every one computed by `metrics`. A cell's baseline
-is `vanilla` from the same source. Tables, plots and `compare` read cells.
+"""Cells: a source's turn and step rows (`frames`) grouped by (model, task, temperature), and each method's numbers
+in a cell (paired speedups, τ, tree size, draft share, roofline efficiency), every one computed by `metrics`. A
+cell's baseline is `vanilla` from the same source. Tables, plots and `compare` read cells.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
+import pandas as pd
 
 from . import metrics
-from .results import Answer
+from .frames import from_sources, steps_from_sources
 from .sources import Source
 from .tasks import groups as task_groups
 
@@ -21,6 +22,7 @@ BASELINE = "vanilla"
 OVERALL = "overall"
 NA = "n/a"  # no baseline to compare with
 MISSING = "—"  # not recorded
+CELL_KEY = ["model", "task", "temperature"]  # within one source
 
 
 @dataclass
@@ -28,13 +30,19 @@ class MethodStats:
     """The numbers of one method in one cell; speedups are keyed by category and OVERALL."""
 
     method: str
-    answers: list[Answer]
+    turns: pd.DataFrame
+    steps: pd.DataFrame
     paired: dict[str, metrics.Speedup] = field(default_factory=dict)
     spec_bench: dict[str, float] = field(default_factory=dict)
 
     @property
+    def questions(self) -> int:
+        """Answers, each one turn-0 row."""
+        return int((self.turns.turn == 0).sum())
+
+    @property
     def lossy(self) -> bool:
-        return any(not a.lossless_rule for a in self.answers)
+        return not self.turns.lossless_rule.all()
 
     @property
     def display(self) -> str:
@@ -42,18 +50,19 @@ class MethodStats:
 
     @cached_property
     def tau(self) -> float:
-        return metrics.tau(self.answers)
+        return metrics.tau(self.turns)
 
 
 @dataclass
 class Cell:
-    """All methods of one (source, model, task, temperature)."""
+    """All methods of one (source, model, task, temperature): its turn and step rows."""
 
     source: Source
     model: str
     task: str
     temperature: float
-    by_method: dict[str, list[Answer]]
+    turns: pd.DataFrame
+    steps: pd.DataFrame
 
     @property
     def title(self) -> str:
@@ -63,14 +72,21 @@ class Cell:
     def slug(self) -> str:
         return file_stem(self.source.name, self.model, self.task, f"t{self.temperature:g}")
 
+    @cached_property
+    def by_method(self) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
+        """Each method's (turns, steps), methods by name."""
+        steps = dict(list(self.steps.groupby("method")))
+        return {m: (turns, steps.get(m, self.steps.iloc[:0])) for m, turns in self.turns.groupby("method")}
+
     @property
-    def baseline(self) -> list[Answer] | None:
-        return self.by_method.get(BASELINE)
+    def baseline(self) -> pd.DataFrame | None:
+        """Vanilla's turns."""
+        return self.by_method[BASELINE][0] if BASELINE in self.by_method else None
 
     @property
     def groups(self) -> list[str]:
         """The reporting groups present, Spec-Bench's subtasks first in their order."""
-        present = {a.group for answers in self.by_method.values() for a in answers}
+        present = set(self.turns.group)
         order = list(task_groups("spec_bench"))
         return [g for g in order if g in present] + sorted(present - set(order))
 
@@ -84,10 +100,11 @@ class Cell:
     @cached_property
     def stats(self) -> dict[str, MethodStats]:
         out = {}
-        for method, answers in self.by_method.items():
-            s = MethodStats(method, answers)
+        baseline = self.turns.iloc[:0] if self.baseline is None else self.baseline
+        for method, (turns, steps) in self.by_method.items():
+            s = MethodStats(method, turns, steps)
             for cat in [*self.groups, OVERALL]:
-                mine, base = select(answers, cat), select(self.baseline or [], cat)
+                mine, base = select(turns, cat), select(baseline, cat)
                 s.paired[cat] = metrics.paired_speedup(mine, base)
                 s.spec_bench[cat] = metrics.spec_bench_speedup(mine, base)
             out[method] = s
@@ -108,42 +125,38 @@ def _or(x: float, default: float) -> float:
     return default if math.isnan(x) else x
 
 
-def select(answers: list[Answer], category: str) -> list[Answer]:
-    """The answers of one category (a task group), or all of them for OVERALL."""
-    return [a for a in answers if category in (OVERALL, a.group)]
+def select(rows: pd.DataFrame, category: str) -> pd.DataFrame:
+    """The turn or step rows of one category (a task group), or all of them for OVERALL."""
+    return rows if category == OVERALL else rows[rows.group == category]
 
 
 def collect_cells(sources: list[Source]) -> list[Cell]:
     """Cells in source order, then model, task, temperature."""
     cells = []
     for source in sources:
-        keyed: dict[tuple, dict[str, list[Answer]]] = {}
-        for a in source.answers:
-            keyed.setdefault((a.model, a.task, a.temperature), {}).setdefault(a.method, []).append(a)
-        for (model, task, temperature), by_method in sorted(keyed.items()):
-            cells.append(Cell(source, model, task, temperature, dict(sorted(by_method.items()))))
+        turns, steps = from_sources([source]), steps_from_sources([source])
+        steps_of = dict(list(steps.groupby(CELL_KEY)))
+        for key, cell_turns in turns.groupby(CELL_KEY):
+            cells.append(Cell(source, *key, cell_turns, steps_of.get(key, steps.iloc[:0])))
     return cells
 
 
-def _recorded(answers: list[Answer], attr: str) -> bool:
-    return bool(answers) and all(getattr(a, attr) is not None for a in answers)
+def _recorded(rows: pd.DataFrame, column: str) -> bool:
+    return not rows.empty and bool(rows[column].notna().all())
 
 
-def mean_tree_size(answers: list[Answer]) -> float | None:
+def mean_tree_size(steps: pd.DataFrame) -> float | None:
     """Mean tokens verified per step, when recorded."""
-    if not _recorded(answers, "tree_size"):
-        return None
-    steps = sum(len(a.tree_size) for a in answers)
-    return sum(sum(a.tree_size) for a in answers) / steps if steps else None
+    return float(steps.tree_size.mean()) if _recorded(steps, "tree_size") else None
 
 
-def draft_share(answers: list[Answer]) -> float | None:
+def draft_share(turns: pd.DataFrame) -> float | None:
     """Share of draft time in draft + verify time, when recorded."""
-    if not (_recorded(answers, "draft_time") and _recorded(answers, "verify_time")):
+    if not (_recorded(turns, "draft_time") and _recorded(turns, "verify_time")):
         return None
-    draft = sum(a.draft_time for a in answers)
-    total = draft + sum(a.verify_time for a in answers)
-    return draft / total if total else None
+    draft = turns.draft_time.sum()
+    total = draft + turns.verify_time.sum()
+    return float(draft / total) if total else None
 
 
 def forward_time(profile: dict[int, float], n: float) -> float:
@@ -154,18 +167,17 @@ def forward_time(profile: dict[int, float], n: float) -> float:
 
 def roofline(cell: Cell, s: MethodStats) -> float | None:
     """metrics.roofline_efficiency with the overall paired speedup, when every input was recorded."""
-    profile, n = cell.source.profile, mean_tree_size(s.answers)
+    profile, n = cell.source.profile, mean_tree_size(s.steps)
     speedup = s.paired[OVERALL].value
-    if not profile or 1 not in profile or n is None or not _recorded(s.answers, "draft_time") or math.isnan(speedup):
+    if not profile or 1 not in profile or n is None or not _recorded(s.turns, "draft_time") or math.isnan(speedup):
         return None
-    steps = sum(sum(a.decoding_steps) for a in s.answers)
-    draft = sum(a.draft_time for a in s.answers) / steps
+    draft = s.turns.draft_time.sum() / s.turns.steps.sum()
     return metrics.roofline_efficiency(speedup, s.tau, profile[1], forward_time(profile, n), draft)
 
 
-def from_spec_bench(a: Answer) -> bool:
-    """Written by Spec-Bench itself (none of our per-step fields)."""
-    return a.seed is None and a.tree_size is None and a.draft_time is None
+def from_spec_bench(turns: pd.DataFrame) -> bool:
+    """Some of these answers were written by Spec-Bench itself (none of our per-step fields)."""
+    return bool((turns.seed.isna() & turns.draft_time.isna() & turns.mean_tree_size.isna()).any())
 
 
 def source_line(s: Source) -> str:

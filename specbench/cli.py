@@ -161,6 +161,11 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("sources", nargs="+", type=Path)
     report.add_argument("--out", type=Path, help="output folder (default: reports/<first source's name>)")
     report.add_argument("--title")
+    report.add_argument(
+        "--mixed-devices",
+        action="store_true",
+        help="report a run whose Ray workers had different devices (its speedups pool machines)",
+    )
 
     export = sub.add_parser("export", help="answers as a table (one row per turn, or per step) for pandas and papers")
     export.add_argument("sources", nargs="+", type=Path, help="run folders, folders of answer files or answer files")
@@ -194,7 +199,8 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--allow-different-machines",
         action="store_true",
-        help="compare runs whose dtype, device or CPU count differ (or lack a manifest)",
+        help="compare runs whose dtype, device or CPU count differ (or lack a manifest), or whose Ray workers had "
+        "different devices",
     )
     compare.add_argument("--strict", action="store_true", help="also fail on cells or questions found in one run only")
     compare.add_argument("--json", action="store_true", help="print JSON instead of the Markdown table")
@@ -349,7 +355,11 @@ def _run(args) -> None:
     if not args.no_report:
         from .report import build_report, summary
 
-        path = build_report([run_dir], run_dir / "report")
+        try:
+            path = build_report([run_dir], run_dir / "report")
+        except SpecbenchError as err:  # the run itself is fine: say why no report, and how to make one
+            print(f"specbench: no report: {err} (specbench report {run_dir} --mixed-devices)", file=sys.stderr)
+            return
         print(summary([run_dir]))
         print(f"report: {path}")
 
@@ -358,7 +368,7 @@ def _report(args) -> None:
     from .report import build_report
 
     out = args.out or Path("reports") / args.sources[0].resolve().name
-    print(build_report(args.sources, out, args.title))
+    print(build_report(args.sources, out, args.title, args.mixed_devices))
 
 
 def _export(args) -> None:

@@ -12,10 +12,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 from . import metrics
 from .cells import BASELINE, MISSING, OVERALL, Cell, collect_cells, select, source_line
 from .errors import SpecbenchError
-from .results import Answer
 from .sources import Source, load_sources
 from .tables import md_table
 
@@ -114,16 +115,14 @@ def _vanilla_first(method: str) -> tuple[bool, str]:
     return method != BASELINE, method
 
 
-def _throughputs(answers: list[Answer]) -> dict:
-    return {a.question_id: metrics.question_throughput(a) for a in answers}
-
-
-def speedup_change(base_method: list[Answer], base_vanilla: list[Answer], new_method: list[Answer],
-                   new_vanilla: list[Answer]) -> metrics.Speedup:
-    """Paired speedup over vanilla, new / baseline: geometric mean over the questions present in all four."""
-    bm, bv, nm, nv = map(_throughputs, (base_method, base_vanilla, new_method, new_vanilla))
-    shared = sorted(set(bm) & set(bv) & set(nm) & set(nv), key=str)
-    return metrics.geometric_mean([(nm[q] / nv[q]) / (bm[q] / bv[q]) for q in shared])
+def speedup_change(base_method: pd.DataFrame, base_vanilla: pd.DataFrame, new_method: pd.DataFrame,
+                   new_vanilla: pd.DataFrame) -> metrics.Speedup:
+    """Paired speedup over vanilla, new / baseline (turn rows of each): geometric mean over the questions present
+    in all four."""
+    throughputs = [metrics.question_throughput(t) for t in (base_method, base_vanilla, new_method, new_vanilla)]
+    shared = sorted(set.intersection(*(set(t.index) for t in throughputs)), key=str)
+    bm, bv, nm, nv = (t.loc[shared].to_numpy() for t in throughputs)
+    return metrics.geometric_mean((nm / nv) / (bm / bv))
 
 
 def _beyond(change: metrics.Speedup | None, limit: float) -> bool:
@@ -149,8 +148,8 @@ def _rows(base: Cell, new: Cell, method: str, limits: Limits) -> tuple[list[Row]
     """The rows of one method, and the categories or questions found in only the baseline or only the new run."""
     only_base, only_new = [], []
     where = _label(base.model, base.task, base.temperature, method)
-    b_ids = {a.question_id for a in base.by_method[method]}
-    n_ids = {a.question_id for a in new.by_method[method]}
+    b_ids = set(base.by_method[method][0].question_id)
+    n_ids = set(new.by_method[method][0].question_id)
     if b_ids - n_ids:
         only_base.append(f"{where}: {len(b_ids - n_ids)} question(s)")
     if n_ids - b_ids:
@@ -158,9 +157,9 @@ def _rows(base: Cell, new: Cell, method: str, limits: Limits) -> tuple[list[Row]
     vanilla = method != BASELINE and base.baseline is not None and new.baseline is not None
     rows = []
     for cat in dict.fromkeys([*base.groups, *new.groups, OVERALL]):
-        b, n = select(base.by_method[method], cat), select(new.by_method[method], cat)
-        if not b or not n:
-            (only_base if b else only_new).append(f"{where} · {cat}")
+        b, n = select(base.by_method[method][0], cat), select(new.by_method[method][0], cat)
+        if b.empty or n.empty:
+            (only_new if b.empty else only_base).append(f"{where} · {cat}")
             continue
         checked = cat == OVERALL and base.temperature == 0 and method != BASELINE
         row = Row(
@@ -180,7 +179,8 @@ def _rows(base: Cell, new: Cell, method: str, limits: Limits) -> tuple[list[Row]
 
 def compare(baseline: Path, new: Path, limits: Limits = Limits(), allow_different_machines: bool = False) -> Comparison:
     """Match the cells of two runs and judge every shared (model, task, temperature, method, category)."""
-    base_src, new_src = load_sources([baseline])[0], load_sources([new])[0]
+    base_src, new_src = (load_sources([p], allow_different_machines, "--allow-different-machines")[0]
+                         for p in (baseline, new))
     differ = machine_differences(base_src, new_src)
     if differ and not allow_different_machines:
         raise SpecbenchError(f"the runs are not from the same machine and dtype ({'; '.join(differ)}): their speeds "

@@ -1,41 +1,40 @@
 """Results as pandas data frames: one row per answered turn (`frame`) or per decoding step (`steps_frame`).
 
 Both read run folders, folders of answer files or single answer files (Spec-Bench's own included) through
-`sources.load_sources`, so a notebook sees exactly what `report` and `compare` see. Columns that a file does
-not record (Spec-Bench's files have no tree sizes, seeds or greedy checks) are missing values.
+`sources.load_sources`, so a notebook sees exactly what `report` and `compare` see (they build the same frames
+from the sources they loaded, with `from_sources` and `steps_from_sources`). Columns that a file does not record
+(Spec-Bench's files have no tree sizes, seeds or greedy checks) are missing values.
+
+An answer records some fields once for all its turns. They sit on its turn-0 row, so that sums and counts over
+rows take each answer once: `draft_time` and `verify_time` (seconds, all turns) are 0.0 on later turns;
+`greedy_match`, `greedy_near_tie` and `busy_cpus` are missing there. Where an answer did not record one, it is
+missing on all its rows.
 """
 
 from __future__ import annotations
 
+from itertools import chain
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .errors import SpecbenchError
 from .results import Answer
 from .sources import Source, load_sources
 
-
-def _machine(source: Source) -> dict:
-    manifest = source.manifest or {}
-    config = manifest.get("config") or {}
-    return {
-        "device": (manifest.get("machine") or {}).get("device_name"),
-        "dtype": config.get("dtype"),
-        "run_started": manifest.get("started"),
-    }
+KEY = ["source", "model", "task", "temperature", "method", "question_id"]  # one answer
+ANSWER_FIELDS = [*KEY, "category", "group", "lossless_rule", "seed", "greedy_match", "greedy_near_tie", "busy_cpus",
+                 "draft_time", "verify_time", "device", "dtype", "run_started"]  # _answer_row keys, also for no answers
+COUNTED_ONCE = ["greedy_match", "greedy_near_tie", "busy_cpus"]  # missing on later turns
+SUMMED_ONCE = ["draft_time", "verify_time"]  # 0.0 on later turns
 
 
-def _turn_steps(answer: Answer) -> list[range]:
-    """The step indices of each turn (steps are recorded for all turns in one list)."""
-    bounds, start = [], 0
-    for n in answer.decoding_steps:
-        bounds.append(range(start, start + n))
-        start += n
-    return bounds
-
-
-def _key(source: Source, answer: Answer) -> dict:
+def _answer_row(source: Source, answer: Answer) -> dict:
+    if len(answer.accept_lengths) != sum(answer.decoding_steps):
+        raise SpecbenchError(f"{source.path}: question {answer.question_id} of {answer.method} records "
+                             f"{len(answer.accept_lengths)} accepted lengths for {sum(answer.decoding_steps)} steps")
+    manifest, check = source.manifest or {}, answer.greedy_check or {}
     return {
         "source": source.name,
         "model": answer.model,
@@ -43,13 +42,6 @@ def _key(source: Source, answer: Answer) -> dict:
         "temperature": answer.temperature,
         "method": answer.method,
         "question_id": answer.question_id,
-    }
-
-
-def _turn_rows(source: Source, answer: Answer) -> list[dict]:
-    check = answer.greedy_check or {}
-    shared = {
-        **_key(source, answer),
         "category": answer.category,
         "group": answer.group,
         "lossless_rule": answer.lossless_rule,
@@ -57,59 +49,93 @@ def _turn_rows(source: Source, answer: Answer) -> list[dict]:
         "greedy_match": check.get("match"),
         "greedy_near_tie": check.get("near_tie"),
         "busy_cpus": answer.busy_cpus,
-        "answer_draft_time": answer.draft_time,  # seconds over all turns: recorded per answer
-        "answer_verify_time": answer.verify_time,
-        **_machine(source),
+        "draft_time": answer.draft_time,
+        "verify_time": answer.verify_time,
+        "device": (manifest.get("machine") or {}).get("device_name"),
+        "dtype": (manifest.get("config") or {}).get("dtype"),
+        "run_started": manifest.get("started"),
     }
-    rows = []
-    for turn, steps in enumerate(_turn_steps(answer)):
-        new, wall = answer.new_tokens[turn], answer.wall_time[turn]
-        sizes = [answer.tree_size[i] for i in steps] if answer.tree_size else []
-        rows.append(
-            {
-                **shared,
-                "turn": turn,
-                "new_tokens": new,
-                "wall_time": wall,
-                "steps": len(steps),
-                "tau": new / len(steps) if steps else float("nan"),
-                "tokens_per_s": new / wall if wall > 0 else float("nan"),
-                "mean_tree_size": sum(sizes) / len(sizes) if sizes else float("nan"),
-                "text": answer.turns[turn] if turn < len(answer.turns) else None,
-            }
-        )
-    return rows
 
 
-def _step_rows(source: Source, answer: Answer) -> list[dict]:
-    key = _key(source, answer)
-    rows = []
-    for turn, steps in enumerate(_turn_steps(answer)):
-        for step, i in enumerate(steps):
-            rows.append(
-                {
-                    **key,
-                    "turn": turn,
-                    "step": step,
-                    "accepted": answer.accept_lengths[i],
-                    "tested": answer.tested[i] if answer.tested else None,
-                    "tree_size": answer.tree_size[i] if answer.tree_size else None,
-                }
-            )
-    return rows
+def _answers(sources: list[Source]) -> tuple[list[Answer], pd.DataFrame]:
+    """Every answer, and its answer-level fields as a frame of one row per answer, in the same order."""
+    answers = [a for s in sources for a in s.answers]
+    return answers, pd.DataFrame([_answer_row(s, a) for s in sources for a in s.answers], columns=ANSWER_FIELDS)
+
+
+def _within(counts: np.ndarray) -> np.ndarray:
+    """Each row's index in its block, for consecutive blocks of `counts` rows: [2, 3] -> [0, 1, 0, 1, 2]."""
+    return np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def _repeat(per_answer: pd.DataFrame, counts: np.ndarray) -> pd.DataFrame:
+    """Row i of per_answer counts[i] times."""
+    return per_answer.take(np.repeat(np.arange(len(per_answer)), counts)).reset_index(drop=True)
+
+
+def _joined(answers: list[Answer], name: str) -> list:
+    """The per-step list `name` of every answer, one after another; None for each step where not recorded."""
+    return list(chain.from_iterable(
+        values if (values := getattr(a, name)) is not None else [None] * len(a.accept_lengths) for a in answers))
+
+
+def _ints(values) -> np.ndarray:
+    return np.fromiter(values, dtype=np.int64)
+
+
+def from_sources(sources: list[Source]) -> pd.DataFrame:
+    """One row per (source, model, task, temperature, method, question, turn) with every recorded field."""
+    answers, per_answer = _answers(sources)
+    n_turns = _ints(len(a.decoding_steps) for a in answers)
+    data = _repeat(per_answer, n_turns)
+    turn = _within(n_turns)
+    for name in COUNTED_ONCE:
+        data[name] = data[name].where(turn == 0)
+    for name in SUMMED_ONCE:
+        data[name] = data[name].where((turn == 0) | data[name].isna(), 0.0)
+    steps = _ints(chain.from_iterable(a.decoding_steps for a in answers))  # [turns]
+    new = _ints(chain.from_iterable(a.new_tokens for a in answers))
+    wall = np.fromiter(chain.from_iterable(a.wall_time for a in answers), dtype=float)
+    tree = np.array(_joined(answers, "tree_size"), dtype=float)  # [steps], nan where not recorded
+    tree_sum = np.bincount(np.repeat(np.arange(steps.size), steps), weights=tree, minlength=steps.size)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_turn = pd.DataFrame({
+            "turn": turn,
+            "new_tokens": new,
+            "wall_time": wall,
+            "steps": steps,
+            "tau": np.where(steps > 0, new / steps, np.nan),
+            "tokens_per_s": np.where(wall > 0, new / wall, np.nan),
+            "mean_tree_size": np.where(steps > 0, tree_sum / steps, np.nan),
+            "text": list(chain.from_iterable(
+                a.turns[:n] + [None] * (n - len(a.turns)) for a, n in zip(answers, n_turns, strict=True))),
+        })
+    return pd.concat([data, per_turn], axis=1)
+
+
+def steps_from_sources(sources: list[Source]) -> pd.DataFrame:
+    """One row per decoding step: tokens it added (`accepted`, the target's own included), draft depth examined
+    (`tested`) and verified tree size, with its answer's key, category and group."""
+    answers, per_answer = _answers(sources)
+    per_turn = _ints(chain.from_iterable(a.decoding_steps for a in answers))  # steps of each turn
+    data = _repeat(per_answer[[*KEY, "category", "group"]], _ints(len(a.accept_lengths) for a in answers))
+    data["turn"] = np.repeat(_within(_ints(len(a.decoding_steps) for a in answers)), per_turn)
+    data["step"] = _within(per_turn)
+    data["accepted"] = _ints(chain.from_iterable(a.accept_lengths for a in answers))
+    data["tested"] = _joined(answers, "tested")
+    data["tree_size"] = _joined(answers, "tree_size")
+    return data
 
 
 def frame(paths: list[str | Path]) -> pd.DataFrame:
     """One row per (source, model, task, temperature, method, question, turn) with every recorded field."""
-    rows = [row for s in load_sources(list(map(Path, paths))) for a in s.answers for row in _turn_rows(s, a)]
-    return pd.DataFrame(rows)
+    return from_sources(load_sources(list(map(Path, paths))))
 
 
 def steps_frame(paths: list[str | Path]) -> pd.DataFrame:
     """One row per decoding step: tokens it added (`accepted`, the target's own included), draft depth
     examined (`tested`) and verified tree size."""
-    rows = [row for s in load_sources(list(map(Path, paths))) for a in s.answers for row in _step_rows(s, a)]
-    return pd.DataFrame(rows)
+    return steps_from_sources(load_sources(list(map(Path, paths))))
 
 
 FORMATS = ("csv", "parquet", "jsonl")

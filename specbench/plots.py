@@ -76,7 +76,7 @@ def plot_speedups(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) 
 def plot_accept_lengths(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
     """Share of decoding steps by accepted length, one bar per method at each length."""
     stats = _drafting(cell)
-    lengths = {m.method: np.concatenate([a.accept_lengths for a in m.answers]).astype(int) for m in stats}
+    lengths = {m.method: m.steps.accepted.to_numpy(dtype=np.int64) for m in stats}
     lengths = {m: v for m, v in lengths.items() if v.size}
     if not lengths:
         return []
@@ -104,7 +104,7 @@ def _drafting(cell: Cell) -> list[MethodStats]:
 
 def plot_acceptance(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
     """Per-position acceptance alpha_k against draft depth k, one line per method that drafts."""
-    curves = [(s, metrics.acceptance_by_position(s.answers)) for s in cell.stats.values()]
+    curves = [(s, metrics.acceptance_by_position(s.steps)) for s in cell.stats.values()]
     curves = [(s, alpha) for s, alpha in curves if alpha]
     if not curves:
         return []
@@ -122,7 +122,7 @@ def plot_acceptance(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str
 
 def plot_tau_vs_tree(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
     """tau against the mean verified tree size, one point per method; the diagonal accepts every verified token."""
-    points = [(s, mean_tree_size(s.answers)) for s in cell.stats.values()]
+    points = [(s, mean_tree_size(s.steps)) for s in cell.stats.values()]
     points = [(s, size) for s, size in points if size is not None]
     if not points:
         return []
@@ -144,14 +144,12 @@ def plot_tau_vs_tree(cell: Cell, colors: dict[str, str], out_dir: Path, stem: st
 
 def plot_time_split(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
     """Stacked bars: milliseconds per generated token in drafting, verification and the rest of the wall time."""
-    stats = [s for s in cell.stats.values() if draft_share(s.answers) is not None]
+    stats = [s for s in cell.stats.values() if draft_share(s.turns) is not None]
     if not stats:
         return []
     parts = {"draft": [], "verify": [], "other (prefill, loop)": []}
     for s in stats:
-        tokens = sum(sum(a.new_tokens) for a in s.answers)
-        draft, verify = (sum(getattr(a, f) for a in s.answers) for f in ("draft_time", "verify_time"))
-        wall = sum(sum(a.wall_time) for a in s.answers)
+        tokens, draft, verify, wall = s.turns[["new_tokens", "draft_time", "verify_time", "wall_time"]].sum()
         for key, seconds in zip(parts, (draft, verify, wall - draft - verify), strict=True):
             parts[key].append(1000 * seconds / tokens)
     fig = Figure(figsize=(max(5.0, 0.9 * len(stats) + 2), 4.2))

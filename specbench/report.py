@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from . import metrics
 from .cells import BASELINE, OVERALL, Cell, collect_cells, from_spec_bench, source_line
 from .plots import all_plots
@@ -73,10 +75,10 @@ def _notes(cells: list[Cell]) -> list[str]:
             notes.append(f"- {c.title}: noise floor (A/A: vanilla timed again in the same interleaving) "
                          f"{fmt_speedup(aa.paired[OVERALL])}; speedups inside it are not differences")
         cpus = ((c.source.manifest or {}).get("machine") or {}).get("cpu_count") or 1
-        timed = [a for answers in c.by_method.values() for a in answers if a.busy_cpus is not None]
-        busy = [a for a in timed if a.busy_cpus > metrics.BUSY_SHARE * cpus]
+        timed = c.turns.busy_cpus.dropna()  # one value per answer that recorded it
+        busy = int((timed > metrics.BUSY_SHARE * cpus).sum())
         if busy:
-            notes.append(f"- {c.title}: **busy machine**: {len(busy)} of {len(timed)} answers were timed while other "
+            notes.append(f"- {c.title}: **busy machine**: {busy} of {len(timed)} answers were timed while other "
                          f"processes kept more than {metrics.BUSY_SHARE * cpus:.1f} of {cpus} CPUs busy; its "
                          "timings and speedups are not trustworthy")
     return notes
@@ -87,12 +89,11 @@ def write_profiles(cells: list[Cell], out_dir: Path) -> list[Path]:
     `<out_dir>/<cell>/<method>/speculation_profile.json`."""
     written = []
     for c in cells:
-        for method, answers in c.by_method.items():
+        for method, (_, steps) in c.by_method.items():
             if method in (BASELINE, NOISE_FLOOR):
                 continue
-            deepest = max((d for a in answers for d in (a.tested or [])), default=0)
-            k = max(deepest, max((n for a in answers for n in a.accept_lengths), default=1) - 1, 1)
-            profile = metrics.speculation_profile(answers, k, method)
+            k = int(np.nanmax([steps.tested.max(), steps.accepted.max() - 1, 1]))  # nan: not recorded
+            profile = metrics.speculation_profile(steps, k, method)
             profile["target_model"] = {"id": c.model}
             profile["draft_checkpoint"] = None
             config = (c.source.manifest or {}).get("config") or {}
@@ -105,16 +106,16 @@ def write_profiles(cells: list[Cell], out_dir: Path) -> list[Path]:
     return written
 
 
-def summary(sources: list[Path]) -> str:
+def summary(sources: list[Path], mixed_devices: bool = False) -> str:
     """The leaderboard table(s) as Markdown, for the terminal."""
-    cells = collect_cells(load_sources(sources))
+    cells = collect_cells(load_sources(sources, mixed_devices))
     parts = [f"{c.title}: paired speedup over vanilla [95% CI]\n\n{leaderboard_md(c)}" for c in cells]
     return "\n\n".join(parts + _notes(cells))
 
 
-def build_report(sources: list[Path], out_dir: Path, title: str | None = None) -> Path:
+def build_report(sources: list[Path], out_dir: Path, title: str | None = None, mixed_devices: bool = False) -> Path:
     """Write report.md, tables.tex and the plots (PNG and PDF) into out_dir; returns report.md's path."""
-    loaded = load_sources(sources)
+    loaded = load_sources(sources, mixed_devices)
     cells = collect_cells(loaded)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -143,7 +144,7 @@ def build_report(sources: list[Path], out_dir: Path, title: str | None = None) -
         md += [f"### {heading}", ""]
         md += [line for p in paths if p.suffix == ".png" for line in (f"![{p.stem}]({p.name})", "")]
     md += ["## Definitions", "", FOOTNOTES]
-    if any(from_spec_bench(a) for s in loaded for a in s.answers):
+    if any(from_spec_bench(c.turns) for c in cells):
         md += [SPEC_BENCH_NOTE]
     report = out_dir / "report.md"
     report.write_text("\n".join(md) + "\n", encoding="utf-8")

@@ -34,8 +34,19 @@ def _read_json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def load_sources(paths: list[Path]) -> list[Source]:
-    """One source per folder given; answer files given one by one join the source of their folder."""
+def _check_devices(source: Source, flag: str) -> None:
+    """A run answered by Ray workers on different devices pools their timings: refused unless asked for."""
+    devices = sorted({w.get("device_name") for w in (source.manifest or {}).get("workers", [])} - {None})
+    if len(devices) > 1:
+        raise SpecbenchError(
+            f"{source.path} was answered on different devices ({', '.join(devices)}), so its speedups pool "
+            f"machines: pass {flag} to pool them anyway"
+        )
+
+
+def load_sources(paths: list[Path], mixed_devices: bool = False, flag: str = "--mixed-devices") -> list[Source]:
+    """One source per folder given; answer files given one by one join the source of their folder. A run whose
+    workers had different devices is refused (naming the command's `flag` that allows it) unless `mixed_devices`."""
     groups: dict[Path, list[Path]] = {}
     for p in map(Path, paths):
         if not p.exists():
@@ -55,6 +66,9 @@ def load_sources(paths: list[Path]) -> list[Source]:
         profile = _read_json(root / "forward_profile.json")
         sources.append(Source(root, name, answers, _read_json(root / "manifest.json"),
                               {int(k): float(v) for k, v in profile.items()} if profile else None))
+    if not mixed_devices:
+        for source in sources:
+            _check_devices(source, flag)
     return _join_shards(sources)
 
 

@@ -56,7 +56,7 @@ def spec_bench_md(cell: Cell) -> str:
 def detail_rows(cell: Cell) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-method detail table, the one source of its Markdown and LaTeX forms."""
     stats = list(cell.stats.values())
-    alphas = {s.method: metrics.acceptance_by_position(s.answers, ALPHA_DEPTH) for s in stats}
+    alphas = {s.method: metrics.acceptance_by_position(s.steps, ALPHA_DEPTH) for s in stats}
     show_alpha = any(alphas.values())
     show_roof = cell.source.profile is not None
     header = ["method", "questions", "τ", "tokens/s", "mean tree size", "draft share"]
@@ -64,8 +64,8 @@ def detail_rows(cell: Cell) -> tuple[list[str], list[list[str]]]:
     header += ["roofline efficiency"] if show_roof else []
     rows = []
     for s in stats:
-        row = [s.display, str(len(s.answers)), f"{s.tau:.2f}", f"{metrics.tokens_per_second(s.answers):.1f}",
-               _num(mean_tree_size(s.answers), ".1f"), _num(draft_share(s.answers), ".1%")]
+        row = [s.display, str(s.questions), f"{s.tau:.2f}", f"{metrics.tokens_per_second(s.turns):.1f}",
+               _num(mean_tree_size(s.steps), ".1f"), _num(draft_share(s.turns), ".1%")]
         if show_alpha:
             a = alphas[s.method]
             row += [_num(a[k] if k < len(a) else None, ".2f") for k in range(ALPHA_DEPTH)]
@@ -86,7 +86,7 @@ def lossless_md(cells: list[Cell]) -> str:
         if cell.temperature != 0:
             continue
         for s in cell.ranked():
-            check = metrics.losslessness(s.answers)
+            check = metrics.losslessness(s.turns)
             where = [cell.source.label, cell.model, cell.task, s.display]
             if check.questions == 0:
                 rows.append([*where, "not checked", MISSING, MISSING, MISSING])

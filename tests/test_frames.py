@@ -3,9 +3,9 @@ import math
 import pandas as pd
 import pytest
 
-from specbench import cells, sources
+from specbench import cells, metrics, sources
 from specbench.cli import main
-from specbench.frames import frame, steps_frame
+from specbench.frames import frame, from_sources, steps_frame, steps_from_sources
 
 from .test_report import SPEC_BENCH_ANSWERS, answer, needs_answers, write
 
@@ -36,6 +36,24 @@ def test_one_row_per_turn_with_the_recorded_fields(run_dir):
     two = steps[(steps.method == "sps") & (steps.question_id == 2)]
     assert two.turn.tolist() == [0, 0, 1, 1] and two.step.tolist() == [0, 1, 0, 1]
     assert two.accepted.tolist() == [3, 1, 2, 2] and two.tested.tolist() == [3] * 4
+
+
+def test_answer_level_fields_count_once(tmp_path):
+    """Draft and verify time sum to the answer's over its turns; checks and CPU load count once per answer."""
+    two = answer(1, "chat", "sps", 0.0, 0.5, [3, 1, 2, 2], draft_time=0.3, verify_time=0.6, busy_cpus=0.5,
+                 greedy_check={"match": False, "near_tie": True})
+    two.new_tokens, two.wall_time, two.decoding_steps = [4, 4], [0.2, 0.3], [2, 2]
+    bare = answer(2, "chat", "sps", 0.0, 0.5, [2])
+    source = sources.Source(tmp_path, "run", [two, bare])
+    data = from_sources([source])
+    assert data.draft_time.tolist()[:2] == [0.3, 0.0] and data.verify_time.sum() == 0.6
+    assert math.isnan(data.draft_time.iloc[2])  # not recorded
+    assert data.busy_cpus.notna().sum() == 1 and data.greedy_match.notna().sum() == 1
+    check = metrics.losslessness(data)
+    assert (check.questions, check.near_ties) == (1, 1)
+    steps = steps_from_sources([source])
+    assert steps.turn.tolist() == [0, 0, 1, 1, 0] and steps.step.tolist() == [0, 1, 0, 1, 0]
+    assert steps.group.tolist() == steps.category.tolist() == ["chat"] * 5
 
 
 def test_the_reports_numbers_come_out_of_the_frame(run_dir, tmp_path):

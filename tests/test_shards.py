@@ -68,3 +68,18 @@ def test_merge_refuses_what_does_not_belong_together(shards, capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["run", "--shard", "4/3"])
     assert "expected I/N with 1 <= I <= N" in capsys.readouterr().err
+
+
+def test_a_run_answered_on_different_devices_is_pooled_only_when_asked(shards, capsys, tmp_path):
+    """Ray workers on two kinds of GPU: report and compare refuse to pool their timings unless told to."""
+    import shutil
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(shards / "whole", mixed)
+    manifest = json.loads((mixed / "manifest.json").read_text())
+    manifest["workers"] = [{**manifest["machine"], "device_name": name} for name in ("NVIDIA H100", "NVIDIA A100")]
+    (mixed / "manifest.json").write_text(json.dumps(manifest))
+    out = str(tmp_path / "report")
+    assert "pass --mixed-devices" in error(capsys, ["report", str(mixed), "--out", out])
+    assert "--allow-different-machines" in error(capsys, ["compare", str(shards / "whole"), str(mixed)])
+    assert main(["report", str(mixed), "--out", out, "--mixed-devices"]) == 0
