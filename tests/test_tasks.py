@@ -55,8 +55,13 @@ def test_download_checks_sha256(tmp_path, monkeypatch):
 
 
 def test_missing_local_only_file_says_what_to_do(tmp_path, monkeypatch):
+    import datasets
+    import huggingface_hub
+
     monkeypatch.setattr(tasks, "CACHE_DIR", tmp_path)
     monkeypatch.delenv("SPECBENCH_DATA_DIR", raising=False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # at once, not after ~20 s of retries
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(SpecbenchError, match="--data-dir"):
         tasks.load("cnn_dm", None)
 
