@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=results/tiny-example
 rm -rf "$out"
-specbench run --model tiny --methods "${METHODS:-vanilla,sps,pld,suffix,lookahead,lookahead-shifted,ouroboros,medusa,eagle,eagle2,eagle3}" --tasks quick --temperatures 0,1 --out "$out" --no-report
+specbench run --model tiny --methods "${METHODS:-vanilla,sps,pld,suffix,lookahead,lookahead-shifted,ouroboros,medusa,eagle,eagle2,eagle3,mtp}" --tasks quick --temperatures 0,1 --out "$out" --no-report
 specbench report "$out" --out reports/tiny-example --title "specbench example: bundled tiny model, quick task"
