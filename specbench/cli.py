@@ -147,11 +147,42 @@ def parser() -> argparse.ArgumentParser:
         "--threads", type=int, help="torch CPU threads per worker (default: torch's own; with --workers: cores / N)"
     )
     run.add_argument(
+        "--tuned",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="run each method `specbench tune` tuned for this device, model and dtype beside its default (a tuned "
+        "vs default table in the report); FILE: the tuned-presets file (default: ~/.config/specbench/tuned.yaml)",
+    )
+    run.add_argument(
         "--dry-run",
         action="store_true",
         help="print the plan (methods, skipped methods, tasks, checkpoints with revisions, cache status, download "
         "size) and exit without loading or downloading anything",
     )
+
+    tune = sub.add_parser(
+        "tune", help="the fastest setting of one method's size knobs on this device, predicted then verified"
+    )
+    _model_args(tune)
+    tune.add_argument("--method", required=True, help="a method whose preset lists `tune:` values (or use --grid)")
+    tune.add_argument(
+        "--tasks", type=_names, default=["calibrate"], help="calibration task(s) (default: calibrate, built in)"
+    )
+    tune.add_argument("--eval-task", default="quick", help="the task the choice is verified on (default: quick)")
+    tune.add_argument(
+        "--budget", type=float, default=10.0, metavar="MIN", help="minutes for the whole tune (default 10)"
+    )
+    tune.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="values to try for one parameter instead of the preset's `tune:` list (repeatable)",
+    )
+    tune.add_argument("--no-verify", action="store_true", help="keep the predicted winner without the paired run")
+    tune.add_argument("--tuned-file", type=Path, help="where to save (default: ~/.config/specbench/tuned.yaml)")
+    tune.add_argument("--out", type=Path, help="folder for the scores and the verification run")
 
     merge = sub.add_parser("merge", help="join the run folders of `run --shard I/N` into one run folder")
     merge.add_argument("runs", nargs="+", type=Path, help="the shards' run folders")
@@ -317,6 +348,27 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _tuned_file(value: str | None) -> str | None:
+    """--tuned's file: None without the flag, the default file for a bare --tuned."""
+    if value is None:
+        return None
+    from .tuned import default_path
+
+    return value or str(default_path())
+
+
+def _tune(args) -> None:
+    from .session import RunConfig
+    from .tune import TuneConfig, grid_values, tune
+
+    run = RunConfig(model=args.model, tasks=args.tasks, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                    device=args.device, dtype=args.dtype, data_dir=args.data_dir, seed=args.seed, draft=args.draft,
+                    heads=dict(args.head), revision=args.revision, trust_remote_code=args.trust_remote_code,
+                    fields=dict(args.field))  # fmt: skip
+    tune(TuneConfig(args.method, run, args.eval_task, args.budget, grid_values(args.grid), not args.no_verify,
+                    args.tuned_file, args.out))  # fmt: skip
+
+
 def _run(args) -> None:
     from .runner import RunConfig, run
 
@@ -344,6 +396,7 @@ def _run(args) -> None:
         workers=args.workers,
         ray_address=args.ray_address,
         threads=args.threads,
+        tuned=_tuned_file(args.tuned),
     )
     if args.dry_run:
         from . import plan
@@ -527,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
         _add_user_methods()
         if args.command == "run":
             _run(args)
+        elif args.command == "tune":
+            _tune(args)
         elif args.command == "merge":
             from .merge import merge
 

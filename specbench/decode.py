@@ -36,7 +36,8 @@ class Generation:
         return [s.accept_length for s in self.steps]
 
 
-def _clock(device: torch.device) -> float:
+def clock(device: torch.device) -> float:
+    """Seconds, after the device has finished its queued work."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
@@ -65,20 +66,20 @@ def decode(
         )
     budget = min(max_new_tokens, target.context_length - len(prompt))
     device = target.device
-    start = _clock(device)
+    start = clock(device)
     layers = proposer.feature_layers
     prefill = target.prefill(prompt, layers)
-    t0 = _clock(device)
+    t0 = clock(device)
     features = prefill.features if prefill is not None else None
     proposer.start(Turn(prompt, temperature, generator, features, request))
     tokens = list(prompt)
-    gen = Generation([], prefill_draft_time=_clock(device) - t0)
+    gen = Generation([], prefill_draft_time=clock(device) - t0)
     while len(gen.tokens) < budget:
         remaining = budget - len(gen.tokens)
         depth = remaining - 1  # drafted tokens the budget has room for after the target's own token
-        t0 = _clock(device)
+        t0 = clock(device)
         proposal = proposer.propose(tokens, depth).pruned(depth)
-        t1 = _clock(device)
+        t1 = clock(device)
         step = verify(target, tokens[-1], proposal, rule, temperature, generator, layers)
         new = step.new
         stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
@@ -87,7 +88,7 @@ def decode(
         new = new[:remaining]
         tokens.extend(new)
         gen.tokens.extend(new)
-        t2 = _clock(device)
+        t2 = clock(device)
         n = len(proposal.tree) + 1
         out = step.output
         feedback = Feedback(
@@ -96,9 +97,9 @@ def decode(
             out.logits[n:] if proposal.side else None,
         )
         proposer.update(tokens, proposal, feedback)
-        t3 = _clock(device)
+        t3 = clock(device)
         gen.steps.append(Step(len(new), step.accepted.tested, len(out.logits), t1 - t0 + t3 - t2, t2 - t1))
         if stop_at is not None:
             break
-    gen.wall_time = _clock(device) - start
+    gen.wall_time = clock(device) - start
     return gen

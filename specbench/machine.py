@@ -38,13 +38,16 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+
+
 def machine(device: torch.device) -> dict:
     import transformers
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
     return {
         "device": device.type,
-        "device_name": name,
+        "device_name": device_name(device),
         "host": platform.node(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

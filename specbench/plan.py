@@ -4,7 +4,7 @@ those checkpoints and checking they fit the target, so a bad request fails in se
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import hub, methods, models, tasks
@@ -31,6 +31,7 @@ class Plan:
     tasks: list[TaskPlan]
     temperatures: list[float]
     checkpoints: dict[str, Checkpoint]  # role ("target", "draft", "eagle head", ...) -> checkpoint
+    tuned: dict[str, dict] = field(default_factory=dict)  # method -> its tuned entry, when run with --tuned
 
 
 def _source(override: str | None, default: Source | None) -> Source | None:

@@ -24,6 +24,7 @@ class MethodPreset(Strict):
     needs: str | list[str] | None = None  # "draft", "eagle head", ... (registry.parse_needs)
     acceptance: str | dict[str, Any] | None = None  # a rule name or {rule: NAME, param: value} (acceptance.rule)
     params: dict[str, Any] = {}  # keyword arguments of the implementation's build
+    tune: dict[str, list[Any]] = {}  # param -> the values `specbench tune` tries (the default's value among them)
 
 
 class HubDataset(Strict):

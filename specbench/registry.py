@@ -19,10 +19,21 @@ from .hub import Layout
 
 
 @dataclass(frozen=True)
+class Nested:
+    """Knobs whose smaller values propose, at T = 0 and the same state, a subtree of what their largest values
+    propose: one calibration run with the largest values scores every smaller setting (`specbench tune`)."""
+
+    keys: tuple[str, ...]
+    snapshot: Callable[[Any, Any], Any]  # (proposer, its proposal) -> what `subtree` needs, taken right after propose
+    subtree: Callable[[Any, dict], Any]  # (snapshot, {key: smaller value}) -> the Tree those values would propose
+
+
+@dataclass(frozen=True)
 class Implementation:
     name: str
     build: Callable[[dict, Any], Any]  # (preset params, Resources) -> Proposer
     color: str | None = None  # the report's colour for the method (None: one is picked)
+    nested: Nested | None = None
 
 
 @dataclass(frozen=True)
@@ -40,11 +51,11 @@ IMPLEMENTATIONS: dict[str, Implementation] = {}
 HEADS: dict[str, HeadFamily] = {}
 
 
-def implementation(name: str, color: str | None = None) -> Callable:
+def implementation(name: str, color: str | None = None, nested: Nested | None = None) -> Callable:
     """Decorator registering `build(params, resources) -> Proposer` under `name` (a preset's `implementation:`)."""
 
     def register(build: Callable) -> Callable:
-        IMPLEMENTATIONS[name] = Implementation(name, build, color)
+        IMPLEMENTATIONS[name] = Implementation(name, build, color, nested)
         return build
 
     return register

@@ -13,7 +13,16 @@ from . import metrics
 from .cells import BASELINE, OVERALL, Cell, collect_cells, from_spec_bench, source_line
 from .plots import all_plots
 from .sources import Source, load_sources
-from .tables import detail_md, detail_tex, fmt_speedup, leaderboard_md, leaderboard_tex, lossless_md, spec_bench_md
+from .tables import (
+    detail_md,
+    detail_tex,
+    fmt_speedup,
+    leaderboard_md,
+    leaderboard_tex,
+    lossless_md,
+    spec_bench_md,
+    tuned_md,
+)
 
 FOOTNOTES = """\
 - **Speedup (paired, the headline)**: geometric mean over questions of tokens/s of the method on a question ÷
@@ -131,6 +140,9 @@ def build_report(sources: list[Path], out_dir: Path, title: str | None = None, m
     md += ["## Leaderboard: paired speedup over vanilla [95% CI]", ""]
     for c in cells:
         md += [f"### {c.title}", "", leaderboard_md(c), ""]
+    if tuned := [(c, table) for c in cells if (table := tuned_md(c))]:
+        md += ["## Tuned vs default (`specbench tune`, run with --tuned)", ""]
+        md += [line for c, table in tuned for line in (f"### {c.title}", "", table, "")]
     md += ["## Speedup, Spec-Bench definition (unpaired; for comparison with published leaderboards)", ""]
     for c in cells:
         if c.ranked():

@@ -54,6 +54,8 @@ def _check_manifest(path: Path, manifest: dict) -> None:
             "methods": sorted(set(old["config"]["methods"]) | set(manifest["config"]["methods"])),
         },
     }
+    if "tuned" in old or "tuned" in manifest:
+        merged["tuned"] = {**old.get("tuned", {}), **manifest.get("tuned", {})}
     if "workers" in old or "workers" in manifest:  # every machine that answered a part of the run
         merged["workers"] = old.get("workers", [old["machine"]]) + manifest.get("workers", [manifest["machine"]])
     path.write_text(json.dumps(merged, indent=2))
@@ -138,6 +140,8 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
     }
     if cfg.workers:
         manifest["workers"] = [info["machine"] for info in infos]
+    if plan.tuned:
+        manifest["tuned"] = plan.tuned
     for info in infos:
         warn_if_busy(info["machine"])
     _check_manifest(run_dir / "manifest.json", manifest)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from . import acceptance, methods, models, tasks
+from . import acceptance, methods, models, tasks, tuned
 from . import plan as planning
 from .cached_lm import CachedLM
 from .chat import prompt_ids
@@ -44,6 +44,7 @@ class RunConfig:
     workers: int | None = None  # Ray workers of one device each; None: this process alone, without Ray
     ray_address: str | None = None  # an existing Ray cluster to join (None: start a local one)
     threads: int | None = None  # torch CPU threads per worker (None: torch's default alone, cores / workers on Ray)
+    tuned: str | None = None  # a tuned-presets file (--tuned): each tuned method's chosen variant runs beside it
 
 
 def question_seed(base: int, question_id: int | str, temperature: float) -> int:
@@ -54,10 +55,17 @@ def question_seed(base: int, question_id: int | str, temperature: float) -> int:
 def prepare(cfg: RunConfig) -> planning.Plan:
     """The run's plan (nothing loaded yet); skipped methods are announced one line each."""
     device = torch.device("cpu") if cfg.workers else models.pick_device(cfg.device)  # Ray: the workers' devices
-    models.pick_dtype(cfg.dtype, device)  # a bad --device/--dtype fails first
+    dtype = models.pick_dtype(cfg.dtype, device)  # a bad --device/--dtype fails first
     plan = planning.make(cfg)
     for name, why in plan.skipped.items():
         print(f"{name} skipped: {why}", file=sys.stderr)
+    if cfg.tuned:
+        key = tuned.device_key(device, cfg.threads)
+        entries = tuned.lookup(Path(cfg.tuned), key, plan.spec.name, str(dtype).removeprefix("torch."))
+        plan.methods, used = tuned.with_tuned(plan.methods, entries)
+        plan.tuned = {m: {**entries[m], "file": str(cfg.tuned), "device": key} for m in used}
+        for name in [m for m in plan.methods if m not in entries and m != "vanilla" and m not in used.values()]:
+            print(f"{name}: not tuned for {plan.spec.name} on this device; its default runs alone", file=sys.stderr)
     return plan
 
 

@@ -47,6 +47,22 @@ def leaderboard_md(cell: Cell) -> str:
     return md_table(["method", *cats, "τ", "Overall"], rows)
 
 
+def tuned_md(cell: Cell) -> str:
+    """Each tuned method beside its default (a run with --tuned): speedups, tau and what tuning predicted."""
+    tuned = (cell.source.manifest or {}).get("tuned") or {}
+    rows = []
+    for method, entry in tuned.items():
+        default, mine = cell.stats.get(method), cell.stats.get(entry["variant"])
+        if default is None or mine is None:
+            continue
+        predicted = entry.get("predicted")
+        rows.append([method, fmt_speedup(default.paired[OVERALL]), f"{default.tau:.2f}", entry["variant"],
+                     fmt_speedup(mine.paired[OVERALL]), f"{mine.tau:.2f}",
+                     fmt_ratio(predicted) if predicted is not None else NA])  # fmt: skip
+    header = ["method", "default", "τ", "tuned variant", "tuned", "τ (tuned)", "predicted by tune"]
+    return md_table(header, rows) if rows else ""
+
+
 def spec_bench_md(cell: Cell) -> str:
     cats = [*cell.groups, OVERALL]
     rows = [[s.display, *(fmt_ratio(s.spec_bench[c]) for c in cats)] for s in cell.ranked()]

@@ -9,6 +9,7 @@ import torch
 
 from ..acceptance import Accepted
 from ..cached_lm import SideBranch
+from ..registry import Nested
 from ..tree import EMPTY, Tree
 
 
@@ -29,6 +30,15 @@ class Proposal:
 
 
 NO_PROPOSAL = Proposal(EMPTY)
+
+
+def chain_prefix(key: str) -> Nested:
+    """A chain drafted greedily token by token: a smaller `key` (its length) proposes the first `key` tokens."""
+    return Nested(
+        (key,),
+        snapshot=lambda proposer, proposal: proposal.tree,
+        subtree=lambda tree, params: tree.subtree(list(range(min(params[key], len(tree))))),
+    )
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..registry import implementation
 from ..tree import chain
-from .base import NO_PROPOSAL, Proposal, Proposer
+from .base import NO_PROPOSAL, Proposal, Proposer, chain_prefix
 from .resources import Resources
 
 
@@ -36,6 +36,6 @@ class PromptLookup(Proposer):
         return Proposal(chain(draft)) if draft else NO_PROPOSAL
 
 
-@implementation("pld", color="#ff7f0e")
+@implementation("pld", color="#ff7f0e", nested=chain_prefix("num_pred_tokens"))
 def build(params: dict, res: Resources) -> Proposer:
     return PromptLookup(**params)

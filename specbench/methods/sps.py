@@ -8,7 +8,7 @@ from ..cached_lm import CachedLM
 from ..registry import implementation
 from ..sampling import probabilities, sample
 from ..tree import chain
-from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
+from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_prefix
 from .resources import Resources
 
 
@@ -46,6 +46,6 @@ class DraftModel(Proposer):
         self.draft.follow(tokens)
 
 
-@implementation("sps", color="#1f77b4")
+@implementation("sps", color="#1f77b4", nested=chain_prefix("num_draft_tokens"))
 def build(params: dict, res: Resources) -> Proposer:
     return DraftModel(res.draft_model(), **params)

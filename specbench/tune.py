@@ -1,0 +1,391 @@
+"""`specbench tune`: the fastest setting of one method's size knobs for this device, model and dtype.
+
+Calibration, on a task other than the one the choice is checked on: vanilla, then one greedy run of the method
+for each setting of its plain knobs (the preset's `tune:` values), with its nested knobs (`registry.Nested`) at
+their largest values. At each step the run keeps what the method's snapshot needs; after each turn, the tree
+every smaller nested setting would have proposed at that root is scored against the turn's own output: at T = 0
+the target appends the longest path of the tree that the output follows, plus its own token. So one run scores a
+whole grid, exactly, at the roots it visited.
+
+Prediction: a setting's step costs its verification, T(rows) (the profiled target forward) plus the run's
+measured overhead past it, and its drafting: the run's measured propose time scaled by the setting's own propose
+time at one state, plus the run's measured update cost. A question's predicted time is each turn's fixed cost
+(prefill, proposer start) plus tokens / tau steps; the predicted speedup is the geometric mean over questions of
+vanilla's measured time over that: the paired speedup, predicted.
+
+Verification: a `specbench run` of vanilla, the default and the winner on the evaluation task; the faster of
+default and winner is what the tuned-presets file keeps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from tabulate import tabulate
+
+from . import frames, methods, metrics, registry, runner, tasks, tuned
+from .cells import forward_time
+from .decode import clock
+from .errors import SpecbenchError
+from .machine import machine
+from .methods.base import Proposal, Proposer, Turn
+from .session import RunConfig, Session, question_seed
+from .sources import load_sources
+from .tree import Tree
+from .worker import forward_profile
+
+PROFILE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
+CALIBRATION_SHARE = 0.6  # of the budget: no new calibration run starts past it (verification needs the rest)
+
+
+@dataclass
+class TuneConfig:
+    method: str
+    run: RunConfig  # model, device, dtype, calibration tasks, limit, max_new_tokens, seed, ...
+    eval_task: str = "quick"
+    budget_minutes: float = 10.0
+    grid: dict[str, list] = field(default_factory=dict)  # replaces the preset's `tune:` values for these keys
+    verify: bool = True
+    tuned_file: Path | None = None  # None: tuned.default_path()
+    out: Path | None = None
+
+
+@dataclass
+class Score:
+    """One setting's calibration statistics and predicted speedup."""
+
+    params: dict
+    tau: float
+    rows: float  # mean rows verified per step, root included
+    draft: float  # seconds of drafting per step
+    predicted: float
+    measured: metrics.Speedup | None = None
+
+
+def accepted(tree: Tree, continuation: list[int]) -> int:
+    """Tokens a greedy target appends verifying `tree` when its own tokens from the root on are `continuation`:
+    the longest path of the tree the continuation follows, plus the target's next token (at most what is left)."""
+    kids = tree.children()
+    row = matched = 0
+    while matched < len(continuation):
+        row = next((c for c in kids[row] if tree.tokens[c - 1] == continuation[matched]), 0)
+        if row == 0:
+            break
+        matched += 1
+    return min(matched + 1, len(continuation))
+
+
+def variant(method: str, params: dict, defaults: dict) -> str:
+    """'eagle2[top_k=6,depth=4]': the params that differ from the preset's, in the preset's order."""
+    changed = [f"{k}={json.dumps(v)}" for k, v in params.items() if defaults.get(k) != v]
+    return f"{method}[{','.join(changed)}]" if changed else method
+
+
+class Recorder(Proposer):
+    """Wraps the method's proposer: times each propose and keeps (committed length, depth budget, snapshot)."""
+
+    def __init__(self, inner: Proposer, nested: registry.Nested | None, device: torch.device) -> None:
+        self.inner, self.nested, self.device = inner, nested, device
+        self.feature_layers = inner.feature_layers
+        self.records: list[tuple[int, int, object]] = []
+        self.propose_times: list[float] = []
+
+    def start(self, turn: Turn) -> None:
+        self.inner.start(turn)
+
+    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
+        t0 = clock(self.device)
+        proposal = self.inner.propose(tokens, max_depth)
+        self.propose_times.append(clock(self.device) - t0)
+        snapshot = self.nested.snapshot(self.inner, proposal) if self.nested else None
+        self.records.append((len(tokens), max_depth, snapshot))
+        return proposal
+
+    def update(self, tokens, proposal, feedback) -> None:
+        self.inner.update(tokens, proposal, feedback)
+
+    def clear(self) -> None:
+        self.records.clear()
+        self.propose_times.clear()
+
+
+@dataclass
+class Turns:
+    """Per turn of a calibration run: its question, new tokens and fixed seconds (wall minus its steps)."""
+
+    questions: list = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    fixed: list[float] = field(default_factory=list)
+    wall: list[float] = field(default_factory=list)
+
+    def add(self, question, gen) -> None:
+        self.questions.append(question)
+        self.tokens.append(len(gen.tokens))
+        self.wall.append(gen.wall_time)
+        self.fixed.append(gen.wall_time - sum(s.draft_time + s.verify_time for s in gen.steps))
+
+    def per_question(self, values: list[float]) -> dict:
+        out: dict = {}
+        for q, v in zip(self.questions, values, strict=True):
+            out[q] = out.get(q, 0.0) + v
+        return out
+
+
+def space(method: str, grid: dict[str, list]) -> tuple[list[dict], list[dict]]:
+    """(the plain-knob values of each calibration run, the nested-knob settings each run scores); the preset's
+    `tune:` values with `grid` replacing some, the default's value always among them."""
+    spec = methods.preset(method)
+    defaults = spec.params
+    values = {**spec.tune, **grid}
+    if not values:
+        raise SpecbenchError(f"method '{method}' has nothing to tune: its preset has no `tune:` values; "
+                             "pass --grid KEY=V1,V2 with a parameter of its preset")  # fmt: skip
+    for key, vals in values.items():
+        if key not in defaults:
+            raise SpecbenchError(f"'{key}' is not a parameter of method '{method}' (it has {', '.join(defaults)})")
+        if defaults[key] not in vals:
+            values[key] = [*vals, defaults[key]]
+    nested = registry.IMPLEMENTATIONS[spec.implementation].nested
+    nested_keys = [k for k in (nested.keys if nested else ()) if k in values]
+    plain = [k for k in values if k not in nested_keys]
+    runs = [dict(zip(plain, combo, strict=True)) for combo in itertools.product(*(values[k] for k in plain))]
+    runs.sort(key=lambda r: any(r[k] != defaults[k] for k in plain))  # the default's run first
+    settings = [dict(zip(nested_keys, c, strict=True)) for c in itertools.product(*(values[k] for k in nested_keys))]
+    return runs, settings
+
+
+class Tuner:
+    def __init__(self, cfg: TuneConfig, session: Session, questions: list, budget: int) -> None:
+        self.cfg, self.session, self.questions, self.budget = cfg, session, questions, budget
+        self.spec = methods.preset(cfg.method)
+        self.defaults = dict(self.spec.params)
+        self.nested = registry.IMPLEMENTATIONS[self.spec.implementation].nested
+        self.started = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return (time.perf_counter() - self.started) / 60
+
+    def _answer(self, name: str, proposer: Proposer, turns: Turns) -> Iterator[tuple]:
+        """Every calibration question answered greedily (the first one once more before, as a warm-up)."""
+        self.session.answer(name, proposer, self.questions[0], min(16, self.budget), 0.0, 0)
+        if isinstance(proposer, Recorder):
+            proposer.clear()
+        for q in self.questions:
+            seed = question_seed(self.cfg.run.seed, q.id, 0.0)
+            gens, prompts, _ = self.session.answer(name, proposer, q, self.budget, 0.0, seed)
+            for gen, prompt in zip(gens, prompts, strict=True):
+                turns.add(q.id, gen)
+                yield gen, prompt
+
+    def vanilla(self) -> dict:
+        """Seconds per calibration question of plain decoding."""
+        turns = Turns()
+        for _ in self._answer("vanilla", methods.build("vanilla", self.session.resources), turns):
+            pass
+        return turns.per_question(turns.wall)
+
+    def propose_seconds(self, params: dict, state: list[int]) -> float:
+        """Median seconds of one propose of the setting at the committed sequence `state` (after a fresh start)."""
+        proposer = methods.build(self.cfg.method, self.session.resources, params)
+        features = None
+        if proposer.feature_layers:
+            features = self.session.target.prefill(state, proposer.feature_layers).features
+        times = []
+        for _ in range(4):
+            proposer.start(Turn(state, 0.0, None, features, None))
+            t0 = clock(self.session.device)
+            proposer.propose(state, self.budget)
+            times.append(clock(self.session.device) - t0)
+        return float(np.median(times[1:]))
+
+    def calibrate(
+        self, plain: dict, settings: list[dict], vanilla: dict, profile: dict, state: list[int]
+    ) -> list[Score]:
+        """One greedy run with the nested knobs at their largest values; every nested setting scored from it."""
+        top = {k: max(s[k] for s in settings) for k in settings[0]}
+        run_params = {**self.defaults, **plain, **top}
+        proposer = Recorder(methods.build(self.cfg.method, self.session.resources, run_params), self.nested,
+                            self.session.device)  # fmt: skip
+        name = variant(self.cfg.method, run_params, self.defaults)
+        turns, steps = Turns(), []
+        accepts: dict[int, list[int]] = {i: [] for i in range(len(settings))}
+        rows: dict[int, list[int]] = {i: [] for i in range(len(settings))}
+        for gen, prompt in self._answer(name, proposer, turns):
+            full = prompt + gen.tokens
+            records = proposer.records[len(steps) : len(steps) + len(gen.steps)]
+            steps += gen.steps
+            for (length, depth, snapshot), step in zip(records, gen.steps, strict=True):
+                for i, setting in enumerate(settings):
+                    if self.nested is None:
+                        accepts[i].append(step.accept_length)
+                        rows[i].append(step.tree_size)
+                        continue
+                    tree = Proposal(self.nested.subtree(snapshot, setting)).pruned(depth).tree
+                    accepts[i].append(accepted(tree, full[length:]))
+                    rows[i].append(len(tree) + 1)
+        propose = float(np.mean(proposer.propose_times))
+        update = float(np.mean([s.draft_time for s in steps])) - propose
+        overhead = float(np.mean([s.verify_time - forward_time(profile, s.tree_size) for s in steps]))
+        own = self.propose_seconds(run_params, state) if len(settings) > 1 else None
+        scores = []
+        for i, setting in enumerate(settings):
+            params = {**run_params, **setting}
+            draft = propose + update
+            if own is not None and setting != top:
+                draft = propose * self.propose_seconds(params, state) / own + update
+            tau = float(np.mean(accepts[i]))
+            step = float(np.mean([forward_time(profile, n) for n in rows[i]])) + overhead + draft
+            predicted_time = turns.per_question(
+                [f + n / tau * step for f, n in zip(turns.fixed, turns.tokens, strict=True)]
+            )
+            ratios = [vanilla[q] / t for q, t in predicted_time.items()]
+            scores.append(Score(params, tau, float(np.mean(rows[i])), draft, math.exp(np.mean(np.log(ratios)))))
+        return scores
+
+    def search(self) -> tuple[list[Score], bool]:
+        """Every setting scored within the calibration share of the budget; True when the grid was cut short."""
+        runs, settings = space(self.cfg.method, self.cfg.grid)
+        print(f"tune {self.cfg.method}: {len(runs)} calibration run(s) scoring {len(runs) * len(settings)} settings "
+              f"on {len(self.questions)} questions of {', '.join(self.cfg.run.tasks)}", file=sys.stderr)  # fmt: skip
+        vanilla = self.vanilla()
+        state = self._state()
+        context = len(state)
+        profile = forward_profile(self.session.target, context=context, sizes=PROFILE_SIZES)
+        scores: list[Score] = []
+        for i, plain in enumerate(runs):
+            if i and self.elapsed() > CALIBRATION_SHARE * self.cfg.budget_minutes:
+                print(f"tune {self.cfg.method}: budget: {i} of {len(runs)} calibration runs done; raise --budget "
+                      "to score the rest", file=sys.stderr)  # fmt: skip
+                return scores, True
+            found = self.calibrate(plain, settings, vanilla, profile, state)
+            scores += found
+            best = max(found, key=lambda s: s.predicted)
+            print(f"  [{i + 1}/{len(runs)}] {variant(self.cfg.method, {**self.defaults, **plain}, self.defaults)}: "
+                  f"best {variant(self.cfg.method, best.params, self.defaults)} tau {best.tau:.2f}, predicted "
+                  f"{best.predicted:.2f}x ({self.elapsed():.1f} min)", file=sys.stderr)  # fmt: skip
+        return scores, False
+
+    def _state(self) -> list[int]:
+        """A realistic committed sequence for the draft-cost timings: the first question's prompt and answer."""
+        from .chat import prompt_ids
+
+        q = self.questions[0]
+        ids = prompt_ids(self.session.tokenizer, [{"role": "user", "content": q.turns[0]}])
+        gen = self.session.answer("vanilla", methods.build("vanilla", self.session.resources), q, self.budget, 0.0, 0)
+        return ids + gen[0][0].tokens
+
+
+def grid_values(pairs: list[str]) -> dict[str, list]:
+    """--grid KEY=V1,V2 (repeatable) as {key: [values]}, values read as YAML scalars."""
+    out = {}
+    for pair in pairs:
+        key, sep, values = pair.partition("=")
+        if not sep or not key.isidentifier() or not values:
+            raise SpecbenchError(f"--grid takes KEY=V1,V2,... (e.g. depth=3,4,5), got '{pair}'")
+        out[key] = [yaml.safe_load(v) for v in values.split(",")]
+    return out
+
+
+def measure(cfg: TuneConfig, names: list[str], out: Path) -> dict[str, metrics.Speedup]:
+    """Paired speedups over vanilla of `names` on the evaluation task (a `specbench run` into `out`)."""
+    run_cfg = replace(cfg.run, methods=["vanilla", *names], tasks=[cfg.eval_task], out=str(out), noise_floor=False,
+                      tuned=None)  # fmt: skip
+    run_dir = runner.run(run_cfg)
+    turns = frames.from_sources(load_sources([run_dir]))
+    turns = turns[turns.temperature == 0]
+    base = turns[turns.method == "vanilla"]
+    return {name: metrics.paired_speedup(turns[turns.method == name], base) for name in names}
+
+
+def tune(cfg: TuneConfig) -> dict:
+    """Search, verify, save; returns the saved entry."""
+    if cfg.method == "vanilla":
+        raise SpecbenchError("vanilla has nothing to tune: name a speculative method, e.g. --method eagle2")
+    run_cfg = replace(cfg.run, methods=["vanilla", cfg.method])
+    space(cfg.method, cfg.grid)  # a bad grid fails before anything loads
+    if cfg.eval_task in run_cfg.tasks:
+        raise SpecbenchError(f"calibrate on another task than the evaluation task '{cfg.eval_task}' (--tasks), "
+                             "or the choice is checked on the questions it was fitted to")  # fmt: skip
+    session = Session.open(run_cfg)
+    device, dtype = session.device, str(session.dtype).removeprefix("torch.")
+    loaded = [tasks.load(t, run_cfg.data_dir, run_cfg.fields) for t in run_cfg.tasks]
+    questions = [q for t in loaded for q in tasks.limit_per_category(t.questions, run_cfg.limit)]
+    budget = run_cfg.max_new_tokens or max(t.max_new_tokens or 256 for t in loaded)  # as `specbench run`
+    tuner = Tuner(cfg, session, questions, budget)
+    scores, cut = tuner.search()
+    del session, tuner  # the verification run loads its own models
+    defaults = dict(methods.preset(cfg.method).params)
+    default = next(s for s in scores if s.params == defaults)
+    best = max(scores, key=lambda s: s.predicted)
+    winner = variant(cfg.method, best.params, defaults)
+    out = cfg.out or Path("results") / f"tune-{Path(run_cfg.model).name}-{cfg.method}"
+    out.mkdir(parents=True, exist_ok=True)
+    chosen, note = best, "predicted fastest (not verified)"
+    if cfg.verify:
+        key = zlib.crc32(json.dumps([winner, cfg.eval_task, run_cfg.limit, run_cfg.max_new_tokens]).encode())
+        measured = measure(cfg, list(dict.fromkeys([cfg.method, winner])), out / f"verify-{key:08x}")
+        default.measured, best.measured = measured[cfg.method], measured[winner]
+        chosen, note = best, "measured at least as fast as the default"
+        if best.measured.value < default.measured.value:
+            chosen, note = default, "the default measured faster than the predicted winner"
+    entry = {
+        "variant": variant(cfg.method, chosen.params, defaults),
+        "params": chosen.params,
+        "predicted": round(chosen.predicted, 4),
+        "measured": _speedup(chosen.measured),
+        "default": {"predicted": round(default.predicted, 4), "measured": _speedup(default.measured)},
+        "chosen": note,
+        "calibration": {
+            "tasks": run_cfg.tasks,
+            "questions": len(questions),
+            "max_new_tokens": budget,
+            "settings_scored": len(scores),
+            "cut_by_budget": cut,
+        },  # fmt: skip
+        "evaluation_task": cfg.eval_task if cfg.verify else None,
+        "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "specbench_revision": machine(device)["git_revision"],
+    }
+    path = cfg.tuned_file or tuned.default_path()
+    device_key = tuned.device_key(device)
+    tuned.save(path, device_key, Path(run_cfg.model).name, dtype, cfg.method, entry)
+    (out / "scores.json").write_text(json.dumps([_row(s, cfg.method, defaults) for s in scores], indent=1))
+    print(summary(cfg.method, scores, default, best, defaults))
+    print(f"\n{cfg.method}: kept {entry['variant']} ({note}); saved to {path} for {device_key}")
+    return entry
+
+
+def _speedup(s: metrics.Speedup | None) -> dict | None:
+    return None if s is None else {"value": round(s.value, 4), "low": round(s.low, 4), "high": round(s.high, 4)}
+
+
+def _row(s: Score, method: str, defaults: dict) -> dict:
+    return {"variant": variant(method, s.params, defaults), "tau": round(s.tau, 4), "rows": round(s.rows, 2),
+            "draft_ms": round(s.draft * 1e3, 3), "predicted": round(s.predicted, 4),
+            "measured": _speedup(s.measured)}  # fmt: skip
+
+
+def summary(method: str, scores: list[Score], default: Score, best: Score, defaults: dict) -> str:
+    """The five best predictions, the default and the winner, with what the verification measured."""
+    top = sorted(scores, key=lambda s: -s.predicted)[:5]
+    shown = top + [s for s in (default,) if s not in top]
+    rows = []
+    for s in shown:
+        tag = "winner" if s is best else "default" if s is default else ""
+        m = s.measured
+        measured = metrics.format_ratio(m.value, m.low, m.high) if m is not None else ""
+        rows.append([variant(method, s.params, defaults), tag, f"{s.tau:.2f}", f"{s.rows:.1f}", f"{s.draft * 1e3:.1f}",
+                     f"{s.predicted:.2f}x", measured])  # fmt: skip
+    return tabulate(rows, ["setting", "", "tau", "rows/step", "draft ms/step", "predicted", "measured"],
+                    tablefmt="github")  # fmt: skip

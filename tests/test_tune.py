@@ -1,0 +1,166 @@
+"""`specbench tune`: exact scoring of nested settings, the tuned-presets file, `run --tuned` and its errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specbench import acceptance, methods, registry, tuned
+from specbench.cached_lm import CachedLM
+from specbench.cli import main
+from specbench.decode import decode
+from specbench.methods.base import Proposal, Turn
+from specbench.models import load_causal_lm
+from specbench.step import verify
+from specbench.tree import Tree, chain
+from specbench.tune import Recorder, accepted, grid_values, variant
+
+from .conftest import random_llama
+from .test_cli import error_of
+
+
+def test_accepted_walks_the_path_the_continuation_follows():
+    #   root ─ 5 ─ 6 ─ 7        continuation 5 6 9 ...: 5 and 6 accepted, then the target's own 9
+    #        └ 8 ─ 9
+    tree = Tree([5, 6, 7, 8, 9], [-1, 0, 1, -1, 3])
+    assert accepted(tree, [5, 6, 9, 1]) == 3
+    assert accepted(tree, [8, 9, 4]) == 3
+    assert accepted(tree, [4, 5]) == 1  # no child matches: the target's token alone
+    assert accepted(tree, [5, 6, 7]) == 3  # the output ends there: nothing past it is appended
+    assert accepted(Tree([], []), [3]) == 1
+
+
+def test_accepted_equals_what_greedy_verification_appends():
+    """Brute force: random trees over a peaked random target, scored against its own greedy continuation, append
+    what one verification forward appends."""
+    model = random_llama(12, layers=1, seed=3, init=0.3)
+    prompt = [1, 4, 7, 2, 9]
+    vanilla = decode(CachedLM(model), methods.Proposer(), prompt, max_new_tokens=8, temperature=0, stop_ids=set())
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        n = int(torch.randint(1, 9, (), generator=gen))
+        parents = [-1] + [int(torch.randint(-1, i, (), generator=gen)) for i in range(1, n)]
+        tokens = torch.randint(0, 12, (n,), generator=gen).tolist()
+        for i, p in enumerate(parents):  # plant the greedy path along one branch now and then
+            depth_path = []
+            while p >= 0:
+                depth_path.append(p)
+                p = parents[p]
+            if torch.rand((), generator=gen) < 0.5 and len(depth_path) < len(vanilla.tokens):
+                tokens[i] = vanilla.tokens[len(depth_path)]
+        tree = Tree(tokens, parents)
+        target = CachedLM(model)
+        target.prefill(prompt)  # caches all but the last token: the root
+        step = verify(target, prompt[-1], Proposal(tree), acceptance.EXACT, 0.0, None)
+        assert accepted(tree, vanilla.tokens) == len(step.new)
+
+
+def test_a_shorter_chain_is_the_prefix_of_the_longer_one(tiny_models):
+    """sps and pld are nested in their length: the smaller setting proposes the longer one's first tokens."""
+    target_dir, draft_dir = tiny_models
+    model = load_causal_lm(target_dir, torch.device("cpu"), torch.float32)
+    res = methods.Resources("t", model, None, torch.device("cpu"), torch.float32, draft_path=draft_dir)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6]
+    for name, key in (("sps", "num_draft_tokens"), ("pld", "num_pred_tokens")):
+        nested = registry.IMPLEMENTATIONS[name].nested
+        assert nested.keys == (key,)
+        big = methods.build(name, res, {key: 6})
+        big.start(Turn(prompt, 0.0))
+        proposal = big.propose(prompt, 10)
+        for small_len in (1, 2, 3):
+            small = methods.build(name, res, {key: small_len})
+            small.start(Turn(prompt, 0.0))
+            expected = small.propose(prompt, 10).tree
+            assert nested.subtree(nested.snapshot(big, proposal), {key: small_len}) == expected
+
+
+def test_recorded_steps_score_the_run_own_accept_lengths(tiny_models):
+    """The run's own setting, scored from its records against its output, gives the loop's accept lengths."""
+    target_dir, draft_dir = tiny_models
+    model = load_causal_lm(target_dir, torch.device("cpu"), torch.float32)
+    res = methods.Resources("t", model, None, torch.device("cpu"), torch.float32, draft_path=draft_dir)
+    nested = registry.IMPLEMENTATIONS["sps"].nested
+    recorder = Recorder(methods.build("sps", res, {"num_draft_tokens": 5}), nested, torch.device("cpu"))
+    prompt = [3, 4, 5, 6, 7]
+    gen = decode(CachedLM(model), recorder, prompt, max_new_tokens=24, temperature=0, stop_ids=set())
+    full = prompt + gen.tokens
+    scored = [accepted(Proposal(nested.subtree(snap, {"num_draft_tokens": 5})).pruned(depth).tree, full[length:])
+              for length, depth, snap in recorder.records]  # fmt: skip
+    assert scored == gen.accept_lengths
+    assert len(recorder.propose_times) == len(gen.steps)
+
+
+def test_variant_names_only_what_differs():
+    assert variant("eagle2", {"top_k": 10, "depth": 4, "total_tokens": 24}, {"top_k": 10, "depth": 5,
+                   "total_tokens": 60}) == "eagle2[depth=4,total_tokens=24]"  # fmt: skip
+    assert variant("sps", {"num_draft_tokens": 4}, {"num_draft_tokens": 4}) == "sps"
+    assert methods.variant("eagle2[depth=4,total_tokens=24]") == ("eagle2", {"depth": 4, "total_tokens": 24})
+    assert grid_values(["depth=3,4", "sampled=true"]) == {"depth": [3, 4], "sampled": [True]}
+
+
+def test_tune_sps_end_to_end_then_run_with_the_tuned_variant(capsys, tiny_models, tmp_path):
+    target, draft = tiny_models
+    file = tmp_path / "tuned.yaml"
+    model = ["--model", str(target), "--draft", str(draft), "--limit", "1", "--max-new-tokens", "8"]
+    code = main(["tune", "--method", "sps", *model, "--grid", "num_draft_tokens=1,2", "--tuned-file", str(file),
+                 "--out", str(tmp_path / "tune")])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "3 settings" in err  # 1, 2 and the default 4, from one run of the longest
+    assert "predicted" in out and "measured" in out and "default" in out
+    key = tuned.device_key(torch.device("cpu"))
+    entry = tuned.lookup(file, key, Path(target).name, "float32")["sps"]
+    assert entry["measured"]["value"] >= entry["default"]["measured"]["value"]  # never slower than the default
+    assert entry["calibration"]["tasks"] == ["calibrate"] and entry["evaluation_task"] == "quick"
+    scores = json.loads((tmp_path / "tune" / "scores.json").read_text())
+    assert sorted(s["variant"] for s in scores) == ["sps", "sps[num_draft_tokens=1]", "sps[num_draft_tokens=2]"]
+
+    # a tuned variant that differs from the default runs beside it; the manifest and the report say so
+    tuned.save(file, key, Path(target).name, "float32", "sps", {**entry, "variant": "sps[num_draft_tokens=2]"})
+    run_dir = tmp_path / "run"
+    code = main(["run", *model, "--methods", "sps", "--tasks", "quick", "--tuned", str(file), "--out", str(run_dir),
+                 "--no-noise-floor"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["config"]["methods"] == ["vanilla", "sps", "sps[num_draft_tokens=2]"]
+    assert manifest["tuned"]["sps"]["variant"] == "sps[num_draft_tokens=2]"
+    report = (run_dir / "report" / "report.md").read_text()
+    assert "## Tuned vs default" in report and "sps[num_draft_tokens=2]" in report
+
+
+def test_tuned_file_from_another_device_is_refused(capsys, tiny_models, tmp_path):
+    target, draft = tiny_models
+    file = tmp_path / "tuned.yaml"
+    tuned.save(file, "NVIDIA H100 80GB HBM3", Path(target).name, "float16", "sps", {"variant": "sps"})
+    err = error_of(capsys, ["run", "--model", str(target), "--draft", str(draft), "--tuned", str(file),
+                            "--out", str(tmp_path / "run")])  # fmt: skip
+    assert "NVIDIA H100" in err and "not on this device" in err and "specbench tune" in err
+    err = error_of(capsys, ["run", "--model", str(target), "--tuned", str(tmp_path / "none.yaml"),
+                            "--out", str(tmp_path / "run")])  # fmt: skip
+    assert "no tuned presets" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--method", "suffix"], "nothing to tune"),
+        (["--method", "sps", "--grid", "gamma=1,2"], "'gamma' is not a parameter of method 'sps'"),
+        (["--method", "sps", "--tasks", "quick"], "another task than the evaluation task"),
+        (["--method", "sps", "--grid", "depth"], "--grid takes KEY=V1,V2"),
+    ],
+)
+def test_tune_mistakes_get_one_line(capsys, tiny_models, tmp_path, args, message):
+    target, draft = tiny_models
+    err = error_of(capsys, ["tune", *args, "--model", str(target), "--draft", str(draft), "--limit", "1",
+                            "--max-new-tokens", "4", "--tuned-file", str(tmp_path / "t.yaml")])  # fmt: skip
+    assert message in err
+
+
+def test_chain_prefix_helper_is_what_sps_registers():
+    nested = registry.IMPLEMENTATIONS["sps"].nested
+    assert nested.subtree(chain([4, 5, 6]), {"num_draft_tokens": 2}) == chain([4, 5])
+    assert nested.subtree(chain([4]), {"num_draft_tokens": 3}) == chain([4])
