@@ -14,13 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbench import acceptance
+from specbench import acceptance, methods
 from specbench.cached_lm import CachedLM, Forward
 from specbench.choices import MEDUSA_MC_SIM_7B_63
 from specbench.decode import decode
-from specbench.heads import eagle as eagle_heads
 from specbench.methods.base import Proposal, Proposer, Turn
-from specbench.methods.eagle import DynamicTree, Eagle
 from specbench.methods.ngram_pool import NgramPool
 from specbench.methods.pld import find_continuation
 from specbench.models import load_causal_lm
@@ -134,10 +132,14 @@ def test_tree_mask_and_positions(benchmark):
     benchmark(lambda: (attention_mask(TREE, PAST, torch.float32), position_ids(TREE, PAST)))
 
 
-def test_eagle2_drafting(benchmark, tiny):
-    """EAGLE-2's whole drafting of one step with the bundled head: 6 levels, top_k 10, 59 drafts kept."""
-    head = eagle_heads.load(str(TINY_DIR / "eagle"), tiny).eval()
-    proposer = Eagle(head, tiny.get_output_embeddings(), DynamicTree(60, 5, 10))
+@pytest.mark.parametrize("depth", [1, 5])
+def test_eagle2_drafting(benchmark, tiny, depth):
+    """EAGLE-2's drafting of one step with the bundled head, built as `specbench run` builds it: top_k 10, 60
+    tokens, depth 5 (its default: 6 levels, 59 drafts kept) or depth 1 (2 levels: the root's readout, then one
+    grown level fed and read out)."""
+    res = methods.Resources("tiny", tiny, None, torch.device("cpu"), torch.float32,
+                            head_paths={"eagle": TINY_DIR / "eagle"})  # fmt: skip
+    proposer = methods.build(f"eagle2[depth={depth}]", res)
     prompt = list(range(1, PAST + 2))
     features = CachedLM(tiny).prefill(prompt, layers=(-1,)).features
     proposer.start(Turn(prompt, 0.0, features=features))

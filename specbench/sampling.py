@@ -24,9 +24,23 @@ def draw_distinct(
 ) -> tuple[list[list[int]], list[torch.Tensor]]:
     """For each row of probs [F, V]: up to k distinct tokens drawn one after another without replacement (fewer
     when the row has fewer tokens with mass), and the law each was drawn from ([k', V]: the row without the
-    earlier draws, renormalised). The draws are the top k of log-probabilities plus Gumbel noise, which orders
-    them as successive sampling without replacement. Rejection sampling verifies such siblings exactly when
-    each is tested against its own law (recursive rejection sampling)."""
+    earlier draws, renormalised); `draw_distinct_padded` with each row cut to its real draws."""
+    order, laws, drawn = draw_distinct_padded(probs, k, generator)
+    support = drawn.tolist()
+    return [row[:n] for row, n in zip(order.tolist(), support, strict=True)], [
+        law[:n] for law, n in zip(laws, support, strict=True)
+    ]
+
+
+def draw_distinct_padded(
+    probs: torch.Tensor, k: int, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For each row of probs [F, V]: k' = min(k, V) tokens drawn one after another without replacement [F, k'],
+    the law each was drawn from [F, k', V] (the row without the earlier draws, renormalised), and how many of
+    the row's draws are real [F] (at most its tokens with mass; the draws past them mean nothing). The draws are
+    the top k of log-probabilities plus Gumbel noise, which orders them as successive sampling without
+    replacement. Rejection sampling verifies such siblings exactly when each is tested against its own law
+    (recursive rejection sampling)."""
     probs = probs.float()
     k = min(k, probs.shape[-1])
     noise = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_min(1e-20)
@@ -36,7 +50,4 @@ def draw_distinct(
     earlier = drawn.cumsum(dim=1) - drawn  # the tokens drawn before each draw
     rest = probs[:, None, :] * (1 - earlier)  # [F, k, V]
     laws = rest / rest.sum(dim=-1, keepdim=True).clamp_min(1e-30)
-    support = (probs > 0).sum(dim=-1).clamp(max=k).tolist()
-    return [row[:n] for row, n in zip(order.tolist(), support, strict=True)], [
-        law[:n] for law, n in zip(laws, support, strict=True)
-    ]
+    return order, laws, (probs > 0).sum(dim=-1).clamp(max=k)

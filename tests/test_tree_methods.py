@@ -177,9 +177,8 @@ class UnconditionedSiblings(Eagle):
     """The planted mistake: siblings drawn without replacement but verified against the draft's whole law."""
 
     def _children(self, logits):
-        q = torch.softmax(logits.float(), dim=-1)
-        return [(toks, logps, q[row].expand(len(toks), -1)) for row, (toks, logps, _) in
-                enumerate(super()._children(logits))]  # fmt: skip
+        children = super()._children(logits)
+        return children._replace(laws=torch.softmax(logits.float(), dim=-1)[:, None].expand_as(children.laws))
 
 
 SMALL_STATIC = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]  # two deep: a horizon of 3 verifies two drafted levels

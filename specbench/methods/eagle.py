@@ -13,18 +13,25 @@ Candidates are the draft's deterministic top-k, so at T > 0 they go to verificat
 (draft_probs None): accept x with probability p(x), else zero p(x) and try the next sibling. That is lossless.
 
 With `sampled` (T > 0 only), each grown node's children are instead drawn from the draft's distribution at
-the run's temperature without replacement (`sampling.draw_distinct`), and each is verified against the law it
-was drawn from (recursive rejection sampling: the shared exact rule with those rows as draft_probs), which
+the run's temperature without replacement (`sampling.draw_distinct_padded`), and each is verified against the
+law it was drawn from (recursive rejection sampling: the shared exact rule with those rows as draft_probs), which
 keeps far more acceptance when sampling. Exactness needs every node's place in the tree to be decided
 without looking at its own token: siblings are tested in draw order, a node's children may depend on its
 score, but EAGLE-2's final pick of the best-scoring nodes would bias the draws, so a sampled dynamic tree
 keeps the first `total_tokens - 1` candidates in the order they were drawn (level by level) instead.
+
+The candidates live in tensors on the head's device (`Draft`), a whole level at a time: no Python runs per node,
+and the host waits on the device only for a count that depends on the draft (how many children a static or
+sampled level admits, how many nodes of a static level grow) and once at the end, for the tree handed to the
+target. The last proposal's candidates stay on the proposer as `drafted`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
+from functools import partial
+from typing import NamedTuple
 
 import torch
 from transformers import DynamicCache
@@ -32,61 +39,93 @@ from transformers import DynamicCache
 from .. import choices
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head, feature_layers
-from ..registry import implementation
-from ..sampling import draw_distinct, probabilities
+from ..registry import Nested, implementation
+from ..sampling import draw_distinct_padded, probabilities
 from ..tree import Tree, additive_mask
 from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
 from .resources import Resources
 
 
 @dataclass
-class Candidates:
-    """Drafted tokens in creation order (parents first); parent -1 is the root."""
+class Draft:
+    """Drafted candidates in creation order: level by level, within a level by parent then by rank, so parents
+    come first and the nodes of depth <= d are a prefix. Tensors on the head's device, first dimension [n]."""
 
-    tokens: list[int] = field(default_factory=list)
-    parents: list[int] = field(default_factory=list)
-    scores: list[float] = field(default_factory=list)  # cumulative draft log-probability
-    ranks: list[tuple[int, ...]] = field(default_factory=list)  # rank of each node on the path from the root
-    laws: list[torch.Tensor] = field(default_factory=list)  # when sampled: the law each token was drawn from [V]
+    tokens: torch.Tensor  # target ids (long)
+    parents: torch.Tensor  # the parent's index (long); -1 is the root
+    scores: torch.Tensor  # cumulative draft log-probability (float64: float32 steps summed in float64)
+    depths: torch.Tensor  # long; children of the root have depth 1
+    slots: torch.Tensor | None = None  # StaticTree: each node's template slot (long)
+    laws: torch.Tensor | None = None  # sampled: the law each token was drawn from [n, V]
 
-    def path(self, parent: int, rank: int) -> tuple[int, ...]:
-        """The ranks from the root to the `rank`-th child of `parent`."""
-        return (*(self.ranks[parent] if parent >= 0 else ()), rank)
+    @staticmethod
+    def empty(device: torch.device) -> Draft:
+        none = torch.empty(0, dtype=torch.long, device=device)
+        return Draft(none, none, torch.empty(0, dtype=torch.float64, device=device), none)
 
-    def add(self, token: int, parent: int, logp: float, rank: int) -> int:
-        self.tokens.append(token)
-        self.parents.append(parent)
-        self.scores.append((self.scores[parent] if parent >= 0 else 0.0) + logp)
-        self.ranks.append(self.path(parent, rank))
-        return len(self.tokens) - 1
+    def __len__(self) -> int:
+        return len(self.tokens)
 
-    def ancestors(self, node: int) -> set[int]:
-        out = set()
-        while (node := self.parents[node]) >= 0:
-            out.add(node)
-        return out
+    def _map(self, op: Callable[[torch.Tensor], torch.Tensor]) -> Draft:
+        return Draft(*(None if (t := getattr(self, f.name)) is None else op(t) for f in fields(self)))
+
+    def upto(self, depth: int) -> Draft:
+        """The nodes of depth <= depth (a prefix)."""
+        n = int((self.depths <= depth).sum())
+        return self._map(lambda t: t[:n])
+
+    def then(self, level: Draft) -> Draft:
+        """This draft followed by the next level's nodes (whose parents index this draft)."""
+        if not len(self):
+            return level
+        return Draft(*(None if (t := getattr(self, f.name)) is None else torch.cat([t, getattr(level, f.name)])
+                       for f in fields(self)))  # fmt: skip
+
+    def tree(self, keep: torch.Tensor) -> Tree:
+        """The tree of the nodes `keep` (ascending, closed under parents), re-indexed: one host transfer."""
+        index = torch.full((len(self) + 1,), -1, device=self.parents.device)  # old index + 1 -> new index
+        index[keep + 1] = torch.arange(len(keep), device=keep.device)
+        tokens, parents = torch.stack([self.tokens[keep], index[self.parents[keep] + 1]]).tolist()
+        return Tree(tokens, parents)
 
 
-def best(nodes: list[int], scores: list[float], k: int) -> list[int]:
-    """The k highest-scoring nodes, ties to the earlier one (a parent before its child), in ascending order."""
-    return sorted(sorted(nodes, key=lambda i: (-scores[i], i))[:k])
+def best(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions of the k highest scores [n], ties to the earlier one (a parent before its child), ascending."""
+    return torch.sort(scores, descending=True, stable=True).indices[:k].sort().values
 
 
 class StaticTree:
     def __init__(self, choices: list[list[int]]) -> None:
-        self.paths = {tuple(p) for p in choices}
-        self.branch = 1 + max(r for p in self.paths for r in p)
-        self.max_depth = max(len(p) for p in self.paths)
-        self.inner = {p[:-1] for p in self.paths}
+        paths = sorted({tuple(p) for p in choices}, key=lambda p: (len(p), p))  # parents first
+        self.branch = 1 + max(r for p in paths for r in p)
+        self.max_depth = max(len(p) for p in paths)
+        slot = {(): -1}  # path of ranks -> template slot; -1 is the root
+        self.child = torch.full((len(paths) + 1, self.branch), -1)  # [parent slot + 1, rank] -> slot, -1: none
+        for p in paths:
+            if p and min(p) >= 0 and p[:-1] in slot:  # a path whose parent is not in the tree is never reached
+                slot[p] = len(slot) - 1
+                self.child[slot[p[:-1]] + 1, p[-1]] = slot[p]
+        self.inner = (self.child[1:] >= 0).any(dim=1)  # [slots]: the slot has children in the tree
 
-    def admits(self, ranks: tuple[int, ...]) -> bool:
-        return ranks in self.paths
+    def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.child.device != device:  # moved once, with the first draft
+            self.child, self.inner = self.child.to(device), self.inner.to(device)
+        return self.child, self.inner
 
-    def grow(self, level: list[int], found: Candidates) -> list[int]:
-        return [i for i in level if found.ranks[i] in self.inner]
+    def admits(self, frontier: torch.Tensor, draft: Draft, k: int) -> torch.Tensor | None:
+        """The template slots [F, k] of the top-k children of the growing nodes [F] (-1: the root), -1 where
+        the tree has no such child."""
+        child, _ = self._on(frontier.device)
+        slots = torch.full_like(frontier, -1) if draft.slots is None else draft.slots[frontier]  # depth 1: root
+        return child[slots + 1, :k]
 
-    def select(self, found: Candidates) -> list[int]:
-        return list(range(len(found.tokens)))
+    def grow(self, level: torch.Tensor, draft: Draft) -> torch.Tensor:
+        """The nodes of the level [n] that have children in the tree."""
+        _, inner = self._on(level.device)
+        return level[inner[draft.slots[level]]]
+
+    def select(self, draft: Draft) -> torch.Tensor:
+        return torch.arange(len(draft), device=draft.tokens.device)
 
 
 class DynamicTree:
@@ -97,20 +136,38 @@ class DynamicTree:
         self.branch = top_k
         self.max_depth = depth + 1  # EAGLE's `depth` counts the expansions after the first level
 
-    def admits(self, ranks: tuple[int, ...]) -> bool:
-        return True
+    def admits(self, frontier: torch.Tensor, draft: Draft, k: int) -> torch.Tensor | None:
+        return None  # every candidate is a node
 
-    def grow(self, level: list[int], found: Candidates) -> list[int]:
-        return best(level, found.scores, self.branch)
+    def grow(self, level: torch.Tensor, draft: Draft) -> torch.Tensor:
+        """The top_k best of the level [n] (node indices), ties to the earlier one, ascending."""
+        return level[best(draft.scores[level], self.branch)]
 
-    def select(self, found: Candidates) -> list[int]:
-        if found.laws:  # sampled: which nodes are verified must not depend on their own draws
-            return list(range(min(self.drafts, len(found.tokens))))
-        return best(list(range(len(found.tokens))), found.scores, self.drafts)
+    def select(self, draft: Draft) -> torch.Tensor:
+        """The nodes verified with the root (ascending): the best `total_tokens - 1` of the draft; a smaller
+        depth's tree with the same top_k is its select of `draft.upto(depth + 1)` (those levels grow alike)."""
+        if draft.laws is not None:  # sampled: which nodes are verified must not depend on their own draws
+            return torch.arange(min(self.drafts, len(draft)), device=draft.tokens.device)
+        return best(draft.scores, self.drafts)
+
+
+class Children(NamedTuple):
+    """The candidate children of each growing node, in rank order."""
+
+    tokens: torch.Tensor  # [F, k] target ids
+    logps: torch.Tensor  # [F, k] float32 draft log-probabilities
+    valid: torch.Tensor | None  # [F, k] bool when sampled: the row had mass for that many draws; None: all
+    laws: torch.Tensor | None  # [F, k, V] when sampled: the law each was drawn from, over the target vocabulary
+
+
+def readout(linear: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+    """linear(hidden) [n, V] as (W @ hidden.T).T: on CPU, MKL computes the skinny product this way round in
+    less than half F.linear's time (the logits differ in the last bits)."""
+    logits = (linear.weight @ hidden.T).T
+    return logits if linear.bias is None else logits + linear.bias
 
 
 class Eagle(Proposer):
-
     def __init__(
         self,
         head: EagleHead | Eagle3Head,
@@ -130,6 +187,7 @@ class Eagle(Proposer):
         self.target_vocab = target_vocab
         self.sampled = sampled
         self.device = head.fc.weight.device
+        self.drafted = Draft.empty(self.device)  # the last proposal's candidates, kept or not
 
     def start(self, turn: Turn) -> None:
         super().start(turn)
@@ -161,83 +219,116 @@ class Eagle(Proposer):
     @torch.inference_mode()
     def propose(self, tokens: list[int], max_depth: int) -> Proposal:
         depths = min(self.expansion.max_depth, max_depth)
+        self.drafted = draft = Draft.empty(self.device)
         if self.root is None or depths < 1:
             return NO_PROPOSAL
-        past = self.cache.get_seq_length()
-        found = Candidates()
-        hidden = {-1: self.root}  # node -> the head's output at its position
-        frontier, fed = [-1], []
+        position = self.cache.get_seq_length()  # the root's
+        frontier = torch.full((1,), -1, device=self.device)  # the growing nodes [F]; -1 is the root
+        reached = torch.zeros(1, dtype=torch.float64, device=self.device)  # [F]: their scores
+        hidden = self.root[None]  # [F, H]: the head's outputs at their positions
+        seen = torch.zeros(1, 0, dtype=torch.bool, device=self.device)  # [F, fed]: their fed ancestors-or-self
+        laws = []  # per level [n, V] when sampled
         for depth in range(1, depths + 1):
-            logits = self.lm_head(torch.stack([hidden[f] for f in frontier]))  # [F, V']
-            level = []
-            for parent, (toks, logps, laws) in zip(frontier, self._children(logits), strict=True):
-                for rank, (logp, token) in enumerate(zip(logps, toks, strict=True)):
-                    if self.expansion.admits(found.path(parent, rank)):
-                        level.append(found.add(token, parent, logp, rank))
-                        if laws is not None:
-                            found.laws.append(laws[rank])
-            frontier = self.expansion.grow(level, found) if depth < depths else []
-            if not frontier:
+            children = self._children(self.lm_head(hidden))  # [F, k] each
+            k = children.tokens.shape[1]
+            slots = self.expansion.admits(frontier, draft, k)  # [F, k] or None
+            admitted = children.valid  # [F, k] or None (all): which candidates become nodes
+            if slots is not None:
+                admitted = slots >= 0 if admitted is None else admitted & (slots >= 0)
+            if admitted is None:
+                picked = torch.arange(len(frontier) * k, device=self.device)  # [n]: the level's nodes of F * k
+            else:
+                picked = admitted.flatten().nonzero().squeeze(1)
+            rows = picked // k  # each node's parent's row in the frontier
+            level = Draft(
+                children.tokens.flatten()[picked],
+                frontier[rows],
+                reached[rows] + children.logps.flatten()[picked].double(),
+                torch.full(rows.shape, depth, device=self.device),
+                None if slots is None else slots.flatten()[picked],
+            )
+            if children.laws is not None:
+                laws.append(children.laws.flatten(0, 1)[picked])
+            start, draft = len(draft), draft.then(level)
+            if depth == depths:
                 break
-            hidden.update(zip(frontier, self._feed(frontier, found, hidden, fed, past + depth - 1), strict=True))
-            fed += frontier
-        if fed:  # tree keys are discarded, the committed prefix stays (transformers 5 crops by minus the count)
-            self.cache.crop(-len(fed))
-        keep = self.expansion.select(found)
-        tree = Tree(found.tokens, found.parents).subtree(keep)
-        return Proposal(tree, torch.stack([found.laws[i] for i in keep]) if found.laws else None)
+            grown = self.expansion.grow(torch.arange(start, len(draft), device=self.device), draft)  # [F']
+            if not len(grown):
+                break
+            above = rows[grown - start]  # each grown node's parent's row in the frontier
+            seen = torch.cat([seen[above], torch.eye(len(grown), dtype=torch.bool, device=self.device)], dim=1)
+            hidden = self._feed(hidden[above], draft.tokens[grown], seen, position + depth - 1)
+            frontier, reached = grown, draft.scores[grown]
+        if fed := seen.shape[1]:  # tree keys are discarded, the committed prefix stays
+            self.cache.crop(-fed)  # (transformers 5 crops by minus the count)
+        if laws:
+            draft.laws = torch.cat(laws)
+        self.drafted = draft
+        keep = self.expansion.select(draft)
+        return Proposal(draft.tree(keep), None if draft.laws is None else draft.laws[keep])
 
-    def _children(self, logits: torch.Tensor) -> list[tuple[list[int], list[float], torch.Tensor | None]]:
-        """Per parent row of logits [F, V']: its candidate children as target ids, their draft log-probabilities
-        and, when sampling, the law each was drawn from over the target vocabulary ([k, V])."""
+    def _children(self, logits: torch.Tensor) -> Children:
+        """The candidate children of each growing node from its row of logits [F, V']: the draft's top k, or
+        when sampling k draws without replacement and their laws."""
         k = min(self.expansion.branch, logits.shape[-1])
         if not self.sampling:
             top = torch.log_softmax(logits.float(), dim=-1).topk(k)
-            ids = top.indices if self.target_ids is None else self.target_ids(top.indices)  # [F, k]
-            return [(row, logps, None) for row, logps in zip(ids.tolist(), top.values.tolist(), strict=True)]
+            ids = top.indices if self.target_ids is None else self.target_ids(top.indices)
+            return Children(ids, top.values, None, None)
         draft_ids = torch.arange(logits.shape[-1], device=logits.device)
         to_target = draft_ids if self.target_ids is None else self.target_ids(draft_ids)  # [V']
         q = probabilities(logits, self.temperature)  # [F, V']
-        out = []
-        for row, drawn, laws in zip(q, *draw_distinct(q, k, self.generator), strict=True):
-            if self.target_ids is not None:  # laws move onto the target vocabulary
-                full = laws.new_zeros(len(drawn), self.target_vocab)
-                full[:, to_target] = laws
-                laws = full
-            out.append((to_target[drawn].tolist(), torch.log(row[drawn]).tolist(), laws))
-        return out
+        drawn, laws, real = draw_distinct_padded(q, k, self.generator)  # [F, k], [F, k, V'], [F] real draws
+        if self.target_ids is not None:  # laws move onto the target vocabulary
+            full = laws.new_zeros(*drawn.shape, self.target_vocab)
+            full[..., to_target] = laws
+            laws = full
+        valid = torch.arange(drawn.shape[1], device=drawn.device) < real[:, None]
+        return Children(to_target[drawn], torch.log(q.gather(1, drawn)), valid, laws)
 
-    def _feed(self, nodes: list[int], found: Candidates, hidden: dict, fed: list[int], position: int) -> torch.Tensor:
-        """One draft forward over a level's growing nodes; each sees the committed prefix, its fed ancestors
-        and itself. Returns the head's outputs [len(nodes), H]."""
-        past = self.cache.get_seq_length()
-        allowed = torch.zeros(len(nodes), past + len(nodes), dtype=torch.bool)
-        allowed[:, : past - len(fed)] = True
-        for row, node in enumerate(nodes):
-            above = found.ancestors(node)
-            allowed[row, past - len(fed) : past] = torch.tensor([j in above for j in fed], dtype=torch.bool)
-            allowed[row, past + row] = True
-        features = torch.stack([hidden[found.parents[n]] for n in nodes])[None]  # [1, n, H]: the parents' outputs
-        ids = torch.tensor([[found.tokens[n] for n in nodes]], device=self.device)
-        positions = torch.full((1, len(nodes)), position, device=self.device)
-        mask = additive_mask(allowed, self.head.fc.weight.dtype, self.device)
-        return self.head(features, ids, positions, mask, self.cache)[0]
+    def _feed(self, features: torch.Tensor, tokens: torch.Tensor, seen: torch.Tensor, position: int) -> torch.Tensor:
+        """One draft forward over a level's growing nodes [n] from their parents' outputs features [n, H]; each
+        row sees the committed prefix and what `seen` [n, fed + n] marks among the fed nodes and the level's own
+        rows (its ancestors and itself). Returns the head's outputs [n, H]."""
+        n = len(tokens)
+        committed = self.cache.get_seq_length() - (seen.shape[1] - n)
+        allowed = torch.cat([seen.new_ones(n, committed), seen], dim=1)  # [n, committed + fed + n]
+        dtype = self.head.fc.weight.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)  # additive: 0 where allowed
+        positions = torch.full((1, n), position, device=self.device)
+        return self.head(features[None], tokens[None], positions, mask[None, None], self.cache)[0]
+
+
+def _nested_tree(snapshot: tuple[Draft, int], params: dict) -> Tree:
+    """The tree DynamicTree(total_tokens, depth, top_k) proposes, from a deeper draft with the same top_k."""
+    draft, top_k = snapshot
+    part = draft.upto(params["depth"] + 1)
+    return part.tree(DynamicTree(params["total_tokens"], params["depth"], top_k).select(part))
+
+
+DYNAMIC = Nested(
+    ("total_tokens", "depth"),
+    snapshot=lambda proposer, proposal: (proposer.drafted, proposer.expansion.branch),
+    subtree=_nested_tree,
+)
 
 
 @implementation("eagle", color="#2ca02c")
 def build_eagle(params: dict, res: Resources) -> Proposer:
     sampled = params.pop("sampled", False)
     tree = StaticTree(choices.resolve(params.pop("tree", "eagle_mc_sim_7b_63")), **params)
-    return Eagle(res.head("eagle"), res.target_model.get_output_embeddings(), tree, sampled=sampled)
+    return Eagle(res.head("eagle"), partial(readout, res.target_model.get_output_embeddings()), tree, sampled=sampled)
 
 
-@implementation("eagle2", color="#d62728")
+@implementation("eagle2", color="#d62728", nested=DYNAMIC)
 def build_eagle2(params: dict, res: Resources) -> Proposer:
     sampled = params.pop("sampled", False)
-    return Eagle(res.head("eagle"), res.target_model.get_output_embeddings(), DynamicTree(**params), sampled=sampled)
+    lm_head = partial(readout, res.target_model.get_output_embeddings())
+    return Eagle(res.head("eagle"), lm_head, DynamicTree(**params), sampled=sampled)
 
 
-@implementation("eagle3", color="#9467bd")
+@implementation("eagle3", color="#9467bd", nested=DYNAMIC)
 def build_eagle3(params: dict, res: Resources) -> Proposer:
     sampled = params.pop("sampled", False)
     head = res.head("eagle3")

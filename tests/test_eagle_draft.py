@@ -1,0 +1,167 @@
+"""EAGLE's tensor drafting loop: a smaller dynamic tree is the select of a larger draft's first levels (what
+`specbench tune` relies on), and the per-level attention mask is exactly the fed ancestors of each node."""
+
+from functools import partial
+
+import pytest
+import torch
+
+from specbench.cached_lm import CachedLM
+from specbench.heads.eagle import build, config_from_target
+from specbench.methods.base import Turn
+from specbench.methods.eagle import DYNAMIC, Draft, DynamicTree, Eagle, StaticTree, readout
+
+from .conftest import random_llama
+
+PROMPTS = [[1, 5, 7, 9, 5, 7, 9, 11, 3], [1, 40, 41, 7], [7, 8]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_llama(64, seed=0, init=0.3)
+
+
+@pytest.fixture(scope="module")
+def head(model):
+    torch.manual_seed(2)
+    head = build(config_from_target(model.config))
+    head.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight)
+    return head.eval()
+
+
+def started(model, head, expansion, prompt, sampled=False, seed=None):
+    proposer = Eagle(head, partial(readout, model.get_output_embeddings()), expansion, sampled=sampled)
+    target = CachedLM(model)
+    target.reset()
+    features = target.run(prompt[:-1], layers=proposer.feature_layers).features
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    proposer.start(Turn(prompt, 1.0 if sampled else 0.0, generator, features))
+    return proposer
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_a_smaller_dynamic_tree_is_the_select_of_a_larger_drafts_first_levels(model, head, top_k):
+    """(T, d): fewer drafts than candidates, and more (T = 500: every candidate of d + 1 levels is verified)."""
+    for prompt in PROMPTS:
+        large = started(model, head, DynamicTree(60, 5, top_k), prompt)
+        large.propose(prompt, 20)
+        drafted = large.drafted
+        assert drafted.depths.tolist() == sorted(drafted.depths.tolist())  # level by level
+        assert len(drafted) == top_k + 5 * top_k * top_k
+        for total, depth in [(2, 0), (5, 1), (8, 2), (12, 3), (30, 4), (60, 5), (500, 1), (500, 3)]:
+            policy = DynamicTree(total, depth, top_k)
+            nested = drafted.tree(policy.select(drafted.upto(depth + 1)))
+            direct = started(model, head, DynamicTree(total, depth, top_k), prompt).propose(prompt, 20).tree
+            assert nested == direct, (prompt, total, depth)
+            registered = DYNAMIC.subtree(DYNAMIC.snapshot(large, None), {"total_tokens": total, "depth": depth})
+            assert registered == direct  # what eagle2 and eagle3 register for `specbench tune`
+
+
+def test_a_sampled_smaller_tree_is_the_prefix_of_the_same_draws(model, head):
+    """Sampled: the first levels consume the same random numbers, and the tree is the first T - 1 candidates."""
+    prompt = PROMPTS[0]
+    large = started(model, head, DynamicTree(60, 4, 3), prompt, sampled=True, seed=5)
+    large.propose(prompt, 20)
+    drafted = large.drafted
+    for total, depth in [(6, 1), (20, 2), (500, 2)]:
+        keep = DynamicTree(total, depth, 3).select(drafted.upto(depth + 1))
+        proposal = started(model, head, DynamicTree(total, depth, 3), prompt, sampled=True, seed=5).propose(prompt, 20)
+        assert drafted.tree(keep) == proposal.tree
+        assert torch.equal(drafted.laws[keep], proposal.draft_probs)
+
+
+class FeedRecorder:
+    """Records the tokens and the allowed keys (mask == 0) of every head forward."""
+
+    def __init__(self, head):
+        self.calls = []
+        self.handle = head.register_forward_pre_hook(self.record)
+
+    def record(self, module, args):
+        tokens, mask = args[1], args[3]
+        self.calls.append((tokens[0].tolist(), (mask[0, 0] == 0)))
+
+
+def brute_force_masks(proposer, committed: int) -> list[torch.Tensor]:
+    """Each feed's allowed keys from the drafted parents in plain Python: the committed prefix, the node's fed
+    ancestors and itself."""
+    drafted = proposer.drafted
+    parents, depths = drafted.parents.tolist(), drafted.depths.tolist()
+    fed, masks = [], []
+    for depth in range(1, max(depths)):  # every level but the last grows and is fed
+        level = torch.tensor([i for i, d in enumerate(depths) if d == depth])
+        nodes = proposer.expansion.grow(level, drafted).tolist()
+        rows = []
+        for row, node in enumerate(nodes):
+            above, j = set(), node
+            while (j := parents[j]) >= 0:
+                above.add(j)
+            rows.append([True] * committed + [j in above for j in fed] + [r == row for r in range(len(nodes))])
+        masks.append(torch.tensor(rows))
+        fed += nodes
+    return masks
+
+
+HAND = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]
+
+
+def test_the_feed_mask_is_the_fed_ancestors_by_hand(model, head):
+    """Level 1: nodes 0, 1, 2 ([0], [1], [2]); 0 and 1 grow. Level 2: 3 [0,0], 4 [0,1] under 0, 5 [1,0] under 1;
+    3 and 5 grow. Level 3: 6 under 3, 7 under 5, both grow; level 4: 8 under 6, 9 under 7."""
+    prompt = PROMPTS[0]
+    proposer = started(model, head, StaticTree(HAND), prompt)
+    committed = proposer.cache.get_seq_length()
+    recorder = FeedRecorder(head)
+    try:
+        tree = proposer.propose(prompt, 20).tree
+    finally:
+        recorder.handle.remove()
+    assert tree.parents == [-1, -1, -1, 0, 0, 1, 3, 5, 6, 7]
+    assert proposer.drafted.depths.tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 4, 4]
+    tails = [allowed[:, committed:].int().tolist() for _, allowed in recorder.calls]
+    assert tails == [
+        [[1, 0], [0, 1]],  # fed: 0, 1
+        [[1, 0, 1, 0], [0, 1, 0, 1]],  # fed: 3 (sees 0), 5 (sees 1)
+        [[1, 0, 1, 0, 1, 0], [0, 1, 0, 1, 0, 1]],  # fed: 6 (sees 0, 3), 7 (sees 1, 5)
+    ]
+    assert all(allowed[:, :committed].all() for _, allowed in recorder.calls)
+    tokens = proposer.drafted.tokens.tolist()
+    assert [t for t, _ in recorder.calls] == [tokens[0:2], [tokens[3], tokens[5]], tokens[6:8]]
+
+
+@pytest.mark.parametrize(
+    "expansion, sampled",
+    [(DynamicTree(40, 4, 3), False), (DynamicTree(60, 5, 10), False), (StaticTree(HAND), True)],
+    ids=["dynamic", "dynamic_wide", "static_sampled"],
+)
+def test_the_feed_mask_equals_a_brute_force_one(model, head, expansion, sampled):
+    for prompt in PROMPTS:
+        proposer = started(model, head, expansion, prompt, sampled=sampled, seed=3)
+        committed = proposer.cache.get_seq_length()
+        recorder = FeedRecorder(head)
+        try:
+            proposer.propose(prompt, 20)
+        finally:
+            recorder.handle.remove()
+        assert proposer.cache.get_seq_length() == committed  # the tree keys are cropped
+        expected = brute_force_masks(proposer, committed)
+        assert len(recorder.calls) == len(expected) > 1
+        for (_, allowed), want in zip(recorder.calls, expected, strict=True):
+            assert torch.equal(allowed, want)
+
+
+def test_ties_go_to_the_earlier_node():
+    """grow and select keep the k best, an equal score going to the earlier node (a parent before its child when
+    a draw has probability 1), returned ascending: the reference's sorted((-score, index))[:k]."""
+    generator = torch.Generator().manual_seed(0)
+    for n, k in [(12, 3), (40, 10), (7, 7), (5, 9)]:
+        for _ in range(20):
+            scores = -torch.randint(0, 4, (n,), generator=generator).double()  # many ties
+            draft = Draft(
+                torch.zeros(n, dtype=torch.long), torch.full((n,), -1), scores, torch.ones(n, dtype=torch.long)
+            )
+            expected = sorted(sorted(range(n), key=lambda i: (-scores[i].item(), i))[:k])
+            assert DynamicTree(k + 1, 3, k).select(draft).tolist() == expected
+            level = torch.arange(2, n)
+            expected = sorted(sorted(range(2, n), key=lambda i: (-scores[i].item(), i))[:k])
+            assert DynamicTree(50, 3, k).grow(level, draft).tolist() == expected
