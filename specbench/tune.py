@@ -10,8 +10,8 @@ whole grid, exactly, at the roots it visited.
 Prediction: a setting's step costs its verification, T(rows) (the profiled target forward) plus the run's
 measured overhead past it, and its drafting: the run's measured propose time scaled by the setting's own propose
 time at one state, plus the run's measured update cost. A question's predicted time is each turn's fixed cost
-(prefill, proposer start) plus tokens / tau steps; the predicted speedup is the geometric mean over questions of
-vanilla's measured time over that: the paired speedup, predicted.
+(prefill, proposer start) plus tokens / tau steps, with the question's own tau and rows; the predicted speedup
+is the geometric mean over questions of vanilla's measured time over that: the paired speedup, predicted.
 
 Verification: a `specbench run` of vanilla, the default and the winner on the evaluation task; the faster of
 default and winner is what the tuned-presets file keeps. Each setting's calibrated tau and step cost are also
@@ -76,11 +76,13 @@ class Score:
     extra: float = 0.0  # fixed seconds per turn beyond vanilla's (the proposer's start)
     predicted_eval: float | None = None  # the same statistics applied to the evaluation run's vanilla answers
     measured: metrics.Speedup | None = None
+    by_question: dict = field(default_factory=dict)  # calibration question -> (tau, step) on it alone
 
-    def predict(self, fixed: float, tokens: float, turns: int) -> float:
+    def predict(self, fixed: float, tokens: float, turns: int, question=None) -> float:
         """Seconds of a question whose vanilla answer spent `fixed` seconds outside its steps, for `tokens`
-        new tokens over `turns` turns."""
-        return fixed + turns * self.extra + tokens / self.tau * self.step
+        new tokens over `turns` turns; with the question's own tau and step cost when it is a calibration one."""
+        tau, step = self.by_question.get(question, (self.tau, self.step))
+        return fixed + turns * self.extra + tokens / tau * step
 
 
 def accepted(tree: Tree, continuation: list[int]) -> int:
@@ -175,12 +177,17 @@ def space(method: str, grid: dict[str, list]) -> tuple[list[dict], list[dict]]:
     return runs, settings
 
 
-def geometric_mean(vanilla: Turns, score: Score) -> float:
-    """The predicted paired speedup: over questions, vanilla's measured seconds / the setting's predicted ones."""
+def geometric_mean(vanilla: Turns, score: Score, calibration: bool = False) -> float:
+    """The predicted paired speedup: the geometric mean over vanilla's questions of its measured seconds / the
+    setting's predicted ones. The geometric mean weighs the questions a setting does badly on, as the measured
+    one will: on the calibration questions each gets its own tau and step cost; on other questions (the
+    evaluation's) each is predicted with every calibration question's tau and step cost in turn."""
     wall, fixed = vanilla.per_question(vanilla.wall), vanilla.per_question(vanilla.fixed)
     tokens, turns = vanilla.per_question(vanilla.tokens), vanilla.per_question([1] * len(vanilla.tokens))
-    ratios = [wall[q] / score.predict(fixed[q], tokens[q], int(turns[q])) for q in wall]
-    return math.exp(np.mean(np.log(ratios)))
+    spread = [None] if calibration else list(score.by_question) or [None]
+    logs = [math.log(wall[q] / score.predict(fixed[q], tokens[q], int(turns[q]), q if calibration else c))
+            for q in wall for c in spread]  # fmt: skip
+    return math.exp(np.mean(logs))
 
 
 class Tuner:
@@ -236,13 +243,14 @@ class Tuner:
         proposer = Recorder(methods.build(self.cfg.method, self.session.resources, run_params), self.nested,
                             self.session.device)  # fmt: skip
         name = variant(self.cfg.method, run_params, self.defaults)
-        turns, steps = Turns(), []
+        turns, steps, asked = Turns(), [], []  # asked: each step's question
         accepts: dict[int, list[int]] = {i: [] for i in range(len(settings))}
         rows: dict[int, list[int]] = {i: [] for i in range(len(settings))}
         for gen, prompt in self._answer(name, proposer, turns):
             full = prompt + gen.tokens
             records = proposer.records[len(steps) : len(steps) + len(gen.steps)]
             steps += gen.steps
+            asked += [turns.questions[-1]] * len(gen.steps)
             for (length, depth, snapshot), step in zip(records, gen.steps, strict=True):
                 for i, setting in enumerate(settings):
                     if self.nested is None:
@@ -262,10 +270,14 @@ class Tuner:
             draft = propose + update
             if own is not None and setting != top:
                 draft = propose * self.propose_seconds(params, state) / own + update
-            step = float(np.mean([forward_time(profile, n) for n in rows[i]])) + overhead + draft
-            score = Score(params, float(np.mean(accepts[i])), float(np.mean(rows[i])), draft, 0.0, step,
-                          float(np.mean(turns.fixed) - np.mean(vanilla.fixed)))  # fmt: skip
-            score.predicted = geometric_mean(vanilla, score)
+            verify = np.array([forward_time(profile, n) for n in rows[i]]) + overhead  # [steps]
+            extra = float(np.mean(turns.fixed) - np.mean(vanilla.fixed))
+            score = Score(params, float(np.mean(accepts[i])), float(np.mean(rows[i])), draft, 0.0,
+                          float(verify.mean()) + draft, extra)  # fmt: skip
+            for q in set(asked):
+                mine = np.array(asked) == q
+                score.by_question[q] = (float(np.mean(np.array(accepts[i])[mine])), float(verify[mine].mean()) + draft)
+            score.predicted = geometric_mean(vanilla, score, calibration=True)
             scores.append(score)
         return scores
 
