@@ -75,6 +75,7 @@ class Score:
     step: float = 0.0  # predicted seconds per step: verification and drafting
     extra: float = 0.0  # fixed seconds per turn beyond vanilla's (the proposer's start)
     predicted_eval: float | None = None  # the same statistics applied to the evaluation run's vanilla answers
+    predicted_at_tau: float | None = None  # ... with the tau it measured there per question: the cost model alone
     measured: metrics.Speedup | None = None
     by_question: dict = field(default_factory=dict)  # calibration question -> (tau, step) on it alone
 
@@ -325,9 +326,9 @@ def grid_values(pairs: list[str]) -> dict[str, list]:
     return out
 
 
-def measure(cfg: TuneConfig, names: list[str], out: Path) -> tuple[dict[str, metrics.Speedup], Turns]:
-    """Paired speedups over vanilla of `names` on the evaluation task (a `specbench run` into `out`), and
-    vanilla's turns there."""
+def measure(cfg: TuneConfig, names: list[str], out: Path) -> tuple[dict[str, metrics.Speedup], Turns, dict]:
+    """Paired speedups over vanilla of `names` on the evaluation task (a `specbench run` into `out`), vanilla's
+    turns there, and each name's tau per question."""
     run_cfg = replace(cfg.run, methods=["vanilla", *names], tasks=[cfg.eval_task], out=str(out), noise_floor=False,
                       tuned=None)  # fmt: skip
     run_dir = runner.run(run_cfg)
@@ -335,13 +336,15 @@ def measure(cfg: TuneConfig, names: list[str], out: Path) -> tuple[dict[str, met
     turns = turns[turns.temperature == 0]
     base = turns[turns.method == "vanilla"]
     speedups = {name: metrics.paired_speedup(turns[turns.method == name], base) for name in names}
+    sums = turns.groupby(["method", "question_id"])[["new_tokens", "steps"]].sum()
+    taus = {name: (sums.loc[name].new_tokens / sums.loc[name].steps).to_dict() for name in names}
     vanilla = Turns()  # an answer's draft and verify times sit on its first turn: sums per question are right
     for row in base.itertuples():
         vanilla.questions.append(row.question_id)
         vanilla.tokens.append(int(row.new_tokens))
         vanilla.wall.append(float(row.wall_time))
         vanilla.fixed.append(float(row.wall_time - row.draft_time - row.verify_time))
-    return speedups, vanilla
+    return speedups, vanilla, taus
 
 
 def tune(cfg: TuneConfig) -> dict:
@@ -370,10 +373,14 @@ def tune(cfg: TuneConfig) -> dict:
     chosen, note = best, "predicted fastest (not verified)"
     if cfg.verify:
         key = zlib.crc32(json.dumps([winner, cfg.eval_task, run_cfg.limit, run_cfg.max_new_tokens]).encode())
-        measured, vanilla = measure(cfg, list(dict.fromkeys([cfg.method, winner])), out / f"verify-{key:08x}")
-        default.measured, best.measured = measured[cfg.method], measured[winner]
+        names = list(dict.fromkeys([cfg.method, winner]))
+        measured, vanilla, taus = measure(cfg, names, out / f"verify-{key:08x}")
         for s in scores:
             s.predicted_eval = geometric_mean(vanilla, s)
+        for name, s in zip(names, (default, best), strict=False):
+            s.measured = measured[name]
+            at_tau = replace(s, by_question={q: (tau, s.step) for q, tau in taus[name].items()})
+            s.predicted_at_tau = geometric_mean(vanilla, at_tau, calibration=True)
         chosen, note = best, "measured at least as fast as the default"
         if best.measured.value < default.measured.value:
             chosen, note = default, "the default measured faster than the predicted winner"
@@ -382,10 +389,12 @@ def tune(cfg: TuneConfig) -> dict:
         "params": chosen.params,
         "predicted": round(chosen.predicted, 4),
         "predicted_eval": _round(chosen.predicted_eval),
+        "predicted_at_measured_tau": _round(chosen.predicted_at_tau),
         "measured": _speedup(chosen.measured),
         "default": {
             "predicted": round(default.predicted, 4),
             "predicted_eval": _round(default.predicted_eval),
+            "predicted_at_measured_tau": _round(default.predicted_at_tau),
             "measured": _speedup(default.measured),
         },
         "chosen": note,
@@ -432,9 +441,9 @@ def summary(method: str, scores: list[Score], default: Score, best: Score, defau
         tag = "winner" if s is best else "default" if s is default else ""
         m = s.measured
         measured = metrics.format_ratio(m.value, m.low, m.high) if m is not None else ""
-        on_eval = f"{s.predicted_eval:.2f}x" if s.predicted_eval is not None else ""
+        on_eval, at_tau = (f"{x:.2f}x" if x is not None else "" for x in (s.predicted_eval, s.predicted_at_tau))
         rows.append([variant(method, s.params, defaults), tag, f"{s.tau:.2f}", f"{s.rows:.1f}", f"{s.draft * 1e3:.1f}",
-                     f"{s.predicted:.2f}x", on_eval, measured])  # fmt: skip
+                     f"{s.predicted:.2f}x", on_eval, at_tau, measured])  # fmt: skip
     header = ["setting", "", "tau", "rows/step", "draft ms/step", "predicted (calibration)", "predicted (evaluation)",
-              "measured (evaluation)"]  # fmt: skip
+              "predicted at its measured tau", "measured (evaluation)"]  # fmt: skip
     return tabulate(rows, header, tablefmt="github")

@@ -116,6 +116,7 @@ def test_tune_sps_end_to_end_then_run_with_the_tuned_variant(capsys, tiny_models
     assert entry["measured"]["value"] >= entry["default"]["measured"]["value"]  # never slower than the default
     assert entry["calibration"]["tasks"] == ["calibrate"] and entry["evaluation_task"] == "quick"
     assert entry["predicted_eval"] is not None and entry["default"]["predicted_eval"] is not None
+    assert entry["predicted_at_measured_tau"] is not None
     scores = json.loads((tmp_path / "tune" / "scores.json").read_text())
     assert sorted(s["variant"] for s in scores) == ["sps", "sps[num_draft_tokens=1]", "sps[num_draft_tokens=2]"]
 
