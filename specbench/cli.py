@@ -147,6 +147,12 @@ def parser() -> argparse.ArgumentParser:
         "--threads", type=int, help="torch CPU threads per worker (default: torch's own; with --workers: cores / N)"
     )
     run.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the target, draft and heads (dynamic shapes; minutes of compiling in the warm-up); "
+        "recorded in the manifest",
+    )
+    run.add_argument(
         "--tuned",
         nargs="?",
         const="",
@@ -397,6 +403,7 @@ def _run(args) -> None:
         ray_address=args.ray_address,
         threads=args.threads,
         tuned=_tuned_file(args.tuned),
+        compile=args.compile,
     )
     if args.dry_run:
         from . import plan

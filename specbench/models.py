@@ -168,6 +168,15 @@ def load_causal_lm(
     return model.to(device).eval()
 
 
+def compile_forward(module: torch.nn.Module) -> torch.nn.Module:
+    """`--compile`: the module's forward through torch.compile with dynamic shapes (one graph for every
+    sequence and tree length; the first calls compile, which a run's warm-up absorbs). For a causal LM, its
+    decoder stack: the lm_head stays eager, as the loop reads logits row by row."""
+    owner = module.get_decoder() if hasattr(module, "get_decoder") else module
+    owner.forward = torch.compile(owner.forward, dynamic=True)
+    return module
+
+
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 

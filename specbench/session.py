@@ -45,6 +45,7 @@ class RunConfig:
     ray_address: str | None = None  # an existing Ray cluster to join (None: start a local one)
     threads: int | None = None  # torch CPU threads per worker (None: torch's default alone, cores / workers on Ray)
     tuned: str | None = None  # a tuned-presets file (--tuned): each tuned method's chosen variant runs beside it
+    compile: bool = False  # torch.compile the target, draft and heads (--compile)
 
 
 def question_seed(base: int, question_id: int | str, temperature: float) -> int:
@@ -81,6 +82,8 @@ class Session:
         self.dtype = models.pick_dtype(cfg.dtype, self.device)
         self.tokenizer = models.load_tokenizer(paths["target"], cfg.trust_remote_code)
         self.model = models.load_causal_lm(paths["target"], self.device, self.dtype, "target", cfg.trust_remote_code)
+        if cfg.compile:
+            models.compile_forward(self.model)
         self.target = CachedLM(self.model)
         self.stop_ids = models.stop_ids(self.tokenizer, self.model)
         self.rules: dict[str, acceptance.Rule] = {}  # method -> its acceptance rule, read from its preset once
@@ -93,6 +96,7 @@ class Session:
             draft_path=paths.get("draft"),
             head_paths={role.removesuffix(" head"): p for role, p in paths.items() if role.endswith(" head")},
             trust_remote_code=cfg.trust_remote_code,
+            compile=cfg.compile,
         )
 
     @classmethod

@@ -11,7 +11,7 @@ import torch
 
 from ..errors import SpecbenchError
 from ..heads.checkpoint import trained_for_other_target
-from ..models import load_causal_lm
+from ..models import compile_forward, load_causal_lm
 from ..registry import HEADS, train_hint
 
 
@@ -25,6 +25,7 @@ class Resources:
     draft_path: Path | None = None  # local folder of the draft model
     head_paths: dict[str, Path] = field(default_factory=dict)  # head family -> local folder
     trust_remote_code: bool = False
+    compile: bool = False  # --compile: drafts and heads through torch.compile (models.compile_forward)
     _draft: torch.nn.Module | None = None
 
     def draft_model(self) -> torch.nn.Module:
@@ -35,6 +36,8 @@ class Resources:
             self._draft = load_causal_lm(
                 self.draft_path, self.device, self.dtype, "draft model", self.trust_remote_code
             )
+            if self.compile:
+                compile_forward(self._draft)
         return self._draft
 
     def head(self, family: str) -> torch.nn.Module:
@@ -54,4 +57,5 @@ class Resources:
                 f"re{train_hint(family, self.model_name, path)}",
                 file=sys.stderr,
             )
-        return HEADS[family].load(path, self.target_model).to(self.device, self.dtype)
+        head = HEADS[family].load(path, self.target_model).to(self.device, self.dtype)
+        return compile_forward(head) if self.compile else head
