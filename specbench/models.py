@@ -168,10 +168,14 @@ def load_causal_lm(
     return model.to(device).eval()
 
 
+RECOMPILE_LIMIT = 64  # graphs per function: one token, a chain, a tree with its mask, a prefill, ... (default 8)
+
+
 def compile_forward(module: torch.nn.Module) -> torch.nn.Module:
     """`--compile`: the module's forward through torch.compile with dynamic shapes (one graph for every
     sequence and tree length; the first calls compile, which a run's warm-up absorbs). For a causal LM, its
     decoder stack: the lm_head stays eager, as the loop reads logits row by row."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     owner = module.get_decoder() if hasattr(module, "get_decoder") else module
     owner.forward = torch.compile(owner.forward, dynamic=True)
     return module
