@@ -38,6 +38,7 @@ from tabulate import tabulate
 
 from . import frames, methods, metrics, registry, runner, tasks, tuned
 from .cells import forward_time
+from .chat import prompt_ids
 from .decode import clock
 from .errors import SpecbenchError
 from .machine import machine
@@ -307,8 +308,6 @@ class Tuner:
 
     def _state(self) -> list[int]:
         """A realistic committed sequence for the draft-cost timings: the first question's prompt and answer."""
-        from .chat import prompt_ids
-
         q = self.questions[0]
         ids = prompt_ids(self.session.tokenizer, [{"role": "user", "content": q.turns[0]}])
         gen = self.session.answer("vanilla", methods.build("vanilla", self.session.resources), q, self.budget, 0.0, 0)
