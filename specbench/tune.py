@@ -266,6 +266,8 @@ class Tuner:
         update = float(np.mean([s.draft_time for s in steps])) - propose
         overhead = float(np.mean([s.verify_time - forward_time(profile, s.tree_size) for s in steps]))
         own = self.propose_seconds(run_params, state) if len(settings) > 1 else None
+        asked = np.array(asked)
+        mine = {q: asked == q for q in set(asked.tolist())}  # question -> its steps
         scores = []
         for i, setting in enumerate(settings):
             params = {**run_params, **setting}
@@ -276,9 +278,9 @@ class Tuner:
             extra = float(np.mean(turns.fixed) - np.mean(vanilla.fixed))
             score = Score(params, float(np.mean(accepts[i])), float(np.mean(rows[i])), draft, 0.0,
                           float(verify.mean()) + draft, extra)  # fmt: skip
-            for q in set(asked):
-                mine = np.array(asked) == q
-                score.by_question[q] = (float(np.mean(np.array(accepts[i])[mine])), float(verify[mine].mean()) + draft)
+            accepted_i = np.array(accepts[i])
+            for q, rows_q in mine.items():
+                score.by_question[q] = (float(accepted_i[rows_q].mean()), float(verify[rows_q].mean()) + draft)
             score.predicted = geometric_mean(vanilla, score, calibration=True)
             scores.append(score)
         return scores
@@ -357,6 +359,7 @@ def tune(cfg: TuneConfig) -> dict:
                              "or the choice is checked on the questions it was fitted to")  # fmt: skip
     session = Session.open(run_cfg)
     device, dtype = session.device, str(session.dtype).removeprefix("torch.")
+    model = session.spec.name  # the name `run --tuned` looks the entry up by (plan.spec.name)
     loaded = [tasks.load(t, run_cfg.data_dir, run_cfg.fields) for t in run_cfg.tasks]
     questions = [q for t in loaded for q in tasks.limit_per_category(t.questions, run_cfg.limit)]
     budget = run_cfg.max_new_tokens or max(t.max_new_tokens or 256 for t in loaded)  # as `specbench run`
@@ -410,7 +413,7 @@ def tune(cfg: TuneConfig) -> dict:
     }
     path = cfg.tuned_file or tuned.default_path()
     device_key = tuned.device_key(device)
-    tuned.save(path, device_key, Path(run_cfg.model).name, dtype, cfg.method, entry)
+    tuned.save(path, device_key, model, dtype, cfg.method, entry)
     (out / "scores.json").write_text(json.dumps([_row(s, cfg.method, defaults) for s in scores], indent=1))
     print(summary(cfg.method, scores, default, best, defaults))
     print(f"\n{cfg.method}: kept {entry['variant']} ({note}); saved to {path} for {device_key}")
