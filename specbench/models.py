@@ -165,6 +165,10 @@ def load_causal_lm(
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         raise SpecbenchError(f"could not load {what} '{path}': {str(err).splitlines()[0]}") from err
+    if device.type == "cuda":
+        # cuDNN's attention builds a new execution plan for every key length it has not seen, several ms a
+        # layer at each decode step (measured on an H100, torch 2.11): keep SDPA on flash/memory-efficient.
+        torch.backends.cuda.enable_cudnn_sdp(False)
     return model.to(device).eval()
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from specbench import hub, models
 from specbench.cli import main
@@ -298,3 +299,11 @@ def test_training_commands_load_the_pinned_target(offline_cache):
     assert folder.name == COMMIT_7B and (folder / "config.json").is_file()
     with pytest.raises(hub.SpecbenchError, match="not in the local hub cache"):
         models.target_folder(models.resolve("llama3.1-8b"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_model_on_cuda_keeps_attention_off_cudnn(tiny_models):
+    """cuDNN attention re-plans for every new key length (6x slower decode steps on an H100): loading turns it off."""
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    models.load_causal_lm(tiny_models[0], torch.device("cuda"), torch.float16)
+    assert not torch.backends.cuda.cudnn_sdp_enabled()

@@ -104,7 +104,7 @@ def test_variant_names_only_what_differs():
 def test_tune_sps_end_to_end_then_run_with_the_tuned_variant(capsys, tiny_models, tmp_path):
     target, draft = tiny_models
     file = tmp_path / "tuned.yaml"
-    model = ["--model", str(target), "--draft", str(draft), "--limit", "1", "--max-new-tokens", "8"]
+    model = ["--model", str(target), "--draft", str(draft), "--limit", "1", "--max-new-tokens", "8", "--device", "cpu"]
     code = main(["tune", "--method", "sps", *model, "--grid", "num_draft_tokens=1,2", "--tuned-file", str(file),
                  "--out", str(tmp_path / "tune")])  # fmt: skip
     out, err = capsys.readouterr()
@@ -137,9 +137,9 @@ def test_tune_sps_end_to_end_then_run_with_the_tuned_variant(capsys, tiny_models
 def test_tuned_file_from_another_device_is_refused(capsys, tiny_models, tmp_path):
     target, draft = tiny_models
     file = tmp_path / "tuned.yaml"
-    tuned.save(file, "NVIDIA H100 80GB HBM3", Path(target).name, "float16", "sps", {"variant": "sps"})
+    tuned.save(file, "NVIDIA H100 80GB HBM3", Path(target).name, "float32", "sps", {"variant": "sps"})
     err = error_of(capsys, ["run", "--model", str(target), "--draft", str(draft), "--tuned", str(file),
-                            "--out", str(tmp_path / "run")])  # fmt: skip
+                            "--device", "cpu", "--out", str(tmp_path / "run")])  # fmt: skip
     assert "NVIDIA H100" in err and "not on this device" in err and "specbench tune" in err
     err = error_of(capsys, ["run", "--model", str(target), "--tuned", str(tmp_path / "none.yaml"),
                             "--out", str(tmp_path / "run")])  # fmt: skip
