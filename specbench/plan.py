@@ -98,7 +98,15 @@ def _task(name: str, cfg) -> TaskPlan:
 def make(cfg) -> Plan:
     """The plan of a RunConfig; lists checkpoints (hub metadata when reachable) but downloads nothing."""
     spec = models.resolve(cfg.model, cfg.revision)
-    names, skipped = choose_methods(cfg.methods, spec, cfg.draft, cfg.heads)
+    requested, engine_skipped = cfg.methods, {}
+    if cfg.engine == "vllm":  # first: a method vLLM cannot run is skipped, whatever it needs
+        from .engine_vllm import restrict
+
+        named, engine_skipped = restrict([r for r in requested if r not in ("all", "default")], {})
+        requested = [r for r in requested if r in ("all", "default") or r in named]
+    names, skipped = choose_methods(requested, spec, cfg.draft, cfg.heads)
+    if cfg.engine == "vllm":  # those `all` chose: before the checkpoints are listed, so none of theirs is fetched
+        names, skipped = restrict(names, {**engine_skipped, **skipped})
     task_plans = [_task(t, cfg) for t in cfg.tasks]
     checkpoints = {}
     for role, (source, layout) in sources(names, spec, cfg.draft, cfg.heads).items():

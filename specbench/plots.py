@@ -250,3 +250,23 @@ def all_plots(cells: list[Cell], out_dir: Path) -> list[tuple[str, list[Path]]]:
         suffix = f"-{cell.slug}" if len(cells) > 1 else ""
         out.append((cell.title, [p for name, plot in CELL_PLOTS for p in plot(cell, colors, out_dir, name + suffix)]))
     return [(heading, paths) for heading, paths in out if paths]
+
+
+def plot_concurrency(levels, colors: dict[str, str], out_dir: Path, stem: str, title: str) -> list[Path]:
+    """An engine run's sweeps (`concurrency.levels` of one task and temperature): throughput over vanilla's and τ
+    against the conversations in flight, one line per method."""
+    fig = Figure(figsize=(10.0, 4.0))
+    speed, tau = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for method, rows in levels.sort_values("concurrency").groupby("method"):
+        color = colors.get(method, "black")
+        if method != BASELINE:
+            speed.plot(rows.concurrency, rows.speedup, marker="o", color=color, label=method)
+        tau.plot(rows.concurrency, rows.tau, marker="o", color=color, label=method)
+    speed.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    for ax, label in ((speed, "throughput ÷ vanilla's (×)"), (tau, "τ (mean accepted length)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("conversations in flight")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Speedup and acceptance against concurrency\n{title}", fontsize=10)
+    return _save(fig, out_dir, stem)

@@ -25,6 +25,7 @@ class MethodPreset(Strict):
     acceptance: str | dict[str, Any] | None = None  # a rule name or {rule: NAME, param: value} (acceptance.rule)
     params: dict[str, Any] = {}  # keyword arguments of the implementation's build
     tune: dict[str, list[Any]] = {}  # param -> the values `specbench tune` tries (the default's value among them)
+    vllm: dict[str, Any] | str | None = None  # `run --engine vllm`: its speculative_config, or why vLLM cannot run it
 
 
 class HubDataset(Strict):

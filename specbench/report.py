@@ -9,11 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import metrics
-from .cells import BASELINE, OVERALL, Cell, collect_cells, from_spec_bench, source_line
-from .plots import all_plots
+from . import concurrency, crosscheck, metrics
+from .cells import BASELINE, OVERALL, Cell, collect_cells, file_stem, from_spec_bench, source_line
+from .plots import all_plots, method_colors, plot_concurrency
 from .sources import Source, load_sources
 from .tables import (
+    concurrency_md,
     detail_md,
     detail_tex,
     fmt_speedup,
@@ -58,6 +59,27 @@ SPEC_BENCH_NOTE = """\
   included. Spec-Bench's own `speed.py` re-tokenises the baseline's text instead (which needs the model's
   tokenizer), so its numbers can differ slightly. These files carry no draft/verify times, tree sizes, per-step
   draft depths or greedy checks, so those columns are `—` or "not checked"."""
+
+
+CONCURRENCY_NOTE = """\
+Each level answers the task's questions with that many conversations in flight (a conversation's turns one after
+another), each level in a fresh engine. tokens/s: all new tokens over the level's wall time; × vanilla: over
+vanilla's tokens/s at the same level in the same engine; TTFT: from a request's submission to its first token;
+ms per token: after the first, per request; τ as everywhere, from vLLM's per-step counts."""
+
+
+def _sweeps_md(sources: list[Source], out_dir: Path) -> list[str]:
+    """Each engine run's concurrency sweeps: a table and a figure per task and temperature."""
+    md = []
+    for source in [s for s in sources if s.concurrency is not None]:
+        levels = concurrency.levels(source.concurrency)
+        colors = method_colors(set(levels.method))
+        for (task, temperature), part in levels.groupby(["task", "temperature"]):
+            title = f"{source.label} · {task} · T={temperature:g}"
+            stem = file_stem("concurrency", source.name, task, f"t{temperature:g}")
+            figure = plot_concurrency(part, colors, out_dir, stem, title)[0]
+            md += [f"### {title}", "", concurrency_md(part), "", f"![{figure.stem}]({figure.name})", ""]
+    return md
 
 
 def _sources_md(sources: list[Source]) -> str:
@@ -143,6 +165,12 @@ def build_report(sources: list[Path], out_dir: Path, title: str | None = None, m
     if tuned := [(c, table) for c in cells if (table := tuned_md(c))]:
         md += ["## Tuned vs default (`specbench tune`, run with --tuned)", ""]
         md += [line for c, table in tuned for line in (f"### {c.title}", "", table, "")]
+    if sweeps := _sweeps_md(loaded, out_dir):
+        md += ["## Concurrency sweeps (engine mode)", "", CONCURRENCY_NOTE, "", *sweeps]
+    if pairs := crosscheck.pairs(cells):
+        md += ["## Cross-check: our loop / the engine, T=0", "", crosscheck.NOTES, ""]
+        for ours, engine in pairs:
+            md += [f"### {ours.title} / {engine.title}", "", crosscheck.table(ours, engine), ""]
     md += ["## Speedup, Spec-Bench definition (unpaired; for comparison with published leaderboards)", ""]
     for c in cells:
         if c.ranked():

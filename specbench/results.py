@@ -158,6 +158,8 @@ def read_answers(path: str | Path) -> list[Answer]:
         return read_file(path)
     if not path.is_dir():
         raise SpecbenchError(f"{path} is neither a run folder nor an answer file")
+    if (path / "manifest.json").is_file() and (path / "answers").is_dir():  # a run folder: other files are not answers
+        path = path / "answers"
     files = sorted(path.rglob("*.jsonl"))
     if not files:
         raise SpecbenchError(f"{path} holds no answer files (*.jsonl)")

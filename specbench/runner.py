@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from . import metrics, tasks
+from . import concurrency, metrics, tasks
 from . import plan as planning
 from .errors import SpecbenchError
 from .machine import warn_if_busy
@@ -24,7 +24,8 @@ from .worker import AA, Unit, Worker
 
 def default_out(cfg: RunConfig) -> Path:
     """The same command resumes into the same folder."""
-    key = json.dumps([cfg.model, sorted(cfg.tasks), cfg.limit, cfg.max_new_tokens, cfg.dtype, cfg.seed])
+    key = json.dumps([cfg.model, sorted(cfg.tasks), cfg.limit, cfg.max_new_tokens, cfg.dtype, cfg.seed]
+                     + ([cfg.engine] if cfg.engine != "specbench" else []))
     shard = f"-shard{cfg.shard[0]}of{cfg.shard[1]}" if cfg.shard else ""
     return (
         Path("results")
@@ -39,7 +40,7 @@ def _check_manifest(path: Path, manifest: dict) -> None:
         return
     old = json.loads(path.read_text())
     keys = {"model": None, "dtype": None, "device": None, "max_new_tokens": None, "seed": None, "limit": None,
-            "repeats": 1, "shard": None}  # key -> its value in manifests written before it was recorded
+            "repeats": 1, "shard": None, "engine": "specbench"}  # key -> its value in manifests written before it
     differ = [k for k, default in keys.items() if old["config"].get(k, default) != manifest["config"].get(k)]
     if old["machine"]["device_name"] != manifest["machine"]["device_name"]:
         differ.append("machine")
@@ -80,6 +81,16 @@ def _validate(cfg: RunConfig) -> None:
         raise SpecbenchError(f"--threads must be at least 1, got {cfg.threads}")
     if cfg.ray_address and not cfg.workers:
         raise SpecbenchError("--ray-address needs --workers N: how many workers to run on that cluster")
+    if cfg.engine not in ("specbench", "vllm"):
+        raise SpecbenchError(f"unknown --engine '{cfg.engine}': use specbench (our loop, the default) or vllm")
+    if cfg.concurrency and cfg.engine != "vllm":
+        raise SpecbenchError("--concurrency sweeps run in engine mode: add --engine vllm")
+    if cfg.concurrency and cfg.shard:
+        raise SpecbenchError("--concurrency needs all of a task's questions in one run: drop --shard")
+    if cfg.concurrency and min(cfg.concurrency) < 1:
+        raise SpecbenchError(f"--concurrency levels must be at least 1, got {min(cfg.concurrency)}")
+    if cfg.engine == "vllm" and (cfg.workers or cfg.repeats > 1):
+        raise SpecbenchError(f"--{'workers' if cfg.workers else 'repeats'} applies to our loop, not to --engine vllm")
 
 
 class LocalPool:
@@ -100,7 +111,7 @@ class LocalPool:
     def answers(self, units: list[Unit], bar: Progress) -> Iterator[tuple[int, list[Answer]]]:
         for unit in units:
             bar.set_description(f"{unit.task} T={unit.temperature:g} question {unit.question.id}")
-            yield 0, self.worker.answer(unit)
+            yield 0, self.worker.answer(unit), []
 
     def close(self) -> None:
         pass
@@ -116,6 +127,10 @@ def run(cfg: RunConfig) -> Path:
         from .scaleout import RayPool
 
         pool = RayPool(cfg, plan)
+    elif cfg.engine == "vllm":
+        from .engine_vllm import VllmPool
+
+        pool = VllmPool(cfg, plan, paths)
     else:
         pool = LocalPool(cfg, plan, paths)
     try:
@@ -140,6 +155,8 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
     }
     if cfg.workers:
         manifest["workers"] = [info["machine"] for info in infos]
+    if "engine" in infos[0]:
+        manifest["engine"] = infos[0]["engine"]
     if plan.tuned:
         manifest["tuned"] = plan.tuned
     for info in infos:
@@ -151,10 +168,14 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
 
     units = _units(run_dir, task_list, cfg, names)
     pool.check(units)
+    if cfg.concurrency:
+        pool.set_sweeps(_sweeps(run_dir, task_list, cfg, names))
     bar = Progress(sum(len(u.methods) for u in units), "answers", "answers", enabled=cfg.progress)
     done = [0] * len(infos)
     start, warned = time.perf_counter(), False
-    for worker, answers in pool.answers(units, bar):  # a unit's answers are written once all of them are done
+    for worker, answers, rows in pool.answers(units, bar):  # a unit's answers are written once all are done
+        if rows:
+            concurrency.append(run_dir / concurrency.FILE, rows)
         done[worker] += len(answers)
         cpus = infos[worker]["machine"]["cpu_count"] or 1
         busy = max((a.busy_cpus for a in answers if a.busy_cpus is not None), default=None)
@@ -172,24 +193,44 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
     return run_dir
 
 
+def _questions(task, cfg: RunConfig) -> list[tuple[int, tasks.Question]]:
+    """The task's questions this run answers, with their index (a shard takes every N-th from its I-th)."""
+    questions = tasks.limit_per_category(task.questions, cfg.limit)
+    first, step = (cfg.shard[0] - 1, cfg.shard[1]) if cfg.shard else (0, 1)
+    return [(i, q) for i, q in enumerate(questions) if i >= first and (i - first) % step == 0]
+
+
+def _budget(task, cfg: RunConfig) -> int:
+    return cfg.max_new_tokens or task.max_new_tokens or 256
+
+
+def _sweeps(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) -> list[concurrency.Sweep]:
+    """The concurrency sweeps (engine mode) not yet on disk: every level for every method, task and temperature."""
+    done = concurrency.done(run_dir / concurrency.FILE)
+    return [
+        concurrency.Sweep(task.name, temperature, name, level, _budget(task, cfg),
+                          [q for _, q in _questions(task, cfg)])
+        for task in task_list
+        for temperature in cfg.temperatures
+        for name in names
+        for level in cfg.concurrency
+        if (task.name, temperature, name, level) not in done
+    ]
+
+
 def _units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) -> list[Unit]:
     """Work in question order; each question's methods rotate by one place per question, so no method always
     runs first (or right after another) and slow drift of the machine spreads over all of them."""
     columns = [*names, AA] if cfg.noise_floor else names
     units = []
     for task in task_list:
-        questions = tasks.limit_per_category(task.questions, cfg.limit)
-        first, step = (cfg.shard[0] - 1, cfg.shard[1]) if cfg.shard else (0, 1)
-        mine = set(range(first, len(questions), step))  # this shard's questions
-        budget = cfg.max_new_tokens or task.max_new_tokens or 256
+        budget = _budget(task, cfg)
         for temperature in cfg.temperatures:
             done = {}
             for name in columns:
                 path = answer_path(run_dir, task.name, name, temperature)
                 done[name] = {a.question_id: a for a in read_file(path)} if path.exists() else {}
-            for i, question in enumerate(questions):
-                if i not in mine:
-                    continue
+            for i, question in _questions(task, cfg):
                 order = columns[i % len(columns) :] + columns[: i % len(columns)]  # as in the unsharded run
                 todo = [n for n in order if question.id not in done[n]]
                 if todo:

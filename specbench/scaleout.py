@@ -128,7 +128,7 @@ class RayPool:
                 bar.write(f"specbench: worker {i + 1} failed on question {unit.question.id} ({why}); retrying")
                 queue.appendleft((unit, failures + 1))
             else:
-                yield i, answers
+                yield i, answers, []
             idle.append(i)
 
     def _neighbours(self, i: int) -> float:

@@ -45,7 +45,9 @@ class RunConfig:
     ray_address: str | None = None  # an existing Ray cluster to join (None: start a local one)
     threads: int | None = None  # torch CPU threads per worker (None: torch's default alone, cores / workers on Ray)
     tuned: str | None = None  # a tuned-presets file (--tuned): each tuned method's chosen variant runs beside it
-    compile: bool = False  # torch.compile the target, draft and heads (--compile)
+    compile: bool = False  # torch.compile the target, draft and heads (--compile); vLLM's compilation in engine mode
+    engine: str = "specbench"  # "vllm": engine mode, the questions answered inside vLLM (engine_vllm)
+    concurrency: list[int] | None = None  # engine mode: conversations in flight, one sweep per level
 
 
 def question_seed(base: int, question_id: int | str, temperature: float) -> int:
@@ -85,7 +87,7 @@ class Session:
         if cfg.compile:
             models.compile_forward(self.model)
         self.target = CachedLM(self.model)
-        self.stop_ids = models.stop_ids(self.tokenizer, self.model)
+        self.stop_ids = models.stop_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.rules: dict[str, acceptance.Rule] = {}  # method -> its acceptance rule, read from its preset once
         self.resources = methods.Resources(
             self.spec.name,

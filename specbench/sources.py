@@ -7,6 +7,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
+from . import concurrency
 from .errors import SpecbenchError
 from .results import Answer, read_answers, read_file
 
@@ -20,14 +23,22 @@ class Source:
     answers: list[Answer]
     manifest: dict | None = None
     profile: dict[int, float] | None = None  # new tokens -> seconds of one target forward
+    concurrency: pd.DataFrame | None = None  # engine mode's sweep rows (concurrency.jsonl), when it ran any
 
     @property
     def device(self) -> str | None:
         return ((self.manifest or {}).get("machine") or {}).get("device_name")
 
     @property
+    def engine(self) -> str:
+        """"specbench" (our loop) or the engine it ran in, with its version ("vllm 0.32.0")."""
+        engine = (self.manifest or {}).get("engine")
+        return f"{engine['name']} {engine['version']}" if engine else "specbench"
+
+    @property
     def label(self) -> str:
-        return f"{self.name} ({self.device})" if self.device else self.name
+        where = ", ".join(x for x in (self.device, None if self.engine == "specbench" else self.engine) if x)
+        return f"{self.name} ({where})" if where else self.name
 
 
 def _read_json(path: Path) -> dict | None:
@@ -64,8 +75,10 @@ def load_sources(paths: list[Path], mixed_devices: bool = False, flag: str = "--
             name += "'"
         taken.add(name)
         profile = _read_json(root / "forward_profile.json")
+        sweeps = concurrency.read(root / concurrency.FILE)
         sources.append(Source(root, name, answers, _read_json(root / "manifest.json"),
-                              {int(k): float(v) for k, v in profile.items()} if profile else None))
+                              {int(k): float(v) for k, v in profile.items()} if profile else None,
+                              None if sweeps.empty else sweeps))  # fmt: skip
     if not mixed_devices:
         for source in sources:
             _check_devices(source, flag)
@@ -93,5 +106,5 @@ def _join_shards(sources: list[Source]) -> list[Source]:
             manifest = merged_manifest([g.path for g in group], [g.manifest for g in group])
             name = re.sub(r"-shard\d+of\d+$", "", s.name)
             answers = [a for g in group for a in g.answers]
-            out.append(Source(s.path, name, answers, manifest, s.profile))
+            out.append(Source(s.path, name, answers, manifest, s.profile))  # shards run no sweeps
     return out

@@ -153,3 +153,17 @@ def detail_tex(cell: Cell) -> str:
     header, rows = detail_rows(cell)
     return _tabular(f"{cell.title}: per-method detail", [_tex_header(h) for h in header],
                     [[_tex(c) for c in row] for row in rows])
+
+
+def concurrency_md(levels: pd.DataFrame) -> str:
+    """One task and temperature of an engine run's sweeps (`concurrency.levels`): a row per method and level."""
+    rows = [[r.method, str(r.concurrency), str(r.requests), f"{r.throughput:.1f}", fmt_ratio(r.speedup),
+             f"{r.tau:.2f}", _num(1000 * r.ttft, ".0f"), _num(1000 * r.tpot, ".1f"), f"{r.latency:.2f}"]
+            for r in levels.sort_values(["method", "concurrency"], key=_vanilla_first).itertuples()]  # fmt: skip
+    header = ["method", "in flight", "requests", "tokens/s", "× vanilla", "τ", "TTFT ms (median)",
+              "ms per token (mean)", "latency s (mean)"]  # fmt: skip
+    return md_table(header, rows)
+
+
+def _vanilla_first(column: pd.Series) -> pd.Series:
+    return column.map(lambda m: (m != BASELINE, m)) if column.name == "method" else column

@@ -112,7 +112,7 @@ def greedy(model, proposer, prompt=PROMPTS[0], n=30):
 def random_head(model, used: torch.Tensor | None = None, seed: int = 3, std: float = 0.1) -> eagle3.Eagle3Head:
     """A random head for `model`; `used`: the draft vocabulary (target ids, ascending), default the whole one."""
     vocab = model.get_output_embeddings().weight.shape[0]
-    raw = {k: v for k, v in eagle_heads.config_from_target(model.config).items() if k != "bias"}
+    raw = eagle_heads.config_from_target(model.config)
     head = eagle3.build({**raw, "draft_vocab_size": vocab if used is None else len(used)})
     torch.manual_seed(seed)
     with torch.no_grad():

@@ -67,7 +67,8 @@ def config_from_target(target_config) -> dict:
         config["rope_theta"] = rope.pop("rope_theta")
     if rope.get("rope_type", "default") != "default":
         config["rope_scaling"] = rope
-    config.update(num_hidden_layers=1, bias=True)
+    config["num_hidden_layers"] = 1  # no "bias" key: fc.bias present, as in the official Vicuna heads (vLLM reads
+    # a "bias": true as attention biases the head lacks, and then accepts nothing)
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **config}
 
 

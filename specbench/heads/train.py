@@ -236,7 +236,7 @@ def train_eagle3(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, c
     vocab = lm_head.weight.shape[0]
     layers = eagle3.feature_layers(model.config.get_text_config().num_hidden_layers)
     used = draft_vocabulary(train, vocab, min(cfg.draft_vocab, vocab))
-    raw = {k: v for k, v in config_from_target(model.config).items() if k != "bias"}  # fc has no bias
+    raw = config_from_target(model.config)
     raw["draft_vocab_size"] = len(used)
     head = eagle3.build(raw)
     with torch.no_grad():

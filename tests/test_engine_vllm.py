@@ -1,0 +1,191 @@
+"""Engine mode (`run --engine vllm`): the method -> speculative_config mapping, vLLM's per-step counts read as our
+steps, the concurrency numbers, and whole runs through a stand-in vLLM (tests/fake_vllm) and, where vLLM is
+installed, through vLLM itself."""
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from specbench import concurrency, engine_vllm
+from specbench.cli import main
+from specbench.errors import SpecbenchError
+
+from .test_cli import error_of
+
+FAKE = Path(__file__).parent / "fake_vllm"
+
+
+def test_presets_map_to_speculative_configs():
+    paths = {"target": Path("/t"), "draft": Path("/d"), "eagle3 head": Path("/e3")}
+    assert engine_vllm.speculative_config("vanilla", paths) is None
+    assert engine_vllm.speculative_config("sps", paths) == {"method": "draft_model", "model": "/d",
+                                                            "num_speculative_tokens": 4}  # fmt: skip
+    assert engine_vllm.speculative_config("sps[num_draft_tokens=2]", paths)["num_speculative_tokens"] == 2
+    assert engine_vllm.speculative_config("pld", paths) == {"method": "ngram", "num_speculative_tokens": 10,
+                                                            "prompt_lookup_max": 3, "prompt_lookup_min": 1}  # fmt: skip
+    assert engine_vllm.speculative_config("eagle3", paths)["model"] == "/e3"
+    assert engine_vllm.why_not("mtp").startswith("vLLM runs MTP only")
+    assert engine_vllm.why_not("sps") is None
+    names, skipped = engine_vllm.restrict(["vanilla", "sps", "lookahead", "medusa"], {"x": "why"})
+    assert names == ["vanilla", "sps"] and set(skipped) == {"x", "lookahead", "medusa"}
+    assert skipped["lookahead"] == "not in engine mode: vLLM has no Lookahead (Jacobi) decoding"
+
+
+def test_a_preset_mapping_naming_what_it_lacks_fails_in_one_line(tmp_path):
+    from specbench import registry
+
+    (tmp_path / "odd.yaml").write_text("implementation: sps\nneeds: draft\nparams: {num_draft_tokens: 2}\n"
+                                       "vllm: {method: draft_model, model: draft, num_speculative_tokens: $gamma}\n")
+    (tmp_path / "odd2.yaml").write_text("implementation: vanilla\nvllm: {method: eagle, model: eagle head}\n")
+    registry.add_methods(tmp_path)
+    with pytest.raises(SpecbenchError, match=r"vllm.num_speculative_tokens is \$gamma, not one of its params"):
+        engine_vllm.speculative_config("odd", {"draft": Path("/d")})
+    with pytest.raises(SpecbenchError, match="vllm.model is 'eagle head', which it does not need"):
+        engine_vllm.speculative_config("odd2", {"target": Path("/t")})
+    assert engine_vllm.why_not("odd") is None
+
+
+@pytest.mark.parametrize(
+    ("new", "accepted", "drafted", "lengths", "tested"),
+    [
+        (1, [], [], [1], [0]),  # the prefill's token alone
+        (9, [0, 1, 4], [4, 4, 4], [1, 1, 2, 5], [0, 4, 4, 4]),
+        (4, [4], [4], [1, 3], [0, 4]),  # the last step cut at the budget or a stop token
+        (2, [3, 1], [4, 4], [1, 1], [0, 4]),  # a step past the end is dropped
+        (5, [1], [2], [1, 2, 1, 1], [0, 2, 0, 0]),  # forwards without a draft, which vLLM does not list
+    ],
+)
+def test_vllm_step_counts_become_our_steps(new, accepted, drafted, lengths, tested):
+    assert engine_vllm.step_lengths(new, accepted, drafted) == (lengths, tested)
+
+
+def test_step_counts_always_add_up_to_the_answer():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(500):
+        steps = rng.randint(0, 6)
+        drafted = [rng.randint(0, 5) for _ in range(steps)]
+        accepted = [rng.randint(0, d) for d in drafted]
+        new = rng.randint(1, 1 + sum(a + 1 for a in accepted))
+        lengths, tested = engine_vllm.step_lengths(new, accepted, drafted)
+        assert sum(lengths) == new and len(tested) == len(lengths) and min(lengths) >= 1
+
+
+def test_concurrency_levels_by_hand():
+    rows = pd.DataFrame([
+        # vanilla at 2 in flight: 30 tokens in 3 s; sps: 30 tokens in 2 s over 12 steps
+        {"task": "t", "temperature": 0.0, "method": m, "concurrency": 2, "question_id": q, "turn": 0,
+         "prompt_tokens": 5, "new_tokens": 15, "steps": s, "ttft": f, "latency": 1.5, "level_wall": w}
+        for m, s, w in (("vanilla", 15, 3.0), ("sps", 6, 2.0)) for q, f in ((1, 0.1), (2, 0.3))
+    ])  # fmt: skip
+    out = concurrency.levels(rows).set_index("method")
+    assert out.loc["vanilla", "throughput"] == pytest.approx(10.0)
+    assert out.loc["sps", "throughput"] == pytest.approx(15.0)
+    assert out.loc["sps", "speedup"] == pytest.approx(1.5) and out.loc["vanilla", "speedup"] == pytest.approx(1.0)
+    assert out.loc["sps", "tau"] == pytest.approx(2.5)
+    assert out.loc["sps", "ttft"] == pytest.approx(0.2)  # the median
+    assert out.loc["sps", "tpot"] == pytest.approx(((1.5 - 0.1) / 14 + (1.5 - 0.3) / 14) / 2)
+
+
+def test_concurrency_file_survives_a_cut_line(tmp_path):
+    path = tmp_path / concurrency.FILE
+    row = {"task": "t", "temperature": 0.0, "method": "sps", "concurrency": 4}
+    concurrency.append(path, [row])
+    with path.open("a") as f:
+        f.write('{"task": "t", "temp')  # a killed run's half line
+    assert concurrency.done(path) == {("t", 0.0, "sps", 4)}
+
+
+def test_engine_mode_needs_its_flags_right(capsys, tiny_models, tmp_path, monkeypatch):
+    target, draft = tiny_models
+    run = ["run", "--model", str(target), "--draft", str(draft), "--out", str(tmp_path / "r"), "--no-report"]
+    assert "add --engine vllm" in error_of(capsys, [*run, "--concurrency", "2"])
+    assert "not to --engine vllm" in error_of(capsys, [*run, "--engine", "vllm", "--workers", "2"])
+    assert "drop --shard" in error_of(capsys, [*run, "--engine", "vllm", "--concurrency", "2", "--shard", "1/2"])
+    monkeypatch.setitem(sys.modules, "vllm", None)  # not installed
+    assert 'needs vLLM: pip install "specbench[vllm]"' in error_of(capsys, [*run, "--engine", "vllm"])
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch, tmp_path):
+    """The stand-in vLLM importable here and in the engine processes; the engines' arguments land in the log."""
+    monkeypatch.syspath_prepend(str(FAKE))
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    log = tmp_path / "engines.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
+    yield log
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        del sys.modules[name]
+
+
+def test_a_run_in_the_engine_writes_answers_sweeps_and_the_cross_check(capsys, tiny_models, tmp_path, fake_vllm):
+    target, draft = tiny_models
+    questions = tmp_path / "two.jsonl"
+    questions.write_text("".join(json.dumps({"id": i, "turns": [t, "And then?"]}) + "\n"
+                                 for i, t in enumerate(["Name a colour.", "Count to three."])))  # fmt: skip
+    common = ["run", "--model", str(target), "--draft", str(draft), "--tasks", str(questions),
+              "--max-new-tokens", "6", "--no-noise-floor", "--no-report", "--methods", "vanilla,sps"]  # fmt: skip
+    engine_run, loop_run = tmp_path / "engine", tmp_path / "loop"
+    assert main([*common, "--engine", "vllm", "--concurrency", "2", "--out", str(engine_run)]) == 0
+    assert main([*common, "--out", str(loop_run)]) == 0
+
+    engines = [json.loads(line) for line in fake_vllm.read_text().splitlines()]
+    assert len(engines) == 4  # vanilla and sps: the answers, then one sweep level each, every one a fresh engine
+    assert engines[2]["speculative_config"] == {"method": "draft_model", "model": str(draft),
+                                                "num_speculative_tokens": 4}  # fmt: skip
+    assert engines[0]["speculative_config"] is None and engines[0]["dtype"] == "float32"
+
+    manifest = json.loads((engine_run / "manifest.json").read_text())
+    assert manifest["engine"] == {"name": "vllm", "version": "0.0-fake"} and manifest["config"]["engine"] == "vllm"
+    answers = {a["specbench"]["method"]: a for a in map(json.loads, (engine_run / "answers" / "two" /
+                                                                   "sps-temperature-0.jsonl").open())}  # fmt: skip
+    sps = answers["sps"]
+    assert sps["specbench"]["greedy_check"]["match"] is True
+    # per turn: the prefill's token, then the 2 accepted drafts + 1 of each step, the last step cut at the end
+    expected = [n for t in sps["choices"][0]["new_tokens"] for n in engine_vllm.step_lengths(t, [2] * t, [4] * t)[0]]
+    assert sps["choices"][0]["accept_lengths"] == expected and expected[:2] == [1, 3]
+    ours = json.loads((loop_run / "answers" / "two" / "vanilla-temperature-0.jsonl").open().readline())
+    theirs = json.loads((engine_run / "answers" / "two" / "vanilla-temperature-0.jsonl").open().readline())
+    assert ours["specbench"]["output_ids"] == theirs["specbench"]["output_ids"]  # the same prompts, the same greedy
+
+    rows = concurrency.read(engine_run / concurrency.FILE)
+    assert sorted(set(rows.method)) == ["sps", "vanilla"] and set(rows.concurrency) == {2} and len(rows) == 8
+
+    assert main(["report", str(loop_run), str(engine_run), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "## Concurrency sweeps (engine mode)" in report and "![concurrency-engine-two-t0]" in report
+    assert "## Cross-check: our loop / the engine, T=0" in report
+    tau = sum(sps["choices"][0]["new_tokens"]) / sum(sps["choices"][0]["decoding_steps"])
+    row = next(line for line in report.splitlines() if line.startswith("| sps ") and "100% / 100%" in line)
+    assert f" / {tau:.2f} " in row  # τ in the engine: per turn the prefill's token, then 3 a step (the last cut)
+
+    capsys.readouterr()
+    assert main([*common[:-2], "--methods", "vanilla,mtp,sps", "--engine", "vllm", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped: mtp: not in engine mode: vLLM runs MTP only" in out and "methods: vanilla, sps" in out
+
+
+@pytest.mark.slow
+def test_the_bundled_family_in_vllm(tmp_path, monkeypatch):
+    """vLLM itself (skipped where it is not installed): greedy answers equal vanilla's, and the bundled EAGLE head's
+    drafts are accepted (its config once said "bias": true, which vLLM read as attention biases it lacks)."""
+    vllm = pytest.importorskip("vllm")
+    if vllm.__version__.endswith("fake"):
+        pytest.skip("the stand-in vLLM is loaded")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    out = tmp_path / "run"
+    code = main(["run", "--engine", "vllm", "--methods", "vanilla,sps,eagle", "--limit", "1", "--max-new-tokens",
+                 "24", "--no-noise-floor", "--no-report", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    from specbench.results import read_answers
+
+    answers = [a for a in read_answers(out) if a.method != "vanilla"]
+    assert all(a.greedy_check["match"] for a in answers)
+    eagle = [a for a in answers if a.method == "eagle"]
+    assert sum(sum(a.new_tokens) for a in eagle) > 1.3 * sum(sum(a.decoding_steps) for a in eagle)
