@@ -181,6 +181,9 @@ def compare(baseline: Path, new: Path, limits: Limits = Limits(), allow_differen
     """Match the cells of two runs and judge every shared (model, task, temperature, method, category)."""
     base_src, new_src = (load_sources([p], allow_different_machines, "--allow-different-machines")[0]
                          for p in (baseline, new))
+    if base_src.engine.split()[0] != new_src.engine.split()[0]:
+        raise SpecbenchError(f"the baseline ran in {base_src.engine} and the new run in {new_src.engine}: compare runs "
+                             "of one engine (`specbench report` sets the two side by side)")
     differ = machine_differences(base_src, new_src)
     if differ and not allow_different_machines:
         raise SpecbenchError(f"the runs are not from the same machine and dtype ({'; '.join(differ)}): their speeds "

@@ -64,16 +64,17 @@ def speculative_config(name: str, paths: dict[str, Path]) -> dict | None:
 
 
 def step_lengths(new_tokens: int, accepted: list[int], drafted: list[int]) -> tuple[list[int], list[int]]:
-    """Tokens gained and draft tokens examined per target forward of one vLLM request, as our loop records them:
-    the prefill's token first (a forward that drafted nothing), then each speculative step's accepted drafts plus
-    its own token, the last cut at the answer's length (vLLM counts drafts accepted past a stop token or the
-    budget); tokens left over came from forwards without a draft, which vLLM does not list."""
+    """Tokens gained and draft depth examined (`tested`: the accepted drafts, plus the rejected one) per target
+    forward of one vLLM request, as our loop records them: the prefill's token first (a forward that drafted
+    nothing), then each speculative step's accepted drafts plus its own token, the last cut at the answer's
+    length (vLLM counts drafts accepted past a stop token or the budget); tokens left over came from forwards
+    without a draft, which vLLM does not list."""
     lengths, tested, left = [], [], new_tokens
     for a, d in zip([0, *accepted], [0, *drafted], strict=True):
         if left <= 0:
             break
         lengths.append(min(a + 1, left))
-        tested.append(d)
+        tested.append(min(d, a + 1))
         left -= lengths[-1]
     return lengths + [1] * left, tested + [0] * left
 

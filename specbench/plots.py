@@ -263,8 +263,11 @@ def plot_concurrency(levels, colors: dict[str, str], out_dir: Path, stem: str, t
             speed.plot(rows.concurrency, rows.speedup, marker="o", color=color, label=method)
         tau.plot(rows.concurrency, rows.tau, marker="o", color=color, label=method)
     speed.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    levels_run = sorted(levels.concurrency.unique())
     for ax, label in ((speed, "throughput ÷ vanilla's (×)"), (tau, "τ (mean accepted length)")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(levels_run, [str(n) for n in levels_run])
+        ax.minorticks_off()
         ax.set_xlabel("conversations in flight")
         ax.set_ylabel(label)
         ax.legend(fontsize=8)

@@ -52,7 +52,7 @@ def test_a_preset_mapping_naming_what_it_lacks_fails_in_one_line(tmp_path):
     ("new", "accepted", "drafted", "lengths", "tested"),
     [
         (1, [], [], [1], [0]),  # the prefill's token alone
-        (9, [0, 1, 4], [4, 4, 4], [1, 1, 2, 5], [0, 4, 4, 4]),
+        (9, [0, 1, 4], [4, 4, 4], [1, 1, 2, 5], [0, 1, 2, 4]),  # tested: accepted drafts + the rejected one
         (4, [4], [4], [1, 3], [0, 4]),  # the last step cut at the budget or a stop token
         (2, [3, 1], [4, 4], [1, 1], [0, 4]),  # a step past the end is dropped
         (5, [1], [2], [1, 2, 1, 1], [0, 2, 0, 0]),  # forwards without a draft, which vLLM does not list
@@ -73,6 +73,7 @@ def test_step_counts_always_add_up_to_the_answer():
         new = rng.randint(1, 1 + sum(a + 1 for a in accepted))
         lengths, tested = engine_vllm.step_lengths(new, accepted, drafted)
         assert sum(lengths) == new and len(tested) == len(lengths) and min(lengths) >= 1
+        assert all(n - 1 <= t for n, t in zip(lengths, tested, strict=True))  # every accepted draft was examined
 
 
 def test_concurrency_levels_by_hand():
@@ -165,7 +166,7 @@ def test_a_run_in_the_engine_writes_answers_sweeps_and_the_cross_check(capsys, t
     row = next(line for line in report.splitlines() if line.startswith("| sps ") and "100% / 100%" in line)
     assert f" / {tau:.2f} " in row  # τ in the engine: per turn the prefill's token, then 3 a step (the last cut)
 
-    capsys.readouterr()
+    assert "compare runs of one engine" in error_of(capsys, ["compare", str(loop_run), str(engine_run)])
     assert main([*common[:-2], "--methods", "vanilla,mtp,sps", "--engine", "vllm", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "skipped: mtp: not in engine mode: vLLM runs MTP only" in out and "methods: vanilla, sps" in out
