@@ -182,6 +182,12 @@ def parser() -> argparse.ArgumentParser:
         "time to first token, per-token latency, τ)",
     )
     run.add_argument(
+        "--one-engine-at-a-time",
+        action="store_true",
+        help="with --engine vllm: run the methods one after another, each with the whole device, instead of every "
+        "method's engine at once answering each question in turn (for a model too large for an engine per method)",
+    )
+    run.add_argument(
         "--dry-run",
         action="store_true",
         help="print the plan (methods, skipped methods, tasks, checkpoints with revisions, cache status, download "
@@ -427,6 +433,7 @@ def _run(args) -> None:
         compile=args.compile,
         engine=args.engine,
         concurrency=args.concurrency,
+        one_engine_at_a_time=args.one_engine_at_a_time,
     )
     if args.dry_run:
         from . import plan

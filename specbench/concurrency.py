@@ -58,7 +58,7 @@ def rows(sweep: Sweep, conversations: list, wall: float) -> list[dict]:
     out = []
     for conv in conversations:
         for number, turn in enumerate(conv.turns):
-            lengths, _ = step_lengths(len(turn.tokens), turn.accepted, turn.drafted)
+            lengths, _, _ = step_lengths(len(turn.tokens), turn.accepted, turn.drafted)
             out.append({
                 "task": sweep.task, "temperature": sweep.temperature, "method": sweep.method,
                 "concurrency": sweep.level, "question_id": conv.question.id, "turn": number,

@@ -83,8 +83,9 @@ def _validate(cfg: RunConfig) -> None:
         raise SpecbenchError("--ray-address needs --workers N: how many workers to run on that cluster")
     if cfg.engine not in ("specbench", "vllm"):
         raise SpecbenchError(f"unknown --engine '{cfg.engine}': use specbench (our loop, the default) or vllm")
-    if cfg.concurrency and cfg.engine != "vllm":
-        raise SpecbenchError("--concurrency sweeps run in engine mode: add --engine vllm")
+    if (cfg.concurrency or cfg.one_engine_at_a_time) and cfg.engine != "vllm":
+        flag = "--concurrency" if cfg.concurrency else "--one-engine-at-a-time"
+        raise SpecbenchError(f"{flag} applies to engine mode: add --engine vllm")
     if cfg.concurrency and cfg.shard:
         raise SpecbenchError("--concurrency needs all of a task's questions in one run: drop --shard")
     if cfg.concurrency and min(cfg.concurrency) < 1:

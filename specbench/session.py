@@ -48,6 +48,7 @@ class RunConfig:
     compile: bool = False  # torch.compile the target, draft and heads (--compile); vLLM's compilation in engine mode
     engine: str = "specbench"  # "vllm": engine mode, the questions answered inside vLLM (engine_vllm)
     concurrency: list[int] | None = None  # engine mode: conversations in flight, one sweep per level
+    one_engine_at_a_time: bool = False  # engine mode: methods one after another instead of every engine at once
 
 
 def question_seed(base: int, question_id: int | str, temperature: float) -> int:

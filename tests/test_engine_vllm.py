@@ -59,7 +59,7 @@ def test_a_preset_mapping_naming_what_it_lacks_fails_in_one_line(tmp_path):
     ],
 )
 def test_vllm_step_counts_become_our_steps(new, accepted, drafted, lengths, tested):
-    assert engine_vllm.step_lengths(new, accepted, drafted) == (lengths, tested)
+    assert engine_vllm.step_lengths(new, accepted, drafted)[:2] == (lengths, tested)
 
 
 def test_step_counts_always_add_up_to_the_answer():
@@ -71,9 +71,9 @@ def test_step_counts_always_add_up_to_the_answer():
         drafted = [rng.randint(0, 5) for _ in range(steps)]
         accepted = [rng.randint(0, d) for d in drafted]
         new = rng.randint(1, 1 + sum(a + 1 for a in accepted))
-        lengths, tested = engine_vllm.step_lengths(new, accepted, drafted)
+        lengths, tested, sent = engine_vllm.step_lengths(new, accepted, drafted)
         assert sum(lengths) == new and len(tested) == len(lengths) and min(lengths) >= 1
-        assert all(n - 1 <= t for n, t in zip(lengths, tested, strict=True))  # every accepted draft was examined
+        assert all(n - 1 <= t < s for n, t, s in zip(lengths, tested, sent, strict=True))  # accepted <= examined < sent
 
 
 def test_concurrency_levels_by_hand():
@@ -105,6 +105,7 @@ def test_engine_mode_needs_its_flags_right(capsys, tiny_models, tmp_path, monkey
     target, draft = tiny_models
     run = ["run", "--model", str(target), "--draft", str(draft), "--out", str(tmp_path / "r"), "--no-report"]
     assert "add --engine vllm" in error_of(capsys, [*run, "--concurrency", "2"])
+    assert "--one-engine-at-a-time applies" in error_of(capsys, [*run, "--one-engine-at-a-time"])
     assert "not to --engine vllm" in error_of(capsys, [*run, "--engine", "vllm", "--workers", "2"])
     assert "drop --shard" in error_of(capsys, [*run, "--engine", "vllm", "--concurrency", "2", "--shard", "1/2"])
     monkeypatch.setitem(sys.modules, "vllm", None)  # not installed
@@ -137,10 +138,10 @@ def test_a_run_in_the_engine_writes_answers_sweeps_and_the_cross_check(capsys, t
     assert main([*common, "--out", str(loop_run)]) == 0
 
     engines = [json.loads(line) for line in fake_vllm.read_text().splitlines()]
-    assert len(engines) == 4  # vanilla and sps: the answers, then one sweep level each, every one a fresh engine
-    assert engines[2]["speculative_config"] == {"method": "draft_model", "model": str(draft),
-                                                "num_speculative_tokens": 4}  # fmt: skip
-    assert engines[0]["speculative_config"] is None and engines[0]["dtype"] == "float32"
+    configs = [e["speculative_config"] for e in engines]  # vanilla's and sps's engines for the answers, at once;
+    assert len(engines) == 4 and configs[2:] == [None, configs[3]]  # then a fresh engine per sweep level
+    assert configs.count(None) == 2 and {e["dtype"] for e in engines} == {"float32"}
+    assert configs[3] == {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 4}
 
     manifest = json.loads((engine_run / "manifest.json").read_text())
     assert manifest["engine"] == {"name": "vllm", "version": "0.0-fake"} and manifest["config"]["engine"] == "vllm"

@@ -83,7 +83,8 @@ class _Engine:
 class LLM:
     def __init__(self, model: str, tokenizer: str, dtype: str, seed: int, trust_remote_code: bool,
                  enforce_eager: bool, speculative_config: dict | None = None,
-                 per_request_spec_decode_metrics: str | None = None) -> None:  # fmt: skip
+                 per_request_spec_decode_metrics: str | None = None,
+                 gpu_memory_utilization: float = 0.9) -> None:  # fmt: skip
         if os.environ.get("FAKE_VLLM_LOG"):
             with open(os.environ["FAKE_VLLM_LOG"], "a") as f:
                 f.write(json.dumps({"model": model, "dtype": dtype, "speculative_config": speculative_config,
