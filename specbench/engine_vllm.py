@@ -78,8 +78,8 @@ def step_lengths(new_tokens: int, accepted: list[int], drafted: list[int]) -> tu
 
 
 class VllmPool:
-    """The runner's pool for engine mode: methods one after another, each in its own engine (vLLM cannot switch
-    its speculative_config), vanilla first and the A/A column (vanilla in a fresh engine) last."""
+    """The runner's pool for engine mode: an engine process per method (vLLM cannot switch its
+    speculative_config), answering units as the runner hands them out, then the concurrency sweeps."""
 
     def __init__(self, cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path]) -> None:
         try:
@@ -135,8 +135,8 @@ class VllmPool:
         order, as our loop times them (with --one-engine-at-a-time, method after method instead: for models too
         large for an engine each); then each sweep level in an engine of its own."""
         needed = {base_method(m) for u in units for m in u.methods}
-        methods = [m for m in self.plan.methods if m in needed]  # vanilla first
-        for group in [[m] for m in methods] if self.cfg.one_engine_at_a_time else [methods] if methods else []:
+        order = [m for m in self.plan.methods if m in needed]  # vanilla first
+        for group in [[m] for m in order] if self.cfg.one_engine_at_a_time else [order] if order else []:
             bar.set_description(f"starting vLLM for {', '.join(group)}")
             engines = {m: EngineProcess(m, self._config(m, len(group))) for m in group}
             try:
