@@ -168,6 +168,16 @@ def test_a_run_in_the_engine_writes_answers_sweeps_and_the_cross_check(capsys, t
     assert f" / {tau:.2f} " in row  # τ in the engine: per turn the prefill's token, then 3 a step (the last cut)
 
     assert "compare runs of one engine" in error_of(capsys, ["compare", str(loop_run), str(engine_run)])
+
+    fake_vllm.unlink()  # one engine at a time: the same answers, the engines built one after another
+    one = tmp_path / "one"
+    assert main([*common, "--engine", "vllm", "--one-engine-at-a-time", "--out", str(one)]) == 0
+    assert len(fake_vllm.read_text().splitlines()) == 2
+    for method in ("vanilla", "sps"):
+        name = f"{method}-temperature-0.jsonl"
+        ids = [[json.loads(line)["specbench"]["output_ids"] for line in (run / "answers" / "two" / name).open()]
+               for run in (engine_run, one)]  # fmt: skip
+        assert ids[0] == ids[1]
     assert main([*common[:-2], "--methods", "vanilla,mtp,sps", "--engine", "vllm", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "skipped: mtp: not in engine mode: vLLM runs MTP only" in out and "methods: vanilla, sps" in out
