@@ -1,5 +1,5 @@
-"""The cross-check of engine mode: the same methods, model, heads and prompts at T=0 measured by our loop and inside
-vLLM, side by side (τ, tokens verified per step, per-position acceptance, greedy agreement with vanilla)."""
+"""The cross-check of engine mode: the same methods, model, heads, prompts and temperature measured by our loop and
+inside vLLM, side by side (τ, tokens verified per step, per-position acceptance, greedy agreement with vanilla)."""
 
 from __future__ import annotations
 
@@ -20,15 +20,17 @@ taken across engines. Where τ differs, look first at how each drafts:
 - **checkpoint reading**: vLLM's EAGLE-1 drafter has no `fc` bias and ignores `fc.bias` in a checkpoint (the official
   Vicuna heads have one, as does the bundled head), so its EAGLE α_1 is lower than ours on the same head.
 - **stop handling**: both cut the answer at the first stop token and the budget; vLLM's per-step counts include
-  drafts accepted past them, which are cut before counting here."""
+  drafts accepted past them, which are cut before counting here.
+- **T > 0**: both accept by rejection sampling, so a lossless method's α should agree within sampling noise when
+  both draft alike; greedy agreement is checked at T=0 only."""
 
 
 def pairs(cells: list[Cell]) -> list[tuple[Cell, Cell]]:
-    """(our loop's cell, an engine's cell) for every engine cell at T=0 with an our-loop cell of the same model
-    and task."""
-    ours = {(c.model, c.task): c for c in cells if c.source.engine == "specbench" and c.temperature == 0}
-    return [(ours[(c.model, c.task)], c) for c in cells
-            if c.source.engine != "specbench" and c.temperature == 0 and (c.model, c.task) in ours]  # fmt: skip
+    """(our loop's cell, an engine's cell) for every engine cell with an our-loop cell of the same model, task and
+    temperature."""
+    ours = {(c.model, c.task, c.temperature): c for c in cells if c.source.engine == "specbench"}
+    return [(ours[(c.model, c.task, c.temperature)], c) for c in cells
+            if c.source.engine != "specbench" and (c.model, c.task, c.temperature) in ours]  # fmt: skip
 
 
 def _alpha(steps, k: int) -> str:
