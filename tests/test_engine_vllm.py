@@ -22,7 +22,8 @@ def test_presets_map_to_speculative_configs():
     paths = {"target": Path("/t"), "draft": Path("/d"), "eagle3 head": Path("/e3")}
     assert engine_vllm.speculative_config("vanilla", paths) is None
     assert engine_vllm.speculative_config("sps", paths) == {"method": "draft_model", "model": "/d",
-                                                            "num_speculative_tokens": 4}  # fmt: skip
+                                                            "num_speculative_tokens": 4,
+                                                            "draft_sample_method": "probabilistic"}  # fmt: skip
     assert engine_vllm.speculative_config("sps[num_draft_tokens=2]", paths)["num_speculative_tokens"] == 2
     assert engine_vllm.speculative_config("pld", paths) == {"method": "ngram", "num_speculative_tokens": 10,
                                                             "prompt_lookup_max": 3, "prompt_lookup_min": 1}  # fmt: skip
@@ -141,7 +142,8 @@ def test_a_run_in_the_engine_writes_answers_sweeps_and_the_cross_check(capsys, t
     configs = [e["speculative_config"] for e in engines]  # vanilla's and sps's engines for the answers, at once;
     assert len(engines) == 4 and configs[2:] == [None, configs[3]]  # then a fresh engine per sweep level
     assert configs.count(None) == 2 and {e["dtype"] for e in engines} == {"float32"}
-    assert configs[3] == {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 4}
+    assert configs[3] == {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 4,
+                          "draft_sample_method": "probabilistic"}
 
     manifest = json.loads((engine_run / "manifest.json").read_text())
     assert manifest["engine"] == {"name": "vllm", "version": "0.0-fake"} and manifest["config"]["engine"] == "vllm"
