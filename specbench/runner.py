@@ -109,7 +109,7 @@ class LocalPool:
     def check(self, units: list[Unit]) -> None:
         self.worker.check(units)
 
-    def answers(self, units: list[Unit], bar: Progress) -> Iterator[tuple[int, list[Answer]]]:
+    def answers(self, units: list[Unit], bar: Progress) -> Iterator[tuple[int, list[Answer], list[dict]]]:
         for unit in units:
             bar.set_description(f"{unit.task} T={unit.temperature:g} question {unit.question.id}")
             yield 0, self.worker.answer(unit), []

@@ -129,7 +129,7 @@ class Worker:
             answers[name].busy_cpus = max((r[3] for r in runs if r[3] is not None), default=None)
         reference = answers.get("vanilla") or unit.vanilla
         if unit.temperature == 0 and reference is not None:
-            ref_prompts = _reference_prompts(self.session, unit.question, reference.turns)
+            ref_prompts = reference_prompts(self.session.tokenizer, unit.question, reference.turns)
             for name, answer in answers.items():
                 if name != "vanilla":
                     answer.greedy_check = greedy_check(self.session.model, answer.output_ids, reference.output_ids,
@@ -161,12 +161,12 @@ def _answer_record(question, task, method, lossless, temperature, model_name, se
     )
 
 
-def _reference_prompts(session: Session, question: tasks.Question, answers: list[str]) -> list[list[int]]:
+def reference_prompts(tokenizer, question: tasks.Question, answers: list[str]) -> list[list[int]]:
     """Vanilla's prompt ids for each turn, rebuilt from its answer texts."""
     messages: list[dict[str, str]] = []
     prompts = []
     for turn, text in zip(question.turns, answers, strict=False):
         messages.append({"role": "user", "content": turn})
-        prompts.append(prompt_ids(session.tokenizer, messages))
+        prompts.append(prompt_ids(tokenizer, messages))
         messages.append({"role": "assistant", "content": text})
     return prompts
