@@ -25,6 +25,25 @@ EAGLE_MC_SIM_7B_63 = [
 NAMED = {"medusa_mc_sim_7b_63": MEDUSA_MC_SIM_7B_63, "eagle_mc_sim_7b_63": EAGLE_MC_SIM_7B_63}
 
 
+def first(choices: list[list[int]], nodes: int | None) -> list[list[int]]:
+    """The tree's first `nodes` paths in its listed order, a path counted only when its parent path is already
+    kept (None: every path). Medusa lists its trees in the order it grew them, most likely node first, so these
+    are its smaller trees; EAGLE-1's lists level by level, so these are its shallower ones."""
+    if nodes is None:
+        return choices
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise SpecbenchError(f"nodes must be a whole number >= 1 (paths kept from the tree), got {nodes!r}")
+    kept: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    for path in choices:
+        if len(kept) == nodes:
+            break
+        if tuple(path) not in seen and (len(path) == 1 or tuple(path[:-1]) in seen):
+            kept.append(path)
+            seen.add(tuple(path))
+    return kept
+
+
 def resolve(choices: str | list[list[int]]) -> list[list[int]]:
     """A named tree, or a literal list of paths (from a preset or --params)."""
     if isinstance(choices, str):

@@ -100,6 +100,11 @@ def accepted(tree: Tree, continuation: list[int]) -> int:
     return min(matched + 1, len(continuation))
 
 
+def _size(value) -> float:
+    """A nested knob's value for ordering; None (a preset's "all", e.g. nodes: null) is the largest."""
+    return math.inf if value is None else value
+
+
 def variant(method: str, params: dict, defaults: dict) -> str:
     """'eagle2[top_k=6,depth=4]': the params that differ from the preset's, in the preset's order."""
     changed = [f"{k}={json.dumps(v)}" for k, v in params.items() if defaults.get(k) != v]
@@ -240,7 +245,7 @@ class Tuner:
         self, plain: dict, settings: list[dict], vanilla: Turns, profile: dict, state: list[int]
     ) -> list[Score]:
         """One greedy run with the nested knobs at their largest values; every nested setting scored from it."""
-        top = {k: max(s[k] for s in settings) for k in settings[0]}
+        top = {k: max((s[k] for s in settings), key=_size) for k in settings[0]}
         run_params = {**self.defaults, **plain, **top}
         proposer = Recorder(methods.build(self.cfg.method, self.session.resources, run_params), self.nested,
                             self.session.device)  # fmt: skip

@@ -8,15 +8,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbench import acceptance, methods, registry, tuned
+from specbench import acceptance, choices, methods, registry, tuned
 from specbench.cached_lm import CachedLM
 from specbench.cli import main
 from specbench.decode import decode
+from specbench.errors import SpecbenchError
 from specbench.methods.base import Proposal, Turn
 from specbench.models import load_causal_lm
 from specbench.step import verify
 from specbench.tree import Tree, chain
 from specbench.tune import Recorder, accepted, grid_values, variant
+from specbench.zoo import TINY_DIR
 
 from .conftest import random_llama
 from .test_cli import error_of
@@ -166,3 +168,42 @@ def test_chain_prefix_helper_is_what_sps_registers():
     nested = registry.IMPLEMENTATIONS["sps"].nested
     assert nested.subtree(chain([4, 5, 6]), {"num_draft_tokens": 2}) == chain([4, 5])
     assert nested.subtree(chain([4]), {"num_draft_tokens": 3}) == chain([4])
+
+
+def test_first_keeps_the_listed_paths_whose_parents_are_kept():
+    listed = [[0], [0, 0], [1], [1, 1], [0, 0, 0], [2], [2, 0]]
+    assert choices.first(listed, 3) == [[0], [0, 0], [1]]
+    assert choices.first(listed, 5) == [[0], [0, 0], [1], [1, 1], [0, 0, 0]]
+    assert choices.first(listed, None) == listed
+    assert choices.first(listed, 99) == listed
+    # an orphan is skipped and does not count: [3, 0]'s parent [3] is not in the tree
+    assert choices.first([[0], [3, 0], [1], [0, 1]], 3) == [[0], [1], [0, 1]]
+    for bad in (0, -2, 2.5, True, "8"):
+        with pytest.raises(SpecbenchError, match="nodes must be a whole number"):
+            choices.first(listed, bad)
+
+
+@pytest.mark.parametrize(("name", "key", "largest", "smaller"), [
+    ("eagle", "nodes", None, (1, 4, 7, 12, 20)),
+    ("medusa", "nodes", None, (1, 4, 9, 16, 30, 48)),
+    ("mtp", "num_draft_tokens", 6, (1, 2, 3, 5)),
+])  # fmt: skip
+def test_a_smaller_static_tree_or_mtp_chain_is_nested_in_the_larger(name, key, largest, smaller):
+    """At T = 0 the first N paths of a static tree (EAGLE-1, Medusa) propose the whole tree's nodes on those
+    paths, and a shorter MTP chain the longer one's first tokens: `specbench tune` scores them from one run."""
+    model = load_causal_lm(TINY_DIR / "target", torch.device("cpu"), torch.float32)
+    heads = {h: TINY_DIR / h for h in ("eagle", "medusa", "mtp")}
+    res = methods.Resources("tiny", model, None, torch.device("cpu"), torch.float32, head_paths=heads)
+    nested = registry.IMPLEMENTATIONS[name].nested
+    assert nested.keys == (key,)
+    prompt = list(range(3, 70))
+    features = CachedLM(model).prefill(prompt, layers=(-1,)).features
+    big = methods.build(name, res, {key: largest})
+    big.start(Turn(prompt, 0.0, features=features))
+    snapshot = nested.snapshot(big, big.propose(prompt, 10))
+    for n in smaller:
+        small = methods.build(name, res, {key: n})
+        small.start(Turn(prompt, 0.0, features=features))
+        expected = small.propose(prompt, 10).tree
+        assert len(expected) == n
+        assert nested.subtree(snapshot, {key: n}) == expected

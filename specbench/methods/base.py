@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import torch
 
 from ..acceptance import Accepted
 from ..cached_lm import SideBranch
+from ..choices import first
 from ..registry import Nested
 from ..tree import EMPTY, Tree
 
@@ -39,6 +40,20 @@ def chain_prefix(key: str) -> Nested:
         snapshot=lambda proposer, proposal: proposal.tree,
         subtree=lambda tree, params: tree.subtree(list(range(min(params[key], len(tree))))),
     )
+
+
+def tree_prefix(key: str, paths: Callable[[Proposer, Proposal], tuple[list[tuple], list[list[int]]]]) -> Nested:
+    """A static tree of rank paths (Medusa, EAGLE-1): a smaller `key` keeps the tree's first `key` paths
+    (`choices.first`), and at T = 0 proposes the nodes of the whole tree's proposal that lie on them. `paths` gives,
+    right after a propose, each proposed node's path of ranks and the tree's paths in their listed order."""
+
+    def subtree(snapshot: tuple[Tree, list[tuple], list[list[int]]], params: dict) -> Tree:
+        tree, node_paths, listed = snapshot
+        kept = {tuple(p) for p in first(listed, params[key])}
+        return tree.subtree([i for i, p in enumerate(node_paths) if p in kept])
+
+    return Nested((key,), snapshot=lambda proposer, proposal: (proposal.tree, *paths(proposer, proposal)),
+                  subtree=subtree)  # fmt: skip
 
 
 @dataclass(frozen=True)

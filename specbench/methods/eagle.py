@@ -42,7 +42,7 @@ from ..heads.eagle3 import Eagle3Head, feature_layers
 from ..registry import Nested, implementation
 from ..sampling import draw_distinct_padded, probabilities
 from ..tree import Tree, additive_mask
-from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
+from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, tree_prefix
 from .resources import Resources
 
 
@@ -96,6 +96,7 @@ def best(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 class StaticTree:
     def __init__(self, choices: list[list[int]]) -> None:
+        self.choices = choices  # as listed (`tree_prefix` keeps a prefix of them)
         paths = sorted({tuple(p) for p in choices}, key=lambda p: (len(p), p))  # parents first
         self.branch = 1 + max(r for p in paths for r in p)
         self.max_depth = max(len(p) for p in paths)
@@ -105,6 +106,7 @@ class StaticTree:
             if p and min(p) >= 0 and p[:-1] in slot:  # a path whose parent is not in the tree is never reached
                 slot[p] = len(slot) - 1
                 self.child[slot[p[:-1]] + 1, p[-1]] = slot[p]
+        self.paths = list(slot)[1:]  # [slots]: each slot's path of ranks
         self.inner = (self.child[1:] >= 0).any(dim=1)  # [slots]: the slot has children in the tree
 
     def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -314,10 +316,18 @@ DYNAMIC = Nested(
 )
 
 
-@implementation("eagle", color="#2ca02c")
+def _static_paths(proposer: Eagle, proposal: Proposal) -> tuple[list[tuple], list[list[int]]]:
+    """Each proposed node's path of ranks (the proposal keeps every drafted node, in order) and the tree's paths."""
+    tree = proposer.expansion
+    slots = proposer.drafted.slots
+    return [tree.paths[s] for s in (slots.tolist() if slots is not None else [])], tree.choices
+
+
+@implementation("eagle", color="#2ca02c", nested=tree_prefix("nodes", _static_paths))
 def build_eagle(params: dict, res: Resources) -> Proposer:
     sampled = params.pop("sampled", False)
-    tree = StaticTree(choices.resolve(params.pop("tree", "eagle_mc_sim_7b_63")), **params)
+    listed = choices.first(choices.resolve(params.pop("tree", "eagle_mc_sim_7b_63")), params.pop("nodes", None))
+    tree = StaticTree(listed, **params)
     return Eagle(res.head("eagle"), partial(readout, res.target_model.get_output_embeddings()), tree, sampled=sampled)
 
 

@@ -18,7 +18,7 @@ from ..heads.medusa import MedusaHeads
 from ..registry import implementation
 from ..sampling import draw_distinct, probabilities
 from ..tree import Tree, from_choices
-from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
+from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, tree_prefix
 from .resources import Resources
 
 
@@ -39,7 +39,10 @@ class Medusa(Proposer):
                 f"the Medusa heads are for hidden size {heads[0][0].linear.in_features} and vocabulary "
                 f"{own or vocab}, the target has {hidden} and {vocab}: use heads trained for this target"
             )
+        self.choices = choices  # as listed (`tree_prefix` keeps a prefix of them)
         self.template = from_choices(choices, max_rank=vocab)  # tokens: each node's rank in its head's top-k
+        self.paths = [tuple(self.template.tokens[r - 1] for r in self.template.path(i + 1))
+                      for i in range(len(self.template))]  # each node's path of ranks  # fmt: skip
         self.depth = self.template.max_depth()
         if self.depth > len(heads):
             raise SpecbenchError(
@@ -97,7 +100,12 @@ class Medusa(Proposer):
         self.hidden = feedback.features[-1]
 
 
-@implementation("medusa", color="#e377c2")
+def _paths(proposer: Medusa, proposal: Proposal) -> tuple[list[tuple], list[list[int]]]:
+    """Each proposed node's path of ranks (a greedy proposal is the whole template) and the tree's paths."""
+    return proposer.paths if len(proposal.tree) else [], proposer.choices
+
+
+@implementation("medusa", color="#e377c2", nested=tree_prefix("nodes", _paths))
 def build(params: dict, res: Resources) -> Proposer:
-    tree = choices.resolve(params.pop("tree", "medusa_mc_sim_7b_63"))  # sampled: passed on in params
+    tree = choices.first(choices.resolve(params.pop("tree", "medusa_mc_sim_7b_63")), params.pop("nodes", None))
     return Medusa(res.head("medusa"), res.target_model.get_output_embeddings(), tree, **params)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from ..heads.mtp import MtpHead
 from ..registry import implementation
-from .base import Proposer
+from .base import Proposer, chain_prefix
 from .eagle import DynamicTree, Eagle
 from .resources import Resources
 
 
-@implementation("mtp", color="#393b79")
+@implementation("mtp", color="#393b79", nested=chain_prefix("num_draft_tokens"))
 def build(params: dict, res: Resources) -> Proposer:
     drafts = params.pop("num_draft_tokens", 3)
     sampled = params.pop("sampled", False)
