@@ -15,8 +15,9 @@ is the geometric mean over questions of vanilla's measured time over that: the p
 
 Verification: a `specbench run` of vanilla, the default and the winner on the evaluation task; the faster of
 default and winner is what the tuned-presets file keeps. Each setting's calibrated tau and step cost are also
-applied to that run's vanilla answers (their lengths and fixed costs; nothing the method did there), which
-predicts the evaluation's own speedup: its questions are not the calibration's, nor as long.
+applied to that run's vanilla answers (their lengths and fixed costs; nothing the method did there), each
+question with those of the calibration questions of its group, which predicts the evaluation's own speedup: its
+questions are not the calibration's, nor as long.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import sys
 import time
 import zlib
@@ -41,7 +43,7 @@ from .cells import forward_time
 from .chat import prompt_ids
 from .decode import clock
 from .errors import SpecbenchError
-from .machine import machine
+from .machine import OtherLoad, machine
 from .methods.base import Proposal, Proposer, Turn
 from .session import RunConfig, Session, question_seed
 from .sources import load_sources
@@ -77,8 +79,10 @@ class Score:
     extra: float = 0.0  # fixed seconds per turn beyond vanilla's (the proposer's start)
     predicted_eval: float | None = None  # the same statistics applied to the evaluation run's vanilla answers
     predicted_at_tau: float | None = None  # ... with the tau it measured there per question: the cost model alone
+    free_draft: float = 0.0  # predicted on the calibration questions if drafting cost nothing: what verifying bounds
     measured: metrics.Speedup | None = None
     by_question: dict = field(default_factory=dict)  # calibration question -> (tau, step) on it alone
+    groups: dict = field(default_factory=dict)  # calibration question -> its group (Spec-Bench subtask)
 
     def predict(self, fixed: float, tokens: float, turns: int, question=None) -> float:
         """Seconds of a question whose vanilla answer spent `fixed` seconds outside its steps, for `tokens`
@@ -147,9 +151,11 @@ class Turns:
     tokens: list[int] = field(default_factory=list)
     fixed: list[float] = field(default_factory=list)
     wall: list[float] = field(default_factory=list)
+    groups: dict = field(default_factory=dict)  # question -> its group
 
-    def add(self, question, gen) -> None:
+    def add(self, question, group: str, gen) -> None:
         self.questions.append(question)
+        self.groups[question] = group
         self.tokens.append(len(gen.tokens))
         self.wall.append(gen.wall_time)
         self.fixed.append(gen.wall_time - sum(s.draft_time + s.verify_time for s in gen.steps))
@@ -188,12 +194,15 @@ def geometric_mean(vanilla: Turns, score: Score, calibration: bool = False) -> f
     """The predicted paired speedup: the geometric mean over vanilla's questions of its measured seconds / the
     setting's predicted ones. The geometric mean weighs the questions a setting does badly on, as the measured
     one will: on the calibration questions each gets its own tau and step cost; on other questions (the
-    evaluation's) each is predicted with every calibration question's tau and step cost in turn."""
+    evaluation's) each is predicted with the tau and step cost of every calibration question of its group (the
+    Spec-Bench subtask: how draftable answers are depends on it) in turn, or of every one if none shares it."""
     wall, fixed = vanilla.per_question(vanilla.wall), vanilla.per_question(vanilla.fixed)
     tokens, turns = vanilla.per_question(vanilla.tokens), vanilla.per_question([1] * len(vanilla.tokens))
-    spread = [None] if calibration else list(score.by_question) or [None]
-    logs = [math.log(wall[q] / score.predict(fixed[q], tokens[q], int(turns[q]), q if calibration else c))
-            for q in wall for c in spread]  # fmt: skip
+    logs = []  # per question: its predicted log speedup, averaged over the calibration questions it is read by
+    for q in wall:
+        spread = [q] if calibration else [c for c in score.by_question if score.groups.get(c) == vanilla.groups.get(q)]
+        logs.append(np.mean([math.log(wall[q] / score.predict(fixed[q], tokens[q], int(turns[q]), c))
+                             for c in spread or list(score.by_question) or [None]]))  # fmt: skip
     return math.exp(np.mean(logs))
 
 
@@ -217,7 +226,7 @@ class Tuner:
             seed = question_seed(self.cfg.run.seed, q.id, 0.0)
             gens, prompts, _ = self.session.answer(name, proposer, q, self.budget, 0.0, seed)
             for gen, prompt in zip(gens, prompts, strict=True):
-                turns.add(q.id, gen)
+                turns.add(q.id, q.group, gen)
                 yield gen, prompt
 
     def vanilla(self) -> Turns:
@@ -282,11 +291,13 @@ class Tuner:
             verify = np.array([forward_time(profile, n) for n in rows[i]]) + overhead  # [steps]
             extra = float(np.mean(turns.fixed) - np.mean(vanilla.fixed))
             score = Score(params, float(np.mean(accepts[i])), float(np.mean(rows[i])), draft, 0.0,
-                          float(verify.mean()) + draft, extra)  # fmt: skip
+                          float(verify.mean()) + draft, extra, groups=turns.groups)  # fmt: skip
             accepted_i = np.array(accepts[i])
             for q, rows_q in mine.items():
                 score.by_question[q] = (float(accepted_i[rows_q].mean()), float(verify[rows_q].mean()) + draft)
             score.predicted = geometric_mean(vanilla, score, calibration=True)
+            free = {q: (tau, step - draft) for q, (tau, step) in score.by_question.items()}
+            score.free_draft = geometric_mean(vanilla, replace(score, extra=0.0, by_question=free), calibration=True)
             scores.append(score)
         return scores
 
@@ -295,7 +306,9 @@ class Tuner:
         runs, settings = space(self.cfg.method, self.cfg.grid)
         print(f"tune {self.cfg.method}: {len(runs)} calibration run(s) scoring {len(runs) * len(settings)} settings "
               f"on {len(self.questions)} questions of {', '.join(self.cfg.run.tasks)}", file=sys.stderr)  # fmt: skip
-        vanilla = self.vanilla()
+        with OtherLoad() as load:
+            vanilla = self.vanilla()
+        self._warn_if_busy(load, "vanilla's calibration run")
         state = self._state()
         context = len(state)
         profile = forward_profile(self.session.target, context=context, sizes=PROFILE_SIZES)
@@ -305,13 +318,24 @@ class Tuner:
                 print(f"tune {self.cfg.method}: budget: {i} of {len(runs)} calibration runs done; raise --budget "
                       "to score the rest", file=sys.stderr)  # fmt: skip
                 return scores, True
-            found = self.calibrate(plain, settings, vanilla, profile, state)
+            with OtherLoad() as load:
+                found = self.calibrate(plain, settings, vanilla, profile, state)
+            self._warn_if_busy(load, "the calibration run of " + variant(self.cfg.method, {**self.defaults, **plain},
+                                                                         self.defaults))  # fmt: skip
             scores += found
             best = max(found, key=lambda s: s.predicted)
             print(f"  [{i + 1}/{len(runs)}] {variant(self.cfg.method, {**self.defaults, **plain}, self.defaults)}: "
                   f"best {variant(self.cfg.method, best.params, self.defaults)} tau {best.tau:.2f}, predicted "
                   f"{best.predicted:.2f}x ({self.elapsed():.1f} min)", file=sys.stderr)  # fmt: skip
         return scores, False
+
+    def _warn_if_busy(self, load: OtherLoad, what: str) -> None:
+        """Predictions are ratios of timings: one taken while other processes ran is wrong, and says so."""
+        cpus = os.cpu_count() or 1
+        if load.value is not None and load.value > metrics.BUSY_SHARE * cpus:
+            print(f"tune {self.cfg.method}: warning: other processes kept {load.value:.1f} of {cpus} CPUs busy during "
+                  f"{what}: the predictions from its timings are unreliable; tune on an idle machine",
+                  file=sys.stderr)  # fmt: skip
 
     def _state(self) -> list[int]:
         """A realistic committed sequence for the draft-cost timings: the first question's prompt and answer."""
@@ -347,6 +371,7 @@ def measure(cfg: TuneConfig, names: list[str], out: Path) -> tuple[dict[str, met
     vanilla = Turns()  # an answer's draft and verify times sit on its first turn: sums per question are right
     for row in base.itertuples():
         vanilla.questions.append(row.question_id)
+        vanilla.groups[row.question_id] = row.group
         vanilla.tokens.append(int(row.new_tokens))
         vanilla.wall.append(float(row.wall_time))
         vanilla.fixed.append(float(row.wall_time - row.draft_time - row.verify_time))
@@ -436,6 +461,7 @@ def _speedup(s: metrics.Speedup | None) -> dict | None:
 def _row(s: Score, method: str, defaults: dict) -> dict:
     return {"variant": variant(method, s.params, defaults), "tau": round(s.tau, 4), "rows": round(s.rows, 2),
             "draft_ms": round(s.draft * 1e3, 3), "predicted": round(s.predicted, 4),
+            "predicted_if_drafting_were_free": round(s.free_draft, 4),
             "predicted_eval": _round(s.predicted_eval), "measured": _speedup(s.measured)}  # fmt: skip
 
 
@@ -450,7 +476,7 @@ def summary(method: str, scores: list[Score], default: Score, best: Score, defau
         measured = metrics.format_ratio(m.value, m.low, m.high) if m is not None else ""
         on_eval, at_tau = (f"{x:.2f}x" if x is not None else "" for x in (s.predicted_eval, s.predicted_at_tau))
         rows.append([variant(method, s.params, defaults), tag, f"{s.tau:.2f}", f"{s.rows:.1f}", f"{s.draft * 1e3:.1f}",
-                     f"{s.predicted:.2f}x", on_eval, at_tau, measured])  # fmt: skip
-    header = ["setting", "", "tau", "rows/step", "draft ms/step", "predicted (calibration)", "predicted (evaluation)",
-              "predicted at its measured tau", "measured (evaluation)"]  # fmt: skip
+                     f"{s.predicted:.2f}x", f"{s.free_draft:.2f}x", on_eval, at_tau, measured])  # fmt: skip
+    header = ["setting", "", "tau", "rows/step", "draft ms/step", "predicted (calibration)", "if drafting were free",
+              "predicted (evaluation)", "predicted at its measured tau", "measured (evaluation)"]  # fmt: skip
     return tabulate(rows, header, tablefmt="github")

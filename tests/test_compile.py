@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from specbench import models
+from specbench import models, worker
 from specbench.cli import main
 
 
@@ -32,3 +32,34 @@ def test_compile_forward_wraps_a_head_without_a_decoder(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: ("compiled", fn))
     head = torch.nn.Linear(2, 2)
     assert models.compile_forward(head).forward[0] == "compiled"
+
+
+def test_a_timed_decode_that_compiled_is_timed_again(capsys, tiny_models, tmp_path, monkeypatch):
+    """Under --compile a decode during which a new graph was built timed the compiler: it is run again, up to
+    RETIMES more times, with a warning when it still compiles."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    decodes, graphs = [], [0]
+    real = worker.Worker._decode
+
+    def decode(self, name, unit, seed):
+        decodes.append((name, unit.question.id))
+        if name == compiling[0]:
+            graphs[0] += 1  # this method's decodes always build a new graph
+        return real(self, name, unit, seed)
+
+    monkeypatch.setattr(worker.Worker, "_decode", decode)
+    monkeypatch.setattr(worker, "compiled_graphs", lambda: graphs[0])
+    target, draft = tiny_models
+    args = ["--model", str(target), "--draft", str(draft), "--methods", "vanilla,sps", "--limit", "1",
+            "--max-new-tokens", "4", "--no-report", "--no-noise-floor", "--no-warmup", "--tasks", "quick"]  # fmt: skip
+    compiling = ["sps"]
+    assert main(["run", *args, "--compile", "--out", str(tmp_path / "a")]) == 0
+    questions = {q for _, q in decodes}
+    assert sum(n == "vanilla" for n, _ in decodes) == len(questions)  # compiled nothing: timed once
+    assert sum(n == "sps" for n, _ in decodes) == len(questions) * (1 + worker.RETIMES)
+    assert "sps still compiled new graphs" in capsys.readouterr().err
+    decodes.clear()
+    compiling = ["none"]
+    assert main(["run", *args, "--compile", "--out", str(tmp_path / "b")]) == 0
+    assert len(decodes) == 2 * len(questions)
+    assert "compiled new graphs" not in capsys.readouterr().err

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from specbench import acceptance, choices, methods, registry, tuned
+from specbench import acceptance, choices, methods, registry, tune, tuned
 from specbench.cached_lm import CachedLM
 from specbench.cli import main
 from specbench.decode import decode
@@ -17,7 +19,7 @@ from specbench.methods.base import Proposal, Turn
 from specbench.models import load_causal_lm
 from specbench.step import verify
 from specbench.tree import Tree, chain
-from specbench.tune import Recorder, accepted, grid_values, variant
+from specbench.tune import Recorder, Score, Turns, accepted, geometric_mean, grid_values, variant
 from specbench.zoo import TINY_DIR
 
 from .conftest import random_llama
@@ -121,6 +123,8 @@ def test_tune_sps_end_to_end_then_run_with_the_tuned_variant(capsys, tiny_models
     assert entry["predicted_at_measured_tau"] is not None
     scores = json.loads((tmp_path / "tune" / "scores.json").read_text())
     assert sorted(s["variant"] for s in scores) == ["sps", "sps[num_draft_tokens=1]", "sps[num_draft_tokens=2]"]
+    assert all(s["predicted_if_drafting_were_free"] > s["predicted"] for s in scores)  # drafting costs time
+    assert "if drafting were free" in out
 
     # a tuned variant that differs from the default runs beside it; the manifest and the report say so
     tuned.save(file, key, Path(target).name, "float32", "sps", {**entry, "variant": "sps[num_draft_tokens=2]"})
@@ -207,3 +211,40 @@ def test_a_smaller_static_tree_or_mtp_chain_is_nested_in_the_larger(name, key, l
         expected = small.propose(prompt, 10).tree
         assert len(expected) == n
         assert nested.subtree(snapshot, {key: n}) == expected
+
+
+def test_evaluation_questions_are_predicted_from_calibration_questions_of_their_group():
+    """Vanilla took 1 s (0.2 s fixed, 10 tokens) on each evaluation question. Calibration: a translation question
+    with tau 2 and a qa one with tau 4, each at 0.1 s a step. An evaluation question of a group no calibration
+    question has is predicted with every one in turn."""
+    vanilla = Turns(questions=[1, 2, 3, 4], tokens=[10] * 4, fixed=[0.2] * 4, wall=[1.0] * 4,
+                    groups={1: "translation", 2: "qa", 3: "qa", 4: "rag"})  # fmt: skip
+    score = Score({}, 3.0, 8.0, 0.0, 0.0, step=0.1, by_question={"c1": (2.0, 0.1), "c2": (4.0, 0.1)},
+                  groups={"c1": "translation", "c2": "qa"})  # fmt: skip
+    on_1, on_2 = 1 / (0.2 + 10 / 2 * 0.1), 1 / (0.2 + 10 / 4 * 0.1)  # 1.43x and 2.22x
+    expected = math.exp((1.5 * math.log(on_1) + 2.5 * math.log(on_2)) / 4)  # question 4: the mean of both logs
+    assert geometric_mean(vanilla, score) == pytest.approx(expected)
+    # with its own tau per question (calibration): question 1 read as c1 would be, were its id c1
+    own = Turns(questions=["c1", "c2"], tokens=[10, 10], fixed=[0.2, 0.2], wall=[1.0, 1.0])
+    assert geometric_mean(own, score, calibration=True) == pytest.approx(math.sqrt(on_1 * on_2))
+
+
+def test_calibration_on_a_busy_machine_is_flagged(capsys, tiny_models, tmp_path, monkeypatch):
+    class Busy:  # other processes kept every CPU busy
+        value = float(os.cpu_count() or 1)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(tune, "OtherLoad", Busy)
+    target, draft = tiny_models
+    code = main(["tune", "--method", "sps", "--model", str(target), "--draft", str(draft), "--limit", "1",
+                 "--max-new-tokens", "4", "--device", "cpu", "--grid", "num_draft_tokens=1", "--no-verify",
+                 "--tuned-file", str(tmp_path / "t.yaml"), "--out", str(tmp_path / "tune")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "busy during vanilla's calibration run" in err
+    assert "busy during the calibration run of sps" in err
