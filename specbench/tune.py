@@ -7,17 +7,17 @@ every smaller nested setting would have proposed at that root is scored against 
 the target appends the longest path of the tree that the output follows, plus its own token. So one run scores a
 whole grid, exactly, at the roots it visited.
 
-Prediction: a setting's step costs its verification, T(rows) (the profiled target forward) plus the run's
-measured overhead past it, and its drafting: the run's measured propose time scaled by the setting's own propose
+Prediction: a setting's step costs its verification, T(rows, context) (the target's forward, profiled after a
+short and a long context, at the step's context) plus the run's measured overhead past it, and its drafting: the run's measured propose time scaled by the setting's own propose
 time at one state, plus the run's measured update cost. A question's predicted time is each turn's fixed cost
 (prefill, proposer start) plus tokens / tau steps, with the question's own tau and rows; the predicted speedup
 is the geometric mean over questions of vanilla's measured time over that: the paired speedup, predicted.
 
 Verification: a `specbench run` of vanilla, the default and the winner on the evaluation task; the faster of
 default and winner is what the tuned-presets file keeps. Each setting's calibrated tau and step cost are also
-applied to that run's vanilla answers (their lengths and fixed costs; nothing the method did there), each
-question with those of the calibration questions of its group, which predicts the evaluation's own speedup: its
-questions are not the calibration's, nor as long.
+applied to that run's vanilla answers (their lengths, contexts and fixed costs; nothing the method did there),
+each question with the tau and rows of the calibration questions of its group and T at its own context, which
+predicts the evaluation's own speedup: its questions are not the calibration's, nor as long.
 """
 
 from __future__ import annotations
@@ -45,12 +45,14 @@ from .decode import clock
 from .errors import SpecbenchError
 from .machine import OtherLoad, machine
 from .methods.base import Proposal, Proposer, Turn
+from .results import read_answers
 from .session import RunConfig, Session, question_seed
 from .sources import load_sources
 from .tree import Tree
-from .worker import forward_profile
+from .worker import forward_profile, reference_prompts
 
 PROFILE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
+PROFILE_CONTEXTS = (64, 512)  # cached tokens the forward is profiled after (`Cost`)
 CALIBRATION_SHARE = 0.6  # of the budget: no new calibration run starts past it (verification needs the rest)
 
 
@@ -64,6 +66,23 @@ class TuneConfig:
     verify: bool = True
     tuned_file: Path | None = None  # None: tuned.default_path()
     out: Path | None = None
+
+
+@dataclass(frozen=True)
+class Cost:
+    """T(n, context): the target's forward over n new tokens after `context` cached ones, profiled at a few
+    context lengths (n interpolated as `forward_time` does) and linear in the context between and past them:
+    attention reads every cached key, so a tree costs more, relative to one token, after a long prompt."""
+
+    profiles: dict[int, dict[int, float]]  # context -> {n: seconds}
+
+    def __call__(self, n: float, context: float) -> float:
+        xs = sorted(self.profiles)
+        ys = [forward_time(self.profiles[x], n) for x in xs]
+        if len(xs) == 1:
+            return ys[0]
+        i = min(max(int(np.searchsorted(xs, context)) - 1, 0), len(xs) - 2)  # the segment, extended past the ends
+        return ys[i] + (ys[i + 1] - ys[i]) * (context - xs[i]) / (xs[i + 1] - xs[i])
 
 
 @dataclass
@@ -83,11 +102,18 @@ class Score:
     measured: metrics.Speedup | None = None
     by_question: dict = field(default_factory=dict)  # calibration question -> (tau, step) on it alone
     groups: dict = field(default_factory=dict)  # calibration question -> its group (Spec-Bench subtask)
+    rows_by_question: dict = field(default_factory=dict)  # calibration question -> mean rows verified per step
+    overhead: float = 0.0  # seconds per step of verification past the target's forward (acceptance, commit)
+    cost: Cost | None = None
 
-    def predict(self, fixed: float, tokens: float, turns: int, question=None) -> float:
+    def predict(self, fixed: float, tokens: float, turns: int, question=None, context: float | None = None) -> float:
         """Seconds of a question whose vanilla answer spent `fixed` seconds outside its steps, for `tokens`
-        new tokens over `turns` turns; with the question's own tau and step cost when it is a calibration one."""
+        new tokens over `turns` turns; with the tau and step cost of calibration question `question`. Given the
+        question's mean `context`, the step's verification is costed there instead (with that question's rows)."""
         tau, step = self.by_question.get(question, (self.tau, self.step))
+        if context is not None and self.cost is not None:
+            rows = self.rows_by_question.get(question, self.rows)
+            step = self.draft + self.overhead + self.cost(rows, context)
         return fixed + turns * self.extra + tokens / tau * step
 
 
@@ -152,6 +178,7 @@ class Turns:
     fixed: list[float] = field(default_factory=list)
     wall: list[float] = field(default_factory=list)
     groups: dict = field(default_factory=dict)  # question -> its group
+    contexts: dict = field(default_factory=dict)  # question -> mean tokens before each of its new tokens (if known)
 
     def add(self, question, group: str, gen) -> None:
         self.questions.append(question)
@@ -201,7 +228,8 @@ def geometric_mean(vanilla: Turns, score: Score, calibration: bool = False) -> f
     logs = []  # per question: its predicted log speedup, averaged over the calibration questions it is read by
     for q in wall:
         spread = [q] if calibration else [c for c in score.by_question if score.groups.get(c) == vanilla.groups.get(q)]
-        logs.append(np.mean([math.log(wall[q] / score.predict(fixed[q], tokens[q], int(turns[q]), c))
+        context = vanilla.contexts.get(q)
+        logs.append(np.mean([math.log(wall[q] / score.predict(fixed[q], tokens[q], int(turns[q]), c, context))
                              for c in spread or list(score.by_question) or [None]]))  # fmt: skip
     return math.exp(np.mean(logs))
 
@@ -250,16 +278,14 @@ class Tuner:
             times.append(clock(self.session.device) - t0)
         return float(np.median(times[1:]))
 
-    def calibrate(
-        self, plain: dict, settings: list[dict], vanilla: Turns, profile: dict, state: list[int]
-    ) -> list[Score]:
+    def calibrate(self, plain: dict, settings: list[dict], vanilla: Turns, cost: Cost, state: list[int]) -> list[Score]:
         """One greedy run with the nested knobs at their largest values; every nested setting scored from it."""
         top = {k: max((s[k] for s in settings), key=_size) for k in settings[0]}
         run_params = {**self.defaults, **plain, **top}
         proposer = Recorder(methods.build(self.cfg.method, self.session.resources, run_params), self.nested,
                             self.session.device)  # fmt: skip
         name = variant(self.cfg.method, run_params, self.defaults)
-        turns, steps, asked = Turns(), [], []  # asked: each step's question
+        turns, steps, asked, contexts = Turns(), [], [], []  # each step's question and committed tokens
         accepts: dict[int, list[int]] = {i: [] for i in range(len(settings))}
         rows: dict[int, list[int]] = {i: [] for i in range(len(settings))}
         for gen, prompt in self._answer(name, proposer, turns):
@@ -268,6 +294,7 @@ class Tuner:
             steps += gen.steps
             asked += [turns.questions[-1]] * len(gen.steps)
             for (length, depth, snapshot), step in zip(records, gen.steps, strict=True):
+                contexts.append(length)
                 for i, setting in enumerate(settings):
                     if self.nested is None:
                         accepts[i].append(step.accept_length)
@@ -278,7 +305,7 @@ class Tuner:
                     rows[i].append(len(tree) + 1)
         propose = float(np.mean(proposer.propose_times))
         update = float(np.mean([s.draft_time for s in steps])) - propose
-        overhead = float(np.mean([s.verify_time - forward_time(profile, s.tree_size) for s in steps]))
+        overhead = float(np.mean([s.verify_time - cost(s.tree_size, c) for s, c in zip(steps, contexts, strict=True)]))
         own = self.propose_seconds(run_params, state) if len(settings) > 1 else None
         asked = np.array(asked)
         mine = {q: asked == q for q in set(asked.tolist())}  # question -> its steps
@@ -288,13 +315,15 @@ class Tuner:
             draft = propose + update
             if own is not None and setting != top:
                 draft = propose * self.propose_seconds(params, state) / own + update
-            verify = np.array([forward_time(profile, n) for n in rows[i]]) + overhead  # [steps]
+            verify = np.array([cost(n, c) for n, c in zip(rows[i], contexts, strict=True)]) + overhead  # [steps]
             extra = float(np.mean(turns.fixed) - np.mean(vanilla.fixed))
             score = Score(params, float(np.mean(accepts[i])), float(np.mean(rows[i])), draft, 0.0,
-                          float(verify.mean()) + draft, extra, groups=turns.groups)  # fmt: skip
-            accepted_i = np.array(accepts[i])
-            for q, rows_q in mine.items():
-                score.by_question[q] = (float(accepted_i[rows_q].mean()), float(verify[rows_q].mean()) + draft)
+                          float(verify.mean()) + draft, extra, groups=turns.groups, overhead=overhead,
+                          cost=cost)  # fmt: skip
+            accepted_i, rows_i = np.array(accepts[i]), np.array(rows[i])
+            for q, steps_q in mine.items():
+                score.by_question[q] = (float(accepted_i[steps_q].mean()), float(verify[steps_q].mean()) + draft)
+                score.rows_by_question[q] = float(rows_i[steps_q].mean())
             score.predicted = geometric_mean(vanilla, score, calibration=True)
             free = {q: (tau, step - draft) for q, (tau, step) in score.by_question.items()}
             score.free_draft = geometric_mean(vanilla, replace(score, extra=0.0, by_question=free), calibration=True)
@@ -310,8 +339,10 @@ class Tuner:
             vanilla = self.vanilla()
         self._warn_if_busy(load, "vanilla's calibration run")
         state = self._state()
-        context = len(state)
-        profile = forward_profile(self.session.target, context=context, sizes=PROFILE_SIZES)
+        target = self.session.target
+        longest = target.context_length - max(PROFILE_SIZES) - 1
+        cost = Cost({c: forward_profile(target, context=c, sizes=PROFILE_SIZES)
+                     for c in sorted({min(c, longest) for c in PROFILE_CONTEXTS})})  # fmt: skip
         scores: list[Score] = []
         for i, plain in enumerate(runs):
             if i and self.elapsed() > CALIBRATION_SHARE * self.cfg.budget_minutes:
@@ -319,7 +350,7 @@ class Tuner:
                       "to score the rest", file=sys.stderr)  # fmt: skip
                 return scores, True
             with OtherLoad() as load:
-                found = self.calibrate(plain, settings, vanilla, profile, state)
+                found = self.calibrate(plain, settings, vanilla, cost, state)
             self._warn_if_busy(load, "the calibration run of " + variant(self.cfg.method, {**self.defaults, **plain},
                                                                          self.defaults))  # fmt: skip
             scores += found
@@ -356,9 +387,9 @@ def grid_values(pairs: list[str]) -> dict[str, list]:
     return out
 
 
-def measure(cfg: TuneConfig, names: list[str], out: Path) -> tuple[dict[str, metrics.Speedup], Turns, dict]:
+def measure(cfg: TuneConfig, names: list[str], out: Path, tokenizer) -> tuple[dict[str, metrics.Speedup], Turns, dict]:
     """Paired speedups over vanilla of `names` on the evaluation task (a `specbench run` into `out`), vanilla's
-    turns there, and each name's tau per question."""
+    turns there (with each question's mean context, from its prompts rebuilt), and each name's tau per question."""
     run_cfg = replace(cfg.run, methods=["vanilla", *names], tasks=[cfg.eval_task], out=str(out), noise_floor=False,
                       tuned=None)  # fmt: skip
     run_dir = runner.run(run_cfg)
@@ -375,6 +406,12 @@ def measure(cfg: TuneConfig, names: list[str], out: Path) -> tuple[dict[str, met
         vanilla.tokens.append(int(row.new_tokens))
         vanilla.wall.append(float(row.wall_time))
         vanilla.fixed.append(float(row.wall_time - row.draft_time - row.verify_time))
+    asked = {q.id: q for q in tasks.load(cfg.eval_task, cfg.run.data_dir, cfg.run.fields).questions}
+    for answer in read_answers(run_dir):
+        if answer.method == "vanilla" and answer.temperature == 0 and answer.question_id in asked:
+            prompts = reference_prompts(tokenizer, asked[answer.question_id], answer.turns)
+            before = [len(p) + (n - 1) / 2 for p, n in zip(prompts, answer.new_tokens, strict=True)]
+            vanilla.contexts[answer.question_id] = float(np.average(before, weights=answer.new_tokens))
     return speedups, vanilla, taus
 
 
@@ -395,6 +432,7 @@ def tune(cfg: TuneConfig) -> dict:
     budget = run_cfg.max_new_tokens or max(t.max_new_tokens or 256 for t in loaded)  # as `specbench run`
     tuner = Tuner(cfg, session, questions, budget)
     scores, cut = tuner.search()
+    tokenizer = session.tokenizer
     del session, tuner  # the verification run loads its own models
     defaults = dict(methods.preset(cfg.method).params)
     default = next(s for s in scores if s.params == defaults)
@@ -406,12 +444,12 @@ def tune(cfg: TuneConfig) -> dict:
     if cfg.verify:
         key = zlib.crc32(json.dumps([winner, cfg.eval_task, run_cfg.limit, run_cfg.max_new_tokens]).encode())
         names = list(dict.fromkeys([cfg.method, winner]))
-        measured, vanilla, taus = measure(cfg, names, out / f"verify-{key:08x}")
+        measured, vanilla, taus = measure(cfg, names, out / f"verify-{key:08x}", tokenizer)
         for s in scores:
             s.predicted_eval = geometric_mean(vanilla, s)
         for name, s in zip(names, (default, best), strict=False):
             s.measured = measured[name]
-            at_tau = replace(s, by_question={q: (tau, s.step) for q, tau in taus[name].items()})
+            at_tau = replace(s, by_question={q: (tau, s.step) for q, tau in taus[name].items()}, rows_by_question={})
             s.predicted_at_tau = geometric_mean(vanilla, at_tau, calibration=True)
         chosen, note = best, "measured at least as fast as the default"
         if best.measured.value < default.measured.value:

@@ -19,7 +19,7 @@ from specbench.methods.base import Proposal, Turn
 from specbench.models import load_causal_lm
 from specbench.step import verify
 from specbench.tree import Tree, chain
-from specbench.tune import Recorder, Score, Turns, accepted, geometric_mean, grid_values, variant
+from specbench.tune import Cost, Recorder, Score, Turns, accepted, geometric_mean, grid_values, variant
 from specbench.zoo import TINY_DIR
 
 from .conftest import random_llama
@@ -248,3 +248,25 @@ def test_calibration_on_a_busy_machine_is_flagged(capsys, tiny_models, tmp_path,
     assert code == 0, err
     assert "busy during vanilla's calibration run" in err
     assert "busy during the calibration run of sps" in err
+
+
+def test_the_forward_cost_is_linear_in_the_context_between_and_past_the_profiled_ones():
+    cost = Cost({64: {1: 0.010, 16: 0.030}, 512: {1: 0.014, 16: 0.050}})
+    assert cost(1, 64) == pytest.approx(0.010)
+    assert cost(16, 288) == pytest.approx(0.040)  # halfway in context
+    assert cost(8.5, 64) == pytest.approx(0.020)  # halfway in rows
+    assert cost(16, 960) == pytest.approx(0.070)  # past the longest: the last segment extended
+    assert cost(1, 0) == pytest.approx(0.010 - 0.004 * 64 / 448)
+    assert Cost({100: {1: 0.01, 4: 0.02}})(4, 5000) == pytest.approx(0.02)  # one context: no slope known
+
+
+def test_an_evaluation_question_is_costed_at_its_own_context():
+    """Calibration: tau 2 at 8 rows a step, 2 ms of drafting and 1 ms of overhead a step. An evaluation question
+    (10 tokens, 0.2 s fixed, 1 s for vanilla) after a context of 512 tokens costs T(8, 512) = 40 ms a step."""
+    cost = Cost({64: {1: 0.010, 8: 0.020}, 512: {1: 0.014, 8: 0.040}})
+    score = Score({}, 2.0, 8.0, 0.002, 0.0, step=0.023, by_question={"c": (2.0, 0.023)}, groups={"c": "qa"},
+                  rows_by_question={"c": 8.0}, overhead=0.001, cost=cost)  # fmt: skip
+    vanilla = Turns(questions=[1], tokens=[10], fixed=[0.2], wall=[1.0], groups={1: "qa"}, contexts={1: 512.0})
+    assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * (0.002 + 0.001 + 0.040)))
+    vanilla.contexts.clear()  # context unknown: the calibration question's own step cost
+    assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * 0.023))
