@@ -156,8 +156,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the target, draft and heads (dynamic shapes; minutes of compiling in the warm-up); "
-        "recorded in the manifest",
+        help="torch.compile the target, draft and heads (dynamic shapes; minutes of compiling in the warm-up; a "
+        "timed decode that compiled runs again); recorded in the manifest",
     )
     run.add_argument(
         "--tuned",
