@@ -120,10 +120,15 @@ def without_gc() -> Iterator[None]:
         gc.enable()
 
 
+def too_busy(busy: float | None, cpus: int) -> bool:
+    """Other processes kept enough of the CPUs busy (`OtherLoad`) to make a timing untrustworthy."""
+    return busy is not None and busy > metrics.BUSY_SHARE * cpus
+
+
 def warn_if_busy(info: dict) -> None:
     """Timing on a loaded machine is wrong (and CPU thread pools degrade badly under contention): say so."""
     busy, cpus = info.get("busy_cpus"), info.get("cpu_count") or 1
-    if busy is not None and busy > metrics.BUSY_SHARE * cpus:
+    if too_busy(busy, cpus):
         print(
             f"specbench: warning: other processes keep {busy:.1f} of {cpus} CPUs busy; they will distort the timings",
             file=sys.stderr,

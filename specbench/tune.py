@@ -44,9 +44,8 @@ from .cells import forward_time
 from .chat import prompt_ids
 from .decode import clock
 from .errors import SpecbenchError
-from .machine import OtherLoad, machine
+from .machine import OtherLoad, machine, too_busy
 from .methods.base import Proposal, Proposer, Turn
-from .results import read_answers
 from .session import RunConfig, Session, question_seed
 from .sources import load_sources
 from .tree import Tree
@@ -364,7 +363,7 @@ class Tuner:
     def _warn_if_busy(self, load: OtherLoad, what: str) -> None:
         """Predictions are ratios of timings: one taken while other processes ran is wrong, and says so."""
         cpus = os.cpu_count() or 1
-        if load.value is not None and load.value > metrics.BUSY_SHARE * cpus:
+        if too_busy(load.value, cpus):
             print(f"tune {self.cfg.method}: warning: other processes kept {load.value:.1f} of {cpus} CPUs busy during "
                   f"{what}: the predictions from its timings are unreliable; tune on an idle machine",
                   file=sys.stderr)  # fmt: skip
@@ -394,7 +393,8 @@ def measure(cfg: TuneConfig, names: list[str], out: Path, tokenizer) -> tuple[di
     run_cfg = replace(cfg.run, methods=["vanilla", *names], tasks=[cfg.eval_task], out=str(out), noise_floor=False,
                       tuned=None)  # fmt: skip
     run_dir = runner.run(run_cfg)
-    turns = frames.from_sources(load_sources([run_dir]))
+    sources = load_sources([run_dir])
+    turns = frames.from_sources(sources)
     turns = turns[turns.temperature == 0]
     base = turns[turns.method == "vanilla"]
     speedups = {name: metrics.paired_speedup(turns[turns.method == name], base) for name in names}
@@ -408,7 +408,7 @@ def measure(cfg: TuneConfig, names: list[str], out: Path, tokenizer) -> tuple[di
         vanilla.wall.append(float(row.wall_time))
         vanilla.fixed.append(float(row.wall_time - row.draft_time - row.verify_time))
     asked = {q.id: q for q in tasks.load(cfg.eval_task, cfg.run.data_dir, cfg.run.fields).questions}
-    for answer in read_answers(run_dir):
+    for answer in sources[0].answers:
         if answer.method == "vanilla" and answer.temperature == 0 and answer.question_id in asked:
             prompts = reference_prompts(tokenizer, asked[answer.question_id], answer.turns)
             before = [len(p) + (n - 1) / 2 for p, n in zip(prompts, answer.new_tokens, strict=True)]
