@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from .errors import SpecbenchError
+from .few_rows import use_few_row_layout
 from .hub import Source, parse
 from .zoo import TINY_DIR
 
@@ -169,7 +170,7 @@ def load_causal_lm(
         # cuDNN's attention builds a new execution plan for every key length it has not seen, several ms a
         # layer at each decode step (measured on an H100, torch 2.11): keep SDPA on flash/memory-efficient.
         torch.backends.cuda.enable_cudnn_sdp(False)
-    return model.to(device).eval()
+    return use_few_row_layout(model.to(device).eval())
 
 
 RECOMPILE_LIMIT = 64  # graphs per function: one token, a chain, a tree with its mask, a prefill, ... (default 8)

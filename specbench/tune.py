@@ -105,16 +105,28 @@ class Score:
     rows_by_question: dict = field(default_factory=dict)  # calibration question -> mean rows verified per step
     overhead: float = 0.0  # seconds per step of verification past the target's forward (acceptance, commit)
     cost: Cost | None = None
+    context: float = 0.0  # the calibration steps' mean context (tokens committed before the step)
+    draft_slope: float = 0.0  # seconds of drafting more per step for each token of context more (>= 0)
 
     def predict(self, fixed: float, tokens: float, turns: int, question=None, context: float | None = None) -> float:
         """Seconds of a question whose vanilla answer spent `fixed` seconds outside its steps, for `tokens`
         new tokens over `turns` turns; with the tau and step cost of calibration question `question`. Given the
-        question's mean `context`, the step's verification is costed there instead (with that question's rows)."""
+        question's mean `context`, the step is costed there instead: its verification (with that question's
+        rows) and its drafting (a draft model's or head's attention reads the context too)."""
         tau, step = self.by_question.get(question, (self.tau, self.step))
         if context is not None and self.cost is not None:
             rows = self.rows_by_question.get(question, self.rows)
-            step = self.draft + self.overhead + self.cost(rows, context)
+            draft = max(self.draft + self.draft_slope * (context - self.context), 0.0)
+            step = draft + self.overhead + self.cost(rows, context)
         return fixed + turns * self.extra + tokens / tau * step
+
+
+def draft_slope(contexts: list[int], seconds: list[float]) -> float:
+    """Seconds of drafting per step more for each token of context more: the least-squares line through the
+    calibration steps, never below zero (noise must not make a long context predict cheaper drafting)."""
+    if len(set(contexts)) < 2:
+        return 0.0
+    return max(float(np.polyfit(np.asarray(contexts, dtype=float), np.asarray(seconds), 1)[0]), 0.0)
 
 
 def accepted(tree: Tree, continuation: list[int]) -> int:
@@ -306,6 +318,7 @@ class Tuner:
         propose = float(np.mean(proposer.propose_times))
         update = float(np.mean([s.draft_time for s in steps])) - propose
         overhead = float(np.mean([s.verify_time - cost(s.tree_size, c) for s, c in zip(steps, contexts, strict=True)]))
+        slope = draft_slope(contexts, [s.draft_time for s in steps])
         own = self.propose_seconds(run_params, state) if len(settings) > 1 else None
         asked = np.array(asked)
         mine = {q: asked == q for q in set(asked.tolist())}  # question -> its steps
@@ -319,14 +332,16 @@ class Tuner:
             extra = float(np.mean(turns.fixed) - np.mean(vanilla.fixed))
             score = Score(params, float(np.mean(accepts[i])), float(np.mean(rows[i])), draft, 0.0,
                           float(verify.mean()) + draft, extra, groups=turns.groups, overhead=overhead,
-                          cost=cost)  # fmt: skip
+                          cost=cost, context=float(np.mean(contexts)),
+                          draft_slope=slope * draft / (propose + update))  # fmt: skip
             accepted_i, rows_i = np.array(accepts[i]), np.array(rows[i])
             for q, steps_q in mine.items():
                 score.by_question[q] = (float(accepted_i[steps_q].mean()), float(verify[steps_q].mean()) + draft)
                 score.rows_by_question[q] = float(rows_i[steps_q].mean())
             score.predicted = geometric_mean(vanilla, score, calibration=True)
             free = {q: (tau, step - draft) for q, (tau, step) in score.by_question.items()}
-            score.free_draft = geometric_mean(vanilla, replace(score, extra=0.0, by_question=free), calibration=True)
+            free_score = replace(score, extra=0.0, by_question=free, draft=0.0, draft_slope=0.0)
+            score.free_draft = geometric_mean(vanilla, free_score, calibration=True)
             scores.append(score)
         return scores
 

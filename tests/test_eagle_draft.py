@@ -1,7 +1,6 @@
 """EAGLE's tensor drafting loop: a smaller dynamic tree is the select of a larger draft's first levels (what
 `specbench tune` relies on), and the per-level attention mask is exactly the fed ancestors of each node."""
 
-from functools import partial
 
 import pytest
 import torch
@@ -9,7 +8,7 @@ import torch
 from specbench.cached_lm import CachedLM
 from specbench.heads.eagle import build, config_from_target
 from specbench.methods.base import Turn
-from specbench.methods.eagle import DYNAMIC, Draft, DynamicTree, Eagle, StaticTree, readout
+from specbench.methods.eagle import DYNAMIC, Draft, DynamicTree, Eagle, StaticTree
 
 from .conftest import random_llama
 
@@ -30,7 +29,7 @@ def head(model):
 
 
 def started(model, head, expansion, prompt, sampled=False, seed=None):
-    proposer = Eagle(head, partial(readout, model.get_output_embeddings()), expansion, sampled=sampled)
+    proposer = Eagle(head, model.get_output_embeddings(), expansion, sampled=sampled)
     target = CachedLM(model)
     target.reset()
     features = target.run(prompt[:-1], layers=proposer.feature_layers).features

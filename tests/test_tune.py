@@ -19,7 +19,7 @@ from specbench.methods.base import Proposal, Turn
 from specbench.models import load_causal_lm
 from specbench.step import verify
 from specbench.tree import Tree, chain
-from specbench.tune import Cost, Recorder, Score, Turns, accepted, geometric_mean, grid_values, variant
+from specbench.tune import Cost, Recorder, Score, Turns, accepted, draft_slope, geometric_mean, grid_values, variant
 from specbench.zoo import TINY_DIR
 
 from .conftest import random_llama
@@ -270,3 +270,16 @@ def test_an_evaluation_question_is_costed_at_its_own_context():
     assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * (0.002 + 0.001 + 0.040)))
     vanilla.contexts.clear()  # context unknown: the calibration question's own step cost
     assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * 0.023))
+
+
+def test_drafting_cost_follows_the_context_it_was_calibrated_at():
+    """Calibration steps drafted in 10 ms at context 100 and 14 ms at 300: 0.02 ms more per token of context.
+    An evaluation question at context 500 drafts in 12 + 0.02 * (500 - 200) = 18 ms (the steps' mean: 200, 12 ms)."""
+    assert draft_slope([100, 300, 100, 300], [0.010, 0.014, 0.010, 0.014]) == pytest.approx(2e-5)
+    assert draft_slope([100, 300], [0.014, 0.010]) == 0.0  # never cheaper with more context
+    assert draft_slope([100, 100], [0.010, 0.014]) == 0.0  # one context: no slope known
+    cost = Cost({64: {1: 0.010, 8: 0.020}})
+    score = Score({}, 2.0, 8.0, 0.012, 0.0, by_question={"c": (2.0, 0.033)}, groups={"c": "qa"},
+                  rows_by_question={"c": 8.0}, overhead=0.001, cost=cost, context=200.0, draft_slope=2e-5)  # fmt: skip
+    vanilla = Turns(questions=[1], tokens=[10], fixed=[0.2], wall=[1.0], groups={1: "qa"}, contexts={1: 500.0})
+    assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * (0.018 + 0.001 + 0.020)))

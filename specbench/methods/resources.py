@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecbenchError
+from ..few_rows import use_few_row_layout
 from ..heads.checkpoint import trained_for_other_target
 from ..models import compile_forward, load_causal_lm
 from ..registry import HEADS, train_hint
@@ -57,5 +58,5 @@ class Resources:
                 f"re{train_hint(family, self.model_name, path)}",
                 file=sys.stderr,
             )
-        head = HEADS[family].load(path, self.target_model).to(self.device, self.dtype)
+        head = use_few_row_layout(HEADS[family].load(path, self.target_model).to(self.device, self.dtype))
         return compile_forward(head) if self.compile else head

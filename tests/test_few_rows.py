@@ -1,0 +1,53 @@
+"""The few-row layout of CPU linear layers: the same product as F.linear (to float32 rounding), contiguous (CPU
+SDPA's fast kernel needs it), and applied only to plain float32 nn.Linear layers on CPU."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specbench import methods, models
+from specbench.few_rows import ROWS, FewRowLinear, use_few_row_layout
+from specbench.zoo import TINY_DIR
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 320), (2, 320), (1, 10, 320), (3, 16, 320), (1, 300, 320)])
+def test_same_product_as_f_linear_and_contiguous(shape, bias):
+    torch.manual_seed(0)
+    layer = nn.Linear(320, 96, bias=bias)
+    x = torch.randn(shape)
+    expected = F.linear(x, layer.weight, layer.bias)
+    layer.__class__ = FewRowLinear
+    got = layer(x)
+    assert got.shape == expected.shape and got.is_contiguous()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_layout_is_used_only_between_two_and_256_rows(monkeypatch):
+    layer = use_few_row_layout(nn.Linear(8, 4))
+    calls = []
+    monkeypatch.setattr(F, "linear", lambda *args: calls.append(args[0].shape) or torch.zeros(*args[0].shape[:-1], 4))
+    for rows in (1, 2, 256, 257):
+        layer(torch.randn(rows, 8))
+    assert calls == [(1, 8), (257, 8)]
+    assert (ROWS.start, ROWS.stop) == (2, 257)
+
+
+def test_applied_to_plain_float32_cpu_linears_only():
+    class Custom(nn.Linear):
+        pass
+
+    model = nn.Sequential(nn.Linear(4, 4), Custom(4, 4), nn.Linear(4, 4).double(), nn.Embedding(3, 4))
+    keys = list(model.state_dict())
+    assert use_few_row_layout(model) is model
+    assert [type(m).__name__ for m in model] == ["FewRowLinear", "Custom", "Linear", "Embedding"]
+    assert list(model.state_dict()) == keys  # checkpoints load and save as before
+
+
+def test_the_bundled_target_and_heads_get_it():
+    target = models.load_causal_lm(TINY_DIR / "target", torch.device("cpu"), torch.float32)
+    assert isinstance(target.get_output_embeddings(), FewRowLinear)
+    res = methods.Resources("tiny", target, None, torch.device("cpu"), torch.float32,
+                            head_paths={"eagle": TINY_DIR / "eagle"})  # fmt: skip
+    assert isinstance(res.head("eagle").fc, FewRowLinear)
