@@ -89,14 +89,15 @@ def tiny():
     return load_causal_lm(TINY_DIR / "target", torch.device("cpu"), torch.float32)
 
 
-@pytest.mark.parametrize("rows", [1, 64])
+@pytest.mark.parametrize("rows", [1, 4, 16, 64])
 def test_tiny_target_forward(benchmark, tiny, rows):
-    """The tiny target over one token (a vanilla step) or [root] + a 63-node tree, after PAST cached tokens."""
+    """The tiny target over one token (a vanilla step), a chain of 4 or 16 (a draft model's), or [root] + a
+    63-node tree, after PAST cached tokens."""
     lm = CachedLM(tiny)
     lm.prefill(list(range(1, PAST + 2)))
 
     def forward():
-        lm.run(list(range(rows)), None if rows == 1 else TREE)
+        lm.run(list(range(rows)), TREE if rows == len(TREE) + 1 else None)
         lm.crop(PAST)
 
     benchmark(forward)

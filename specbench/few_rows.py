@@ -1,9 +1,9 @@
 """Linear layers over a few rows on CPU: MKL's float32 GEMM computes x @ W.T (F.linear) over 2 to a few hundred
 rows up to twice as slowly as (W @ x.T).T, the same product laid out the other way round. Verification forwards
 and EAGLE's draft levels are such products, so on CPU every nn.Linear of the target, the draft model and the
-heads takes the faster layout where it is faster (measured on the 2-core EPYC, torch 2.13, the tiny family's
-shapes: a 4-row target forward 36 -> 25 ms, 16 rows 45 -> 41 ms, 64 rows unchanged; EAGLE-2's drafting step
-35 -> 31 ms). One row (a vanilla step) and long prefills keep F.linear, which is as fast or faster there.
+heads takes the faster layout where it is faster (2-core EPYC, torch 2.13, the tiny target after 400 tokens,
+benchmarks/test_hot_paths.py: a 4-row forward 37.7 -> 23.0 ms, 16 rows 50.9 -> 37.2, a 64-row tree 90.1 -> 75.3;
+EAGLE-2's drafting step 34.9 -> 32.4). One row (a vanilla step) and long prefills keep F.linear, as fast there.
 The logits differ from F.linear's in the last bits, as any two GEMM kernels' do."""
 
 from __future__ import annotations
