@@ -18,6 +18,7 @@ from specbench import acceptance, methods
 from specbench.cached_lm import CachedLM, Forward
 from specbench.choices import MEDUSA_MC_SIM_7B_63
 from specbench.decode import decode
+from specbench.few_rows import FewRowLinear, use_few_row_layout
 from specbench.methods.base import Proposal, Proposer, Turn
 from specbench.methods.ngram_pool import NgramPool
 from specbench.methods.pld import find_continuation
@@ -89,9 +90,20 @@ def tiny():
     return load_causal_lm(TINY_DIR / "target", torch.device("cpu"), torch.float32)
 
 
-@pytest.mark.parametrize("rows", [1, 4, 16, 64])
-def test_tiny_target_forward(benchmark, tiny, rows):
-    """The tiny target over one token (a vanilla step), a chain of 4 or 16 (a draft model's), or [root] + a
+@pytest.fixture(params=["few_rows", "f_linear"])
+def layout(request, tiny):
+    """The CPU linear layout the tiny target runs with: its own (few_rows) or plain F.linear throughout."""
+    if request.param == "f_linear":
+        for layer in tiny.modules():
+            if isinstance(layer, FewRowLinear):
+                layer.__class__ = torch.nn.Linear
+    yield request.param
+    use_few_row_layout(tiny)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 8, 16, 32, 64])
+def test_tiny_target_forward(benchmark, tiny, layout, rows):
+    """The tiny target over one token (a vanilla step), a chain of 4 to 32 (a draft model's), or [root] + a
     63-node tree, after PAST cached tokens."""
     lm = CachedLM(tiny)
     lm.prefill(list(range(1, PAST + 2)))

@@ -1,9 +1,10 @@
-"""Linear layers over a few rows on CPU: MKL's float32 GEMM computes x @ W.T (F.linear) over 2 to a few hundred
-rows up to twice as slowly as (W @ x.T).T, the same product laid out the other way round. Verification forwards
-and EAGLE's draft levels are such products, so on CPU every nn.Linear of the target, the draft model and the
-heads takes the faster layout where it is faster (2-core EPYC, torch 2.13, the tiny target after 400 tokens,
-benchmarks/test_hot_paths.py: a 4-row forward 37.7 -> 23.0 ms, 16 rows 50.9 -> 37.2, a 64-row tree 90.1 -> 75.3;
-EAGLE-2's drafting step 34.9 -> 32.4). One row (a vanilla step) and long prefills keep F.linear, as fast there.
+"""Linear layers over a few rows on CPU: MKL's float32 GEMM computes x @ W.T (F.linear) over 2 to 16 rows up to
+twice as slowly as (W @ x.T).T, the same product laid out the other way round. Small verification trees and
+chains and EAGLE's draft levels are such products, so on CPU every nn.Linear of the target, the draft model and
+the heads takes that layout there. The tiny target after 400 cached tokens (2-core EPYC, torch 2.13,
+`benchmarks/test_hot_paths.py -k tiny_target`, both layouts in one run): 4 rows 35.7 -> 25.4 ms, 8 rows
+47.0 -> 29.6, 16 rows 52.4 -> 39.4. From 32 rows on the layout gained nothing or lost up to 8% (measured
+interleaved), so longer inputs, and one row (a vanilla step), keep F.linear.
 The logits differ from F.linear's in the last bits, as any two GEMM kernels' do."""
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROWS = range(2, 257)  # where (W @ x.T).T beat F.linear on the CPU it was measured on
+ROWS = range(2, 17)  # where (W @ x.T).T beat F.linear on the CPU it was measured on
 
 
 class FewRowLinear(nn.Linear):
-    """nn.Linear (same parameters and state dict) that computes 2..256 rows as (W @ x.T).T."""
+    """nn.Linear (same parameters and state dict) that computes 2..16 rows as (W @ x.T).T."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():  # compiled graphs pick their own kernels
