@@ -34,7 +34,8 @@ class FewRowLinear(nn.Linear):
 
 def use_few_row_layout(module: nn.Module) -> nn.Module:
     """Every plain nn.Linear of a float32 CPU `module` becomes a FewRowLinear (in place; returns `module`)."""
-    if next(module.parameters()).device.type != "cpu":
+    first = next(module.parameters(), None)
+    if first is None or first.device.type != "cpu":
         return module
     for layer in module.modules():
         if type(layer) is nn.Linear and layer.weight.dtype == torch.float32:
