@@ -8,11 +8,12 @@ the target appends the longest path of the tree that the output follows, plus it
 whole grid, exactly, at the roots it visited.
 
 Prediction: a setting's step costs its verification, T(rows, context) (the target's forward, profiled after a
-short and a long context, at the step's context) plus the run's measured overhead past it, and its drafting:
-the run's measured propose time scaled by the setting's own propose time at one state, plus the run's measured
-update cost. A question's predicted time is each turn's fixed cost (prefill, proposer start) plus tokens / tau
-steps, with the question's own tau and rows; the predicted speedup is the geometric mean over questions of
-vanilla's measured time over that: the paired speedup, predicted.
+short and a long context, at the step's context) plus the run's measured overhead past it, and its drafting: the
+run's measured propose time scaled by the setting's own propose time at one state, plus the run's measured
+update cost, growing with the context as the calibration steps' drafting did. A question's predicted time is
+each turn's fixed cost (prefill, proposer start) plus tokens / tau steps, with the question's own tau and rows;
+the predicted speedup is the geometric mean over questions of vanilla's measured time over that: the paired
+speedup, predicted.
 
 Verification: a `specbench run` of vanilla, the default and the winner on the evaluation task; the faster of
 default and winner is what the tuned-presets file keeps. Each setting's calibrated tau and step cost are also
@@ -316,9 +317,10 @@ class Tuner:
                     accepts[i].append(accepted(tree, full[length:]))
                     rows[i].append(len(tree) + 1)
         propose = float(np.mean(proposer.propose_times))
-        update = float(np.mean([s.draft_time for s in steps])) - propose
+        drafts = [s.draft_time for s in steps]
+        update = float(np.mean(drafts)) - propose
         overhead = float(np.mean([s.verify_time - cost(s.tree_size, c) for s, c in zip(steps, contexts, strict=True)]))
-        slope = draft_slope(contexts, [s.draft_time for s in steps])
+        slope = draft_slope(contexts, drafts)
         own = self.propose_seconds(run_params, state) if len(settings) > 1 else None
         asked = np.array(asked)
         mine = {q: asked == q for q in set(asked.tolist())}  # question -> its steps
