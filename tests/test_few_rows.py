@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbench import methods, models
-from specbench.few_rows import ROWS, FewRowLinear, use_few_row_layout
+from specbench.few_rows import FEWEST, MOST, FewRowLinear, use_few_row_layout
 from specbench.zoo import TINY_DIR
 
 
@@ -31,7 +31,7 @@ def test_the_layout_is_used_only_between_two_and_16_rows(monkeypatch):
     for rows in (1, 2, 16, 17):
         layer(torch.randn(rows, 8))
     assert calls == [(1, 8), (17, 8)]
-    assert (ROWS.start, ROWS.stop) == (2, 17)
+    assert (FEWEST, MOST) == (2, 16)
 
 
 def test_applied_to_plain_float32_cpu_linears_only():
@@ -51,3 +51,24 @@ def test_the_bundled_target_and_heads_get_it():
     res = methods.Resources("tiny", target, None, torch.device("cpu"), torch.float32,
                             head_paths={"eagle": TINY_DIR / "eagle"})  # fmt: skip
     assert isinstance(res.head("eagle").fc, FewRowLinear)
+
+
+def test_a_compiled_forward_keeps_the_layout_for_few_rows():
+    """torch.compile sees a symbolic row count: the range test must become a guard (a graph for 2..16 rows that
+    multiplies by the weight on the left, another for more rows that calls linear), not a constant."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append({str(node.target) for node in gm.graph.nodes if node.op == "call_function"})
+        return gm.forward
+
+    torch.manual_seed(0)
+    layer = use_few_row_layout(nn.Linear(8, 4))
+    compiled = torch.compile(layer, backend=record, dynamic=True)
+    for rows in (3, 5, 17, 40):
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(compiled(x), F.linear(x, layer.weight, layer.bias))
+    assert len(graphs) == 2  # 3 and 5 rows share one graph, 17 and 40 the other
+    assert "<built-in function matmul>" in graphs[0] and not any("linear" in f for f in graphs[0])
+    assert any("linear" in f for f in graphs[1])
+    torch._dynamo.reset()
