@@ -8,7 +8,9 @@ the target appends the longest path of the tree that the output follows, plus it
 whole grid, exactly, at the roots it visited.
 
 Prediction: a setting's step costs its verification, T(rows, context) (the target's forward, profiled after a
-short and a long context, at the step's context) plus the run's measured overhead past it, and its drafting: the
+short and a long context, at the step's context) times the run's measured verification time over the profiled
+one (acceptance and commit, and the machine's speed during the run against during the profile: a ratio, as a
+drift slows a small tree's forward as much as the largest one's the run verified), and its drafting: the
 run's measured propose time scaled by the setting's own propose time at one state, plus the run's measured
 update cost, growing with the context as the calibration steps' drafting did. A question's predicted time is
 each turn's fixed cost (prefill, proposer start) plus tokens / tau steps, with the question's own tau and rows;
@@ -104,7 +106,7 @@ class Score:
     by_question: dict = field(default_factory=dict)  # calibration question -> (tau, step) on it alone
     groups: dict = field(default_factory=dict)  # calibration question -> its group (Spec-Bench subtask)
     rows_by_question: dict = field(default_factory=dict)  # calibration question -> mean rows verified per step
-    overhead: float = 0.0  # seconds per step of verification past the target's forward (acceptance, commit)
+    verify_scale: float = 1.0  # the calibration run's verification seconds per profiled forward second
     cost: Cost | None = None
     context: float = 0.0  # the calibration steps' mean context (tokens committed before the step)
     draft_slope: float = 0.0  # seconds of drafting more per step for each token of context more (>= 0)
@@ -118,7 +120,7 @@ class Score:
         if context is not None and self.cost is not None:
             rows = self.rows_by_question.get(question, self.rows)
             draft = max(self.draft + self.draft_slope * (context - self.context), 0.0)
-            step = draft + self.overhead + self.cost(rows, context)
+            step = draft + self.verify_scale * self.cost(rows, context)
         return fixed + turns * self.extra + tokens / tau * step
 
 
@@ -128,6 +130,14 @@ def draft_slope(contexts: list[int], seconds: list[float]) -> float:
     if len(set(contexts)) < 2:
         return 0.0
     return max(float(np.polyfit(np.asarray(contexts, dtype=float), np.asarray(seconds), 1)[0]), 0.0)
+
+
+def verify_scale(measured: list[float], profiled: list[float]) -> float:
+    """The calibration steps' verification seconds over their profiled forward seconds (same rows, same context).
+    A ratio, not seconds added: the run verifies its largest tree only, and what separates it from the profile is
+    mostly the machine's speed drifting between the two (acceptance and commit took ~1 ms of a 74 ms 60-row
+    verification on the tiny target), which slows a smaller tree's forward in proportion."""
+    return sum(measured) / sum(profiled) if sum(profiled) > 0 else 1.0
 
 
 def accepted(tree: Tree, continuation: list[int]) -> int:
@@ -319,7 +329,9 @@ class Tuner:
         propose = float(np.mean(proposer.propose_times))
         drafts = [s.draft_time for s in steps]
         update = float(np.mean(drafts)) - propose
-        overhead = float(np.mean([s.verify_time - cost(s.tree_size, c) for s, c in zip(steps, contexts, strict=True)]))
+        scale = verify_scale(
+            [s.verify_time for s in steps], [cost(s.tree_size, c) for s, c in zip(steps, contexts, strict=True)]
+        )
         slope = draft_slope(contexts, drafts)
         own = self.propose_seconds(run_params, state) if len(settings) > 1 else None
         asked = np.array(asked)
@@ -330,10 +342,10 @@ class Tuner:
             draft = propose + update
             if own is not None and setting != top:
                 draft = propose * self.propose_seconds(params, state) / own + update
-            verify = np.array([cost(n, c) for n, c in zip(rows[i], contexts, strict=True)]) + overhead  # [steps]
+            verify = scale * np.array([cost(n, c) for n, c in zip(rows[i], contexts, strict=True)])  # [steps]
             extra = float(np.mean(turns.fixed) - np.mean(vanilla.fixed))
             score = Score(params, float(np.mean(accepts[i])), float(np.mean(rows[i])), draft, 0.0,
-                          float(verify.mean()) + draft, extra, groups=turns.groups, overhead=overhead,
+                          float(verify.mean()) + draft, extra, groups=turns.groups, verify_scale=scale,
                           cost=cost, context=float(np.mean(contexts)),
                           draft_slope=slope * draft / (propose + update))  # fmt: skip
             accepted_i, rows_i = np.array(accepts[i]), np.array(rows[i])

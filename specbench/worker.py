@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from . import methods, tasks
@@ -53,27 +54,28 @@ class Unit:
 
 @torch.inference_mode()
 def forward_profile(
-    target: CachedLM, context: int = 256, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 5
+    target: CachedLM, context: int = 256, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 9
 ) -> dict[int, float]:
-    """Median seconds of one target forward over k new tokens after `context` cached tokens (for roofline)."""
+    """Median seconds of one target forward over k new tokens after `context` cached tokens (for roofline and
+    tune's cost model). The sizes are timed in interleaved rounds, the first discarded: this CPU's speed drifts by
+    up to ~10% over seconds, and timing one size after another let a slow spell fall on some sizes only (a tune
+    once profiled 8 rows at 20 ms, which its runs then verified in 26)."""
     context = min(context, target.context_length - max(sizes) - 1)
     vocab = target.model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
     filler = torch.randint(0, vocab, (context + max(sizes),), generator=generator).tolist()
     target.reset()
     target.forward(filler[:context], last_only=True)
-    out = {}
-    for k in sizes:
-        times = []
-        for _ in range(repeats + 1):
+    times: dict[int, list[float]] = {k: [] for k in sizes}
+    for _ in range(repeats + 1):
+        for k in sizes:
             start = time.perf_counter()
             target.forward(filler[context : context + k])
             if target.device.type == "cuda":
                 torch.cuda.synchronize(target.device)
-            times.append(time.perf_counter() - start)
+            times[k].append(time.perf_counter() - start)
             target.crop(context)
-        out[k] = sorted(times[1:])[len(times[1:]) // 2]
-    return out
+    return {k: float(np.median(t[1:])) for k, t in times.items()}
 
 
 class Worker:

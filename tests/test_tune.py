@@ -19,7 +19,18 @@ from specbench.methods.base import Proposal, Turn
 from specbench.models import load_causal_lm
 from specbench.step import verify
 from specbench.tree import Tree, chain
-from specbench.tune import Cost, Recorder, Score, Turns, accepted, draft_slope, geometric_mean, grid_values, variant
+from specbench.tune import (
+    Cost,
+    Recorder,
+    Score,
+    Turns,
+    accepted,
+    draft_slope,
+    geometric_mean,
+    grid_values,
+    variant,
+    verify_scale,
+)
 from specbench.zoo import TINY_DIR
 
 from .conftest import random_llama
@@ -261,15 +272,25 @@ def test_the_forward_cost_is_linear_in_the_context_between_and_past_the_profiled
 
 
 def test_an_evaluation_question_is_costed_at_its_own_context():
-    """Calibration: tau 2 at 8 rows a step, 2 ms of drafting and 1 ms of overhead a step. An evaluation question
-    (10 tokens, 0.2 s fixed, 1 s for vanilla) after a context of 512 tokens costs T(8, 512) = 40 ms a step."""
+    """Calibration: tau 2 at 8 rows a step, 2 ms of drafting a step, verifications 10% slower than profiled. An
+    evaluation question (10 tokens, 0.2 s fixed, 1 s for vanilla) after a context of 512 tokens verifies in
+    1.1 * T(8, 512) = 44 ms a step."""
     cost = Cost({64: {1: 0.010, 8: 0.020}, 512: {1: 0.014, 8: 0.040}})
     score = Score({}, 2.0, 8.0, 0.002, 0.0, step=0.023, by_question={"c": (2.0, 0.023)}, groups={"c": "qa"},
-                  rows_by_question={"c": 8.0}, overhead=0.001, cost=cost)  # fmt: skip
+                  rows_by_question={"c": 8.0}, verify_scale=1.1, cost=cost)  # fmt: skip
     vanilla = Turns(questions=[1], tokens=[10], fixed=[0.2], wall=[1.0], groups={1: "qa"}, contexts={1: 512.0})
-    assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * (0.002 + 0.001 + 0.040)))
+    assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * (0.002 + 1.1 * 0.040)))
     vanilla.contexts.clear()  # context unknown: the calibration question's own step cost
     assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * 0.023))
+
+
+def test_verification_past_the_profile_is_a_ratio():
+    """Two 60-row steps verified in 80 and 82 ms where the profile says 74 and 76: 1.08 times the profile, so an
+    8-row tree profiled at 27 ms is predicted at 29.16 ms, not 27 + 6 (the difference in seconds)."""
+    scale = verify_scale([0.080, 0.082], [0.074, 0.076])
+    assert scale == pytest.approx(1.08)
+    assert scale * 0.027 == pytest.approx(0.02916)
+    assert verify_scale([], []) == 1.0
 
 
 def test_drafting_cost_follows_the_context_it_was_calibrated_at():
@@ -280,6 +301,7 @@ def test_drafting_cost_follows_the_context_it_was_calibrated_at():
     assert draft_slope([100, 100], [0.010, 0.014]) == 0.0  # one context: no slope known
     cost = Cost({64: {1: 0.010, 8: 0.020}})
     score = Score({}, 2.0, 8.0, 0.012, 0.0, by_question={"c": (2.0, 0.033)}, groups={"c": "qa"},
-                  rows_by_question={"c": 8.0}, overhead=0.001, cost=cost, context=200.0, draft_slope=2e-5)  # fmt: skip
+                  rows_by_question={"c": 8.0}, verify_scale=1.05, cost=cost, context=200.0,
+                  draft_slope=2e-5)  # fmt: skip
     vanilla = Turns(questions=[1], tokens=[10], fixed=[0.2], wall=[1.0], groups={1: "qa"}, contexts={1: 500.0})
-    assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * (0.018 + 0.001 + 0.020)))
+    assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * (0.018 + 1.05 * 0.020)))
