@@ -111,16 +111,23 @@ class Score:
     context: float = 0.0  # the calibration steps' mean context (tokens committed before the step)
     draft_slope: float = 0.0  # seconds of drafting more per step for each token of context more (>= 0)
 
-    def predict(self, fixed: float, tokens: float, turns: int, question=None, context: float | None = None) -> float:
+    def predict(
+        self, fixed: float, tokens: float, turns: int, question=None, context: float | None = None,
+        speed: float | None = None,
+    ) -> float:  # fmt: skip
         """Seconds of a question whose vanilla answer spent `fixed` seconds outside its steps, for `tokens`
         new tokens over `turns` turns; with the tau and step cost of calibration question `question`. Given the
         question's mean `context`, the step is costed there instead: its verification (with that question's
-        rows) and its drafting (a draft model's or head's attention reads the context too)."""
+        rows) and its drafting (a draft model's or head's attention reads the context too). Given the `speed`
+        of the vanilla run it is compared with (`Turns.speed_against`), the step moves from the calibration
+        run's pace (`verify_scale`) to that run's: this CPU's speed drifts by several percent between minutes."""
         tau, step = self.by_question.get(question, (self.tau, self.step))
         if context is not None and self.cost is not None:
             rows = self.rows_by_question.get(question, self.rows)
             draft = max(self.draft + self.draft_slope * (context - self.context), 0.0)
             step = draft + self.verify_scale * self.cost(rows, context)
+        if speed is not None:
+            step *= speed / self.verify_scale
         return fixed + turns * self.extra + tokens / tau * step
 
 
@@ -202,13 +209,26 @@ class Turns:
     wall: list[float] = field(default_factory=list)
     groups: dict = field(default_factory=dict)  # question -> its group
     contexts: dict = field(default_factory=dict)  # question -> mean tokens before each of its new tokens (if known)
+    step_contexts: list[int] = field(default_factory=list)  # tokens before each step, when the prompts are known
+    verify_seconds: float = 0.0  # the verification time of those steps, summed
+    speed: float | None = None  # `speed_against`: this run's one-token forwards over the profiled ones
 
-    def add(self, question, group: str, gen) -> None:
+    def add(self, question, group: str, gen, prompt_length: int | None = None) -> None:
         self.questions.append(question)
         self.groups[question] = group
         self.tokens.append(len(gen.tokens))
         self.wall.append(gen.wall_time)
         self.fixed.append(gen.wall_time - sum(s.draft_time + s.verify_time for s in gen.steps))
+        if prompt_length is not None:
+            before = itertools.accumulate((s.accept_length for s in gen.steps), initial=prompt_length)
+            self.step_contexts += list(before)[: len(gen.steps)]
+            self.verify_seconds += sum(s.verify_time for s in gen.steps)
+
+    def speed_against(self, cost: Cost) -> float | None:
+        """Vanilla's verification seconds over what the profile says its one-token steps take: how fast the
+        machine ran during this run against during the profile (None: no steps recorded with their context)."""
+        profiled = sum(cost(1, c) for c in self.step_contexts)
+        return self.verify_seconds / profiled if profiled > 0 else None
 
     def per_question(self, values: list[float]) -> dict:
         out: dict = {}
@@ -252,7 +272,8 @@ def geometric_mean(vanilla: Turns, score: Score, calibration: bool = False) -> f
     for q in wall:
         spread = [q] if calibration else [c for c in score.by_question if score.groups.get(c) == vanilla.groups.get(q)]
         context = vanilla.contexts.get(q)
-        logs.append(np.mean([math.log(wall[q] / score.predict(fixed[q], tokens[q], int(turns[q]), c, context))
+        logs.append(np.mean([math.log(wall[q] / score.predict(fixed[q], tokens[q], int(turns[q]), c, context,
+                                                              vanilla.speed))
                              for c in spread or list(score.by_question) or [None]]))  # fmt: skip
     return math.exp(np.mean(logs))
 
@@ -277,7 +298,7 @@ class Tuner:
             seed = question_seed(self.cfg.run.seed, q.id, 0.0)
             gens, prompts, _ = self.session.answer(name, proposer, q, self.budget, 0.0, seed)
             for gen, prompt in zip(gens, prompts, strict=True):
-                turns.add(q.id, q.group, gen)
+                turns.add(q.id, q.group, gen, len(prompt))
                 yield gen, prompt
 
     def vanilla(self) -> Turns:
@@ -372,6 +393,7 @@ class Tuner:
         longest = target.context_length - max(PROFILE_SIZES) - 1
         cost = Cost({c: forward_profile(target, context=c, sizes=PROFILE_SIZES)
                      for c in sorted({min(c, longest) for c in PROFILE_CONTEXTS})})  # fmt: skip
+        vanilla.speed = vanilla.speed_against(cost)
         scores: list[Score] = []
         for i, plain in enumerate(runs):
             if i and self.elapsed() > CALIBRATION_SHARE * self.cfg.budget_minutes:
@@ -442,6 +464,10 @@ def measure(cfg: TuneConfig, names: list[str], out: Path, tokenizer) -> tuple[di
             prompts = reference_prompts(tokenizer, asked[answer.question_id], answer.turns)
             before = [len(p) + (n - 1) / 2 for p, n in zip(prompts, answer.new_tokens, strict=True)]
             vanilla.contexts[answer.question_id] = float(np.average(before, weights=answer.new_tokens))
+            vanilla.step_contexts += [
+                len(p) + i for p, n in zip(prompts, answer.new_tokens, strict=True) for i in range(n)
+            ]
+            vanilla.verify_seconds += answer.verify_time or 0.0
     return speedups, vanilla, taus
 
 
@@ -475,6 +501,7 @@ def tune(cfg: TuneConfig) -> dict:
         key = zlib.crc32(json.dumps([winner, cfg.eval_task, run_cfg.limit, run_cfg.max_new_tokens]).encode())
         names = list(dict.fromkeys([cfg.method, winner]))
         measured, vanilla, taus = measure(cfg, names, out / f"verify-{key:08x}", tokenizer)
+        vanilla.speed = vanilla.speed_against(best.cost)
         for s in scores:
             s.predicted_eval = geometric_mean(vanilla, s)
         for name, s in zip(names, (default, best), strict=False):

@@ -293,6 +293,20 @@ def test_verification_past_the_profile_is_a_ratio():
     assert verify_scale([], []) == 1.0
 
 
+def test_a_step_moves_to_the_pace_of_the_vanilla_run_it_is_compared_with():
+    """The calibration run verified at 1.1 times the profile; the evaluation's vanilla ran its one-token steps at
+    1.21 times it (the machine 10% slower then): the setting's 2 + 1.1 * 20 = 24 ms step becomes 26.4 ms."""
+    cost = Cost({64: {1: 0.010, 8: 0.020}})
+    vanilla = Turns(questions=[1], tokens=[10], fixed=[0.2], wall=[1.0], groups={1: "qa"}, contexts={1: 64.0},
+                    step_contexts=[64] * 10, verify_seconds=10 * 0.0121)  # fmt: skip
+    vanilla.speed = vanilla.speed_against(cost)
+    assert vanilla.speed == pytest.approx(1.21)
+    score = Score({}, 2.0, 8.0, 0.002, 0.0, by_question={"c": (2.0, 0.024)}, groups={"c": "qa"},
+                  rows_by_question={"c": 8.0}, verify_scale=1.1, cost=cost, context=64.0)  # fmt: skip
+    assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * 0.0264))
+    assert Turns().speed_against(cost) is None
+
+
 def test_drafting_cost_follows_the_context_it_was_calibrated_at():
     """Calibration steps drafted in 10 ms at context 100 and 14 ms at 300: 0.02 ms more per token of context.
     An evaluation question at context 500 drafts in 12 + 0.02 * (500 - 200) = 18 ms (the steps' mean: 200, 12 ms)."""
