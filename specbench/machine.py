@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import __version__, metrics
+from . import __version__, few_rows, metrics
 
 
 def _git_revision() -> str | None:
@@ -59,6 +59,7 @@ def machine(device: torch.device) -> dict:
         "git_revision": _git_revision(),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "busy_cpus": busy_cpus(),
+        "few_rows": few_rows.describe() if device.type == "cpu" else None,  # row counts the (W @ x.T).T layout takes
     }
 
 
