@@ -92,7 +92,8 @@ def tiny():
 
 @pytest.fixture(params=["few_rows", "f_linear"])
 def layout(request, tiny):
-    """The CPU linear layout the tiny target runs with: its own (few_rows) or plain F.linear throughout."""
+    """The CPU linear layout the tiny target runs with: its own (few_rows, at the row counts this process
+    calibrated) or plain F.linear throughout."""
     if request.param == "f_linear":
         for layer in tiny.modules():
             if isinstance(layer, FewRowLinear):
