@@ -25,7 +25,7 @@ from torch import nn
 
 from .errors import SpecbenchError
 
-MOST = 16  # the largest row count calibrated: past it F.linear (32-256 rows gained nothing or lost up to 8%)
+MOST = 16  # the largest row count calibrated: past it F.linear (on the AVX2 EPYC 32-256 rows gained nothing or lost 8%)
 FALLBACK = ((2, 16),)
 STREAMED = 32 << 20  # bytes of linear weights from which a model's products stream from memory, as in a decode step
 SAMPLE = 96 << 20  # bytes of weights a calibration pass goes through at most (bounds its cost on large models)

@@ -110,6 +110,7 @@ class Score:
     cost: Cost | None = None
     context: float = 0.0  # the calibration steps' mean context (tokens committed before the step)
     draft_slope: float = 0.0  # seconds of drafting more per step for each token of context more (>= 0)
+    pace: float | None = None  # the calibration's vanilla run's `Turns.speed`: the machine's pace during calibration
 
     def predict(
         self, fixed: float, tokens: float, turns: int, question=None, context: float | None = None,
@@ -119,15 +120,17 @@ class Score:
         new tokens over `turns` turns; with the tau and step cost of calibration question `question`. Given the
         question's mean `context`, the step is costed there instead: its verification (with that question's
         rows) and its drafting (a draft model's or head's attention reads the context too). Given the `speed`
-        of the vanilla run it is compared with (`Turns.speed_against`), the step moves from the calibration
-        run's pace (`verify_scale`) to that run's: this CPU's speed drifts by several percent between minutes."""
+        of the vanilla run it is compared with (`Turns.speed_against`), the step moves from the calibration's
+        vanilla pace to that run's: this CPU's speed drifts by several percent between minutes. Vanilla against
+        vanilla: the method's own verification over the profile (`verify_scale`) also holds what its loop adds
+        (drafting between forwards evicts the target's weights from cache), which a vanilla run does not show."""
         tau, step = self.by_question.get(question, (self.tau, self.step))
         if context is not None and self.cost is not None:
             rows = self.rows_by_question.get(question, self.rows)
             draft = max(self.draft + self.draft_slope * (context - self.context), 0.0)
             step = draft + self.verify_scale * self.cost(rows, context)
-        if speed is not None:
-            step *= speed / self.verify_scale
+        if speed is not None and self.pace:
+            step *= speed / self.pace
         return fixed + turns * self.extra + tokens / tau * step
 
 
@@ -368,7 +371,7 @@ class Tuner:
             score = Score(params, float(np.mean(accepts[i])), float(np.mean(rows[i])), draft, 0.0,
                           float(verify.mean()) + draft, extra, groups=turns.groups, verify_scale=scale,
                           cost=cost, context=float(np.mean(contexts)),
-                          draft_slope=slope * draft / (propose + update))  # fmt: skip
+                          draft_slope=slope * draft / (propose + update), pace=vanilla.speed)  # fmt: skip
             accepted_i, rows_i = np.array(accepts[i]), np.array(rows[i])
             for q, steps_q in mine.items():
                 score.by_question[q] = (float(accepted_i[steps_q].mean()), float(verify[steps_q].mean()) + draft)

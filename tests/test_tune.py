@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -294,16 +295,20 @@ def test_verification_past_the_profile_is_a_ratio():
 
 
 def test_a_step_moves_to_the_pace_of_the_vanilla_run_it_is_compared_with():
-    """The calibration run verified at 1.1 times the profile; the evaluation's vanilla ran its one-token steps at
-    1.21 times it (the machine 10% slower then): the setting's 2 + 1.1 * 20 = 24 ms step becomes 26.4 ms."""
+    """The calibration's vanilla ran its one-token steps at 1.1 times the profile, the evaluation's vanilla at
+    1.21 times it (the machine 10% slower then): the setting's 2 + 1.1 * 20 = 24 ms step becomes 26.4 ms. Its
+    own verification ran at 1.3 times the profile (its drafting evicts the target's weights): that stays in it."""
     cost = Cost({64: {1: 0.010, 8: 0.020}})
     vanilla = Turns(questions=[1], tokens=[10], fixed=[0.2], wall=[1.0], groups={1: "qa"}, contexts={1: 64.0},
                     step_contexts=[64] * 10, verify_seconds=10 * 0.0121)  # fmt: skip
     vanilla.speed = vanilla.speed_against(cost)
     assert vanilla.speed == pytest.approx(1.21)
     score = Score({}, 2.0, 8.0, 0.002, 0.0, by_question={"c": (2.0, 0.024)}, groups={"c": "qa"},
-                  rows_by_question={"c": 8.0}, verify_scale=1.1, cost=cost, context=64.0)  # fmt: skip
+                  rows_by_question={"c": 8.0}, verify_scale=1.1, cost=cost, context=64.0, pace=1.1)  # fmt: skip
     assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * 0.0264))
+    own = replace(score, verify_scale=1.3)  # 2 + 1.3 * 20 = 28 ms at the calibration's pace, 30.8 at the evaluation's
+    assert geometric_mean(vanilla, own) == pytest.approx(1 / (0.2 + 10 / 2 * 0.0308))
+    assert geometric_mean(vanilla, replace(score, pace=None)) == pytest.approx(1 / (0.2 + 10 / 2 * 0.024))
     assert Turns().speed_against(cost) is None
 
 
