@@ -40,9 +40,10 @@ class FewRowLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if not any(lo <= rows <= hi for lo, hi in ranges):  # comparisons, not `in`: a compiled graph guards on them
-            return F.linear(x, self.weight, self.bias)
-        return _transposed(self, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], self.out_features)
+        for lo, hi in ranges:  # comparisons, not `in`: a compiled graph guards on them (no generator: a hot path)
+            if lo <= rows <= hi:
+                return _transposed(self, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], self.out_features)
+        return F.linear(x, self.weight, self.bias)
 
 
 def _transposed(layer: nn.Linear, flat: torch.Tensor) -> torch.Tensor:
@@ -125,7 +126,10 @@ def _faster_transposed(layers: list[nn.Linear], rows: int) -> bool:
             start = time.perf_counter()
             for layer in layers:
                 x = inputs[layer.in_features]
-                F.linear(x, layer.weight, layer.bias) if name == "linear" else _transposed(layer, x)
+                if name == "linear":
+                    F.linear(x, layer.weight, layer.bias)
+                else:
+                    _transposed(layer, x)
             if round:
                 best[name] = min(best[name], time.perf_counter() - start)
     return best["transposed"] < best["linear"]
