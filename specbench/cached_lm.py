@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from .errors import SpecbenchError
+from .models import cache_argument
 from .tree import Tree, attention_mask, position_ids
 
 
@@ -99,11 +100,14 @@ class CachedLM:
         else:
             positions = position_ids(tree, past, self.device, side.positions if side else None)
             mask = attention_mask(tree, past, self.dtype, self.device, side.allowed if side else None)
-        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache)
+        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
         if layers is None:
-            out = self.model(**inputs, use_cache=True, logits_to_keep=1 if last_only else 0)
+            out = self.model(**inputs, **{cache_argument(type(self.model)): self.cache},
+                             logits_to_keep=1 if last_only else 0)  # fmt: skip
             return Forward(out.logits[0])
-        out = self.model.get_decoder()(**inputs, use_cache=True, output_hidden_states=any(i != -1 for i in layers))
+        decoder = self.model.get_decoder()
+        out = decoder(**inputs, **{cache_argument(type(decoder)): self.cache},
+                      output_hidden_states=any(i != -1 for i in layers))  # fmt: skip
         final = out.last_hidden_state[0]
         logits = self.model.get_output_embeddings()(final[-1:] if last_only else final)
         return Forward(logits, hidden_features(out, layers)[0])

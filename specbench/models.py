@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -171,6 +173,13 @@ def load_causal_lm(
         # layer at each decode step (measured on an H100, torch 2.11): keep SDPA on flash/memory-efficient.
         torch.backends.cuda.enable_cudnn_sdp(False)
     return use_few_row_layout(model.to(device).eval())
+
+
+@functools.cache
+def cache_argument(module_class: type) -> str:
+    """The keyword a module's forward takes its KV cache by: `cache` from transformers 5.24 on (there
+    `past_key_values` only warns, and it goes in 5.40), `past_key_values` before and in older remote code."""
+    return "cache" if "cache" in inspect.signature(module_class.forward).parameters else "past_key_values"
 
 
 RECOMPILE_LIMIT = 64  # graphs per function: one token, a chain, a tree with its mask, a prefill, ... (default 8)

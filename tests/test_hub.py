@@ -99,6 +99,22 @@ def test_every_hub_checkpoint_of_every_alias_is_pinned_to_a_commit():
     assert "eagle3" not in models.ALIASES["vicuna-7b"].heads  # no official EAGLE-3 head exists for it
 
 
+def test_the_cache_keyword_follows_the_forward_signature():
+    """transformers 5.24 renamed past_key_values to cache (the old name goes in 5.40); remote code may keep it."""
+
+    class Renamed(torch.nn.Module):
+        def forward(self, input_ids, cache=None, use_cache=False): ...
+
+    class Older(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, use_cache=False): ...
+
+    assert models.cache_argument(Renamed) == "cache"
+    assert models.cache_argument(Older) == "past_key_values"
+    from transformers import LlamaForCausalLM, LlamaModel
+
+    assert models.cache_argument(LlamaForCausalLM) == models.cache_argument(LlamaModel)  # one name per version
+
+
 def test_human_bytes():
     assert [hub.human_bytes(n) for n in (999, 1_000, 13_476_839_424)] == ["999 B", "1.00 KB", "13.48 GB"]
 

@@ -35,6 +35,7 @@ from transformers import Cache
 
 from ..errors import SpecbenchError
 from ..hub import Layout
+from ..models import cache_argument
 from ..registry import HeadFamily, head_family
 from .checkpoint import check, config_shape, read_config, read_prefixed, save_safetensors
 
@@ -135,8 +136,8 @@ class MtpHead(nn.Module):
             hidden_states=x,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=cache is not None,
+            **{cache_argument(type(self.block)): cache},
             position_embeddings=self.rotary(x, positions),
         )
         return self.norm(x) if self.layout.normed_output else x

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from ..models import cache_argument
+
 _EVAL_BATCH = 4
 
 
@@ -60,12 +62,13 @@ def decode_ms(model: LlamaForCausalLM, *, cache_len: int, new_tokens: int, repea
     gen = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     cache = DynamicCache(config=model.config)
-    model(input_ids=torch.randint(vocab, (1, cache_len), generator=gen), past_key_values=cache, use_cache=True)
+    keyword = cache_argument(type(model))
+    model(input_ids=torch.randint(vocab, (1, cache_len), generator=gen), **{keyword: cache}, use_cache=True)
     times = []
     for _ in range(repeats + 2):  # the first two warm up
         x = torch.randint(vocab, (1, new_tokens), generator=gen)
         start = time.perf_counter()
-        model(input_ids=x, past_key_values=cache, use_cache=True)
+        model(input_ids=x, **{keyword: cache}, use_cache=True)
         times.append(time.perf_counter() - start)
         cache.crop(-new_tokens)  # back to `cache_len` tokens
     return 1000 * statistics.median(times[2:])
