@@ -1,11 +1,13 @@
 """`specbench tune`: the fastest setting of one method's size knobs for this device, model and dtype.
 
-Calibration, on a task other than the one the choice is checked on: vanilla, then one greedy run of the method
-for each setting of its plain knobs (the preset's `tune:` values), with its nested knobs (`registry.Nested`) at
-their largest values. At each step the run keeps what the method's snapshot needs; after each turn, the tree
-every smaller nested setting would have proposed at that root is scored against the turn's own output: at T = 0
-the target appends the longest path of the tree that the output follows, plus its own token. So one run scores a
-whole grid, exactly, at the roots it visited.
+Calibration, on a task other than the one the choice is checked on: one greedy run of the method for each
+setting of its plain knobs (the preset's `tune:` values), with its nested knobs (`registry.Nested`) at their
+largest values, each question answered by vanilla just before, as `specbench run` interleaves them (this CPU's
+pace drifts by up to a quarter within a minute: only a vanilla answered beside a run prices its steps). At
+each step the run keeps what the method's snapshot needs; after each turn, the tree every smaller nested
+setting would have proposed at that root is scored against the turn's own output: at T = 0 the target appends
+the longest path of the tree that the output follows, plus its own token. So one run scores a whole grid,
+exactly, at the roots it visited.
 
 Prediction: a setting's step costs its verification, T(rows, context) (the target's forward, profiled after a
 short and a long context, at the step's context) times the run's measured verification time over the profiled
@@ -110,7 +112,7 @@ class Score:
     cost: Cost | None = None
     context: float = 0.0  # the calibration steps' mean context (tokens committed before the step)
     draft_slope: float = 0.0  # seconds of drafting more per step for each token of context more (>= 0)
-    pace: float | None = None  # the calibration's vanilla run's `Turns.speed`: the machine's pace during calibration
+    pace: float | None = None  # `Turns.speed` of the vanilla answers beside the calibration run: the machine's pace
 
     def predict(
         self, fixed: float, tokens: float, turns: int, question=None, context: float | None = None,
@@ -120,8 +122,8 @@ class Score:
         new tokens over `turns` turns; with the tau and step cost of calibration question `question`. Given the
         question's mean `context`, the step is costed there instead: its verification (with that question's
         rows) and its drafting (a draft model's or head's attention reads the context too). Given the `speed`
-        of the vanilla run it is compared with (`Turns.speed_against`), the step moves from the calibration's
-        vanilla pace to that run's: this CPU's speed drifts by several percent between minutes. Vanilla against
+        of the vanilla run it is compared with (`Turns.speed_against`), the step moves from the pace of the
+        vanilla answered beside the calibration run to that run's: this CPU's pace drifts. Vanilla against
         vanilla: the method's own verification over the profile (`verify_scale`) also holds what its loop adds
         (drafting between forwards evicts the target's weights from cache), which a vanilla run does not show."""
         tau, step = self.by_question.get(question, (self.tau, self.step))
@@ -292,24 +294,24 @@ class Tuner:
     def elapsed(self) -> float:
         return (time.perf_counter() - self.started) / 60
 
-    def _answer(self, name: str, proposer: Proposer, turns: Turns) -> Iterator[tuple]:
-        """Every calibration question answered greedily (the first one once more before, as a warm-up)."""
-        self.session.answer(name, proposer, self.questions[0], min(16, self.budget), 0.0, 0)
+    def _answer(self, name: str, proposer: Proposer, turns: Turns, vanilla: Turns) -> Iterator[tuple]:
+        """Every calibration question answered greedily by vanilla (into `vanilla`) and then by the method, as
+        `specbench run` interleaves them (the first question once more before, as a warm-up): this CPU's pace
+        drifts by up to a quarter over tens of seconds, so only a vanilla answered beside the method's answers
+        tells what the method's steps cost against vanilla's."""
+        pairs = ((methods.build("vanilla", self.session.resources), "vanilla", vanilla), (proposer, name, turns))
+        for who, label, _ in pairs:
+            self.session.answer(label, who, self.questions[0], min(16, self.budget), 0.0, 0)
         if isinstance(proposer, Recorder):
             proposer.clear()
         for q in self.questions:
             seed = question_seed(self.cfg.run.seed, q.id, 0.0)
-            gens, prompts, _ = self.session.answer(name, proposer, q, self.budget, 0.0, seed)
-            for gen, prompt in zip(gens, prompts, strict=True):
-                turns.add(q.id, q.group, gen, len(prompt))
-                yield gen, prompt
-
-    def vanilla(self) -> Turns:
-        """Plain decoding of the calibration questions."""
-        turns = Turns()
-        for _ in self._answer("vanilla", methods.build("vanilla", self.session.resources), turns):
-            pass
-        return turns
+            for who, label, into in pairs:
+                gens, prompts, _ = self.session.answer(label, who, q, self.budget, 0.0, seed)
+                for gen, prompt in zip(gens, prompts, strict=True):
+                    into.add(q.id, q.group, gen, len(prompt))
+                    if who is proposer:
+                        yield gen, prompt
 
     def propose_seconds(self, params: dict, state: list[int]) -> float:
         """Median seconds of one propose of the setting at the committed sequence `state` (after a fresh start)."""
@@ -325,17 +327,18 @@ class Tuner:
             times.append(clock(self.session.device) - t0)
         return float(np.median(times[1:]))
 
-    def calibrate(self, plain: dict, settings: list[dict], vanilla: Turns, cost: Cost, state: list[int]) -> list[Score]:
-        """One greedy run with the nested knobs at their largest values; every nested setting scored from it."""
+    def calibrate(self, plain: dict, settings: list[dict], cost: Cost, state: list[int]) -> list[Score]:
+        """One greedy run with the nested knobs at their largest values, beside vanilla; every nested setting
+        scored from it."""
         top = {k: max((s[k] for s in settings), key=_size) for k in settings[0]}
         run_params = {**self.defaults, **plain, **top}
         proposer = Recorder(methods.build(self.cfg.method, self.session.resources, run_params), self.nested,
                             self.session.device)  # fmt: skip
         name = variant(self.cfg.method, run_params, self.defaults)
-        turns, steps, asked, contexts = Turns(), [], [], []  # each step's question and committed tokens
+        turns, vanilla, steps, asked, contexts = Turns(), Turns(), [], [], []  # each step's question and context
         accepts: dict[int, list[int]] = {i: [] for i in range(len(settings))}
         rows: dict[int, list[int]] = {i: [] for i in range(len(settings))}
-        for gen, prompt in self._answer(name, proposer, turns):
+        for gen, prompt in self._answer(name, proposer, turns, vanilla):
             full = prompt + gen.tokens
             records = proposer.records[len(steps) : len(steps) + len(gen.steps)]
             steps += gen.steps
@@ -350,6 +353,7 @@ class Tuner:
                     tree = Proposal(self.nested.subtree(snapshot, setting)).pruned(depth).tree
                     accepts[i].append(accepted(tree, full[length:]))
                     rows[i].append(len(tree) + 1)
+        vanilla.speed = vanilla.speed_against(cost)
         propose = float(np.mean(proposer.propose_times))
         drafts = [s.draft_time for s in steps]
         update = float(np.mean(drafts)) - propose
@@ -388,15 +392,11 @@ class Tuner:
         runs, settings = space(self.cfg.method, self.cfg.grid)
         print(f"tune {self.cfg.method}: {len(runs)} calibration run(s) scoring {len(runs) * len(settings)} settings "
               f"on {len(self.questions)} questions of {', '.join(self.cfg.run.tasks)}", file=sys.stderr)  # fmt: skip
-        with OtherLoad() as load:
-            vanilla = self.vanilla()
-        self._warn_if_busy(load, "vanilla's calibration run")
         state = self._state()
         target = self.session.target
         longest = target.context_length - max(PROFILE_SIZES) - 1
         cost = Cost({c: forward_profile(target, context=c, sizes=PROFILE_SIZES)
                      for c in sorted({min(c, longest) for c in PROFILE_CONTEXTS})})  # fmt: skip
-        vanilla.speed = vanilla.speed_against(cost)
         scores: list[Score] = []
         for i, plain in enumerate(runs):
             if i and self.elapsed() > CALIBRATION_SHARE * self.cfg.budget_minutes:
@@ -404,7 +404,7 @@ class Tuner:
                       "to score the rest", file=sys.stderr)  # fmt: skip
                 return scores, True
             with OtherLoad() as load:
-                found = self.calibrate(plain, settings, vanilla, cost, state)
+                found = self.calibrate(plain, settings, cost, state)
             self._warn_if_busy(load, "the calibration run of " + variant(self.cfg.method, {**self.defaults, **plain},
                                                                          self.defaults))  # fmt: skip
             scores += found
