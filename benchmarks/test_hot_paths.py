@@ -161,6 +161,33 @@ def test_eagle2_drafting(benchmark, tiny, depth):
     assert len(proposal.tree) == 59
 
 
+@pytest.mark.parametrize("depth", [1, 5])
+def test_eagle2_drafting_products(benchmark, tiny, depth):
+    """The matrix products alone of test_eagle2_drafting at the same depth, through the same layers and row
+    counts: the LM-head readout of the root, then per level the head's fc, q, k, v, o, gate, up and down over
+    the 10 grown nodes and their readout. What drafting costs beyond this is the loop's own (attention, top-k,
+    norms, the tree's bookkeeping); this part only a faster kernel or fewer weights read can cut."""
+    res = methods.Resources("tiny", tiny, None, torch.device("cpu"), torch.float32,
+                            head_paths={"eagle": TINY_DIR / "eagle"})  # fmt: skip
+    head = methods.build("eagle2", res).head
+    layer, readout = head.layers[0], tiny.get_output_embeddings()
+    attention, mlp = layer.self_attn, layer.mlp
+    hidden = head.config.hidden_size
+    root, level = torch.randn(1, hidden), torch.randn(10, hidden)  # top_k = 10 nodes grow per level
+
+    @torch.inference_mode()
+    def products():
+        readout(root)
+        for _ in range(depth):
+            x = head.fc(torch.cat([level, level], dim=-1))
+            for proj in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj):
+                proj(x)
+            mlp.down_proj(mlp.gate_proj(x) * mlp.up_proj(x))
+            readout(x)
+
+    benchmark(products)
+
+
 def test_pld_lookup(benchmark):
     """Prompt lookup's n-gram search over a 2,000-token context whose match lies far back."""
     tokens = [i % 997 for i in range(2000)] + [5, 6, 7]
