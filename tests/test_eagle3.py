@@ -312,7 +312,7 @@ def test_train_eagle3_writes_the_official_layout(capsys, deep_target, tmp_path):
 
 
 def test_preset_and_aliases():
-    assert methods.preset("eagle3").params == {"total_tokens": 60, "depth": 7, "top_k": 10}
+    assert methods.preset("eagle3").params == {"total_tokens": 60, "depth": 7, "top_k": 10, "draft_dtype": None}
     assert models.resolve("vicuna-13b").heads["eagle3"].id == "yuhuili/EAGLE3-Vicuna1.3-13B"
     llama31 = models.resolve("llama3.1-8b")
     assert llama31.path == "meta-llama/Llama-3.1-8B-Instruct"

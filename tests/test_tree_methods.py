@@ -1,6 +1,8 @@
 """Medusa, EAGLE-1 and EAGLE-2 through the shared loop: trees from choices, typical acceptance, greedy
 equality with vanilla, acceptance of briefly trained heads, and the sampling test."""
 
+import copy
+
 import pytest
 import torch
 
@@ -193,6 +195,9 @@ def small_proposer(name: str, model) -> object:
         "eagle2": lambda: Eagle(head, lm_head, DynamicTree(10, 1, 3)),
         "eagle-sampled": lambda: Eagle(head, lm_head, StaticTree(SMALL_STATIC), sampled=True),
         "eagle2-sampled": lambda: Eagle(head, lm_head, DynamicTree(10, 1, 3), sampled=True),
+        "eagle2-sampled-bfloat16": lambda: Eagle(  # draft_dtype: the laws drawn from are bfloat16 logits' softmax
+            copy.deepcopy(head).bfloat16(), copy.deepcopy(lm_head).bfloat16(), DynamicTree(10, 1, 3), sampled=True
+        ),
         "planted": lambda: UnconditionedSiblings(head, lm_head, StaticTree(SMALL_STATIC), sampled=True),
     }[name]()
 
@@ -203,7 +208,10 @@ def small_sampling_test(model, proposer, samples=1000):
     )
 
 
-@pytest.mark.parametrize("name", ["medusa", "medusa-sampled", "eagle", "eagle2", "eagle-sampled", "eagle2-sampled"])
+SAMPLED = ["medusa", "medusa-sampled", "eagle", "eagle2", "eagle-sampled", "eagle2-sampled", "eagle2-sampled-bfloat16"]
+
+
+@pytest.mark.parametrize("name", SAMPLED)
 def test_tree_methods_pass_the_sampling_test(small_vocab, name):
     result = small_sampling_test(small_vocab, small_proposer(name, small_vocab))
     assert result.passed, result

@@ -318,22 +318,23 @@ def _static_paths(proposer: Eagle, proposal: Proposal) -> tuple[list[tuple], lis
 @implementation("eagle", color="#2ca02c", nested=tree_prefix("nodes", _static_paths))
 def build_eagle(params: dict, res: Resources) -> Proposer:
     sampled = params.pop("sampled", False)
+    dtype = res.draft_dtype(params.pop("draft_dtype", None))
     listed = choices.first(choices.resolve(params.pop("tree", "eagle_mc_sim_7b_63")), params.pop("nodes", None))
     tree = StaticTree(listed, **params)
-    return Eagle(res.head("eagle"), res.target_model.get_output_embeddings(), tree, sampled=sampled)
+    return Eagle(res.head("eagle", dtype), res.readout(dtype), tree, sampled=sampled)
 
 
 @implementation("eagle2", color="#d62728", nested=DYNAMIC)
 def build_eagle2(params: dict, res: Resources) -> Proposer:
     sampled = params.pop("sampled", False)
-    lm_head = res.target_model.get_output_embeddings()
-    return Eagle(res.head("eagle"), lm_head, DynamicTree(**params), sampled=sampled)
+    dtype = res.draft_dtype(params.pop("draft_dtype", None))
+    return Eagle(res.head("eagle", dtype), res.readout(dtype), DynamicTree(**params), sampled=sampled)
 
 
 @implementation("eagle3", color="#9467bd", nested=DYNAMIC)
 def build_eagle3(params: dict, res: Resources) -> Proposer:
     sampled = params.pop("sampled", False)
-    head = res.head("eagle3")
+    head = res.head("eagle3", res.draft_dtype(params.pop("draft_dtype", None)))
     text = res.target_model.config.get_text_config()
     return Eagle(
         head,
