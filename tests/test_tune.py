@@ -16,7 +16,7 @@ from specbench.cached_lm import CachedLM
 from specbench.cli import main
 from specbench.decode import decode
 from specbench.errors import SpecbenchError
-from specbench.methods.base import Proposal, Turn
+from specbench.methods.base import Proposal, Proposer, Turn
 from specbench.models import load_causal_lm
 from specbench.step import verify
 from specbench.tree import Tree, chain
@@ -113,6 +113,9 @@ def test_variant_names_only_what_differs():
     assert variant("eagle2", {"top_k": 10, "depth": 4, "total_tokens": 24}, {"top_k": 10, "depth": 5,
                    "total_tokens": 60}) == "eagle2[depth=4,total_tokens=24]"  # fmt: skip
     assert variant("sps", {"num_draft_tokens": 4}, {"num_draft_tokens": 4}) == "sps"
+    named = variant("eagle2", {"draft_dtype": "bfloat16", "tree": "null"}, {"draft_dtype": None, "tree": None})
+    assert named == 'eagle2[draft_dtype=bfloat16,tree="null"]'  # a string that would read back as None is quoted
+    assert methods.variant(named) == ("eagle2", {"draft_dtype": "bfloat16", "tree": "null"})
     assert methods.variant("eagle2[depth=4,total_tokens=24]") == ("eagle2", {"depth": 4, "total_tokens": 24})
     assert grid_values(["depth=3,4", "sampled=true"]) == {"depth": [3, 4], "sampled": [True]}
 
@@ -337,6 +340,43 @@ def test_calibration_answers_each_question_with_vanilla_just_before_the_method()
     assert tuner.session.asked == [("vanilla", 1, 16), ("pld", 1, 16), ("vanilla", 1, 32), ("pld", 1, 32),
                                    ("vanilla", 2, 32), ("pld", 2, 32)]  # fmt: skip
     assert len(yielded) == 2 and vanilla.questions == turns.questions == [1, 2]
+
+
+def test_each_timed_propose_follows_a_target_forward(monkeypatch):
+    """A decode's propose comes after a verification, which streams the target's weights through the caches: the
+    draft-cost timings reproduce that (one-token forward, the cache cropped back to the state) before each."""
+    events = []
+
+    class Target:
+        def prefill(self, prompt, layers):
+            events.append(("prefill", len(prompt), layers))
+            return None
+
+        def forward(self, tokens):
+            events.append(("forward", tokens))
+
+        def crop(self, length):
+            events.append(("crop", length))
+
+    class Timed(Proposer):
+        feature_layers = ()
+
+        def start(self, turn):
+            events.append(("start",))
+
+        def propose(self, tokens, max_depth):
+            events.append(("propose",))
+            return Proposal(Tree([], []))
+
+    class FakeSession:
+        target, resources, device = Target(), None, torch.device("cpu")
+
+    monkeypatch.setattr(tune.methods, "build", lambda *a: Timed())
+    tuner = object.__new__(tune.Tuner)
+    tuner.session, tuner.budget = FakeSession(), 8
+    tuner.cfg = tune.TuneConfig("sps", tune.RunConfig(methods=["sps"]))
+    assert tuner.propose_seconds({}, [5, 6, 7]) >= 0
+    assert events == [("prefill", 3, None)] + [("start",), ("forward", [7]), ("crop", 2), ("propose",)] * 4
 
 
 def test_drafting_cost_follows_the_context_it_was_calibrated_at():
