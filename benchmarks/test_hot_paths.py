@@ -146,19 +146,29 @@ def test_tree_mask_and_positions(benchmark):
     benchmark(lambda: (attention_mask(TREE, PAST, torch.float32), position_ids(TREE, PAST)))
 
 
-@pytest.mark.parametrize("depth", [1, 5])
-def test_eagle2_drafting(benchmark, tiny, depth):
-    """EAGLE-2's drafting of one step with the bundled head, built as `specbench run` builds it: top_k 10, 60
-    tokens, depth 5 (its default: 6 levels, 59 drafts kept) or depth 1 (2 levels: the root's readout, then one
-    grown level fed and read out)."""
+def _time_propose(benchmark, tiny, method: str) -> None:
     res = methods.Resources("tiny", tiny, None, torch.device("cpu"), torch.float32,
                             head_paths={"eagle": TINY_DIR / "eagle"})  # fmt: skip
-    proposer = methods.build(f"eagle2[depth={depth}]", res)
+    proposer = methods.build(method, res)
     prompt = list(range(1, PAST + 2))
     features = CachedLM(tiny).prefill(prompt, layers=(-1,)).features
     proposer.start(Turn(prompt, 0.0, features=features))
     proposal = benchmark(proposer.propose, prompt, 10)
     assert len(proposal.tree) == 59
+
+
+@pytest.mark.parametrize("depth", [1, 5])
+def test_eagle2_drafting(benchmark, tiny, depth):
+    """EAGLE-2's drafting of one step with the bundled head, built as `specbench run` builds it: top_k 10, 60
+    tokens, depth 5 (its default: 6 levels, 59 drafts kept) or depth 1 (2 levels: the root's readout, then one
+    grown level fed and read out)."""
+    _time_propose(benchmark, tiny, f"eagle2[depth={depth}]")
+
+
+@pytest.mark.parametrize("depth", [1, 5])
+def test_eagle2_drafting_bfloat16(benchmark, tiny, depth):
+    """The same with `draft_dtype=bfloat16`: the head and a copy of the lm_head in bfloat16, the target float32."""
+    _time_propose(benchmark, tiny, f"eagle2[depth={depth},draft_dtype=bfloat16]")
 
 
 @pytest.mark.parametrize("depth", [1, 5])
