@@ -72,7 +72,8 @@ def test_first_divergence():
 
 def test_greedy_check_reports_margin_at_divergence(small_vocab):
     target = small_vocab[0]
-    logits = target(torch.tensor([PROMPT])).logits[0, -1]
+    with torch.no_grad():
+        logits = target(torch.tensor([PROMPT])).logits[0, -1]
     best, second = torch.topk(logits, 2).indices.tolist()
     check = greedy_check(target, [[second]], [[best]], [PROMPT])
     assert not check["match"] and check["turn"] == 0 and check["position"] == 0
