@@ -45,7 +45,7 @@ class Resources:
     def draft_dtype(self, name: str | None) -> torch.dtype:
         """The dtype a method's draft computes in: the run's (None) or the one named. A draft may compute more
         coarsely than its target (its guesses are verified by the target, so outputs do not change); on a CPU with
-        bfloat16 instructions its products over a few rows run 2-3x as fast as float32's."""
+        bfloat16 instructions its products over ten rows run 2-3x as fast as float32's (over one or two, no faster)."""
         if name is None:
             return self.dtype
         if name not in DTYPES:
