@@ -336,6 +336,14 @@ def parser() -> argparse.ArgumentParser:
     regen.add_argument("--seed", type=int, default=0)
     regen.add_argument("--smoke", action="store_true", help="the smoke corpus of a data folder (tests)")
 
+    counts = sub.add_parser(
+        "token-counts", help="count the tokens of an EAGLE-1/2 head's training text beside it (ranks its draft_vocab)"
+    )
+    counts.add_argument("--target", default="tiny", help="alias, local folder or hub id of the target (its tokenizer)")
+    counts.add_argument("--data", type=Path, help="the head's training text, as `specbench train --data` takes it")
+    counts.add_argument("--out", type=Path, required=True, help="the head's folder: token_counts.json goes there")
+    counts.add_argument("--smoke", action="store_true", help="the smoke corpus of a data folder (tests)")
+
     lst = sub.add_parser("list", help="list methods, models or tasks")
     lst.add_argument("what", choices=["methods", "models", "tasks"])
 
@@ -539,6 +547,26 @@ def _train(args) -> None:
     print(f"{args.kind} head saved in {args.out}; held-out top-1 accuracy by depth: {accuracy}")
 
 
+def _token_counts(args) -> None:
+    from transformers import AutoConfig
+
+    from . import models
+    from .heads import frequencies
+    from .heads.data import token_streams
+    from .tasks import data_dir
+
+    data = args.data or data_dir(None)
+    if data is None:
+        raise SpecbenchError("token-counts needs the head's training text: pass --data FILE_OR_FOLDER")
+    if not args.out.is_dir():
+        raise SpecbenchError(f"--out {args.out} is not a folder: give the EAGLE head's folder")
+    folder = models.target_folder(models.resolve(args.target))
+    vocab = AutoConfig.from_pretrained(folder).get_text_config().vocab_size
+    train, _ = token_streams(Path(data), models.load_tokenizer(folder), args.smoke)
+    frequencies.write(args.out, train, vocab, str(data))
+    print(f"counted {len(train)} tokens of {data} into {args.out / frequencies.FILE}")
+
+
 def _regenerate(args) -> None:
     from . import models
     from .heads.regenerate import read_prompts, regenerate, write_texts
@@ -638,6 +666,8 @@ def main(argv: list[str] | None = None) -> int:
             _train(args)
         elif args.command == "regenerate":
             _regenerate(args)
+        elif args.command == "token-counts":
+            _token_counts(args)
         elif args.command == "zoo":
             _zoo(args)
     except SpecbenchError as err:

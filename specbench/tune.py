@@ -288,6 +288,11 @@ def geometric_mean(vanilla: Turns, score: Score, calibration: bool = False) -> f
     return math.exp(np.mean(logs))
 
 
+class Unbuildable(SpecbenchError):
+    """A grid setting this model cannot run (e.g. `draft_vocab` for a head without token counts): tune goes on
+    without it, saying why."""
+
+
 class Tuner:
     def __init__(self, cfg: TuneConfig, session: Session, questions: list, budget: int) -> None:
         self.cfg, self.session, self.questions, self.budget = cfg, session, questions, budget
@@ -342,9 +347,12 @@ class Tuner:
         scored from it."""
         top = {k: max((s[k] for s in settings), key=_size) for k in settings[0]}
         run_params = {**self.defaults, **plain, **top}
-        proposer = Recorder(methods.build(self.cfg.method, self.session.resources, run_params), self.nested,
-                            self.session.device)  # fmt: skip
         name = variant(self.cfg.method, run_params, self.defaults)
+        try:
+            built = methods.build(self.cfg.method, self.session.resources, run_params)
+        except SpecbenchError as err:
+            raise Unbuildable(f"{name}: {err}") from err
+        proposer = Recorder(built, self.nested, self.session.device)
         turns, vanilla, steps, asked, contexts = Turns(), Turns(), [], [], []  # each step's question and context
         accepts: dict[int, list[int]] = {i: [] for i in range(len(settings))}
         rows: dict[int, list[int]] = {i: [] for i in range(len(settings))}
@@ -413,8 +421,14 @@ class Tuner:
                 print(f"tune {self.cfg.method}: budget: {i} of {len(runs)} calibration runs done; raise --budget "
                       "to score the rest", file=sys.stderr)  # fmt: skip
                 return scores, True
-            with OtherLoad() as load:
-                found = self.calibrate(plain, settings, cost, state)
+            try:
+                with OtherLoad() as load:
+                    found = self.calibrate(plain, settings, cost, state)
+            except Unbuildable as err:
+                if not scores:  # the default's run comes first and must run
+                    raise
+                print(f"  [{i + 1}/{len(runs)}] skipped {err}", file=sys.stderr)
+                continue
             self._warn_if_busy(load, "the calibration run of " + variant(self.cfg.method, {**self.defaults, **plain},
                                                                          self.defaults))  # fmt: skip
             scores += found

@@ -133,3 +133,29 @@ def test_compact_heads_are_float16_and_load_like_the_full_ones(capsys, tiny_mode
     code = main([*verify, "--model", str(target_dir), "--head", f"{kind}={out}"])
     text = capsys.readouterr().out
     assert code == 0 and "real mismatches -> pass" in text, text
+
+
+def test_token_counts_rank_a_trained_heads_draft_vocab(capsys, tiny_models, corpus, tmp_path):
+    """`train eagle` counts its training stream beside the head; `token-counts` writes the same file for a head
+    trained elsewhere; `eagle2[draft_vocab=N]` reads it, and without it says how to make it."""
+    target_dir, _ = tiny_models
+    out, data = tmp_path / "eagle", str(corpus / "text.jsonl")
+    argv = ["train", "eagle", "--target", str(target_dir), "--data", data, "--out", str(out), "--smoke"]
+    assert main([*argv, "--device", "cpu"]) == 0, capsys.readouterr().err
+    written = json.loads((out / "token_counts.json").read_text())
+    trained = json.loads((out / "accuracy.json").read_text())["train_tokens"]
+    assert written["tokens"] == sum(written["counts"]) == trained
+    verify = ["verify", "--method", "eagle2[draft_vocab=64]", "--mode", "greedy", "--limit", "1", "--max-new-tokens",
+              "8", "--device", "cpu", "--model", str(target_dir), "--head", f"eagle={out}"]  # fmt: skip
+    (out / "token_counts.json").unlink()
+    capsys.readouterr()
+    assert main(verify) == 2
+    assert "token_counts.json is missing" in capsys.readouterr().err
+    counts = ["token-counts", "--target", str(target_dir), "--data", data, "--out", str(out)]
+    assert main(counts) == 0 and "counted" in capsys.readouterr().out
+    assert json.loads((out / "token_counts.json").read_text()) == written
+    code = main(verify)
+    text = capsys.readouterr().out
+    assert code == 0 and "real mismatches -> pass" in text, text
+    assert main(["token-counts", "--data", data, "--out", str(tmp_path / "none")]) == 2
+    assert "is not a folder" in capsys.readouterr().err

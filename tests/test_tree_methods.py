@@ -186,6 +186,14 @@ class UnconditionedSiblings(Eagle):
 SMALL_STATIC = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]  # two deep: a horizon of 3 verifies two drafted levels
 
 
+def shortlisted(head, lm_head, ids: torch.Tensor) -> Eagle:
+    """A sampled EAGLE-2 reading out the target ids `ids` only (draft_vocab)."""
+    readout = torch.nn.Linear(lm_head.in_features, len(ids), bias=False)
+    readout.weight.data.copy_(lm_head.weight[ids])
+    vocab = lm_head.out_features
+    return Eagle(head, readout, DynamicTree(10, 1, 3), target_ids=lambda d: ids[d], target_vocab=vocab, sampled=True)
+
+
 def small_proposer(name: str, model) -> object:
     head, lm_head = random_eagle_head(model), model.get_output_embeddings()
     return {
@@ -195,6 +203,7 @@ def small_proposer(name: str, model) -> object:
         "eagle2": lambda: Eagle(head, lm_head, DynamicTree(10, 1, 3)),
         "eagle-sampled": lambda: Eagle(head, lm_head, StaticTree(SMALL_STATIC), sampled=True),
         "eagle2-sampled": lambda: Eagle(head, lm_head, DynamicTree(10, 1, 3), sampled=True),
+        "eagle2-sampled-shortlist": lambda: shortlisted(head, lm_head, torch.arange(0, lm_head.out_features, 2)),
         "eagle2-sampled-bfloat16": lambda: Eagle(  # draft_dtype: the laws drawn from are bfloat16 logits' softmax
             copy.deepcopy(head).bfloat16(), copy.deepcopy(lm_head).bfloat16(), DynamicTree(10, 1, 3), sampled=True
         ),
@@ -208,7 +217,8 @@ def small_sampling_test(model, proposer, samples=1000):
     )
 
 
-SAMPLED = ["medusa", "medusa-sampled", "eagle", "eagle2", "eagle-sampled", "eagle2-sampled", "eagle2-sampled-bfloat16"]
+SAMPLED = ["medusa", "medusa-sampled", "eagle", "eagle2", "eagle-sampled", "eagle2-sampled", "eagle2-sampled-bfloat16",
+           "eagle2-sampled-shortlist"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", SAMPLED)

@@ -391,3 +391,28 @@ def test_drafting_cost_follows_the_context_it_was_calibrated_at():
                   draft_slope=2e-5)  # fmt: skip
     vanilla = Turns(questions=[1], tokens=[10], fixed=[0.2], wall=[1.0], groups={1: "qa"}, contexts={1: 500.0})
     assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * (0.018 + 1.05 * 0.020)))
+
+
+def test_a_grid_setting_the_model_cannot_build_is_skipped_but_not_the_default(monkeypatch, capsys):
+    """A head without token counts cannot read out a draft vocabulary: tune scores the rest and says why; the
+    default's own run must build."""
+    monkeypatch.setattr(tune, "forward_profile", lambda target, context, sizes: {1: 0.01, 96: 0.02})
+    monkeypatch.setattr(tune.Tuner, "_state", lambda self: [1, 2])
+
+    def calibrate(self, plain, settings, cost, state):
+        if plain.get("draft_vocab") is not None:
+            raise tune.Unbuildable("eagle2[draft_vocab=0.25]: token_counts.json is missing")
+        return [Score({**plain, **settings[0]}, 2.0, 4.0, 0.001, 1.5)]
+
+    monkeypatch.setattr(tune.Tuner, "calibrate", calibrate)
+    tuner = object.__new__(tune.Tuner)
+    tuner.cfg = tune.TuneConfig("eagle2", tune.RunConfig(methods=["eagle2"]), grid={"top_k": [4, 10]})
+    tuner.session = type("S", (), {"target": type("T", (), {"context_length": 1024})()})()
+    tuner.questions, tuner.budget, tuner.started = [], 8, tune.time.perf_counter()
+    tuner.defaults = dict(methods.preset("eagle2").params)
+    scores, cut = tuner.search()
+    assert not cut and [s.params["top_k"] for s in scores] == [10, 4]  # the default's run first
+    assert capsys.readouterr().err.count("skipped eagle2[draft_vocab=0.25]: token_counts.json is missing") == 2
+    monkeypatch.setattr(tune.Tuner, "calibrate", lambda *a: (_ for _ in ()).throw(tune.Unbuildable("no head")))
+    with pytest.raises(tune.Unbuildable, match="no head"):
+        tuner.search()

@@ -22,7 +22,7 @@ from ..cached_lm import hidden_features
 from ..errors import SpecbenchError
 from ..progress import Progress
 from ..tree import additive_mask
-from . import eagle3, mtp
+from . import eagle3, frequencies, mtp
 from .checkpoint import target_signature
 from .eagle import EagleHead, build, config_from_target
 from .medusa import MedusaHeads
@@ -204,8 +204,7 @@ def train_eagle(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cf
 
 def draft_vocabulary(stream: torch.Tensor, vocab: int, size: int) -> torch.Tensor:
     """The `size` most frequent token ids of the training stream (ties to the lower id), ascending (EAGLE-3)."""
-    counts = torch.bincount(stream, minlength=vocab)
-    return torch.argsort(counts, descending=True, stable=True)[:size].sort().values
+    return frequencies.most_frequent(torch.bincount(stream, minlength=vocab), size)
 
 
 def draft_vocab_cross_entropy(draft: torch.Tensor, target: torch.Tensor, t2d: torch.Tensor | None) -> torch.Tensor:
@@ -313,6 +312,7 @@ def train_head(
         eagle_heads.save(
             {k: v for k, v in state.items() if not (compact and k == "embed_tokens.weight")}, raw, out, compact
         )
+        frequencies.write(out, train, raw["vocab_size"], str(data))  # ranks `draft_vocab` (eagle, eagle2)
     elif kind == "mtp":
         head, accuracy = train_mtp(model, train, heldout, cfg)
         mtp.save(head, model.config, out, compact, with_shared=not compact)

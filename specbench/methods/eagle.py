@@ -36,6 +36,7 @@ import torch
 from transformers import DynamicCache
 
 from .. import choices
+from ..heads import frequencies
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head, feature_layers
 from ..registry import Nested, implementation
@@ -315,20 +316,43 @@ def _static_paths(proposer: Eagle, proposal: Proposal) -> tuple[list[tuple], lis
     return [tree.paths[s] for s in (slots.tolist() if slots is not None else [])], tree.choices
 
 
+def _on_target_head(
+    res: Resources, expansion: StaticTree | DynamicTree, sampled: bool, draft_dtype: str | None,
+    draft_vocab: float | None,
+) -> Eagle:  # fmt: skip
+    """An EAGLE-1/2 head reading out through the target's lm_head, in `draft_dtype`, over the most frequent tokens
+    of the head's training text (`heads.frequencies`): `draft_vocab` of them, or that share of the vocabulary
+    when below 1 (None: the whole vocabulary)."""
+    dtype = res.draft_dtype(draft_dtype)
+    head = res.head("eagle", dtype)
+    if draft_vocab is None:
+        return Eagle(head, res.readout(dtype), expansion, sampled=sampled)
+    vocab, folder = head.config.vocab_size, res.head_paths["eagle"]
+    size = round(draft_vocab * vocab) if isinstance(draft_vocab, float) and 0 < draft_vocab < 1 else draft_vocab
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= vocab:
+        raise ValueError(f"draft_vocab must be a token count from 1 to the vocabulary's {vocab}, a share of it "
+                         f"between 0 and 1, or null")  # fmt: skip
+    hint = f"count the text the head was trained on with `specbench token-counts --data TEXT --out {folder}`"
+    ids = frequencies.most_frequent(frequencies.read(folder, vocab, hint), size).to(res.device)
+    return Eagle(head, res.readout(dtype, ids), expansion, target_ids=lambda drafted: ids[drafted],
+                 target_vocab=vocab, sampled=sampled)  # fmt: skip
+
+
+def _draft_params(params: dict) -> dict:
+    return {k: params.pop(k, None) for k in ("draft_dtype", "draft_vocab")}
+
+
 @implementation("eagle", color="#2ca02c", nested=tree_prefix("nodes", _static_paths))
 def build_eagle(params: dict, res: Resources) -> Proposer:
-    sampled = params.pop("sampled", False)
-    dtype = res.draft_dtype(params.pop("draft_dtype", None))
+    sampled, draft = params.pop("sampled", False), _draft_params(params)
     listed = choices.first(choices.resolve(params.pop("tree", "eagle_mc_sim_7b_63")), params.pop("nodes", None))
-    tree = StaticTree(listed, **params)
-    return Eagle(res.head("eagle", dtype), res.readout(dtype), tree, sampled=sampled)
+    return _on_target_head(res, StaticTree(listed, **params), sampled, **draft)
 
 
 @implementation("eagle2", color="#d62728", nested=DYNAMIC)
 def build_eagle2(params: dict, res: Resources) -> Proposer:
-    sampled = params.pop("sampled", False)
-    dtype = res.draft_dtype(params.pop("draft_dtype", None))
-    return Eagle(res.head("eagle", dtype), res.readout(dtype), DynamicTree(**params), sampled=sampled)
+    sampled, draft = params.pop("sampled", False), _draft_params(params)
+    return _on_target_head(res, DynamicTree(**params), sampled, **draft)
 
 
 @implementation("eagle3", color="#9467bd", nested=DYNAMIC)

@@ -28,7 +28,7 @@ class Resources:
     trust_remote_code: bool = False
     compile: bool = False  # --compile: drafts and heads through torch.compile (models.compile_forward)
     _draft: torch.nn.Module | None = None
-    _readouts: dict[torch.dtype, torch.nn.Module] = field(default_factory=dict)
+    _readouts: dict[tuple, torch.nn.Module] = field(default_factory=dict)  # (dtype, rows) -> lm_head copy
 
     def draft_model(self) -> torch.nn.Module:
         """The draft model, loaded once and shared by the methods that draft with it."""
@@ -52,17 +52,21 @@ class Resources:
             raise ValueError(f"draft_dtype '{name}' is not one of {', '.join(DTYPES)} (or null: the run's dtype)")
         return DTYPES[name]
 
-    def readout(self, dtype: torch.dtype) -> torch.nn.Module:
-        """The target's lm_head in `dtype` (a copy when that is not the run's dtype, made once per dtype)."""
+    def readout(self, dtype: torch.dtype, rows: torch.Tensor | None = None) -> torch.nn.Module:
+        """The target's lm_head in `dtype`, over the token ids `rows` only (ascending; None: all). The whole one
+        in the run's dtype is the target's own; any other is a copy, made once per dtype and rows."""
         lm_head = self.target_model.get_output_embeddings()
-        if dtype == self.dtype:
+        if dtype == self.dtype and rows is None:
             return lm_head
-        if dtype not in self._readouts:  # a plain nn.Linear: the few-row layout is for float32 only
-            bias = lm_head.bias is not None
-            copy = torch.nn.Linear(lm_head.in_features, lm_head.out_features, bias, self.device, dtype)
-            copy.load_state_dict(lm_head.state_dict())
-            self._readouts[dtype] = copy
-        return self._readouts[dtype]
+        key = (dtype, None if rows is None else tuple(rows.tolist()))
+        if key not in self._readouts:
+            weight, bias = lm_head.weight, lm_head.bias
+            if rows is not None:
+                weight, bias = weight[rows], None if bias is None else bias[rows]
+            copy = torch.nn.Linear(weight.shape[1], weight.shape[0], bias is not None, self.device, dtype)
+            copy.load_state_dict({"weight": weight, **({} if bias is None else {"bias": bias})})
+            self._readouts[key] = use_few_row_layout(copy)  # (the few-row layout is float32's only)
+        return self._readouts[key]
 
     def head(self, family: str, dtype: torch.dtype | None = None) -> torch.nn.Module:
         """The head of `family` loaded for this target, on the run's device, in the run's dtype or `dtype`."""
