@@ -172,6 +172,12 @@ def test_eagle2_drafting_bfloat16(benchmark, tiny, depth):
 
 
 @pytest.mark.parametrize("depth", [1, 5])
+def test_eagle2_drafting_bfloat16_quarter(benchmark, tiny, depth):
+    """And reading out only the most frequent quarter of the vocabulary (`draft_vocab=0.25`, FR-Spec)."""
+    _time_propose(benchmark, tiny, f"eagle2[depth={depth},draft_dtype=bfloat16,draft_vocab=0.25]")
+
+
+@pytest.mark.parametrize("depth", [1, 5])
 def test_eagle2_drafting_products(benchmark, tiny, depth):
     """The matrix products alone of test_eagle2_drafting at the same depth, through the same layers and row
     counts: the LM-head readout of the root, then per level the head's fc, q, k, v, o, gate, up and down over
