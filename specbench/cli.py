@@ -337,7 +337,7 @@ def parser() -> argparse.ArgumentParser:
     regen.add_argument("--smoke", action="store_true", help="the smoke corpus of a data folder (tests)")
 
     counts = sub.add_parser(
-        "token-counts", help="count the tokens of an EAGLE-1/2 head's training text beside it (ranks its draft_vocab)"
+        "token-counts", help="count the tokens of an EAGLE head's training text beside it (ranks its draft_vocab)"
     )
     counts.add_argument("--target", default="tiny", help="alias, local folder or hub id of the target (its tokenizer)")
     counts.add_argument("--data", type=Path, help="the head's training text, as `specbench train --data` takes it")

@@ -1,6 +1,6 @@
-"""`draft_vocab`: EAGLE-1/2 reading out only the most frequent tokens of the head's training text (FR-Spec), on
-the bundled tiny family: the ranking by hand and by brute force, the bundled counts are the head's training
-stream, outputs stay vanilla's and every drafted token is in the shortlist."""
+"""`draft_vocab`: EAGLE-1/2/3 reading out only the most frequent tokens of the head's training text (FR-Spec), on
+the bundled tiny family: the ranking by hand and by brute force, the bundled counts are the heads' training
+streams, outputs stay vanilla's and every drafted token is in the shortlist."""
 
 import json
 
@@ -29,11 +29,12 @@ def test_most_frequent_by_hand_and_by_brute_force():
         assert frequencies.most_frequent(counts, size).tolist() == brute
 
 
-def test_the_bundled_counts_are_the_heads_training_stream():
-    written = json.loads((TINY_DIR / "eagle" / frequencies.FILE).read_text())
-    trained = json.loads((TINY_DIR / "eagle" / "accuracy.json").read_text())
+@pytest.mark.parametrize("family", ["eagle", "eagle3"])
+def test_the_bundled_counts_are_the_heads_training_stream(family):
+    written = json.loads((TINY_DIR / family / frequencies.FILE).read_text())
+    trained = json.loads((TINY_DIR / family / "accuracy.json").read_text())
     assert written["tokens"] == sum(written["counts"]) == trained["train_tokens"]
-    assert len(written["counts"]) == json.loads((TINY_DIR / "eagle" / "config.json").read_text())["vocab_size"]
+    assert len(written["counts"]) == json.loads((TINY_DIR / family / "config.json").read_text())["vocab_size"]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def tiny():
     target = models.load_causal_lm(TINY_DIR / "target", torch.device("cpu"), torch.float32)
     tokenizer = models.load_tokenizer(TINY_DIR / "target")
     res = methods.Resources("tiny", target, None, torch.device("cpu"), torch.float32,
-                            head_paths={"eagle": TINY_DIR / "eagle"})  # fmt: skip
+                            head_paths={f: TINY_DIR / f for f in ("eagle", "eagle3")})  # fmt: skip
     return res, prompt_ids(tokenizer, [{"role": "user", "content": QUESTION}])
 
 
@@ -67,21 +68,27 @@ def greedy(res, proposer, prompt):
     return decode(CachedLM(res.target_model), proposer, prompt, max_new_tokens=48, temperature=0, stop_ids=set())
 
 
-@pytest.mark.parametrize("extra", ["", ",draft_dtype=bfloat16"])
-def test_a_shortlist_keeps_vanillas_output_and_drafts_only_inside_it(tiny, extra):
+def shortlisted(tiny, method: str, params: str) -> Drafts:
+    """The method on a 16-token tree with `params` (a draft_vocab), its drafts kept, after checking that its
+    output is vanilla's and the whole readout's, at nearly the whole readout's tau."""
     res, prompt = tiny
     reference = greedy(res, methods.build("vanilla", res), prompt).tokens
     tree = "total_tokens=16,depth=3,top_k=4"
-    full = greedy(res, methods.build(f"eagle2[{tree}]", res), prompt)
-    short = Drafts(methods.build(f"eagle2[{tree},draft_vocab=2048{extra}]", res))
+    full = greedy(res, methods.build(f"{method}[{tree}]", res), prompt)
+    short = Drafts(methods.build(f"{method}[{tree},{params}]", res))
     gen = greedy(res, short, prompt)
-    counts = json.loads((TINY_DIR / "eagle" / frequencies.FILE).read_text())["counts"]
-    shortlist = set(frequencies.most_frequent(torch.tensor(counts), 2048).tolist())
-    assert gen.tokens == reference == full.tokens
-    assert short.tokens and short.tokens <= shortlist
-    assert short.inner.lm_head.weight.shape[0] == 2048
+    assert gen.tokens == reference == full.tokens and short.tokens
     tau, tau_full = len(gen.tokens) / len(gen.steps), len(full.tokens) / len(full.steps)
     assert tau >= 0.8 * tau_full  # a quarter of the vocabulary holds nearly every token the draft gets right
+    return short
+
+
+@pytest.mark.parametrize("extra", ["", ",draft_dtype=bfloat16"])
+def test_a_shortlist_keeps_vanillas_output_and_drafts_only_inside_it(tiny, extra):
+    short = shortlisted(tiny, "eagle2", f"draft_vocab=2048{extra}")
+    counts = json.loads((TINY_DIR / "eagle" / frequencies.FILE).read_text())["counts"]
+    assert short.tokens <= set(frequencies.most_frequent(torch.tensor(counts), 2048).tolist())
+    assert short.inner.lm_head.weight.shape[0] == 2048
 
 
 def test_a_share_below_one_is_that_part_of_the_vocabulary(tiny):
@@ -92,3 +99,21 @@ def test_a_share_below_one_is_that_part_of_the_vocabulary(tiny):
 def test_a_bad_draft_vocab_says_what_it_takes(tiny, value):
     with pytest.raises(SpecbenchError, match="draft_vocab must be a token count from 1 to the vocabulary's 8192, a"):
         methods.build(f"eagle2[draft_vocab={value}]", tiny[0])
+
+
+def test_an_eagle3_shortlist_is_the_most_frequent_of_its_draft_vocabulary(tiny):
+    short = shortlisted(tiny, "eagle3", "draft_vocab=1024")
+    head = short.inner.head
+    assert head.lm_head.weight.shape[0] == 1024
+    shortlist = set(head.target_ids(torch.arange(1024)).tolist())
+    vocabulary = set(methods.build("eagle3", tiny[0]).head.target_ids(torch.arange(4096)).tolist())
+    rest = sorted(vocabulary - shortlist)
+    assert len(rest) == 3072 and shortlist < vocabulary and short.tokens <= shortlist
+    counts = torch.tensor(json.loads((TINY_DIR / "eagle3" / frequencies.FILE).read_text())["counts"])
+    assert min(counts[sorted(shortlist)]) >= max(counts[rest])  # the most frequent, by the head's counts
+
+
+def test_an_eagle3_share_is_that_part_of_its_draft_vocabulary(tiny):
+    assert methods.build("eagle3[draft_vocab=0.25]", tiny[0]).head.lm_head.weight.shape[0] == 1024
+    with pytest.raises(SpecbenchError, match="draft_vocab must be a token count from 1 to the draft vocabulary's 4096"):
+        methods.build("eagle3[draft_vocab=5000]", tiny[0])

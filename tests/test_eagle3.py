@@ -230,10 +230,25 @@ def test_drafted_tokens_are_target_ids_of_the_draft_vocabulary(llama):
     assert len(shallow) == 10 and shallow.max_depth() == 1, "one token left to draft: the top 10 at depth 1 only"
 
 
-def test_eagle3_passes_the_sampling_test():
-    """Draft vocabulary 5 of 8 target tokens: every drafted id goes through d2t."""
+def test_restrict_keeps_the_rows_and_target_ids_of_a_shortlist():
+    head = random_head(random_llama(VOCAB, layers=LAYERS, seed=0, init=0.3), USED)
+    keep = torch.tensor([0, 3, 20, 22])  # draft ids, ascending
+    rows, ids = head.lm_head.weight[keep].clone(), head.target_ids(keep)
+    head.restrict(keep)
+    assert torch.equal(head.lm_head.weight, rows) and head.lm_head.out_features == 4
+    assert head.target_ids(torch.arange(4)).tolist() == ids.tolist() == [0, 9, 60, 7]
+    assert head.t2d.nonzero().flatten().tolist() == [0, 7, 9, 60]
+    assert head.logits(torch.randn(2, HIDDEN)).shape == (2, 4)
+
+
+@pytest.mark.parametrize("shortlist", [None, [0, 2, 4]])
+def test_eagle3_passes_the_sampling_test(shortlist):
+    """Draft vocabulary 5 of 8 target tokens: every drafted id goes through d2t; a shortlist of 3 of them
+    (draft ids 0, 2, 4: target ids 0, 3, 7) as `draft_vocab` reads out."""
     model = random_llama(8, layers=5, hidden=32, seed=0, init=0.5)
     head = random_head(model, torch.tensor([0, 2, 3, 5, 7]), std=0.3)
+    if shortlist is not None:
+        head.restrict(torch.tensor(shortlist))
     result = sampling_test(
         CachedLM(model), proposer(model, head, DynamicTree(10, 1, 3)), [1, 2, 3, 1, 2], horizon=3, samples=1000,
         temperature=1.0, stop_ids=set(),
@@ -304,15 +319,21 @@ def test_train_eagle3_writes_the_official_layout(capsys, deep_target, tmp_path):
     state = load_file(str(out / "model.safetensors"))
     assert config["draft_vocab_size"] == 100 and "bias" not in config
     assert "embed_tokens.weight" not in state and state["d2t"].shape == (100,) and state["t2d"].sum() == 100
-    assert len(json.loads((out / "accuracy.json").read_text())["top1_accuracy_by_depth"]) == 8
-    verify = f"verify --method eagle3 --mode greedy --limit 1 --max-new-tokens 8 --device cpu --head eagle3={out}"
-    code = main([*verify.split(), "--model", str(deep_target)])
-    text = capsys.readouterr().out
-    assert code == 0 and "real mismatches -> pass" in text, text
+    report = json.loads((out / "accuracy.json").read_text())
+    assert len(report["top1_accuracy_by_depth"]) == 8
+    counts = json.loads((out / "token_counts.json").read_text())  # what `draft_vocab` ranks
+    assert counts["tokens"] == sum(counts["counts"]) == report["train_tokens"]
+    for method in ("eagle3", "eagle3[draft_vocab=40]"):
+        verify = f"verify --method {method} --mode greedy --limit 1 --max-new-tokens 8 --device cpu --head eagle3={out}"
+        code = main([*verify.split(), "--model", str(deep_target)])
+        text = capsys.readouterr().out
+        assert code == 0 and "real mismatches -> pass" in text, text
 
 
 def test_preset_and_aliases():
-    assert methods.preset("eagle3").params == {"total_tokens": 60, "depth": 7, "top_k": 10, "draft_dtype": None}
+    assert methods.preset("eagle3").params == {
+        "total_tokens": 60, "depth": 7, "top_k": 10, "draft_dtype": None, "draft_vocab": None
+    }  # fmt: skip
     assert models.resolve("vicuna-13b").heads["eagle3"].id == "yuhuili/EAGLE3-Vicuna1.3-13B"
     llama31 = models.resolve("llama3.1-8b")
     assert llama31.path == "meta-llama/Llama-3.1-8B-Instruct"

@@ -37,9 +37,9 @@ def feature_layers(num_layers: int) -> tuple[int, int, int]:
 
 def vocabulary_maps(used: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(d2t, t2d) for the ascending target ids `used` [V_draft]: d2t[i] = used[i] - i, t2d[j] = j in used."""
-    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d = torch.zeros(vocab, dtype=torch.bool, device=used.device)
     t2d[used] = True
-    return used - torch.arange(len(used)), t2d
+    return used - torch.arange(len(used), device=used.device), t2d
 
 
 class Eagle3Layer(nn.Module):
@@ -107,6 +107,15 @@ class Eagle3Head(nn.Module):
 
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
+
+    @torch.no_grad()
+    def restrict(self, keep: torch.Tensor) -> None:
+        """Read out only the draft ids `keep` (ascending) from now on, renumbered 0.. in that order (FR-Spec's
+        shortlist of the draft vocabulary, for inference): the lm_head keeps their rows, d2t and t2d follow."""
+        used = self.target_ids(keep)
+        self.lm_head.weight = nn.Parameter(self.lm_head.weight[keep], requires_grad=False)
+        self.lm_head.out_features = len(keep)
+        self.d2t, self.t2d = vocabulary_maps(used, self.config.vocab_size)
 
 
 def build(raw: dict) -> Eagle3Head:

@@ -1,7 +1,8 @@
 """How often each token occurs in a head's training text (`token_counts.json` beside the head), and the draft
 vocabulary it ranks: the most frequent tokens, which a draft may read out alone (EAGLE-3's draft vocabulary;
-FR-Spec's frequency-ranked readout for EAGLE-2, Zhao et al. 2025). Drafting fewer candidates changes what is
-verified, not what is accepted: outputs stay the target's."""
+FR-Spec's frequency-ranked readout, Zhao et al. 2025: `draft_vocab` of EAGLE-1/2 over the target's vocabulary,
+of EAGLE-3 over its draft vocabulary). Drafting fewer candidates changes what is verified, not what is
+accepted: outputs stay the target's."""
 
 from __future__ import annotations
 

@@ -316,24 +316,36 @@ def _static_paths(proposer: Eagle, proposal: Proposal) -> tuple[list[tuple], lis
     return [tree.paths[s] for s in (slots.tolist() if slots is not None else [])], tree.choices
 
 
+def _shortlist(res: Resources, family: str, draft_vocab: float | None, readable: torch.Tensor,
+               what: str) -> torch.Tensor | None:  # fmt: skip
+    """Positions in `readable` (the target ids [V'] the head reads out, in its readout's order), ascending, of its
+    most frequent tokens by the head's token counts (`heads.frequencies`): `draft_vocab` of them, or that share
+    when below 1; None: all of them."""
+    if draft_vocab is None:
+        return None
+    count = len(readable)
+    size = round(draft_vocab * count) if isinstance(draft_vocab, float) and 0 < draft_vocab < 1 else draft_vocab
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= count:
+        raise ValueError(f"draft_vocab must be a token count from 1 to {what} {count}, a share of it between 0 "
+                         f"and 1, or null")  # fmt: skip
+    folder = res.head_paths[family]
+    hint = f"count the text the head was trained on with `specbench token-counts --data TEXT --out {folder}`"
+    counts = frequencies.read(folder, res.target_model.get_output_embeddings().weight.shape[0], hint)
+    return frequencies.most_frequent(counts[readable.cpu()], size).to(readable.device)
+
+
 def _on_target_head(
     res: Resources, expansion: StaticTree | DynamicTree, sampled: bool, draft_dtype: str | None,
     draft_vocab: float | None,
 ) -> Eagle:  # fmt: skip
     """An EAGLE-1/2 head reading out through the target's lm_head, in `draft_dtype`, over the most frequent tokens
-    of the head's training text (`heads.frequencies`): `draft_vocab` of them, or that share of the vocabulary
-    when below 1 (None: the whole vocabulary)."""
+    of the head's training text only with `draft_vocab` (`_shortlist`)."""
     dtype = res.draft_dtype(draft_dtype)
     head = res.head("eagle", dtype)
-    if draft_vocab is None:
+    vocab = head.config.vocab_size
+    ids = _shortlist(res, "eagle", draft_vocab, torch.arange(vocab, device=res.device), "the vocabulary's")
+    if ids is None:
         return Eagle(head, res.readout(dtype), expansion, sampled=sampled)
-    vocab, folder = head.config.vocab_size, res.head_paths["eagle"]
-    size = round(draft_vocab * vocab) if isinstance(draft_vocab, float) and 0 < draft_vocab < 1 else draft_vocab
-    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= vocab:
-        raise ValueError(f"draft_vocab must be a token count from 1 to the vocabulary's {vocab}, a share of it "
-                         f"between 0 and 1, or null")  # fmt: skip
-    hint = f"count the text the head was trained on with `specbench token-counts --data TEXT --out {folder}`"
-    ids = frequencies.most_frequent(frequencies.read(folder, vocab, hint), size).to(res.device)
     return Eagle(head, res.readout(dtype, ids), expansion, target_ids=lambda drafted: ids[drafted],
                  target_vocab=vocab, sampled=sampled)  # fmt: skip
 
@@ -357,8 +369,12 @@ def build_eagle2(params: dict, res: Resources) -> Proposer:
 
 @implementation("eagle3", color="#9467bd", nested=DYNAMIC)
 def build_eagle3(params: dict, res: Resources) -> Proposer:
-    sampled = params.pop("sampled", False)
-    head = res.head("eagle3", res.draft_dtype(params.pop("draft_dtype", None)))
+    sampled, draft = params.pop("sampled", False), _draft_params(params)
+    head = res.head("eagle3", res.draft_dtype(draft["draft_dtype"]))
+    readable = head.target_ids(torch.arange(head.config.draft_vocab_size, device=res.device))
+    keep = _shortlist(res, "eagle3", draft["draft_vocab"], readable, "the draft vocabulary's")
+    if keep is not None:
+        head.restrict(keep)
     text = res.target_model.config.get_text_config()
     return Eagle(
         head,
