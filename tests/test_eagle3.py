@@ -160,6 +160,12 @@ def test_official_layout_loads_and_decodes(tmp_path, llama, draft_vocab, maps, n
     assert gen.tokens == greedy(llama, Vanilla()).tokens
 
 
+def test_a_hub_head_without_counts_names_the_command_that_makes_them(tmp_path, llama):
+    folder = write(tmp_path / "h", official_state(len(USED), True))
+    with pytest.raises(SpecbenchError, match=r"token_counts.json is missing.*specbench token-counts --data TEXT"):
+        methods.build("eagle3[draft_vocab=10]", resources(llama, folder))
+
+
 def test_target_hidden_size_and_own_embedding(tmp_path, llama):
     """A 32-wide head on the 64-wide target: fc reads 3 x target_hidden_size, the embedding is the head's own."""
     state = official_state(len(USED), True, hidden=32)

@@ -330,7 +330,7 @@ def _shortlist(res: Resources, family: str, draft_vocab: float | None, readable:
                          f"and 1, or null")  # fmt: skip
     folder = res.head_paths[family]
     hint = f"count the text the head was trained on with `specbench token-counts --data TEXT --out {folder}`"
-    counts = frequencies.read(folder, res.target_model.get_output_embeddings().weight.shape[0], hint)
+    counts = frequencies.read(folder, res.target_model.config.get_text_config().vocab_size, hint)
     return frequencies.most_frequent(counts[readable.cpu()], size).to(readable.device)
 
 
