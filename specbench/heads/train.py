@@ -312,14 +312,14 @@ def train_head(
         eagle_heads.save(
             {k: v for k, v in state.items() if not (compact and k == "embed_tokens.weight")}, raw, out, compact
         )
-        frequencies.write(out, train, raw["vocab_size"], str(data))  # ranks `draft_vocab`
     elif kind == "mtp":
         head, accuracy = train_mtp(model, train, heldout, cfg)
         mtp.save(head, model.config, out, compact, with_shared=not compact)
     else:
         head, raw, accuracy = train_eagle3(model, train, heldout, cfg)
         eagle3.save(head, raw, out, compact)
-        frequencies.write(out, train, raw["vocab_size"], str(data))
+    if kind in ("eagle", "eagle3"):
+        frequencies.write(out, train, raw["vocab_size"], str(data))  # ranks `draft_vocab`
     report = {
         "kind": kind,
         "target": spec.path,
