@@ -14,16 +14,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbench import acceptance, methods
-from specbench.cached_lm import CachedLM, Forward
-from specbench.choices import MEDUSA_MC_SIM_7B_63
-from specbench.decode import decode
-from specbench.few_rows import FewRowLinear, use_few_row_layout
-from specbench.methods.base import Proposal, Proposer, Turn
+from specbench import methods
+from specbench.core import acceptance
+from specbench.core.cached_lm import CachedLM, Forward
+from specbench.core.choices import MEDUSA_MC_SIM_7B_63
+from specbench.core.decode import decode
+from specbench.core.proposer import Proposal, Proposer, Turn
+from specbench.core.tree import Tree, attention_mask, chain, from_choices, position_ids
 from specbench.methods.ngram_pool import NgramPool
 from specbench.methods.pld import find_continuation
-from specbench.models import load_causal_lm
-from specbench.tree import Tree, attention_mask, chain, from_choices, position_ids
+from specbench.models.few_rows import FewRowLinear, use_few_row_layout
+from specbench.models.loading import load_causal_lm
 from specbench.zoo import TINY_DIR
 
 VOCAB = 8192  # the tiny family's

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import torch
 
-from . import __version__, few_rows, metrics
+from . import __version__
+from .models import few_rows
+from .report import metrics
 
 
 def _git_revision() -> str | None:

@@ -14,18 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .core.proposer import Nested
 from .errors import SpecbenchError
-from .hub import Layout
-
-
-@dataclass(frozen=True)
-class Nested:
-    """Knobs whose smaller values propose, at T = 0 and the same state, a subtree of what their largest values
-    propose: one calibration run with the largest values scores every smaller setting (`specbench tune`)."""
-
-    keys: tuple[str, ...]
-    snapshot: Callable[[Any, Any], Any]  # (proposer, its proposal) -> what `subtree` needs, taken right after propose
-    subtree: Callable[[Any, dict], Any]  # (snapshot, {key: smaller value}) -> the Tree those values would propose
+from .models.hub import Layout
 
 
 @dataclass(frozen=True)

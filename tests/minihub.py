@@ -16,8 +16,8 @@ from specbench import tasks
 from specbench.heads import eagle as eagle_heads
 from specbench.heads import eagle3 as eagle3_heads
 from specbench.heads.medusa import MedusaHeads
-from specbench.hub import Source
-from specbench.models import ALIASES
+from specbench.models.aliases import ALIASES
+from specbench.models.hub import Source
 from specbench.zoo.tokenizer import train_tokenizer
 
 from .conftest import random_llama

@@ -5,9 +5,9 @@ import pytest
 import torch
 from scipy import stats
 
-from specbench.acceptance import greedy, speculative_sampling
-from specbench.sampling import draw_distinct
-from specbench.tree import Tree, chain
+from specbench.core.acceptance import greedy, speculative_sampling
+from specbench.core.sampling import draw_distinct
+from specbench.core.tree import Tree, chain
 
 
 def one_hot_logits(rows: list[int], vocab: int = 6) -> torch.Tensor:

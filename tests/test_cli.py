@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specbench.cli import main
+from specbench.cli.main import main
 from specbench.zoo.tokenizer import train_tokenizer
 
 from .conftest import random_llama

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specbench.cli import main
-from specbench.compare import Limits, compare
+from specbench.cli.main import main
 from specbench.errors import SpecbenchError
+from specbench.report.compare import Limits, compare
 from specbench.results import Answer
 
 GROUPS = ("chat", "math")
@@ -200,5 +200,5 @@ def test_compare_loads_without_matplotlib():
     import subprocess
     import sys
 
-    code = "import sys, specbench.compare; sys.exit(any(m.startswith('matplotlib') for m in sys.modules))"
+    code = "import sys, specbench.report.compare; sys.exit(any(m.startswith('matplotlib') for m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -5,8 +5,9 @@ import json
 
 import torch
 
-from specbench import models, worker
-from specbench.cli import main
+from specbench.cli.main import main
+from specbench.models import loading as models
+from specbench.run import worker
 
 
 def test_compile_flag_reaches_target_draft_and_manifest(capsys, tiny_models, tmp_path, monkeypatch):

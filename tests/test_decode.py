@@ -1,13 +1,13 @@
 import pytest
 import torch
 
-from specbench.cached_lm import CachedLM
-from specbench.decode import decode
+from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
+from specbench.core.tree import Tree
 from specbench.errors import SpecbenchError
 from specbench.methods.pld import PromptLookup, find_continuation
 from specbench.methods.sps import DraftModel
 from specbench.methods.vanilla import Vanilla
-from specbench.tree import Tree
 
 from .conftest import random_llama, random_qwen2
 
@@ -125,7 +125,7 @@ def test_features_come_with_the_same_logits(pair):
 
 
 def test_side_branch_leaves_tree_logits_alone(pair):
-    from specbench.cached_lm import SideBranch
+    from specbench.core.cached_lm import SideBranch
 
     target, _ = pair
     prompt = PROMPTS[0]

@@ -4,12 +4,13 @@ than the run's, on the bundled tiny family: outputs stay vanilla's, the draft st
 import pytest
 import torch
 
-from specbench import methods, models
-from specbench.cached_lm import CachedLM
-from specbench.chat import prompt_ids
-from specbench.decode import decode
+from specbench import methods
+from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
 from specbench.errors import SpecbenchError
-from specbench.few_rows import FewRowLinear
+from specbench.models import loading as models
+from specbench.models.chat import prompt_ids
+from specbench.models.few_rows import FewRowLinear
 from specbench.zoo import TINY_DIR
 
 HEADS = {"eagle": TINY_DIR / "eagle", "eagle3": TINY_DIR / "eagle3"}

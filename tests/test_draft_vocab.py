@@ -7,12 +7,13 @@ import json
 import pytest
 import torch
 
-from specbench import methods, models
-from specbench.cached_lm import CachedLM
-from specbench.chat import prompt_ids
-from specbench.decode import decode
+from specbench import methods
+from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
 from specbench.errors import SpecbenchError
 from specbench.heads import frequencies
+from specbench.models import loading as models
+from specbench.models.chat import prompt_ids
 from specbench.zoo import TINY_DIR
 
 QUESTION = "Explain why the sky is blue to a ten-year-old."

@@ -10,10 +10,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
-from specbench import methods, models
-from specbench.cached_lm import CachedLM
-from specbench.cli import main
-from specbench.decode import decode
+from specbench import methods
+from specbench.cli.main import main
+from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
+from specbench.core.losslessness import sampling_test
+from specbench.core.proposer import Turn
 from specbench.errors import SpecbenchError
 from specbench.heads import eagle as eagle_heads
 from specbench.heads import eagle3
@@ -26,10 +28,10 @@ from specbench.heads.train import (
     ttt_pairs,
     unroll,
 )
-from specbench.losslessness import sampling_test
-from specbench.methods.base import Turn
 from specbench.methods.eagle import DynamicTree, Eagle
 from specbench.methods.vanilla import Vanilla
+from specbench.models import aliases
+from specbench.models import loading as models
 
 from .conftest import random_llama, random_qwen2
 
@@ -340,8 +342,8 @@ def test_preset_and_aliases():
     assert methods.preset("eagle3").params == {
         "total_tokens": 60, "depth": 7, "top_k": 10, "draft_dtype": None, "draft_vocab": None
     }  # fmt: skip
-    assert models.resolve("vicuna-13b").heads["eagle3"].id == "yuhuili/EAGLE3-Vicuna1.3-13B"
-    llama31 = models.resolve("llama3.1-8b")
+    assert aliases.resolve("vicuna-13b").heads["eagle3"].id == "yuhuili/EAGLE3-Vicuna1.3-13B"
+    llama31 = aliases.resolve("llama3.1-8b")
     assert llama31.path == "meta-llama/Llama-3.1-8B-Instruct"
     assert {k: v.id for k, v in llama31.heads.items()} == {"eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
     with pytest.raises(SpecbenchError, match="specbench train eagle3"):

@@ -5,9 +5,9 @@
 import pytest
 import torch
 
-from specbench.cached_lm import CachedLM
+from specbench.core.cached_lm import CachedLM
+from specbench.core.proposer import Turn
 from specbench.heads.eagle import build, config_from_target
-from specbench.methods.base import Turn
 from specbench.methods.eagle import DYNAMIC, Draft, DynamicTree, Eagle, StaticTree
 
 from .conftest import random_llama

@@ -9,8 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specbench import concurrency, engine_vllm
-from specbench.cli import main
+from specbench.cli.main import main
+from specbench.engines import concurrency
+from specbench.engines import vllm as engine_vllm
 from specbench.errors import SpecbenchError
 
 from .test_cli import error_of

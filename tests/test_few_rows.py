@@ -7,9 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specbench import few_rows, machine, methods, models
+from specbench import machine, methods
 from specbench.errors import SpecbenchError
-from specbench.few_rows import FewRowLinear, use_few_row_layout
+from specbench.models import few_rows
+from specbench.models import loading as models
+from specbench.models.few_rows import FewRowLinear, use_few_row_layout
 from specbench.zoo import TINY_DIR
 
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specbench import worker
+from specbench.run import worker
 
 
 class FakeTarget:

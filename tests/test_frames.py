@@ -3,9 +3,9 @@ import math
 import pandas as pd
 import pytest
 
-from specbench import cells, metrics, sources
-from specbench.cli import main
-from specbench.frames import frame, from_sources, steps_frame, steps_from_sources
+from specbench.cli.main import main
+from specbench.report import cells, metrics, sources
+from specbench.report.frames import frame, from_sources, steps_frame, steps_from_sources
 
 from .test_report import SPEC_BENCH_ANSWERS, answer, needs_answers, write
 

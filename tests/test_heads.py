@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import save_file
 
 from specbench import methods
-from specbench.cached_lm import CachedLM
-from specbench.decode import decode
+from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
 from specbench.errors import SpecbenchError
 from specbench.heads import eagle as eagle_heads
 from specbench.heads import medusa as medusa_heads

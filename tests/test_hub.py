@@ -13,14 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbench import hub, models
-from specbench.cli import main
-from specbench.hub import Layout, Source
+from specbench.cli.main import main
+from specbench.core.cached_lm import cache_argument
+from specbench.models import aliases, hub
+from specbench.models import loading as models
+from specbench.models.hub import Layout, Source
 
 from . import minihub
 
-COMMIT_7B = models.ALIASES["vicuna-7b"].target.revision
-EAGLE3_13B = models.ALIASES["vicuna-13b"].heads["eagle3"]
+COMMIT_7B = aliases.ALIASES["vicuna-7b"].target.revision
+EAGLE3_13B = aliases.ALIASES["vicuna-13b"].heads["eagle3"]
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +37,7 @@ def specbench(args: list[str], home: Path) -> subprocess.CompletedProcess:
     """The CLI in a fresh process, offline, on the hub cache under `home` (as a user's shell would run it)."""
     env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "SPECBENCH_CACHE": str(home / "specbench")}
     env.pop("HF_HUB_CACHE", None)
-    return subprocess.run([sys.executable, "-m", "specbench.cli", *args], env=env, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "specbench.cli.main", *args], env=env, capture_output=True, text=True)
 
 
 @pytest.fixture
@@ -92,11 +94,11 @@ def test_parse_sources(tmp_path):
 
 
 def test_every_hub_checkpoint_of_every_alias_is_pinned_to_a_commit():
-    for alias, spec in models.ALIASES.items():
+    for alias, spec in aliases.ALIASES.items():
         for source in (spec.target, spec.draft, *spec.heads.values()):
             if source is not None and not source.local:
                 assert source.revision and hub.COMMIT.match(source.revision), (alias, source)
-    assert "eagle3" not in models.ALIASES["vicuna-7b"].heads  # no official EAGLE-3 head exists for it
+    assert "eagle3" not in aliases.ALIASES["vicuna-7b"].heads  # no official EAGLE-3 head exists for it
 
 
 def test_the_cache_keyword_follows_the_forward_signature():
@@ -108,11 +110,11 @@ def test_the_cache_keyword_follows_the_forward_signature():
     class Older(torch.nn.Module):
         def forward(self, input_ids, past_key_values=None, use_cache=False): ...
 
-    assert models.cache_argument(Renamed) == "cache"
-    assert models.cache_argument(Older) == "past_key_values"
+    assert cache_argument(Renamed) == "cache"
+    assert cache_argument(Older) == "past_key_values"
     from transformers import LlamaForCausalLM, LlamaModel
 
-    assert models.cache_argument(LlamaForCausalLM) == models.cache_argument(LlamaModel)  # one name per version
+    assert cache_argument(LlamaForCausalLM) == cache_argument(LlamaModel)  # one name per version
 
 
 def test_human_bytes():
@@ -141,7 +143,7 @@ def test_all_methods_on_an_alias_run_from_the_hub_cache(hf_home, tmp_path, alias
     done = specbench(args, hf_home)
     assert done.returncode == 0, done.stderr
     manifest = json.loads((run / "manifest.json").read_text())
-    spec = models.ALIASES[alias]
+    spec = aliases.ALIASES[alias]
     expected = {"vanilla", "sps", "pld", "suffix", "lookahead", "lookahead-shifted", "ouroboros", "medusa"}
     expected |= {"medusa-typical", "eagle", "eagle2"}
     if alias == "vicuna-7b":
@@ -223,7 +225,7 @@ def test_a_missing_file_inside_a_head_repo(capsys, offline_cache, monkeypatch, t
     cache = tmp_path / "hub"
     shutil.copytree(offline_cache, cache, symlinks=True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    eagle = models.ALIASES["vicuna-7b"].heads["eagle"]
+    eagle = aliases.ALIASES["vicuna-7b"].heads["eagle"]
     (cache / "models--yuhuili--EAGLE-Vicuna-7B-v1.3" / "snapshots" / eagle.revision / "pytorch_model.bin").unlink()
     err = one_line_error(capsys, ["run", "--model", "vicuna-7b", "--methods", "eagle"])
     assert f"eagle head '{eagle}': the hub repository has none of pytorch_model.bin or model.safetensors" in err
@@ -312,10 +314,10 @@ def test_pickled_heads_load_with_weights_only(tmp_path):
 
 def test_training_commands_load_the_pinned_target(offline_cache):
     """`specbench train` / `regenerate` read a hub target at the alias's commit, from the cache when offline."""
-    folder = models.target_folder(models.resolve("vicuna-7b"))
+    folder = aliases.target_folder(aliases.resolve("vicuna-7b"))
     assert folder.name == COMMIT_7B and (folder / "config.json").is_file()
     with pytest.raises(hub.SpecbenchError, match="not in the local hub cache"):
-        models.target_folder(models.resolve("llama3.1-8b"))
+        aliases.target_folder(aliases.resolve("llama3.1-8b"))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -2,15 +2,15 @@ import pytest
 import torch
 
 from specbench import methods
-from specbench.cached_lm import CachedLM
-from specbench.decode import decode
+from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
+from specbench.core.losslessness import sampling_test
+from specbench.core.tree import Tree, trie
 from specbench.errors import SpecbenchError
-from specbench.losslessness import sampling_test
 from specbench.methods.jacobi import JacobiWindow, lookahead_mask, lookahead_offsets, window_cells
 from specbench.methods.lookahead import Lookahead
 from specbench.methods.ngram_pool import NgramPool
 from specbench.methods.vanilla import Vanilla
-from specbench.tree import Tree, trie
 
 from .conftest import random_llama, random_qwen2
 

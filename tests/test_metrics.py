@@ -4,7 +4,7 @@ import random
 import pandas as pd
 import pytest
 
-from specbench import metrics
+from specbench.report import metrics
 
 
 def turns(*rows: tuple, **columns) -> pd.DataFrame:

@@ -12,11 +12,11 @@ from safetensors.torch import load_file, save_file
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
 from specbench import methods
-from specbench.cached_lm import CachedLM
-from specbench.decode import decode
+from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
+from specbench.core.proposer import Turn
 from specbench.errors import SpecbenchError
 from specbench.heads import mtp
-from specbench.methods.base import Turn
 from specbench.methods.vanilla import Vanilla
 
 from .conftest import random_llama

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from specbench import presets, registry
-from specbench.cli import main
+from specbench.cli.main import main
 
 MODULE = '''
 """repeat: proposes the root token k more times (a point-mass chain, so the exact rule keeps it lossless)."""

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from specbench.cached_lm import CachedLM
-from specbench.decode import decode
-from specbench.losslessness import sampling_test
-from specbench.methods.base import Turn
+from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
+from specbench.core.losslessness import sampling_test
+from specbench.core.proposer import Turn
 from specbench.methods.ouroboros import Ouroboros
 from specbench.methods.vanilla import Vanilla
 
@@ -108,7 +108,7 @@ def test_bad_parameters_are_refused(pair):
 
 def test_verify_command_passes_with_the_preset(capsys, tiny_models):
     """The registry builds the preset (reference defaults) with the model's draft; greedy output is vanilla's."""
-    from specbench.cli import main
+    from specbench.cli.main import main
 
     target, draft = tiny_models
     args = ["--model", str(target), "--draft", str(draft), "--limit", "1", "--max-new-tokens", "12"]

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from specbench import methods
-from specbench.cached_lm import CachedLM
-from specbench.decode import decode
-from specbench.models import ALIASES, load_causal_lm
+from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
+from specbench.models.aliases import ALIASES
+from specbench.models.loading import load_causal_lm
 from specbench.zoo import TINY_DIR
 
 from .conftest import SHARED_DATA, needs_shared

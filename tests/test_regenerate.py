@@ -5,11 +5,11 @@ import json
 import torch
 
 from specbench import tasks
-from specbench.chat import prompt_ids
-from specbench.cli import main
-from specbench.heads.data import token_streams, zoo_corpus
-from specbench.heads.regenerate import read_prompts, regenerate, write_texts
-from specbench.models import load_causal_lm, load_tokenizer
+from specbench.cli.main import main
+from specbench.models.chat import prompt_ids
+from specbench.models.loading import load_causal_lm, load_tokenizer
+from specbench.zoo.regenerate import read_prompts, regenerate, write_texts
+from specbench.zoo.text import token_streams, zoo_corpus
 
 from .conftest import SHARED_DATA, needs_shared
 

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 import specbench.methods  # noqa: F401  (registers the implementations and their colours)
-from specbench import plots, registry, report, sources
-from specbench.cells import collect_cells
+from specbench import registry
 from specbench.errors import SpecbenchError
+from specbench.report import build as report
+from specbench.report import plots, sources
+from specbench.report.cells import collect_cells
 from specbench.results import Answer
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -4,7 +4,7 @@ import pytest
 
 from specbench.errors import SpecbenchError
 from specbench.results import read_file
-from specbench.runner import RunConfig, answer_path, run
+from specbench.run.runner import RunConfig, answer_path, run
 
 
 def config(tiny_models, out, **kw) -> RunConfig:
@@ -75,7 +75,7 @@ def test_sampling_run_records_seeds(tiny_models, tmp_path):
 def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path, monkeypatch):
     """Each question runs every method back to back, the order rotating by one per question; the A/A column
     (vanilla timed again) is part of the rotation and matches vanilla token for token."""
-    from specbench import runner, session
+    from specbench.run import runner, session
 
     calls = []
     answer = session.Session.answer
@@ -97,7 +97,7 @@ def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path,
 
 
 def test_a_run_killed_inside_a_question_writes_none_of_it(tiny_models, tmp_path, monkeypatch):
-    from specbench import session
+    from specbench.run import session
 
     answer = session.Session.answer
     seen = []
@@ -121,7 +121,7 @@ def test_a_run_killed_inside_a_question_writes_none_of_it(tiny_models, tmp_path,
 
 
 def test_repeats_keep_the_median_timing(tiny_models, tmp_path, monkeypatch):
-    from specbench import session
+    from specbench.run import session
 
     answer = session.Session.answer
     walls = iter([3.0, 1.0, 2.0] * 100)  # the three repeats of each answer take 3 s, 1 s and 2 s
@@ -143,7 +143,7 @@ def test_repeats_keep_the_median_timing(tiny_models, tmp_path, monkeypatch):
 def test_cross_request_methods_never_see_their_own_earlier_answer(tiny_models, tmp_path, monkeypatch):
     """suffix keeps a run's earlier answers, but the warm-up and each repeat of a question decode exactly as
     the first time: their own earlier answers are evicted, not drafted from."""
-    from specbench import session
+    from specbench.run import session
 
     answer = session.Session.answer
     steps: dict = {}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specbench.cli import main
+from specbench.cli.main import main
 from specbench.results import read_answers
 
 pytest.importorskip("ray", reason='Ray is not installed: pip install "specbench[ray]"')
@@ -46,7 +46,7 @@ def test_two_workers_give_the_single_process_answers(single, tmp_path):
     assert tokens(tmp_path) == single and len(single) == 18  # 6 questions x 3 methods, the same greedy tokens
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert len(manifest["workers"]) == 2 and all(w["torch_threads"] == 1 for w in manifest["workers"])
-    from specbench.report import build_report
+    from specbench.report.build import build_report
 
     assert build_report([tmp_path], tmp_path / "report").is_file()
 

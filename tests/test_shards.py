@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from specbench.cli import main
+from specbench.cli.main import main
+from specbench.report.sources import load_sources
 from specbench.results import read_answers
-from specbench.sources import load_sources
 
 
 def run(tiny_models, out, *extra):

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from specbench import methods
-from specbench.cached_lm import CachedLM
-from specbench.decode import decode
+from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
+from specbench.core.losslessness import sampling_test
+from specbench.core.proposer import Turn
 from specbench.errors import SpecbenchError
-from specbench.losslessness import sampling_test
-from specbench.methods.base import Turn
 from specbench.methods.suffix import SuffixDecoding
 from specbench.methods.suffix_index import SuffixIndex, speculate
 from specbench.methods.vanilla import Vanilla

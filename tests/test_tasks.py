@@ -4,8 +4,8 @@ import json
 import pytest
 
 from specbench import presets, tasks
-from specbench.chat import VICUNA_SYSTEM, prompt_ids, vicuna_prompt
 from specbench.errors import SpecbenchError
+from specbench.models.chat import VICUNA_SYSTEM, prompt_ids, vicuna_prompt
 
 from .conftest import SHARED_DATA, needs_shared
 

@@ -8,14 +8,14 @@ from safetensors.torch import load_file
 from transformers import DynamicCache
 
 from specbench import tasks
-from specbench.cli import main
+from specbench.cli.main import main
 from specbench.heads import eagle as eagle_heads
 from specbench.heads import medusa as medusa_heads
 from specbench.heads import mtp as mtp_heads
-from specbench.heads.data import token_streams
 from specbench.heads.eagle import build, config_from_target
 from specbench.heads.train import target_pass, unroll
-from specbench.models import load_causal_lm, load_tokenizer
+from specbench.models.loading import load_causal_lm, load_tokenizer
+from specbench.zoo.text import token_streams
 
 from .conftest import SHARED_DATA, needs_shared, random_llama
 

@@ -1,6 +1,6 @@
 import torch
 
-from specbench.tree import Tree, ancestor_matrix, attention_mask, chain, position_ids
+from specbench.core.tree import Tree, ancestor_matrix, attention_mask, chain, position_ids
 
 # root -> a(0) -> b(1); root -> c(2) -> d(3); a -> e(4)
 TREE = Tree([10, 11, 12, 13, 14], [-1, 0, -1, 2, 0])

@@ -6,19 +6,20 @@ import copy
 import pytest
 import torch
 
-from specbench import acceptance, methods, presets
-from specbench.cached_lm import CachedLM
-from specbench.choices import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63
-from specbench.decode import decode
+from specbench import methods, presets
+from specbench.core import acceptance
+from specbench.core.cached_lm import CachedLM
+from specbench.core.choices import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63
+from specbench.core.decode import decode
+from specbench.core.losslessness import sampling_test
+from specbench.core.tree import Tree, from_choices
 from specbench.errors import SpecbenchError
 from specbench.heads.eagle import build, config_from_target
 from specbench.heads.medusa import MedusaHeads
 from specbench.heads.train import TrainConfig, train_eagle, train_medusa
-from specbench.losslessness import sampling_test
 from specbench.methods.eagle import DynamicTree, Eagle, StaticTree
 from specbench.methods.medusa import Medusa
 from specbench.methods.vanilla import Vanilla
-from specbench.tree import Tree, from_choices
 
 from .conftest import random_llama, random_qwen2
 

@@ -11,16 +11,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbench import acceptance, choices, methods, registry, tune, tuned
-from specbench.cached_lm import CachedLM
-from specbench.cli import main
-from specbench.decode import decode
+from specbench import methods, registry
+from specbench.cli.main import main
+from specbench.core import acceptance, choices
+from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
+from specbench.core.proposer import Proposal, Proposer, Turn
+from specbench.core.step import verify
+from specbench.core.tree import Tree, chain
 from specbench.errors import SpecbenchError
-from specbench.methods.base import Proposal, Proposer, Turn
-from specbench.models import load_causal_lm
-from specbench.step import verify
-from specbench.tree import Tree, chain
-from specbench.tune import (
+from specbench.models.loading import load_causal_lm
+from specbench.run import tuned
+from specbench.tune import command as tune
+from specbench.tune.command import (
     Cost,
     Recorder,
     Score,

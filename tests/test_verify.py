@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from specbench.cached_lm import CachedLM
-from specbench.losslessness import exact_distribution, first_divergence, greedy_check, sampling_test
-from specbench.methods.base import Proposal
+from specbench.core.cached_lm import CachedLM
+from specbench.core.losslessness import exact_distribution, first_divergence, greedy_check, sampling_test
+from specbench.core.proposer import Proposal
 from specbench.methods.pld import PromptLookup
 from specbench.methods.sps import DraftModel
 from specbench.methods.vanilla import Vanilla
@@ -85,7 +85,7 @@ def test_greedy_check_reports_margin_at_divergence(small_vocab):
 @pytest.mark.parametrize("method", ["lookahead", "lookahead-shifted", "suffix"])
 def test_verify_command_passes_for_model_free_presets(capsys, tiny_models, method):
     """Greedy answers token-identical to vanilla's and the sampling test passed, through the registry's presets."""
-    from specbench.cli import main
+    from specbench.cli.main import main
 
     target, _ = tiny_models
     args = ["--model", str(target), "--limit", "1", "--max-new-tokens", "12"]

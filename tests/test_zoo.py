@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specbench.chat import vicuna_prompt
-from specbench.cli import main
+from specbench.cli.main import main
 from specbench.errors import SpecbenchError
+from specbench.models.chat import vicuna_prompt
 from specbench.zoo.build import build_family, continue_family
 from specbench.zoo.corpus import build_corpus
 from specbench.zoo.evaluate import distinct2, repeated4
@@ -126,7 +126,7 @@ def test_degeneracy_statistics() -> None:
 
 def test_specbench_run_on_the_smoke_family(family: Path, tmp_path: Path) -> None:
     from specbench.results import read_answers
-    from specbench.runner import RunConfig, run
+    from specbench.run.runner import RunConfig, run
 
     cfg = RunConfig(
         model=str(family / "target"),

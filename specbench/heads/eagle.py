@@ -18,7 +18,7 @@ from transformers import Cache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from ..errors import SpecbenchError
-from ..hub import Layout
+from ..models.hub import Layout
 from ..registry import HeadFamily, head_family
 from .checkpoint import check, config_shape, read_config, read_weights, save_safetensors
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import SpecbenchError
-from ..hub import Layout
+from ..models.hub import Layout
 from ..registry import HeadFamily, head_family
 from .checkpoint import check, read_weights, save_safetensors, weight_shapes
 

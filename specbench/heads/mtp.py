@@ -33,9 +33,9 @@ import torch
 from torch import nn
 from transformers import Cache
 
+from ..core.cached_lm import cache_argument
 from ..errors import SpecbenchError
-from ..hub import Layout
-from ..models import cache_argument
+from ..models.hub import Layout
 from ..registry import HeadFamily, head_family
 from .checkpoint import check, config_shape, read_config, read_prefixed, save_safetensors
 

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
-from ..cached_lm import hidden_features
+from ..core.cached_lm import hidden_features
+from ..core.tree import additive_mask
 from ..errors import SpecbenchError
 from ..progress import Progress
-from ..tree import additive_mask
 from . import eagle3, frequencies, mtp
 from .checkpoint import target_signature
 from .eagle import EagleHead, build, config_from_target
@@ -294,15 +294,15 @@ def train_head(
 
     `compact`: float16 storage, and an EAGLE-1/2 head or MTP module without the embedding (and readout) the
     loader copies from the target, as the bundled tiny heads are stored."""
-    from .. import models
+    from ..models import aliases, loading
+    from ..zoo.text import token_streams
     from . import eagle as eagle_heads
     from . import medusa as medusa_heads
-    from .data import token_streams
 
-    spec = models.resolve(target)
-    folder = models.target_folder(spec)
-    model = models.load_causal_lm(folder, device, dtype, what="target").requires_grad_(False)
-    train, heldout = token_streams(data, models.load_tokenizer(folder), smoke)
+    spec = aliases.resolve(target)
+    folder = aliases.target_folder(spec)
+    model = loading.load_causal_lm(folder, device, dtype, what="target").requires_grad_(False)
+    train, heldout = token_streams(data, loading.load_tokenizer(folder), smoke)
     if kind == "medusa":
         heads, accuracy = train_medusa(model, train, heldout, cfg)
         medusa_heads.save(heads, out, spec.path, compact)

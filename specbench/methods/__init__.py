@@ -12,10 +12,11 @@ import re
 
 import yaml
 
-from .. import acceptance, presets, registry
+from .. import presets, registry
+from ..core import acceptance
+from ..core.proposer import Proposal, Proposer
 from ..errors import SpecbenchError
 from ..registry import Need, parse_needs
-from .base import Proposal, Proposer
 from .resources import Resources
 
 for _module in pkgutil.iter_modules(__path__):  # each registers its implementations (and head families)

@@ -35,14 +35,14 @@ from typing import NamedTuple
 import torch
 from transformers import DynamicCache
 
-from .. import choices
+from ..core import choices
+from ..core.proposer import NO_PROPOSAL, Feedback, Nested, Proposal, Proposer, Turn, tree_prefix
+from ..core.sampling import draw_distinct_padded, probabilities
+from ..core.tree import Tree, additive_mask
 from ..heads import frequencies
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head, feature_layers
-from ..registry import Nested, implementation
-from ..sampling import draw_distinct_padded, probabilities
-from ..tree import Tree, additive_mask
-from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, tree_prefix
+from ..registry import implementation
 from .resources import Resources
 
 

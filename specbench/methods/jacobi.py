@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..cached_lm import SideBranch
+from ..core.cached_lm import SideBranch
 
 LAYOUTS = ("reference", "shifted")
 

@@ -13,9 +13,9 @@ shared loop always commits that token too, as the repository's later code (0e9f0
 
 from __future__ import annotations
 
+from ..core.proposer import Feedback, Proposal, Proposer, Turn
+from ..core.tree import EMPTY, trie
 from ..registry import implementation
-from ..tree import EMPTY, trie
-from .base import Feedback, Proposal, Proposer, Turn
 from .jacobi import JacobiWindow
 from .ngram_pool import NgramPool
 from .resources import Resources

@@ -12,13 +12,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import choices
+from ..core import choices
+from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, tree_prefix
+from ..core.sampling import draw_distinct, probabilities
+from ..core.tree import Tree, from_choices
 from ..errors import SpecbenchError
 from ..heads.medusa import MedusaHeads
 from ..registry import implementation
-from ..sampling import draw_distinct, probabilities
-from ..tree import Tree, from_choices
-from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, tree_prefix
 from .resources import Resources
 
 

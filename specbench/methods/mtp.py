@@ -3,9 +3,9 @@ as vLLM and SGLang run DeepSeek-V3's and Qwen3-Next's; EAGLE's drafting loop run
 
 from __future__ import annotations
 
+from ..core.proposer import Proposer, chain_prefix
 from ..heads.mtp import MtpHead
 from ..registry import implementation
-from .base import Proposer, chain_prefix
 from .eagle import DynamicTree, Eagle
 from .resources import Resources
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import torch
 
-from .. import acceptance
-from ..cached_lm import CachedLM
+from ..core import acceptance
+from ..core.cached_lm import CachedLM
+from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
+from ..core.sampling import probabilities
+from ..core.step import verify
+from ..core.tree import trie
 from ..registry import implementation
-from ..sampling import probabilities
-from ..step import verify
-from ..tree import trie
-from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
 from .lookahead import Lookahead
 from .resources import Resources
 

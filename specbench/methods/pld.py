@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..core.proposer import NO_PROPOSAL, Proposal, Proposer, chain_prefix
+from ..core.tree import chain
 from ..registry import implementation
-from ..tree import chain
-from .base import NO_PROPOSAL, Proposal, Proposer, chain_prefix
 from .resources import Resources
 
 

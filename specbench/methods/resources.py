@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecbenchError
-from ..few_rows import use_few_row_layout
 from ..heads.checkpoint import trained_for_other_target
-from ..models import DTYPES, compile_forward, load_causal_lm
+from ..models.few_rows import use_few_row_layout
+from ..models.loading import DTYPES, compile_forward, load_causal_lm
 from ..registry import HEADS, train_hint
 
 

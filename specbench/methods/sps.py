@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..cached_lm import CachedLM
+from ..core.cached_lm import CachedLM
+from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_prefix
+from ..core.sampling import probabilities, sample
+from ..core.tree import chain
 from ..registry import implementation
-from ..sampling import probabilities, sample
-from ..tree import chain
-from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_prefix
 from .resources import Resources
 
 

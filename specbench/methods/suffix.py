@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
+from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
+from ..core.tree import Tree
 from ..registry import implementation
-from ..tree import Tree
-from .base import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
 from .resources import Resources
 from .suffix_index import SuffixIndex, speculate
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ..core.proposer import Proposer
 from ..registry import implementation
-from .base import Proposer
 from .resources import Resources
 
 

@@ -1,9 +1,8 @@
-"""The bundled tiny model family (a Llama target, its draft and heads) and, in its modules, the code that trains it.
+"""The bundled tiny model family (a Llama target, its draft and heads), the text heads train on, and the code that
+trains the family.
 
 Importing the package costs nothing: the training stack lives in `specbench.zoo.build`."""
 
-from pathlib import Path
-
-TINY_DIR = Path(__file__).parent / "tiny"
+from ..models.aliases import TINY_DIR
 
 __all__ = ["TINY_DIR"]

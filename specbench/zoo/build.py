@@ -10,8 +10,6 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from specbench.errors import SpecbenchError
-from specbench.heads.data import jsonl_texts
-from specbench.heads.regenerate import regenerate
 from specbench.progress import Progress
 from specbench.zoo.card import CardData, Model, Sample, write_card
 from specbench.zoo.corpus import Conversation, Corpus, build_corpus
@@ -28,28 +26,13 @@ from specbench.zoo.evaluate import (
 )
 from specbench.zoo.models import draft_from_target, llama_config, new_model, parameter_count
 from specbench.zoo.packing import pack
-from specbench.zoo.plan import (
-    CONTINUED,
-    DISTILLED,
-    FULL,
-    SMOKE,
-    SMOKE_CONTINUED,
-    SMOKE_TUNED,
-    TUNED,
-    FamilyPlan,
-)
+from specbench.zoo.plan import CONTINUED, DISTILLED, FULL, SMOKE, SMOKE_CONTINUED, SMOKE_TUNED, TUNED, FamilyPlan
 from specbench.zoo.prompts import GENERAL, gsm8k_test, quick_first_turns, spec_bench_first_turns
+from specbench.zoo.regenerate import regenerate
 from specbench.zoo.save import save_model
+from specbench.zoo.text import jsonl_texts
 from specbench.zoo.tokenizer import train_tokenizer
-from specbench.zoo.train import (
-    HISTORY,
-    TrainLog,
-    distill_draft,
-    read_history,
-    train_target,
-    tune_target,
-    write_history,
-)
+from specbench.zoo.train import HISTORY, TrainLog, distill_draft, read_history, train_target, tune_target, write_history
 from specbench.zoo.unlikelihood import answer_tags
 
 CACHE_LEN = 200

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbench.chat import vicuna_prompt
+from specbench.models.chat import vicuna_prompt
 from specbench.zoo.decontam import content_key, eval_keys
 
 

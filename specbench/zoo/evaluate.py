@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from ..models import cache_argument
+from ..core.cached_lm import cache_argument
 
 _EVAL_BATCH = 4
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from specbench.chat import VICUNA_TEMPLATE
+from specbench.models.chat import VICUNA_TEMPLATE
 
 UNK, BOS, EOS = "<unk>", "<s>", "</s>"  # ids 0, 1, 2 as in Llama
 

@@ -1,0 +1,153 @@
+"""Acceptance rules: which drafted tokens the target keeps, and the token it adds itself. Pure functions.
+
+Each rule takes the proposal's tree and the target's rows for the verification input ([root] + nodes)
+and returns the accepted root-to-node path plus the target's own next token (bonus or correction).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import SpecbenchError
+from .sampling import probabilities, sample, uniform
+from .tree import Tree
+
+
+@dataclass(frozen=True)
+class Accepted:
+    rows: list[int]  # input rows of the accepted draft nodes, in path order (root excluded)
+    token: int  # the target's own token after the accepted path
+    tested: int  # draft depth examined along the path: len(rows), plus 1 if a drafted child was rejected
+
+
+def greedy(tree: Tree, logits: torch.Tensor) -> Accepted:
+    """Longest path whose every token is the target's argmax at its parent. logits: [n+1, V]."""
+    best = logits.argmax(dim=-1).tolist()
+    children = tree.children()
+    rows: list[int] = []
+    row = 0
+    while True:
+        match = next((c for c in children[row] if tree.tokens[c - 1] == best[row]), None)
+        if match is None:
+            return Accepted(rows, best[row], len(rows) + (1 if children[row] else 0))
+        rows.append(match)
+        row = match
+
+
+def speculative_sampling(
+    tree: Tree,
+    probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    generator: torch.Generator | None,
+) -> Accepted:
+    """Lossless rejection sampling over a tree (Leviathan et al. for chains, SpecInfer for siblings).
+
+    probs: [n+1, V] target distributions per input row. draft_probs: [n, V], row i the distribution node i
+    was drawn from; None means every node is a point-mass (deterministic) proposal, as for n-gram drafts.
+    At each node the children are tried in order: child x is accepted with probability min(1, p(x)/q(x));
+    on rejection p becomes norm(max(0, p - q)). If no child is accepted the token is drawn from the final p;
+    past the last accepted node with no children it is drawn from that node's p (the bonus token).
+    """
+    children = tree.children()
+    rows: list[int] = []
+    row = 0
+    while True:
+        p = probs[row]
+        for child in children[row]:
+            x = tree.tokens[child - 1]
+            q = None if draft_probs is None else draft_probs[child - 1]
+            px, qx = float(p[x]), 1.0 if q is None else float(q[x])
+            if qx > 0 and uniform(generator, p.device) * qx < px:
+                rows.append(child)
+                row = child
+                break
+            if q is None:  # a point mass: the residual is p without x (no one-hot of the vocabulary built)
+                residual = p.clone()
+                residual[x] = 0.0
+            else:
+                residual = torch.clamp(p - q, min=0.0)
+            total = float(residual.sum())
+            p = residual / total if total > 0 else p
+        else:
+            return Accepted(rows, sample(p, generator), len(rows) + (1 if children[row] else 0))
+
+
+def typical(
+    tree: Tree,
+    probs: torch.Tensor,
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float = 0.3,
+    generator: torch.Generator | None = None,
+) -> Accepted:
+    """Medusa's typical acceptance (lossy: it does not preserve the target's distribution).
+
+    Node x under row r is acceptable when p_r(x) > min(posterior_threshold, posterior_alpha * exp(-H(p_r))).
+    The deepest path of acceptable nodes wins, ties going to the larger sum of log p along the path; the
+    target's own token is then sampled from the distribution at the path's end. probs: [n+1, V].
+    """
+    entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum(dim=-1)  # [n+1]
+    bar = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold).tolist()
+    depth = [0] * (len(tree) + 1)  # per input row, 0 when the row is not on an acceptable path
+    score = [0.0] * (len(tree) + 1)
+    best = 0
+    for i, (x, p) in enumerate(zip(tree.tokens, tree.parents, strict=True)):
+        row, parent = i + 1, p + 1
+        px = float(probs[parent, x])
+        if px > bar[parent] and (parent == 0 or depth[parent]):
+            depth[row] = depth[parent] + 1
+            score[row] = score[parent] + math.log(px)
+            if (depth[row], score[row]) > (depth[best], score[best]):
+                best = row
+    rows = tree.path(best)
+    return Accepted(rows, sample(probs[best], generator), len(rows) + (1 if tree.children()[best] else 0))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """An acceptance rule as the decode loop applies it: greedy longest match at T = 0, `sampled` at T > 0.
+    A method's preset names it (`acceptance:`); the registry resolves it once and hands it to the loop."""
+
+    name: str
+    lossless: bool
+    sampled: Callable[..., Accepted]  # (tree, probs [n+1, V], draft_probs [n, V] | None, generator, **params)
+    params: dict = field(default_factory=dict)
+
+    def __call__(
+        self,
+        tree: Tree,
+        logits: torch.Tensor,  # [n+1, V]: the target's rows for [root] + nodes
+        draft_probs: torch.Tensor | None,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> Accepted:
+        if temperature == 0:
+            return greedy(tree, logits)
+        return self.sampled(tree, probabilities(logits, temperature), draft_probs, generator, **self.params)
+
+
+def _typical(tree: Tree, probs: torch.Tensor, draft_probs, generator, **params) -> Accepted:
+    return typical(tree, probs, **params, generator=generator)  # point masses by nature: draft_probs unused
+
+
+RULES = {
+    "exact": Rule("exact", True, speculative_sampling),
+    "typical": Rule("typical", False, _typical, {"posterior_threshold": 0.09, "posterior_alpha": 0.3}),
+}
+EXACT = RULES["exact"]
+
+
+def rule(spec: str | dict | None) -> Rule:
+    """A preset's `acceptance:` value: a rule name (default exact), or {rule: NAME, param: value, ...}."""
+    spec = {"rule": spec or "exact"} if not isinstance(spec, dict) else dict(spec)
+    name = spec.pop("rule", "exact")
+    if name not in RULES:
+        raise SpecbenchError(f"unknown acceptance rule '{name}': use one of {', '.join(RULES)}")
+    base = RULES[name]
+    unknown = sorted(set(spec) - set(base.params))
+    if unknown:
+        raise SpecbenchError(f"acceptance rule '{name}' has no parameter '{unknown[0]}'")
+    return Rule(base.name, base.lossless, base.sampled, {**base.params, **spec})

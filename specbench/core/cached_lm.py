@@ -1,0 +1,143 @@
+"""A Hugging Face causal LM with a KV cache that speculative decoding can verify trees against and trim."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from ..errors import SpecbenchError
+from .tree import Tree, attention_mask, position_ids
+
+
+@dataclass(frozen=True)
+class SideBranch:
+    """Extra tokens run in the same forward as a proposal's tree whose logits only the proposer reads (e.g. a
+    Jacobi window).
+
+    Their cache rows are always dropped by the commit that follows."""
+
+    tokens: list[int]
+    positions: list[int]  # offsets from the root's position
+    allowed: torch.Tensor  # bool [m, 1 + n + m]: the new rows ([root] + tree + side) each side token attends to
+
+
+@functools.cache
+def cache_argument(module_class: type) -> str:
+    """The keyword a module's forward takes its KV cache by: `cache` from transformers 5.24 on (there
+    `past_key_values` only warns, and it goes in 5.40), `past_key_values` before and in older remote code."""
+    return "cache" if "cache" in inspect.signature(module_class.forward).parameters else "past_key_values"
+
+
+def hidden_features(out, layers: tuple[int, ...]) -> torch.Tensor:
+    """The requested hidden states of a decoder's output [B, n, H] concatenated on the last dim [B, n, F]:
+    index i = the output of layer i (0 = the embeddings), -1 = the final normalised state the LM head reads."""
+    return torch.cat([out.last_hidden_state if i == -1 else out.hidden_states[i] for i in layers], dim=-1)
+
+
+@dataclass(frozen=True)
+class Forward:
+    logits: torch.Tensor  # [rows, V]
+    features: torch.Tensor | None = None  # [rows, F]: the requested hidden states, concatenated on the last dim
+
+
+RECURRENT = ("linear", "mamba", "conv", "recurrent", "ssm")  # config layer types whose state is not a KV cache
+
+
+class CachedLM:
+    """Any `AutoModelForCausalLM` (a target or a draft) with its KV cache: tree forwards, commit and crop.
+    The cache holds every committed token except the newest (the root)."""
+
+    def __init__(self, model) -> None:
+        types = set(getattr(model.config.get_text_config(), "layer_types", None) or [])
+        recurrent = sorted(t for t in types if any(word in str(t) for word in RECURRENT))
+        if recurrent:
+            raise SpecbenchError(
+                f"model '{model.config.name_or_path}' has {', '.join(recurrent)} layers, whose recurrent state can "
+                "neither verify a token tree nor roll back a rejection: use a model with attention layers only"
+            )
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.context_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.cache: DynamicCache | None = None
+
+    @property
+    def cached(self) -> int:
+        """Number of tokens whose keys and values are in the cache."""
+        return self.cache.get_seq_length() if self.cache is not None else 0
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+
+    def prefill(self, prompt: list[int], layers: tuple[int, ...] | None = None) -> Forward | None:
+        """Empty the cache and fill it with all of `prompt` but its last token (the first root)."""
+        self.reset()
+        return self.run(prompt[:-1], last_only=True, layers=layers) if len(prompt) > 1 else None
+
+    def forward(self, tokens: list[int], tree: Tree | None = None, last_only: bool = False) -> torch.Tensor:
+        """Append `tokens` to the cache (a chain, or [root] + tree when `tree` is given). Returns logits [n, V],
+        or [1, V] for the last token only with `last_only` (a prefill: no vocabulary projection of the prompt)."""
+        return self.run(tokens, tree, last_only=last_only).logits
+
+    @torch.inference_mode()
+    def run(
+        self,
+        tokens: list[int],
+        tree: Tree | None = None,
+        *,
+        last_only: bool = False,
+        layers: tuple[int, ...] | None = None,
+        side: SideBranch | None = None,
+    ) -> Forward:
+        """One forward appending `tokens` (with `tree`: [root] + tree tokens + side tokens) to the cache.
+
+        `layers` asks for hidden states as features: indices into the model's hidden-state list (0 = the
+        embeddings, i = the output of layer i) and -1 for the final normalised state the LM head reads.
+        """
+        if self.cache is None:
+            self.reset()
+        past = self.cached
+        ids = torch.tensor([tokens], device=self.device)
+        if tree is None or (tree.is_chain and side is None):
+            positions = torch.arange(past, past + len(tokens), device=self.device)[None]
+            mask = None  # plain causal attention: the model builds it (and sdpa takes its fast path)
+        else:
+            positions = position_ids(tree, past, self.device, side.positions if side else None)
+            mask = attention_mask(tree, past, self.dtype, self.device, side.allowed if side else None)
+        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        if layers is None:
+            out = self.model(**inputs, **{cache_argument(type(self.model)): self.cache},
+                             logits_to_keep=1 if last_only else 0)  # fmt: skip
+            return Forward(out.logits[0])
+        decoder = self.model.get_decoder()
+        out = decoder(**inputs, **{cache_argument(type(decoder)): self.cache},
+                      output_hidden_states=any(i != -1 for i in layers))  # fmt: skip
+        final = out.last_hidden_state[0]
+        logits = self.model.get_output_embeddings()(final[-1:] if last_only else final)
+        return Forward(logits, hidden_features(out, layers)[0])
+
+    @torch.inference_mode()
+    def commit(self, start: int, keep: list[int]) -> None:
+        """Keep cache rows start + keep[i] (relative rows of the last forward) as rows start + i; drop the rest."""
+        if keep != list(range(len(keep))):
+            src = torch.tensor([start + k for k in keep], device=self.device)
+            dst = slice(start, start + len(keep))
+            for layer in self.cache.layers:
+                layer.keys[:, :, dst] = layer.keys.index_select(2, src)
+                layer.values[:, :, dst] = layer.values.index_select(2, src)
+        self.crop(start + len(keep))
+
+    def follow(self, tokens: list[int]) -> None:
+        """A draft after a verification: its cached rows stay valid up to the last accepted token; the newest
+        token of `tokens` is the next root, so nothing from it on stays cached."""
+        self.crop(len(tokens) - 1)
+
+    @torch.inference_mode()
+    def crop(self, length: int) -> None:
+        """Drop cache rows from `length` on."""
+        if self.cache is not None and self.cached > length:
+            self.cache.crop(length - self.cached)  # transformers 5 takes minus the number of rows to drop

@@ -1,0 +1,105 @@
+"""The one decode loop every method shares: propose -> verify -> accept -> commit -> update."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import SpecbenchError
+from . import acceptance
+from .cached_lm import CachedLM
+from .proposer import Feedback, Proposer, Turn
+from .step import verify
+
+
+@dataclass(frozen=True)
+class Step:
+    accept_length: int  # tokens this step appended (the target's own token included)
+    tested: int  # draft depth examined along the accepted path (see acceptance.Accepted)
+    tree_size: int  # tokens sent to the target in the verification forward
+    draft_time: float
+    verify_time: float  # the target's forward, acceptance and cache commit
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # new tokens, up to and including the first stop token
+    steps: list[Step] = field(default_factory=list)
+    wall_time: float = 0.0
+    prefill_draft_time: float = 0.0  # the proposer's own set-up for this turn (e.g. the draft's prefill)
+
+    @property
+    def accept_lengths(self) -> list[int]:
+        return [s.accept_length for s in self.steps]
+
+
+def clock(device: torch.device) -> float:
+    """Seconds, after the device has finished its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def decode(
+    target: CachedLM,
+    proposer: Proposer,
+    prompt: list[int],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    stop_ids: set[int],
+    generator: torch.Generator | None = None,
+    rule: acceptance.Rule = acceptance.EXACT,
+    request: tuple[Hashable, int] | None = None,
+) -> Generation:
+    """Generate up to max_new_tokens after `prompt`, timing prefill to last token (device synchronised).
+    `rule` is the method's acceptance rule (its preset's, through `methods.rule`); `request` names what is
+    answered (`Turn.request`)."""
+    if max_new_tokens <= 0:
+        raise SpecbenchError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    if len(prompt) >= target.context_length:
+        raise SpecbenchError(
+            f"prompt of {len(prompt)} tokens does not fit the model's context of {target.context_length} tokens"
+        )
+    budget = min(max_new_tokens, target.context_length - len(prompt))
+    device = target.device
+    start = clock(device)
+    layers = proposer.feature_layers
+    prefill = target.prefill(prompt, layers)
+    t0 = clock(device)
+    features = prefill.features if prefill is not None else None
+    proposer.start(Turn(prompt, temperature, generator, features, request))
+    tokens = list(prompt)
+    gen = Generation([], prefill_draft_time=clock(device) - t0)
+    while len(gen.tokens) < budget:
+        remaining = budget - len(gen.tokens)
+        depth = remaining - 1  # drafted tokens the budget has room for after the target's own token
+        t0 = clock(device)
+        proposal = proposer.propose(tokens, depth).pruned(depth)
+        t1 = clock(device)
+        step = verify(target, tokens[-1], proposal, rule, temperature, generator, layers)
+        new = step.new
+        stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
+        if stop_at is not None:
+            new = new[: stop_at + 1]
+        new = new[:remaining]
+        tokens.extend(new)
+        gen.tokens.extend(new)
+        t2 = clock(device)
+        n = len(proposal.tree) + 1
+        out = step.output
+        feedback = Feedback(
+            step.accepted,
+            out.features[step.kept] if out.features is not None else None,
+            out.logits[n:] if proposal.side else None,
+        )
+        proposer.update(tokens, proposal, feedback)
+        t3 = clock(device)
+        gen.steps.append(Step(len(new), step.accepted.tested, len(out.logits), t1 - t0 + t3 - t2, t2 - t1))
+        if stop_at is not None:
+            break
+    gen.wall_time = clock(device) - start
+    return gen

@@ -1,0 +1,113 @@
+"""The proposer interface: what every method implements to plug into the shared decode loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .acceptance import Accepted
+from .cached_lm import SideBranch
+from .choices import first
+from .tree import EMPTY, Tree
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tree: Tree
+    draft_probs: torch.Tensor | None = None  # [n, V]: the distribution each node was drawn from; None = point mass
+    side: SideBranch | None = None  # tokens verified alongside whose logits only the proposer reads
+
+    def pruned(self, max_depth: int) -> Proposal:
+        """Drop nodes deeper than max_depth (drafting past the token budget is wasted work). A side branch is
+        dropped with them: its mask refers to the full tree."""
+        if self.tree.max_depth() <= max_depth:
+            return self
+        keep = [i for i, d in enumerate(self.tree.depths()) if d <= max_depth]
+        probs = self.draft_probs[keep] if self.draft_probs is not None else None
+        return Proposal(self.tree.subtree(keep), probs)
+
+
+NO_PROPOSAL = Proposal(EMPTY)
+
+
+@dataclass(frozen=True)
+class Nested:
+    """Knobs whose smaller values propose, at T = 0 and the same state, a subtree of what their largest values
+    propose: one calibration run with the largest values scores every smaller setting (`specbench tune`)."""
+
+    keys: tuple[str, ...]
+    snapshot: Callable[[Any, Any], Any]  # (proposer, its proposal) -> what `subtree` needs, taken right after propose
+    subtree: Callable[[Any, dict], Any]  # (snapshot, {key: smaller value}) -> the Tree those values would propose
+
+
+def chain_prefix(key: str) -> Nested:
+    """A chain drafted greedily token by token: a smaller `key` (its length) proposes the first `key` tokens."""
+    return Nested(
+        (key,),
+        snapshot=lambda proposer, proposal: proposal.tree,
+        subtree=lambda tree, params: tree.subtree(list(range(min(params[key], len(tree))))),
+    )
+
+
+def tree_prefix(key: str, paths: Callable[[Proposer, Proposal], tuple[list[tuple], list[list[int]]]]) -> Nested:
+    """A static tree of rank paths (Medusa, EAGLE-1): a smaller `key` keeps the tree's first `key` paths
+    (`choices.first`), and at T = 0 proposes the nodes of the whole tree's proposal that lie on them. `paths` gives,
+    right after a propose, each proposed node's path of ranks and the tree's paths in their listed order."""
+
+    def subtree(snapshot: tuple[Tree, list[tuple], list[list[int]]], params: dict) -> Tree:
+        tree, node_paths, listed = snapshot
+        kept = {tuple(p) for p in first(listed, params[key])}
+        return tree.subtree([i for i, p in enumerate(node_paths) if p in kept])
+
+    return Nested((key,), snapshot=lambda proposer, proposal: (proposal.tree, *paths(proposer, proposal)),
+                  subtree=subtree)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """What one verification tells the proposer."""
+
+    accepted: Accepted
+    features: torch.Tensor | None = None  # [1 + len(accepted.rows), F]: the root's and the accepted nodes' features
+    side_logits: torch.Tensor | None = None  # [m, V]: the target's logits at the side-branch tokens
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What a proposer is told when a new turn begins."""
+
+    prompt: list[int]
+    temperature: float
+    generator: torch.Generator | None = None
+    features: torch.Tensor | None = None  # [len(prompt) - 1, F]: the prompt's target states, when feature_layers
+    request: tuple[Hashable, int] | None = None  # (question, turn number): the same each time it is answered
+
+
+class Proposer:
+    """A method: proposes a token tree each step and learns what the target accepted.
+
+    `tokens` passed to propose/update is the committed sequence (prompt and generated tokens); its last
+    element is the root of the next verification, not yet in the target's cache. `max_depth` passed to propose
+    is how many tokens past the root the token budget can still take: the loop prunes deeper nodes, so a
+    method that drafts token by token stops there instead of wasting the work.
+    """
+
+    feature_layers: tuple[int, ...] | None = None  # target hidden states the method drafts from (CachedLM.run)
+
+    def start(self, turn: Turn) -> None:
+        """A new turn begins: a method with per-turn state (draft cache, pools) overrides this, calls
+        super().start(turn) first, then resets its state."""
+        self.temperature = turn.temperature
+        self.generator = turn.generator
+
+    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
+        return NO_PROPOSAL
+
+    def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
+        """`tokens` now include the accepted path and the target's own token."""
+
+
+__all__ = ["NO_PROPOSAL", "Feedback", "Nested", "Proposal", "Proposer", "Turn", "chain_prefix", "tree_prefix"]

@@ -1,0 +1,45 @@
+"""One verification step, shared by the decode loop and by drafts that verify their own proposals (Ouroboros):
+a forward over [root] + tree (+ side branch), the acceptance rule, and the accepted path committed to the cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from . import acceptance
+from .cached_lm import CachedLM, Forward
+
+if TYPE_CHECKING:
+    from .proposer import Proposal
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One verification of a proposal: what the rule accepted, the tokens it appends, the forward's output."""
+
+    accepted: acceptance.Accepted
+    new: list[int]  # accepted draft tokens, then the target's own
+    output: Forward  # logits (and features) of every input row, side-branch rows included
+    kept: list[int]  # input rows now in the cache: the root and the accepted nodes
+
+
+def verify(
+    model: CachedLM,
+    root: int,
+    proposal: Proposal,
+    rule: acceptance.Rule,
+    temperature: float,
+    generator: torch.Generator | None,
+    layers: tuple[int, ...] | None = None,
+) -> Verified:
+    """One forward of `model` over [root] + tree (+ side branch), acceptance by `rule`, and the accepted path
+    committed into the cache (the rest dropped)."""
+    past = model.cached
+    tree, side = proposal.tree, proposal.side
+    out = model.run([root, *tree.tokens, *(side.tokens if side else [])], tree, layers=layers, side=side)
+    accepted = rule(tree, out.logits[: len(tree) + 1], proposal.draft_probs, temperature, generator)
+    kept = [0, *accepted.rows]
+    model.commit(past, kept)
+    return Verified(accepted, [tree.tokens[r - 1] for r in accepted.rows] + [accepted.token], out, kept)

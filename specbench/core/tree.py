@@ -1,0 +1,164 @@
+"""The token tree a proposer hands to the target, and what is derived from it (mask, positions, paths).
+
+Indexing: the verification input is [root] + tree tokens, where the root is the last committed token
+(not yet in the target's KV cache). Node i of the tree is input row i + 1; `parents[i]` is the parent's
+tree index, or -1 for a child of the root. Parents always come before their children.
+A chain is a tree whose node i has parent i - 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tree:
+    tokens: list[int]
+    parents: list[int]
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.parents):
+            raise ValueError("tokens and parents differ in length")
+        for i, p in enumerate(self.parents):
+            if not -1 <= p < i:
+                raise ValueError(f"node {i} has parent {p}: parents must precede children")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def depths(self) -> list[int]:
+        """Depth of each node; children of the root have depth 1."""
+        out: list[int] = []
+        for p in self.parents:
+            out.append(1 if p < 0 else out[p] + 1)
+        return out
+
+    def max_depth(self) -> int:
+        return max(self.depths(), default=0)
+
+    def children(self) -> list[list[int]]:
+        """Input-row indices of the children of every input row (row 0 = root)."""
+        kids: list[list[int]] = [[] for _ in range(len(self) + 1)]
+        for i, p in enumerate(self.parents):
+            kids[p + 1].append(i + 1)
+        return kids
+
+    def path(self, row: int) -> list[int]:
+        """Input rows from the first node under the root down to `row` (empty for the root)."""
+        rows: list[int] = []
+        while row > 0:
+            rows.append(row)
+            row = self.parents[row - 1] + 1
+        return rows[::-1]
+
+    def subtree(self, keep: list[int]) -> Tree:
+        """The tree of nodes `keep` (ascending, closed under parents), re-indexed."""
+        new_index = {old: new for new, old in enumerate(keep)}
+        return Tree(
+            [self.tokens[i] for i in keep],
+            [new_index[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep],
+        )
+
+
+def chain(tokens: list[int]) -> Tree:
+    return Tree(list(tokens), list(range(-1, len(tokens) - 1)))
+
+
+def trie(sequences: list[list[int]]) -> Tree:
+    """Candidate continuations of the root as one tree: sequences sharing a prefix share its nodes, so the
+    target reads each distinct prefix once. Nodes keep the order in which the sequences first reach them."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    node: dict[tuple[int, int], int] = {}  # (parent index, token) -> node index
+    for seq in sequences:
+        parent = -1
+        for token in seq:
+            if (parent, token) not in node:
+                node[parent, token] = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+            parent = node[parent, token]
+    return Tree(tokens, parents)
+
+
+EMPTY = Tree([], [])
+
+
+def ancestor_matrix(tree: Tree) -> torch.Tensor:
+    """Bool [n+1, n+1]: entry (i, j) says input row i may attend to row j (j is i or an ancestor)."""
+    n = len(tree) + 1
+    parent = torch.tensor([0, *(p + 1 for p in tree.parents)])  # each row's parent row; the root's is itself
+    rows, node = torch.arange(n), torch.arange(n)
+    allowed = torch.eye(n, dtype=torch.bool)
+    for _ in range(tree.max_depth()):  # climb one level at a time: whole rows at once, not node by node
+        node = parent[node]
+        allowed[rows, node] = True
+    return allowed
+
+
+def attention_mask(
+    tree: Tree,
+    past_len: int,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    side: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Additive 4D mask [1, 1, n+1+m, past_len+n+1+m]: 0 where attention is allowed, the dtype's min elsewhere.
+
+    `side` (bool [m, n+1+m]) appends m side-branch rows that see the cached prefix plus the new rows it marks;
+    tree rows never see side rows, so the tree's logits are exactly those of a tree-only forward.
+    """
+    n = len(tree) + 1
+    m = 0 if side is None else side.shape[0]
+    allowed = torch.ones(n + m, past_len + n + m, dtype=torch.bool)
+    allowed[:n, past_len:] = False
+    allowed[:n, past_len : past_len + n] = ancestor_matrix(tree)
+    if side is not None:
+        allowed[n:, past_len:] = side
+    return additive_mask(allowed, dtype, device)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Bool [rows, keys] -> additive [1, 1, rows, keys]: 0 where allowed, the dtype's min elsewhere."""
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask.to(device)[None, None]
+
+
+def position_ids(tree: Tree, past_len: int, device: torch.device | str = "cpu", side: list[int] | None = None):
+    """Positions [1, n+1+m]: the root sits at past_len, a node at past_len + its depth, a side token at
+    past_len + its given offset."""
+    offsets = [0, *tree.depths(), *(side or [])]
+    return torch.tensor([[past_len + d for d in offsets]], device=device)
+
+
+def from_choices(choices: list[list[int]], max_rank: int | None = None) -> Tree:
+    """The template tree of a published static tree given as paths of ranks ("choices", Medusa/EAGLE-1 format).
+
+    Path [a, b] is the node reached by taking candidate a under the root, then candidate b under it. The
+    template's `tokens` hold each node's last rank; a method fills in the real tokens. Paths are ordered by
+    (length, ranks) so parents precede children; with `max_rank` paths using a rank >= max_rank are dropped
+    (a vocabulary smaller than the tree's branching).
+    """
+    paths = sorted({tuple(p) for p in choices}, key=lambda p: (len(p), p))
+    if max_rank is not None:
+        paths = [p for p in paths if max(p, default=0) < max_rank]
+    index = {p: i for i, p in enumerate(paths)}
+    parents: list[int] = []
+    for p in paths:
+        if not p or min(p) < 0:
+            raise ValueError(f"tree path {list(p)} must be a non-empty list of ranks >= 0")
+        if len(p) > 1 and p[:-1] not in index:
+            raise ValueError(f"tree path {list(p)} has no parent path {list(p[:-1])}")
+        parents.append(index[p[:-1]] if len(p) > 1 else -1)
+    return Tree([p[-1] for p in paths], parents)
+
+
+__all__ = ["EMPTY", "Tree", "additive_mask", "ancestor_matrix", "attention_mask", "chain", "from_choices",
+           "position_ids", "trie"]

@@ -1,0 +1,121 @@
+"""Model aliases, one place: each a target with its draft and heads, every hub checkpoint pinned to a commit;
+and how a `--model` value (alias, folder, hub id) resolves to one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import SpecbenchError
+from .hub import Source, parse
+
+TINY_DIR = Path(__file__).resolve().parents[1] / "zoo" / "tiny"  # the bundled tiny family
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    target: Source
+    draft: Source | None = None  # small model for sps / ouroboros, same tokenizer
+    heads: dict[str, Source] = field(default_factory=dict)  # head family (medusa, eagle, eagle3) -> checkpoint
+
+    @property
+    def path(self) -> str:
+        return self.target.id
+
+
+VICUNA_68M = "double7/vicuna-68m@f35c45e548302e8edd0a31db7490b42ea2ddd109"  # MCSD's draft, Spec-Bench's SpS drafter
+
+
+def _alias(name: str, target: str, draft: str | None = None, **heads: str) -> ModelSpec:
+    """An alias from 'org/name@commit' strings."""
+    return ModelSpec(name, parse(target), parse(draft) if draft else None, {k: parse(v) for k, v in heads.items()})
+
+
+# Every hub checkpoint pinned to a commit, so numbers can be reproduced later. Only heads published by the
+# method's authors (EAGLE and Medusa READMEs) whose commit could be verified; see the README's alias table.
+ALIASES: dict[str, ModelSpec] = {
+    "tiny": ModelSpec(
+        name="tiny",
+        target=Source(str(TINY_DIR / "target")),
+        draft=Source(str(TINY_DIR / "draft")),
+        heads={family: Source(str(TINY_DIR / family)) for family in ("medusa", "eagle", "eagle3", "mtp")},
+    ),
+    **{
+        spec.name: spec
+        for spec in (
+            _alias(
+                "vicuna-7b",
+                "lmsys/vicuna-7b-v1.3@236eeeab96f0dc2e463f2bebb7bb49809279c6d6",
+                VICUNA_68M,
+                medusa="FasterDecoding/medusa-vicuna-7b-v1.3@82ac200bf7502419cb49a9e0adcbebe3d1d293f1",
+                eagle="yuhuili/EAGLE-Vicuna-7B-v1.3@7eb58b1b31cd2dbfcd7870f2e8c6d3f3ce8457ed",
+            ),
+            _alias(
+                "vicuna-13b",
+                "lmsys/vicuna-13b-v1.3@6566e9cb1787585d1147dcf4f9bc48f29e1328d2",
+                VICUNA_68M,
+                medusa="FasterDecoding/medusa-vicuna-13b-v1.3@80a830f8a74c8d391d239069cfd1b6cd9ea650f7",
+                eagle="yuhuili/EAGLE-Vicuna-13B-v1.3@325a44df4d7aa7587b746596f16f4c1a6c5a027b",
+                eagle3="yuhuili/EAGLE3-Vicuna1.3-13B@651195736adad4c05282d140e94bfff058b1fc8b",
+            ),
+            _alias(  # its Medusa heads exist, but no commit of them could be verified
+                "vicuna-33b",
+                "lmsys/vicuna-33b-v1.3@ef8d6becf883fb3ce52e3706885f761819477ab4",
+                VICUNA_68M,
+                eagle="yuhuili/EAGLE-Vicuna-33B-v1.3@0fbc1b0d70cec8853efc570553d157f195155440",
+            ),
+            _alias(
+                "llama2-chat-7b",
+                "meta-llama/Llama-2-7b-chat-hf@f5db02db724555f92da89c216ac04704f23d4590",
+                eagle="yuhuili/EAGLE-llama2-chat-7B@ed8213c42315361bcdea705aaec74a1fd5d5e444",
+            ),
+            _alias(
+                "llama2-chat-13b",
+                "meta-llama/Llama-2-13b-chat-hf@a2cb7a712bb6e5e736ca7f8cd98167f81a0b5bd8",
+                eagle="yuhuili/EAGLE-llama2-chat-13B@907d84db4801a7386ce98a160b1cb5610fbfee69",
+            ),
+            _alias(
+                "llama2-chat-70b",
+                "meta-llama/Llama-2-70b-chat-hf@e9149a12809580e8602995856f8098ce973d1080",
+                eagle="yuhuili/EAGLE-llama2-chat-70B@e0a165dd38d1b61587da1bcb551065821358c684",
+            ),
+            _alias(
+                "llama3.1-8b",
+                "meta-llama/Llama-3.1-8B-Instruct@0e9e39f249a16976918f6564b8830bc894c89659",
+                eagle3="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B@607d0d5b7871cd4b89395b6af288c070cfa0a168",
+            ),
+            _alias(
+                "llama3.3-70b",
+                "meta-llama/Llama-3.3-70B-Instruct@6f6073b423013f6a7d4d9f39144961bfbfbc386b",
+                eagle3="yuhuili/EAGLE3-LLaMA3.3-Instruct-70B@7694341d51d7079231b04028cf6824973fe7044a",
+            ),
+        )
+    },
+}
+
+
+def resolve(name: str, revision: str | None = None) -> ModelSpec:
+    """An alias, a local folder, or a hub id ("org/name", "org/name@REVISION"); `revision` pins a hub id."""
+    if name in ALIASES:
+        if revision:
+            raise SpecbenchError(f"'{name}' is an alias with pinned revisions: --revision applies to a hub id only")
+        return ALIASES[name]
+    if Path(name).expanduser().is_dir():
+        if revision:
+            raise SpecbenchError(f"--revision applies to a hub id, not to the local folder '{name}'")
+        return ModelSpec(name=Path(name).name, target=Source(str(Path(name).expanduser())))
+    base = name.rpartition("@")[0] if "@" in name else name
+    if base.count("/") == 1 and not base.startswith((".", "/", "~")):
+        source = parse(name, revision)
+        return ModelSpec(name=source.id.split("/")[1], target=source)
+    raise SpecbenchError(
+        f"unknown model '{name}': use an alias ({', '.join(ALIASES)}), a local folder or a hub id like org/name"
+    )
+
+
+def target_folder(spec: ModelSpec) -> Path:
+    """The target as a local folder: a hub target is fetched at its pinned revision (commands that load only it)."""
+    from .hub import TRANSFORMERS, checkpoint, fetch
+
+    return fetch(checkpoint("target", spec.target, TRANSFORMERS))

@@ -1,0 +1,98 @@
+"""Loading targets, drafts and tokenizers from a local folder in the run's device and dtype."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import SpecbenchError
+from .aliases import TINY_DIR
+from .few_rows import use_few_row_layout
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise SpecbenchError(f"bad --device '{device}': use auto, cpu, cuda or cuda:N") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpecbenchError(f"--device {device} asked for, but no CUDA device is available: use --device cpu")
+    return dev
+
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise SpecbenchError(f"bad --dtype '{dtype}': use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def check_bundled(path: str, what: str) -> None:
+    """A missing part of the bundled tiny family says how to build it."""
+    if path.startswith(str(TINY_DIR)) and not Path(path).is_dir():
+        raise SpecbenchError(f"the bundled tiny {what} is missing at {path}: build it with `specbench zoo build`")
+
+
+def load_causal_lm(
+    path: str | Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    what: str = "model",
+    trust_remote_code: bool = False,
+):
+    """A causal LM from a local folder (a run fetches hub checkpoints first) or a hub id (training commands)."""
+    from transformers import AutoModelForCausalLM
+
+    check_bundled(str(path), what)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise SpecbenchError(f"could not load {what} '{path}': {str(err).splitlines()[0]}") from err
+    if device.type == "cuda":
+        # cuDNN's attention builds a new execution plan for every key length it has not seen, several ms a
+        # layer at each decode step (measured on an H100, torch 2.11): keep SDPA on flash/memory-efficient.
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    return use_few_row_layout(model.to(device).eval())
+
+
+RECOMPILE_LIMIT = 64  # graphs per function: one token, a chain, a tree with its mask, a prefill, ... (default 8)
+
+
+def compile_forward(module: torch.nn.Module) -> torch.nn.Module:
+    """`--compile`: the module's forward through torch.compile with dynamic shapes (one graph for every
+    sequence and tree length; the first calls compile, which a run's warm-up absorbs). For a causal LM, its
+    decoder stack: the lm_head stays eager, as the loop reads logits row by row."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    owner = module.get_decoder() if hasattr(module, "get_decoder") else module
+    owner.forward = torch.compile(owner.forward, dynamic=True)
+    return module
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    check_bundled(str(path), "tokenizer")
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise SpecbenchError(f"could not load the tokenizer of '{path}': {str(err).splitlines()[0]}") from err
+
+
+def same_tokenizer(a, b) -> bool:
+    return a.get_vocab() == b.get_vocab() and a.eos_token_id == b.eos_token_id
+
+
+def stop_ids(tokenizer, generation_config) -> set[int]:
+    """Token ids that end a turn: the tokenizer's EOS and the generation config's EOS ids (None: no config)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    eos = getattr(generation_config, "eos_token_id", None)
+    if eos is not None:
+        ids.update(eos if isinstance(eos, list) else [eos])
+    return ids

@@ -1,0 +1,198 @@
+"""Reports: report.md (tables and plots), tables.tex and acceptance profiles from run folders or Spec-Bench
+answer files. Cells hold the numbers (`cells`), `tables` and `plots` render them; this module assembles them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..engines import concurrency
+from . import crosscheck, metrics
+from .cells import BASELINE, OVERALL, Cell, collect_cells, file_stem, from_spec_bench, source_line
+from .plots import all_plots, method_colors, plot_concurrency
+from .sources import Source, load_sources
+from .tables import (
+    concurrency_md,
+    detail_md,
+    detail_tex,
+    fmt_speedup,
+    leaderboard_md,
+    leaderboard_tex,
+    lossless_md,
+    spec_bench_md,
+    tuned_md,
+)
+
+FOOTNOTES = """\
+- **Speedup (paired, the headline)**: geometric mean over questions of tokens/s of the method on a question ÷
+  tokens/s of vanilla on the same question (paired by question id), same source, model, task and temperature;
+  95% percentile-bootstrap interval over questions in brackets. **Overall** pools every question of the cell
+  (it is not the mean of the category columns). `n/a`: no vanilla answers (or no shared questions) to compare with.
+- **Speedup (Spec-Bench definition)**: mean of per-question tokens/s of the method ÷ mean of per-question tokens/s
+  of vanilla within a category, unpaired, as in Spec-Bench's `speed.py`; one run, not Spec-Bench's mean of 3.
+- **τ (mean accepted length)**: Σ new tokens / Σ decoding steps (target forwards after prefill), the target's
+  own bonus or corrected token included, so vanilla is 1.00. Comparable across machines; speedups are not.
+  Published τ from the EAGLE, Medusa and Lookahead scripts counts differently: the token their prefill yields is
+  free (their first tree hangs from it; ours from the last prompt token, one more forward), and their loops may
+  count tokens drafted past the stop token or the budget, which we cut before counting. So on a short answer our τ
+  is a little lower than theirs for the same accepted trees (the reference traces agree step by step).
+- **tokens/s**: Σ new tokens / Σ wall time; wall time runs from the start of prefill to the last accepted token.
+- **mean tree size**: tokens sent to the target per verification forward, averaged over steps.
+- **draft share**: Σ draft time / (Σ draft time + Σ verify time).
+- **time split** (figure): Σ draft time, Σ verify time and the rest of Σ wall time (the target's prefill, the loop
+  itself) per generated token; a bar's height is 1 / tokens/s.
+- **α_k**: among steps whose draft reached depth k, the share that accepted the k-th draft token (for a tree,
+  along the accepted path).
+- **roofline efficiency**: overall paired speedup ÷ τ·T(1) / (T(n) + D), the speedup an overhead-free loop would
+  reach at the same τ. T(k) is the target's median forward time over k new tokens (`forward_profile.json`), n the
+  mean tree size (T linearly interpolated between measured sizes), D = Σ draft time / Σ decoding steps.
+- **Losslessness (temperature 0)**: each method's tokens are compared with vanilla's, question by question. A
+  first divergence where the target's top-1/top-2 logit margin is below a small dtype-dependent threshold is a
+  near-tie (numerical divergence from different kernel shapes); one with a clear margin is a real mismatch, a bug.
+  Lossy acceptance rules (e.g. typical acceptance) are marked "(lossy)": they are not expected to match.
+- `—`: not recorded by this source."""
+
+SPEC_BENCH_NOTE = """\
+- **Spec-Bench answer files**: token counts are taken from `new_tokens` as recorded for every method, baseline
+  included. Spec-Bench's own `speed.py` re-tokenises the baseline's text instead (which needs the model's
+  tokenizer), so its numbers can differ slightly. These files carry no draft/verify times, tree sizes, per-step
+  draft depths or greedy checks, so those columns are `—` or "not checked"."""
+
+
+CONCURRENCY_NOTE = """\
+Each level answers the task's questions with that many conversations in flight (a conversation's turns one after
+another), each level in a fresh engine. tokens/s: all new tokens over the level's wall time; × vanilla: over
+vanilla's tokens/s at the same level in the same engine; TTFT: from a request's submission to its first token;
+ms per token: after the first, per request; τ as everywhere, from vLLM's per-step counts."""
+
+
+def _sweeps_md(sources: list[Source], out_dir: Path) -> list[str]:
+    """Each engine run's concurrency sweeps: a table and a figure per task and temperature."""
+    md = []
+    for source in [s for s in sources if s.concurrency is not None]:
+        levels = concurrency.levels(source.concurrency)
+        colors = method_colors(set(levels.method))
+        for (task, temperature), part in levels.groupby(["task", "temperature"]):
+            title = f"{source.label} · {task} · T={temperature:g}"
+            stem = file_stem("concurrency", source.name, task, f"t{temperature:g}")
+            figure = plot_concurrency(part, colors, out_dir, stem, title)[0]
+            md += [f"### {title}", "", concurrency_md(part), "", f"![{figure.stem}]({figure.name})", ""]
+    return md
+
+
+def _sources_md(sources: list[Source]) -> str:
+    """One bullet per source; below it the hub revisions it loaded and the methods `all` skipped (why)."""
+    lines = []
+    for s in sources:
+        lines.append(f"- {source_line(s)}")
+        manifest = s.manifest or {}
+        for role, ck in (manifest.get("checkpoints") or {}).items():
+            if ck.get("revision"):
+                lines.append(f"  - {role}: `{ck['source']}` at revision `{ck['revision']}`")
+        lines += [f"  - skipped {name}: {why}" for name, why in (manifest.get("skipped") or {}).items()]
+    return "\n".join(lines)
+
+
+NOISE_FLOOR = "vanilla-aa"  # the runner's A/A column: vanilla timed twice per question in the same interleaving
+
+
+def _notes(cells: list[Cell]) -> list[str]:
+    notes = [f"- {c.missing_baseline}" for c in cells if c.missing_baseline]
+    for c in cells:
+        aa = c.stats.get(NOISE_FLOOR)
+        if aa is not None and c.baseline is not None:
+            notes.append(f"- {c.title}: noise floor (A/A: vanilla timed again in the same interleaving) "
+                         f"{fmt_speedup(aa.paired[OVERALL])}; speedups inside it are not differences")
+        cpus = ((c.source.manifest or {}).get("machine") or {}).get("cpu_count") or 1
+        timed = c.turns.busy_cpus.dropna()  # one value per answer that recorded it
+        busy = int((timed > metrics.BUSY_SHARE * cpus).sum())
+        if busy:
+            notes.append(f"- {c.title}: **busy machine**: {busy} of {len(timed)} answers were timed while other "
+                         f"processes kept more than {metrics.BUSY_SHARE * cpus:.1f} of {cpus} CPUs busy; its "
+                         "timings and speedups are not trustworthy")
+    return notes
+
+
+def write_profiles(cells: list[Cell], out_dir: Path) -> list[Path]:
+    """Each method's acceptance profile per cell as SPEED-Bench's tools read it:
+    `<out_dir>/<cell>/<method>/speculation_profile.json`."""
+    written = []
+    for c in cells:
+        for method, (_, steps) in c.by_method.items():
+            if method in (BASELINE, NOISE_FLOOR):
+                continue
+            k = int(np.nanmax([steps.tested.max(), steps.accepted.max() - 1, 1]))  # nan: not recorded
+            profile = metrics.speculation_profile(steps, k, method)
+            profile["target_model"] = {"id": c.model}
+            profile["draft_checkpoint"] = None
+            config = (c.source.manifest or {}).get("config") or {}
+            profile["measurement_conditions"] = {"tool": "specbench", "task": c.task, "temperature": c.temperature,
+                                                 "device_name": c.source.device, "dtype": config.get("dtype")}
+            path = out_dir / c.slug / method / "speculation_profile.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(profile, indent=2) + "\n", encoding="utf-8")
+            written.append(path)
+    return written
+
+
+def summary(sources: list[Path], mixed_devices: bool = False) -> str:
+    """The leaderboard table(s) as Markdown, for the terminal."""
+    cells = collect_cells(load_sources(sources, mixed_devices))
+    parts = [f"{c.title}: paired speedup over vanilla [95% CI]\n\n{leaderboard_md(c)}" for c in cells]
+    return "\n\n".join(parts + _notes(cells))
+
+
+def build_report(sources: list[Path], out_dir: Path, title: str | None = None, mixed_devices: bool = False) -> Path:
+    """Write report.md, tables.tex and the plots (PNG and PDF) into out_dir; returns report.md's path."""
+    loaded = load_sources(sources, mixed_devices)
+    cells = collect_cells(loaded)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = all_plots(cells, out_dir)
+    title = title or "Speculative decoding report: " + ", ".join(s.name for s in loaded)
+
+    md = [f"# {title}", "", "## Sources", "", _sources_md(loaded), ""]
+    if len(loaded) > 1:
+        md += ["Each source is a separate run (possibly another machine): speedups are never computed across "
+               "sources; compare τ across machines, speedups only within one.", ""]
+    if notes := _notes(cells):
+        md += ["## Notes", "", *notes, ""]
+    md += ["## Leaderboard: paired speedup over vanilla [95% CI]", ""]
+    for c in cells:
+        md += [f"### {c.title}", "", leaderboard_md(c), ""]
+    if tuned := [(c, table) for c in cells if (table := tuned_md(c))]:
+        md += ["## Tuned vs default (`specbench tune`, run with --tuned)", ""]
+        md += [line for c, table in tuned for line in (f"### {c.title}", "", table, "")]
+    if sweeps := _sweeps_md(loaded, out_dir):
+        md += ["## Concurrency sweeps (engine mode)", "", CONCURRENCY_NOTE, "", *sweeps]
+    if pairs := crosscheck.pairs(cells):
+        md += ["## Cross-check: our loop / the engine", "", crosscheck.NOTES, ""]
+        for ours, engine in pairs:
+            md += [f"### {ours.title} / {engine.title}", "", crosscheck.table(ours, engine), ""]
+    md += ["## Speedup, Spec-Bench definition (unpaired; for comparison with published leaderboards)", ""]
+    for c in cells:
+        if c.ranked():
+            md += [f"### {c.title}", "", spec_bench_md(c), ""]
+    md += ["## Per-method detail", ""]
+    for c in cells:
+        md += [f"### {c.title}", "", detail_md(c), ""]
+    md += ["## Losslessness at temperature 0", "", lossless_md(cells), ""]
+    md += ["## Plots (PNG shown; PDF beside each)", ""]
+    for heading, paths in plots:
+        md += [f"### {heading}", ""]
+        md += [line for p in paths if p.suffix == ".png" for line in (f"![{p.stem}]({p.name})", "")]
+    md += ["## Definitions", "", FOOTNOTES]
+    if any(from_spec_bench(c.turns) for c in cells):
+        md += [SPEC_BENCH_NOTE]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(md) + "\n", encoding="utf-8")
+
+    write_profiles(cells, out_dir / "speculation_profiles")
+    tex = ["% Tables generated by specbench.report; needs \\usepackage{booktabs}", ""]
+    tex += [leaderboard_tex(c) + "\n" for c in cells if c.ranked()]
+    tex += [detail_tex(c) + "\n" for c in cells]
+    (out_dir / "tables.tex").write_text("\n".join(tex), encoding="utf-8")
+    return report

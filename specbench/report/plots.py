@@ -1,0 +1,275 @@
+"""Plots of cells (matplotlib, each figure as PNG and PDF), one colour per method across all of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import StrMethodFormatter
+
+from . import metrics
+from .cells import BASELINE, OVERALL, Cell, MethodStats, draft_share, file_stem, mean_tree_size, roofline
+
+EXTRA_COLORS = ("#17becf", "#393b79", "#ad494a", "#637939", "#8c6d31", "#7b4173", "#3182bd", "#e6550d",
+                "#31a354", "#756bb1")
+TIME_COLORS = ("#525252", "#bdbdbd", "#ffffff")  # draft, verify, other: greys, so no method colour is reused
+
+
+def method_colors(methods: set[str]) -> dict[str, str]:
+    """The colours implementations registered for their own names (a variant such as sps-68m or eagle2[top_k=6]
+    takes its family's colour when the family itself is absent), then a fixed order of extra colours for the
+    others, sorted by name."""
+    from ..methods import registry
+
+    colors = {name: impl.color for name, impl in registry.IMPLEMENTATIONS.items() if impl.color}
+    out = {m: colors[m] for m in methods if m in colors}
+    rest = sorted(methods - set(out))
+    for m in rest:
+        family = m.split("[")[0].split("-")[0]
+        if family in colors and family not in methods and colors[family] not in out.values():
+            out[m] = colors[family]
+    for i, m in enumerate(m for m in rest if m not in out):
+        out[m] = EXTRA_COLORS[i % len(EXTRA_COLORS)]
+    return out
+
+
+def _yerr(speedups: list[metrics.Speedup]) -> np.ndarray:
+    """Matplotlib error bars from 95% intervals."""
+    return np.array([[p.value - p.low for p in speedups], [p.high - p.value for p in speedups]])
+
+
+def _display(cells: list[Cell], method: str) -> str:
+    return next(c.stats[method].display for c in cells if method in c.stats)
+
+
+def _save(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
+    fig.tight_layout()
+    paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.pdf"]
+    fig.savefig(paths[0], dpi=150)
+    fig.savefig(paths[1])
+    return paths
+
+
+def plot_speedups(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """Grouped bars: category on x, one bar per method, 95% CI as error bars, a dashed line at 1."""
+    rows = cell.ranked()
+    if cell.baseline is None or not rows:
+        return []
+    cats = [*cell.groups, OVERALL]
+    fig = Figure(figsize=(max(6.0, 1.1 * len(cats) + 0.4 * len(rows)), 4.2))
+    ax = fig.add_subplot()
+    width = 0.8 / len(rows)
+    x = np.arange(len(cats))
+    for i, s in enumerate(rows):
+        sp = [s.paired[c] for c in cats]
+        ax.bar(x + (i - (len(rows) - 1) / 2) * width, [p.value for p in sp], width, yerr=_yerr(sp), capsize=2,
+               label=s.display, color=colors[s.method])
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xticks(x, [c.replace("_", " ") for c in cats])
+    ax.set_ylabel("speedup over vanilla (×)")
+    ax.set_title(f"Paired speedup, 95% CI\n{cell.title}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, stem)
+
+
+def plot_accept_lengths(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """Share of decoding steps by accepted length, one bar per method at each length."""
+    stats = _drafting(cell)
+    lengths = {m.method: m.steps.accepted.to_numpy(dtype=np.int64) for m in stats}
+    lengths = {m: v for m, v in lengths.items() if v.size}
+    if not lengths:
+        return []
+    top = max(int(v.max()) for v in lengths.values())
+    x = np.arange(1, top + 1)
+    fig = Figure(figsize=(min(12.0, max(6.0, 0.4 * top + 2)), 4.0))
+    ax = fig.add_subplot()
+    width = 0.8 / len(lengths)
+    for i, (m, v) in enumerate(lengths.items()):
+        share = np.bincount(v, minlength=top + 1)[1:] / v.size
+        ax.bar(x + (i - (len(lengths) - 1) / 2) * width, share, width, color=colors[m],
+               label=f"{m} (τ={cell.stats[m].tau:.2f})")
+    ax.set_xticks(x)
+    ax.set_xlabel("tokens accepted per step (target's own token included)")
+    ax.set_ylabel("share of steps")
+    ax.set_title(f"Accepted length per step\n{cell.title}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, stem)
+
+
+def _drafting(cell: Cell) -> list[MethodStats]:
+    """The methods other than vanilla, or vanilla alone when nothing else ran."""
+    return [s for s in cell.stats.values() if s.method != BASELINE] or list(cell.stats.values())
+
+
+def plot_acceptance(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """Per-position acceptance alpha_k against draft depth k, one line per method that drafts."""
+    curves = [(s, metrics.acceptance_by_position(s.steps)) for s in cell.stats.values()]
+    curves = [(s, alpha) for s, alpha in curves if alpha]
+    if not curves:
+        return []
+    fig = Figure(figsize=(6.0, 4.0))
+    ax = fig.add_subplot()
+    for s, alpha in curves:
+        ax.plot(range(1, len(alpha) + 1), alpha, marker="o", color=colors[s.method], label=s.display)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("draft depth k")
+    ax.set_ylabel("acceptance rate α_k")
+    ax.set_title(f"Per-position acceptance\n{cell.title}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, stem)
+
+
+def plot_tau_vs_tree(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """tau against the mean verified tree size, one point per method; the diagonal accepts every verified token."""
+    points = [(s, mean_tree_size(s.steps)) for s in cell.stats.values()]
+    points = [(s, size) for s, size in points if size is not None]
+    if not points:
+        return []
+    fig = Figure(figsize=(5.5, 4.2))
+    ax = fig.add_subplot()
+    diagonal = np.geomspace(1, max(size for _, size in points), 50)
+    ax.plot(diagonal, diagonal, color="black", linestyle="--", linewidth=1, label="every verified token accepted")
+    for s, size in points:
+        ax.scatter(size, s.tau, s=40, color=colors[s.method], label=s.display, zorder=3)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
+    ax.set_ylim(0.8, 1.2 * max(s.tau for s, _ in points))
+    ax.set_xlabel("mean verified tree size (tokens per target forward)")
+    ax.set_ylabel("τ (mean accepted length)")
+    ax.set_title(f"τ against verification cost\n{cell.title}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, stem)
+
+
+def plot_time_split(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """Stacked bars: milliseconds per generated token in drafting, verification and the rest of the wall time."""
+    stats = [s for s in cell.stats.values() if draft_share(s.turns) is not None]
+    if not stats:
+        return []
+    parts = {"draft": [], "verify": [], "other (prefill, loop)": []}
+    for s in stats:
+        tokens, draft, verify, wall = s.turns[["new_tokens", "draft_time", "verify_time", "wall_time"]].sum()
+        for key, seconds in zip(parts, (draft, verify, wall - draft - verify), strict=True):
+            parts[key].append(1000 * seconds / tokens)
+    fig = Figure(figsize=(max(5.0, 0.9 * len(stats) + 2), 4.2))
+    ax = fig.add_subplot()
+    x = np.arange(len(stats))
+    bottom = np.zeros(len(stats))
+    for (key, values), color in zip(parts.items(), TIME_COLORS, strict=True):
+        ax.bar(x, values, 0.6, bottom=bottom, label=key, color=color, edgecolor="black", linewidth=0.5)
+        bottom += values
+    ax.set_xticks(x, [s.display for s in stats])
+    for tick, s in zip(ax.get_xticklabels(), stats, strict=True):
+        tick.set_color(colors[s.method])
+    ax.set_ylabel("milliseconds per generated token")
+    ax.set_title(f"Where the time goes (bar height = 1 / tokens/s)\n{cell.title}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, stem)
+
+
+def plot_roofline(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """Roofline efficiency per method: measured speedup / the overhead-free speedup at the same tau."""
+    bars = [(s, roofline(cell, s)) for s in _drafting(cell)]
+    bars = [(s, value) for s, value in bars if value is not None]
+    if not bars:
+        return []
+    fig = Figure(figsize=(max(5.0, 0.9 * len(bars) + 2), 4.0))
+    ax = fig.add_subplot()
+    x = np.arange(len(bars))
+    ax.bar(x, [100 * value for _, value in bars], 0.6, color=[colors[s.method] for s, _ in bars])
+    ax.axhline(100, color="black", linestyle="--", linewidth=1)
+    ax.set_xticks(x, [s.display for s, _ in bars])
+    ax.set_ylabel("roofline efficiency (%)")
+    ax.set_title(f"Speedup reached / overhead-free speedup at the same τ\n{cell.title}", fontsize=10)
+    return _save(fig, out_dir, stem)
+
+
+def plot_speedup_vs_temperature(cells: list[Cell], colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """Overall paired speedup against temperature, one line per method, for cells of one source, model and task."""
+    cells = sorted((c for c in cells if c.baseline is not None and c.ranked()), key=lambda c: c.temperature)
+    if len(cells) < 2:
+        return []
+    fig = Figure(figsize=(6.0, 4.2))
+    ax = fig.add_subplot()
+    for m in sorted({s.method for c in cells for s in c.ranked()}):
+        having = [c for c in cells if m in c.stats]
+        sp = [c.stats[m].paired[OVERALL] for c in having]
+        ax.errorbar([c.temperature for c in having], [p.value for p in sp], yerr=_yerr(sp), capsize=3, marker="o",
+                    color=colors[m], label=_display(having, m))
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xlabel("temperature")
+    ax.set_ylabel("speedup over vanilla (×)")
+    c = cells[0]
+    ax.set_title(f"Paired speedup against temperature, 95% CI\n{c.source.label} · {c.model} · {c.task}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, stem)
+
+
+def plot_overview(cells: list[Cell], colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
+    """Overall paired speedup of every method in every cell side by side (runs, models, machines, temperatures)."""
+    cells = [c for c in cells if c.baseline is not None and c.ranked()]
+    if len(cells) < 2:
+        return []
+    methods = sorted({s.method for c in cells for s in c.ranked()})
+    fig = Figure(figsize=(max(6.0, 1.2 * len(cells) + 0.3 * len(methods) * len(cells)), 4.6))
+    ax = fig.add_subplot()
+    width = 0.8 / len(methods)
+    for i, m in enumerate(methods):
+        xs = [j for j, c in enumerate(cells) if m in c.stats]
+        sp = [cells[j].stats[m].paired[OVERALL] for j in xs]
+        ax.bar(np.array(xs) + (i - (len(methods) - 1) / 2) * width, [p.value for p in sp], width, yerr=_yerr(sp),
+               capsize=2, color=colors[m], label=_display(cells, m))
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xticks(range(len(cells)), [f"{c.source.label}\n{c.model} · {c.task}\nT={c.temperature:g}" for c in cells],
+                  fontsize=8)
+    ax.set_ylabel("speedup over vanilla (×)")
+    ax.set_title("Overall paired speedup, 95% CI, every run side by side (speedups never mix runs)", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, stem)
+
+
+CELL_PLOTS = (("speedup_by_category", plot_speedups), ("accept_length_hist", plot_accept_lengths),
+              ("acceptance_by_position", plot_acceptance), ("tau_vs_tree_size", plot_tau_vs_tree),
+              ("time_split", plot_time_split), ("roofline", plot_roofline))
+
+
+def all_plots(cells: list[Cell], out_dir: Path) -> list[tuple[str, list[Path]]]:
+    """(heading, figure files): every cell side by side, speedup against temperature per run, model and task,
+    then each cell's own figures. One colour per method in all of them."""
+    colors = method_colors({m for c in cells for m in c.by_method})
+    out = [("Every run side by side", plot_overview(cells, colors, out_dir, "speedup_overview"))]
+    groups: dict[tuple[str, str, str], list[Cell]] = {}
+    for c in cells:
+        groups.setdefault((c.source.name, c.model, c.task), []).append(c)
+    for key, group in groups.items():
+        stem = "speedup_vs_temperature" + (f"-{file_stem(*key)}" if len(groups) > 1 else "")
+        title = f"{group[0].source.label} · {group[0].model} · {group[0].task}: speedup against temperature"
+        out.append((title, plot_speedup_vs_temperature(group, colors, out_dir, stem)))
+    for cell in cells:
+        suffix = f"-{cell.slug}" if len(cells) > 1 else ""
+        out.append((cell.title, [p for name, plot in CELL_PLOTS for p in plot(cell, colors, out_dir, name + suffix)]))
+    return [(heading, paths) for heading, paths in out if paths]
+
+
+def plot_concurrency(levels, colors: dict[str, str], out_dir: Path, stem: str, title: str) -> list[Path]:
+    """An engine run's sweeps (`concurrency.levels` of one task and temperature): throughput over vanilla's and τ
+    against the conversations in flight, one line per method."""
+    fig = Figure(figsize=(10.0, 4.0))
+    speed, tau = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for method, rows in levels.sort_values("concurrency").groupby("method"):
+        color = colors.get(method, "black")
+        if method != BASELINE:
+            speed.plot(rows.concurrency, rows.speedup, marker="o", color=color, label=method)
+        tau.plot(rows.concurrency, rows.tau, marker="o", color=color, label=method)
+    speed.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    levels_run = sorted(levels.concurrency.unique())
+    for ax, label in ((speed, "throughput ÷ vanilla's (×)"), (tau, "τ (mean accepted length)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels_run, [str(n) for n in levels_run])
+        ax.minorticks_off()
+        ax.set_xlabel("conversations in flight")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Speedup and acceptance against concurrency\n{title}", fontsize=10)
+    return _save(fig, out_dir, stem)

@@ -1,0 +1,205 @@
+"""What a run will do, worked out before anything heavy loads: the methods that run and those skipped (and why),
+the tasks and their questions, every checkpoint with its revision, cache status and download size; then fetching
+those checkpoints and checking they fit the target, so a bad request fails in seconds, not after loading."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import methods, tasks
+from ..errors import SpecbenchError
+from ..models import aliases, hub, loading
+from ..models.aliases import ModelSpec
+from ..models.hub import Checkpoint, Source
+from ..registry import HEADS, Need
+
+DEFAULT_METHODS = ["vanilla", "sps", "pld"]  # `specbench run` without --methods: those of them the model can run
+
+
+@dataclass
+class TaskPlan:
+    name: str
+    questions: int | None  # None: the data is not on this machine yet
+    note: str = ""
+
+
+@dataclass
+class Plan:
+    spec: ModelSpec
+    methods: list[str]  # vanilla first
+    skipped: dict[str, str]  # method -> why it cannot run
+    tasks: list[TaskPlan]
+    temperatures: list[float]
+    checkpoints: dict[str, Checkpoint]  # role ("target", "draft", "eagle head", ...) -> checkpoint
+    tuned: dict[str, dict] = field(default_factory=dict)  # method -> its tuned entry, when run with --tuned
+
+
+def _source(override: str | None, default: Source | None) -> Source | None:
+    return hub.parse(override) if override else default
+
+
+def need_source(need: Need, spec: ModelSpec, draft: str | None, heads: dict[str, str]) -> Source | None:
+    """Where a need is met: --draft / --head first, then the model alias; None when nothing provides it."""
+    if need.kind == "draft":
+        return _source(draft, spec.draft)
+    return _source(heads.get(need.family) or heads.get("*"), spec.heads.get(need.family))
+
+
+def why_missing(need: Need, spec: ModelSpec) -> str:
+    if need.kind == "draft":
+        return f"{spec.name} has no draft model; pass --draft PATH_OR_HUB_ID"
+    title = HEADS[need.family].title
+    return f"{spec.name} has no {title} head; pass --head {need.family}=PATH_OR_HUB_ID"
+
+
+def choose_methods(
+    requested: list[str], spec: ModelSpec, draft: str | None, heads: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """`all` becomes every method the model can run and `default` the default set it can run (the rest skipped
+    with a reason); a method named explicitly that cannot run is an error. Vanilla runs first: every speedup
+    needs it."""
+    chosen = {"all": methods.available(), "default": DEFAULT_METHODS}
+    names = list(dict.fromkeys(n for r in requested for n in chosen.get(r, [r])))
+    names = ["vanilla", *[n for n in names if n != "vanilla"]]
+    runnable, skipped = [], {}
+    for name in names:
+        methods.rule(name)  # a preset whose rule contradicts its label fails here, before anything loads
+        missing = [n for n in methods.needs(name) if need_source(n, spec, draft, heads) is None]
+        if not missing:
+            runnable.append(name)
+        elif name not in requested:  # chosen through all or default
+            skipped[name] = why_missing(missing[0], spec)
+        else:
+            raise SpecbenchError(f"{name} cannot run: {why_missing(missing[0], spec)}")
+    return runnable, skipped
+
+
+def sources(names: list[str], spec: ModelSpec, draft: str | None, heads: dict[str, str]) -> dict[str, tuple]:
+    """role -> (source, layout) of everything the methods load, the target first."""
+    out = {"target": (spec.target, hub.TRANSFORMERS)}
+    for name in names:
+        for need in methods.needs(name):
+            source = need_source(need, spec, draft, heads)
+            if need.kind == "draft":
+                out["draft"] = (source, hub.TRANSFORMERS)
+            else:
+                out[f"{need.family} head"] = (source, HEADS[need.family].layout)
+    return out
+
+
+def _task(name: str, cfg) -> TaskPlan:
+    try:
+        task = tasks.load(name, cfg.data_dir, cfg.fields, download=False)
+    except tasks.NotDownloaded as missing:
+        return TaskPlan(name, None, f"read from {missing.url} when the run starts")
+    return TaskPlan(task.name, len(tasks.limit_per_category(task.questions, cfg.limit)))
+
+
+def make(cfg) -> Plan:
+    """The plan of a RunConfig; lists checkpoints (hub metadata when reachable) but downloads nothing."""
+    spec = aliases.resolve(cfg.model, cfg.revision)
+    requested, engine_skipped = cfg.methods, {}
+    if cfg.engine == "vllm":  # first: a method vLLM cannot run is skipped, whatever it needs
+        from ..engines.vllm import restrict
+
+        named, engine_skipped = restrict([r for r in requested if r not in ("all", "default")], {})
+        requested = [r for r in requested if r in ("all", "default") or r in named]
+    names, skipped = choose_methods(requested, spec, cfg.draft, cfg.heads)
+    if cfg.engine == "vllm":  # those `all` chose: before the checkpoints are listed, so none of theirs is fetched
+        names, skipped = restrict(names, {**engine_skipped, **skipped})
+    task_plans = [_task(t, cfg) for t in cfg.tasks]
+    checkpoints = {}
+    for role, (source, layout) in sources(names, spec, cfg.draft, cfg.heads).items():
+        loading.check_bundled(source.id, role)
+        checkpoints[role] = hub.checkpoint(role, source, layout)
+    return Plan(spec, names, skipped, task_plans, list(cfg.temperatures), checkpoints)
+
+
+def _status(ck: Checkpoint) -> str:
+    if ck.source.local:
+        return "local folder"
+    if ck.available:
+        return "cached"
+    size = ck.download_bytes() if ck.files else None
+    return f"not cached: {hub.human_bytes(size)} to download" if size is not None else "not cached: size unknown"
+
+
+def describe(plan: Plan) -> str:
+    """The plan as `--dry-run` prints it."""
+    lines = [f"plan for model {plan.spec.name} (dry run: nothing loaded, nothing downloaded)"]
+    lines.append(f"methods: {', '.join(plan.methods)}")
+    lines += [f"skipped: {name}: {why}" for name, why in plan.skipped.items()]
+    for t in plan.tasks:
+        count = f"{t.questions} questions" if t.questions is not None else "questions not on this machine"
+        lines.append(f"task: {t.name}: {count}" + (f" ({t.note})" if t.note else ""))
+    lines.append(f"temperatures: {', '.join(f'{x:g}' for x in plan.temperatures)}")
+    lines.append("checkpoints:")
+    width = max(len(role) for role in plan.checkpoints)
+    for role, ck in plan.checkpoints.items():
+        revision = ck.listing.commit or ck.source.revision
+        where = f"{ck.source.id} @ {revision}" if revision else ck.source.id
+        lines.append(f"  {role:<{width}}  {where}  [{_status(ck)}]")
+    pending = [ck for ck in plan.checkpoints.values() if not ck.source.local and not ck.available]
+    sizes = [ck.download_bytes() if ck.files else None for ck in pending]
+    if not pending:
+        lines.append("to download: nothing, every checkpoint is on this machine")
+    elif all(s is not None for s in sizes):
+        lines.append(f"to download: {hub.human_bytes(sum(sizes))} before the run starts")
+    else:
+        lines.append(f"to download: {len(pending)} checkpoints whose size the hub must tell")
+    notes = sorted({ck.listing.note for ck in pending if ck.listing.note})
+    lines += [f"hub: {note}; cache status only" for note in notes]
+    return "\n".join(lines)
+
+
+def _target_shape(target: Checkpoint, trust_remote_code: bool) -> tuple[int, int]:
+    """The target's hidden size and vocabulary from its config.json alone (its weights are not fetched yet)."""
+    from transformers import AutoConfig
+
+    path = hub.fetch_file(target, "config.json")
+    try:
+        config = AutoConfig.from_pretrained(path.parent, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise SpecbenchError(f"target '{target.source}': cannot read its config ({str(err).splitlines()[0]})") from err
+    text = config.get_text_config()
+    return text.hidden_size, text.vocab_size
+
+
+def fetch(plan: Plan, trust_remote_code: bool = False) -> dict[str, Path]:
+    """Every checkpoint as a local folder (downloads included), checked against the target before it loads:
+    heads first (a head for another hidden size fails before the target's weights are fetched), the target last."""
+    target = plan.checkpoints["target"]
+    hidden, vocab = _target_shape(target, trust_remote_code)
+    paths = {}
+    for role, ck in plan.checkpoints.items():
+        if role == "target":
+            continue
+        paths[role] = hub.fetch(ck)
+        if role.endswith(" head"):
+            family = role.removesuffix(" head")
+            head_hidden, head_vocab = HEADS[family].fits(paths[role])
+            if head_hidden != hidden or head_vocab not in (None, vocab):
+                raise SpecbenchError(
+                    f"{HEADS[family].title} head '{ck.source}' is for hidden size {head_hidden} and vocabulary "
+                    f"{head_vocab}; target '{target.source.id}' has {hidden} and {vocab}: pass a head trained for "
+                    f"this target with --head {family}=PATH_OR_HUB_ID"
+                )
+    paths["target"] = hub.fetch(target)
+    if "draft" in paths:
+        draft_tokenizer = loading.load_tokenizer(paths["draft"], trust_remote_code)
+        if not loading.same_tokenizer(draft_tokenizer, loading.load_tokenizer(paths["target"], trust_remote_code)):
+            raise SpecbenchError(
+                f"draft '{plan.checkpoints['draft'].source}' uses a different tokenizer from target "
+                f"'{target.source}': a draft must share it"
+            )
+    return dict(sorted(paths.items(), key=lambda kv: kv[0] != "target"))
+
+
+def revisions(plan: Plan, paths: dict[str, Path]) -> dict[str, dict]:
+    """What the manifest records of each checkpoint: its source and the revision actually loaded."""
+    out = {}
+    for role, ck in plan.checkpoints.items():
+        loaded = paths[role].name if not ck.source.local and hub.COMMIT.match(paths[role].name) else None
+        out[role] = {"source": ck.source.id, "revision": loaded, "requested_revision": ck.source.revision}
+    return out

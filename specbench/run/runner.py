@@ -1,0 +1,244 @@
+"""Runs the matrix tasks x temperatures x methods for one model: the plan, the run folder and its manifest, the
+units of work still to do, and the only writer of answers (one line per answer, flushed, so a killed run resumes).
+The units are answered by a Worker in this process, or by Ray workers (`--workers`, see `scaleout`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+from .. import tasks
+from ..engines import concurrency
+from ..errors import SpecbenchError
+from ..machine import warn_if_busy
+from ..progress import Progress
+from ..report import metrics
+from ..results import Answer, append, read_file
+from . import plan as planning
+from .session import RunConfig, prepare
+from .worker import AA, Unit, Worker
+
+
+def default_out(cfg: RunConfig) -> Path:
+    """The same command resumes into the same folder."""
+    key = json.dumps([cfg.model, sorted(cfg.tasks), cfg.limit, cfg.max_new_tokens, cfg.dtype, cfg.seed]
+                     + ([cfg.engine] if cfg.engine != "specbench" else []))
+    shard = f"-shard{cfg.shard[0]}of{cfg.shard[1]}" if cfg.shard else ""
+    return (
+        Path("results")
+        / f"{Path(cfg.model).name}-{'+'.join(Path(t).stem for t in cfg.tasks)}-{zlib.crc32(key.encode()):08x}{shard}"
+    )
+
+
+def _check_manifest(path: Path, manifest: dict) -> None:
+    """A resumed run must have the settings it started with; otherwise its numbers would mix."""
+    if not path.exists():
+        path.write_text(json.dumps(manifest, indent=2))
+        return
+    old = json.loads(path.read_text())
+    keys = {"model": None, "dtype": None, "device": None, "max_new_tokens": None, "seed": None, "limit": None,
+            "repeats": 1, "shard": None, "engine": "specbench"}  # key -> its value in manifests written before it
+    differ = [k for k, default in keys.items() if old["config"].get(k, default) != manifest["config"].get(k)]
+    if old["machine"]["device_name"] != manifest["machine"]["device_name"]:
+        differ.append("machine")
+    if differ:
+        raise SpecbenchError(
+            f"{path.parent} holds a run with different {', '.join(differ)}: pass another --out to start a new run"
+        )
+    merged = {
+        **old,
+        "config": {
+            **old["config"],
+            "methods": sorted(set(old["config"]["methods"]) | set(manifest["config"]["methods"])),
+        },
+    }
+    if "tuned" in old or "tuned" in manifest:
+        merged["tuned"] = {**old.get("tuned", {}), **manifest.get("tuned", {})}
+    if "workers" in old or "workers" in manifest:  # every machine that answered a part of the run
+        merged["workers"] = old.get("workers", [old["machine"]]) + manifest.get("workers", [manifest["machine"]])
+    path.write_text(json.dumps(merged, indent=2))
+
+
+def answer_path(run_dir: Path, task: str, method: str, temperature: float) -> Path:
+    return run_dir / "answers" / task / f"{method}-temperature-{temperature:g}.jsonl"
+
+
+def _validate(cfg: RunConfig) -> None:
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens <= 0:
+        raise SpecbenchError(f"--max-new-tokens must be positive, got {cfg.max_new_tokens}")
+    if any(t < 0 for t in cfg.temperatures):
+        raise SpecbenchError("temperatures must be >= 0")
+    if cfg.repeats < 1:
+        raise SpecbenchError(f"--repeats must be at least 1, got {cfg.repeats}")
+    if cfg.shard and not 1 <= cfg.shard[0] <= cfg.shard[1]:
+        raise SpecbenchError(f"--shard {cfg.shard[0]}/{cfg.shard[1]}: write I/N with 1 <= I <= N, e.g. 2/4")
+    if cfg.workers is not None and cfg.workers < 1:
+        raise SpecbenchError(f"--workers must be at least 1, got {cfg.workers}")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise SpecbenchError(f"--threads must be at least 1, got {cfg.threads}")
+    if cfg.ray_address and not cfg.workers:
+        raise SpecbenchError("--ray-address needs --workers N: how many workers to run on that cluster")
+    if cfg.engine not in ("specbench", "vllm"):
+        raise SpecbenchError(f"unknown --engine '{cfg.engine}': use specbench (our loop, the default) or vllm")
+    if (cfg.concurrency or cfg.one_engine_at_a_time) and cfg.engine != "vllm":
+        flag = "--concurrency" if cfg.concurrency else "--one-engine-at-a-time"
+        raise SpecbenchError(f"{flag} applies to engine mode: add --engine vllm")
+    if cfg.concurrency and cfg.shard:
+        raise SpecbenchError("--concurrency needs all of a task's questions in one run: drop --shard")
+    if cfg.concurrency and min(cfg.concurrency) < 1:
+        raise SpecbenchError(f"--concurrency levels must be at least 1, got {min(cfg.concurrency)}")
+    if cfg.engine == "vllm" and (cfg.workers or cfg.repeats > 1):
+        raise SpecbenchError(f"--{'workers' if cfg.workers else 'repeats'} applies to our loop, not to --engine vllm")
+
+
+class LocalPool:
+    """One Worker in this process: the default path, free of Ray."""
+
+    def __init__(self, cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path]) -> None:
+        self.worker = Worker(cfg, plan, paths)
+
+    def infos(self) -> list[dict]:
+        return [self.worker.info()]
+
+    def profile(self) -> dict[int, float]:
+        return self.worker.profile()
+
+    def check(self, units: list[Unit]) -> None:
+        self.worker.check(units)
+
+    def answers(self, units: list[Unit], bar: Progress) -> Iterator[tuple[int, list[Answer], list[dict]]]:
+        for unit in units:
+            bar.set_description(f"{unit.task} T={unit.temperature:g} question {unit.question.id}")
+            yield 0, self.worker.answer(unit), []
+
+    def close(self) -> None:
+        pass
+
+
+def run(cfg: RunConfig) -> Path:
+    """Run the matrix; returns the run folder. Re-running the same command resumes where it stopped."""
+    _validate(cfg)
+    plan = prepare(cfg)
+    task_list = [tasks.load(t, cfg.data_dir, cfg.fields) for t in cfg.tasks]
+    paths = planning.fetch(plan, cfg.trust_remote_code)
+    if cfg.workers:
+        from .scaleout import RayPool
+
+        pool = RayPool(cfg, plan)
+    elif cfg.engine == "vllm":
+        from ..engines.vllm import VllmPool
+
+        pool = VllmPool(cfg, plan, paths)
+    else:
+        pool = LocalPool(cfg, plan, paths)
+    try:
+        return _drive(cfg, plan, paths, task_list, pool)
+    finally:
+        pool.close()
+
+
+def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_list: list, pool) -> Path:
+    """Write the manifest, then every unit's answers as they arrive; only this function writes the run folder."""
+    names = plan.methods
+    run_dir = Path(cfg.out) if cfg.out else default_out(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    infos = pool.infos()
+    manifest = {
+        "config": {**asdict(cfg), "methods": names, "device": infos[0]["device"], "dtype": infos[0]["dtype"]},
+        "model": {"name": plan.spec.name, "path": plan.spec.path},
+        "checkpoints": planning.revisions(plan, paths),
+        "skipped": plan.skipped,
+        "machine": infos[0]["machine"],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    if cfg.workers:
+        manifest["workers"] = [info["machine"] for info in infos]
+    if "engine" in infos[0]:
+        manifest["engine"] = infos[0]["engine"]
+    if plan.tuned:
+        manifest["tuned"] = plan.tuned
+    for info in infos:
+        warn_if_busy(info["machine"])
+    _check_manifest(run_dir / "manifest.json", manifest)
+    profile_path = run_dir / "forward_profile.json"
+    if not profile_path.exists():
+        profile_path.write_text(json.dumps(pool.profile()))
+
+    units = _units(run_dir, task_list, cfg, names)
+    pool.check(units)
+    if cfg.concurrency:
+        pool.set_sweeps(_sweeps(run_dir, task_list, cfg, names))
+    bar = Progress(sum(len(u.methods) for u in units), "answers", "answers", enabled=cfg.progress)
+    done = [0] * len(infos)
+    start, warned = time.perf_counter(), False
+    for worker, answers, rows in pool.answers(units, bar):  # a unit's answers are written once all are done
+        if rows:
+            concurrency.append(run_dir / concurrency.FILE, rows)
+        done[worker] += len(answers)
+        cpus = infos[worker]["machine"]["cpu_count"] or 1
+        busy = max((a.busy_cpus for a in answers if a.busy_cpus is not None), default=None)
+        if busy is not None and busy > metrics.BUSY_SHARE * cpus and not warned:
+            warned = True
+            print(f"\nspecbench: warning: other processes kept {busy:.1f} CPUs busy while question "
+                  f"{answers[0].question_id} was timed; the report flags the cells this touches", file=sys.stderr)
+        minutes = (time.perf_counter() - start) / 60
+        rates = {"per worker": " ".join(f"{n / minutes:.1f}" for n in done) + " answers/min"} if len(done) > 1 else {}
+        for answer in answers:
+            path = answer_path(run_dir, answer.task, answer.method, answer.temperature)
+            append(path, answer, f"{plan.spec.name}-{answer.method}-temperature-{answer.temperature:g}")
+            bar.update(1, **rates)
+    bar.close()
+    return run_dir
+
+
+def _questions(task, cfg: RunConfig) -> list[tuple[int, tasks.Question]]:
+    """The task's questions this run answers, with their index (a shard takes every N-th from its I-th)."""
+    questions = tasks.limit_per_category(task.questions, cfg.limit)
+    first, step = (cfg.shard[0] - 1, cfg.shard[1]) if cfg.shard else (0, 1)
+    return [(i, q) for i, q in enumerate(questions) if i >= first and (i - first) % step == 0]
+
+
+def _budget(task, cfg: RunConfig) -> int:
+    return cfg.max_new_tokens or task.max_new_tokens or 256
+
+
+def _sweeps(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) -> list[concurrency.Sweep]:
+    """The concurrency sweeps (engine mode) not yet on disk: every level for every method, task and temperature."""
+    done = concurrency.done(run_dir / concurrency.FILE)
+    return [
+        concurrency.Sweep(task.name, temperature, name, level, _budget(task, cfg),
+                          [q for _, q in _questions(task, cfg)])
+        for task in task_list
+        for temperature in cfg.temperatures
+        for name in names
+        for level in cfg.concurrency
+        if (task.name, temperature, name, level) not in done
+    ]
+
+
+def _units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) -> list[Unit]:
+    """Work in question order; each question's methods rotate by one place per question, so no method always
+    runs first (or right after another) and slow drift of the machine spreads over all of them."""
+    columns = [*names, AA] if cfg.noise_floor else names
+    units = []
+    for task in task_list:
+        budget = _budget(task, cfg)
+        for temperature in cfg.temperatures:
+            done = {}
+            for name in columns:
+                path = answer_path(run_dir, task.name, name, temperature)
+                done[name] = {a.question_id: a for a in read_file(path)} if path.exists() else {}
+            for i, question in _questions(task, cfg):
+                order = columns[i % len(columns) :] + columns[: i % len(columns)]  # as in the unsharded run
+                todo = [n for n in order if question.id not in done[n]]
+                if todo:
+                    vanilla = done["vanilla"].get(question.id)
+                    units.append(Unit(task.name, question, budget, temperature, todo, vanilla))
+    return units
+
+

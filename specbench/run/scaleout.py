@@ -1,0 +1,141 @@
+"""`specbench run --workers N`: the run's units answered by N Ray actors of one device each (a `Worker` each, which
+loads the target and every method once). Units go out one at a time, so a fast worker takes more; a unit whose
+worker raises or dies is handed to another (a dead worker is replaced), at most `RETRIES` more times, and nothing of
+it reaches the run folder until it comes back whole. The runner stays the only writer."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from collections.abc import Iterator
+
+from ..errors import SpecbenchError
+from ..progress import Progress
+from ..results import Answer
+from . import plan as planning
+from .session import RunConfig
+from .worker import Unit, Worker
+
+RETRIES = 2  # further attempts at a unit after its first failure
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise SpecbenchError('--workers needs Ray, which is not installed: pip install "specbench[ray]"') from None
+    return ray
+
+
+class RayPool:
+    """N actors on a local Ray instance (started here, shut down at the end) or on the cluster at --ray-address."""
+
+    def __init__(self, cfg: RunConfig, plan: planning.Plan) -> None:
+        ray = self.ray = _ray()
+        if cfg.device not in ("auto", "cpu", "cuda"):
+            raise SpecbenchError(f"--device {cfg.device} with --workers: use auto, cpu or cuda (a GPU per worker)")
+        self.started = not ray.is_initialized()
+        if self.started:
+            try:
+                ray.init(address=cfg.ray_address, include_dashboard=False, logging_level=logging.ERROR)
+            except ConnectionError as err:
+                raise SpecbenchError(f"cannot join the Ray cluster at {cfg.ray_address}: {err}") from None
+        resources = ray.cluster_resources()
+        n = cfg.workers or 1
+        gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
+        gpu = cfg.device == "cuda" or (cfg.device == "auto" and gpus > 0)
+        if gpu and n > gpus:
+            self.close()
+            raise SpecbenchError(f"--workers {n} needs {n} GPUs, the Ray cluster has {gpus}: pass --workers {gpus}")
+        threads = cfg.threads or (1 if gpu else max(1, cpus // n))
+        if not gpu and n * threads > cpus:
+            self.close()
+            raise SpecbenchError(
+                f"--workers {n} x --threads {threads} needs {n * threads} CPUs, the Ray cluster has {cpus}: "
+                "lower --workers or --threads"
+            )
+        self.cfg = RunConfig(**{**vars(cfg), "device": "cuda" if gpu else "cpu", "threads": None if gpu else threads})
+        self.plan = plan
+        self.threads = 1 if gpu else threads  # CPUs a worker keeps busy
+        quiet = {"env_vars": {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}}  # no loading bars from N workers in the log
+        self.actor = ray.remote(Worker).options(num_cpus=self.threads, num_gpus=1 if gpu else 0, max_restarts=0,
+                                                runtime_env=quiet)  # fmt: skip
+        self.actors = [self._spawn() for _ in range(n)]
+        self._infos = self._gather([a.info.remote() for a in self.actors], "a worker failed to start")
+        self._tell_neighbours()
+
+    def _why(self, error: Exception) -> str:
+        """One line of what went wrong in a worker: our own error's text, else the exception's last line."""
+        if isinstance(error, self.ray.exceptions.RayActorError):
+            return "its worker process died"
+        cause = getattr(error, "cause", None)
+        if isinstance(cause, SpecbenchError):
+            return str(cause)
+        lines = [line.strip() for line in str(cause or error).splitlines() if line.strip()]
+        return lines[-1] if lines else type(error).__name__
+
+    def _spawn(self):
+        return self.actor.remote(self.cfg, self.plan, None, os.getcwd())
+
+    def _gather(self, refs: list, what: str) -> list:
+        try:
+            return self.ray.get(refs)
+        except self.ray.exceptions.RayError as err:
+            raise SpecbenchError(f"{what}: {self._why(err)}") from None
+
+    def _tell_neighbours(self) -> None:
+        """Workers on one machine load each other's CPUs: each subtracts the others' share from what it
+        reports as a foreign load."""
+        for i, actor in enumerate(self.actors):
+            actor.set_neighbours.remote(self._neighbours(i))
+
+    def infos(self) -> list[dict]:
+        return self._infos
+
+    def profile(self) -> dict[int, float]:
+        (profile,) = self._gather([self.actors[0].profile.remote()], "the forward profile failed")
+        return profile
+
+    def check(self, units: list[Unit]) -> None:
+        self._gather([self.actors[0].check.remote(units)], "a question does not fit")
+
+    def answers(self, units: list[Unit], bar: Progress) -> Iterator[tuple[int, list[Answer]]]:
+        """(worker index, a unit's answers) as units finish, in whatever order they finish."""
+        ray = self.ray
+        bar.set_description(f"{len(units)} questions on {len(self.actors)} workers")
+        queue = deque((unit, 0) for unit in units)  # (unit, failures so far)
+        idle = list(range(len(self.actors)))
+        running: dict = {}  # object ref -> (worker index, unit, failures)
+        while queue or running:
+            while queue and idle:
+                i, (unit, failures) = idle.pop(0), queue.popleft()
+                running[self.actors[i].answer.remote(unit)] = (i, unit, failures)
+            (ref,), _ = ray.wait(list(running), num_returns=1)
+            i, unit, failures = running.pop(ref)
+            try:
+                answers = ray.get(ref)
+            except ray.exceptions.RayError as err:
+                if isinstance(err, ray.exceptions.RayActorError):  # the worker died: a fresh one takes its place
+                    self.actors[i] = self._spawn()
+                    self.actors[i].set_neighbours.remote(self._neighbours(i))
+                if failures >= RETRIES:
+                    raise SpecbenchError(
+                        f"question {unit.question.id} ({unit.task}, T={unit.temperature:g}) failed {failures + 1} "
+                        f"times; the last time: {self._why(err)}"
+                    ) from None
+                why = self._why(err)
+                bar.write(f"specbench: worker {i + 1} failed on question {unit.question.id} ({why}); retrying")
+                queue.appendleft((unit, failures + 1))
+            else:
+                yield i, answers, []
+            idle.append(i)
+
+    def _neighbours(self, i: int) -> float:
+        """CPUs the other workers on worker i's machine keep busy."""
+        host = self._infos[i]["machine"]["host"]
+        return (sum(info["machine"]["host"] == host for info in self._infos) - 1) * self.threads
+
+    def close(self) -> None:
+        if self.started and self.ray.is_initialized():
+            self.ray.shutdown()
