@@ -17,10 +17,11 @@ import numpy as np
 import torch
 
 from specbench import methods, tasks
+from specbench.config import RunConfig
 from specbench.core.decode import decode
 from specbench.machine import machine
 from specbench.models.chat import prompt_ids
-from specbench.run.session import RunConfig, Session
+from specbench.run.session import Session
 
 
 def hf_generate(model, ids: list[int], n: int, stop: set[int], **kw) -> tuple[list[int], float]:

@@ -17,8 +17,8 @@ import torch
 
 from . import __version__
 from .models import few_rows
-from .report import metrics
 
+BUSY_SHARE = 0.25  # other processes using more than this share of the CPUs make a timing untrustworthy
 
 def _git_revision() -> str | None:
     try:
@@ -125,7 +125,7 @@ def without_gc() -> Iterator[None]:
 
 def too_busy(busy: float | None, cpus: int) -> bool:
     """Other processes kept enough of the CPUs busy (`OtherLoad`) to make a timing untrustworthy."""
-    return busy is not None and busy > metrics.BUSY_SHARE * cpus
+    return busy is not None and busy > BUSY_SHARE * cpus
 
 
 def warn_if_busy(info: dict) -> None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import SpecbenchError
+from .models.chat import turn_prompts
+from .tasks import Question
 
 
 @dataclass
@@ -73,6 +75,59 @@ class Answer:
                 "greedy_check": self.greedy_check,
             },
         }
+
+
+@dataclass(frozen=True)
+class TurnSteps:
+    """One answered turn as an engine measured it: its tokens, its wall time and, per target forward, the tokens it
+    gained, the draft depth it examined and the rows it verified."""
+
+    tokens: list[int]
+    wall_time: float
+    accept_lengths: list[int]
+    tested: list[int]
+    tree_size: list[int]
+
+
+def answer(question: Question, task: str, method: str, temperature: float, model: str, seed: int, lossless: bool,
+           texts: list[str], turns: list[TurnSteps], **timings: float) -> Answer:  # fmt: skip
+    """The record of one question answered by one method, from either engine; `timings`: draft_time, verify_time."""
+    return Answer(
+        question_id=question.id,
+        category=question.category,
+        group=question.group,
+        method=method,
+        temperature=temperature,
+        model=model,
+        task=task,
+        new_tokens=[len(t.tokens) for t in turns],
+        wall_time=[t.wall_time for t in turns],
+        decoding_steps=[len(t.accept_lengths) for t in turns],
+        accept_lengths=[n for t in turns for n in t.accept_lengths],
+        turns=texts,
+        tested=[d for t in turns for d in t.tested],
+        tree_size=[n for t in turns for n in t.tree_size],
+        output_ids=[t.tokens for t in turns],
+        seed=seed,
+        lossless_rule=lossless,
+        **timings,
+    )
+
+
+def check_greedy(answers: dict[str, Answer], reference: Answer | None, question: Question, tokenizer, model) -> None:
+    """At T=0, set each method's `greedy_check` against vanilla's answer (`reference`, this run's or an earlier
+    part's): token for token, and at a mismatch the target's top-1/top-2 margin there. `model()` gives the target
+    that measures it, asked for only when some answer diverged."""
+    if reference is None or any(a.temperature != 0 for a in answers.values()):
+        return
+    from .core.losslessness import first_divergence, greedy_check  # torch: not needed to read answer files
+
+    prompts = turn_prompts(tokenizer, question.turns, reference.turns)
+    for name, ours in answers.items():
+        if name != "vanilla":
+            diverged = first_divergence(ours.output_ids, reference.output_ids) is not None
+            ours.greedy_check = greedy_check(model() if diverged else None, ours.output_ids, reference.output_ids,
+                                             prompts)  # fmt: skip
 
 
 def spec_bench_group(category: str) -> str:

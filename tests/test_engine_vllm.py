@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from specbench.cli.main import main
-from specbench.engines import concurrency
-from specbench.engines import vllm as engine_vllm
+from specbench.engines import concurrency, translate
+from specbench.engines.steps import step_lengths
 from specbench.errors import SpecbenchError
 
 from .test_cli import error_of
@@ -21,17 +21,17 @@ FAKE = Path(__file__).parent / "fake_vllm"
 
 def test_presets_map_to_speculative_configs():
     paths = {"target": Path("/t"), "draft": Path("/d"), "eagle3 head": Path("/e3")}
-    assert engine_vllm.speculative_config("vanilla", paths) is None
-    assert engine_vllm.speculative_config("sps", paths) == {"method": "draft_model", "model": "/d",
+    assert translate.speculative_config("vanilla", paths) is None
+    assert translate.speculative_config("sps", paths) == {"method": "draft_model", "model": "/d",
                                                             "num_speculative_tokens": 4,
                                                             "draft_sample_method": "probabilistic"}  # fmt: skip
-    assert engine_vllm.speculative_config("sps[num_draft_tokens=2]", paths)["num_speculative_tokens"] == 2
-    assert engine_vllm.speculative_config("pld", paths) == {"method": "ngram", "num_speculative_tokens": 10,
+    assert translate.speculative_config("sps[num_draft_tokens=2]", paths)["num_speculative_tokens"] == 2
+    assert translate.speculative_config("pld", paths) == {"method": "ngram", "num_speculative_tokens": 10,
                                                             "prompt_lookup_max": 3, "prompt_lookup_min": 1}  # fmt: skip
-    assert engine_vllm.speculative_config("eagle3", paths)["model"] == "/e3"
-    assert engine_vllm.why_not("mtp").startswith("vLLM runs MTP only")
-    assert engine_vllm.why_not("sps") is None
-    names, skipped = engine_vllm.restrict(["vanilla", "sps", "lookahead", "medusa"], {"x": "why"})
+    assert translate.speculative_config("eagle3", paths)["model"] == "/e3"
+    assert translate.why_not("mtp").startswith("vLLM runs MTP only")
+    assert translate.why_not("sps") is None
+    names, skipped = translate.restrict(["vanilla", "sps", "lookahead", "medusa"], {"x": "why"})
     assert names == ["vanilla", "sps"] and set(skipped) == {"x", "lookahead", "medusa"}
     assert skipped["lookahead"] == "not in engine mode: vLLM has no Lookahead (Jacobi) decoding"
 
@@ -44,10 +44,10 @@ def test_a_preset_mapping_naming_what_it_lacks_fails_in_one_line(tmp_path):
     (tmp_path / "odd2.yaml").write_text("implementation: vanilla\nvllm: {method: eagle, model: eagle head}\n")
     registry.add_methods(tmp_path)
     with pytest.raises(SpecbenchError, match=r"vllm.num_speculative_tokens is \$gamma, not one of its params"):
-        engine_vllm.speculative_config("odd", {"draft": Path("/d")})
+        translate.speculative_config("odd", {"draft": Path("/d")})
     with pytest.raises(SpecbenchError, match="vllm.model is 'eagle head', which it does not need"):
-        engine_vllm.speculative_config("odd2", {"target": Path("/t")})
-    assert engine_vllm.why_not("odd") is None
+        translate.speculative_config("odd2", {"target": Path("/t")})
+    assert translate.why_not("odd") is None
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_a_preset_mapping_naming_what_it_lacks_fails_in_one_line(tmp_path):
     ],
 )
 def test_vllm_step_counts_become_our_steps(new, accepted, drafted, lengths, tested):
-    assert engine_vllm.step_lengths(new, accepted, drafted)[:2] == (lengths, tested)
+    assert step_lengths(new, accepted, drafted)[:2] == (lengths, tested)
 
 
 def test_step_counts_always_add_up_to_the_answer():
@@ -73,7 +73,7 @@ def test_step_counts_always_add_up_to_the_answer():
         drafted = [rng.randint(0, 5) for _ in range(steps)]
         accepted = [rng.randint(0, d) for d in drafted]
         new = rng.randint(1, 1 + sum(a + 1 for a in accepted))
-        lengths, tested, sent = engine_vllm.step_lengths(new, accepted, drafted)
+        lengths, tested, sent = step_lengths(new, accepted, drafted)
         assert sum(lengths) == new and len(tested) == len(lengths) and min(lengths) >= 1
         assert all(n - 1 <= t < s for n, t, s in zip(lengths, tested, sent, strict=True))  # accepted <= examined < sent
 
@@ -153,7 +153,7 @@ def test_a_run_in_the_engine_writes_answers_sweeps_and_the_cross_check(capsys, t
     sps = answers["sps"]
     assert sps["specbench"]["greedy_check"]["match"] is True
     # per turn: the prefill's token, then the 2 accepted drafts + 1 of each step, the last step cut at the end
-    expected = [n for t in sps["choices"][0]["new_tokens"] for n in engine_vllm.step_lengths(t, [2] * t, [4] * t)[0]]
+    expected = [n for t in sps["choices"][0]["new_tokens"] for n in step_lengths(t, [2] * t, [4] * t)[0]]
     assert sps["choices"][0]["accept_lengths"] == expected and expected[:2] == [1, 3]
     ours = json.loads((loop_run / "answers" / "two" / "vanilla-temperature-0.jsonl").open().readline())
     theirs = json.loads((engine_run / "answers" / "two" / "vanilla-temperature-0.jsonl").open().readline())

@@ -2,9 +2,10 @@ import json
 
 import pytest
 
+from specbench.config import RunConfig
 from specbench.errors import SpecbenchError
 from specbench.results import read_file
-from specbench.run.runner import RunConfig, answer_path, run
+from specbench.run.runner import answer_path, run
 
 
 def config(tiny_models, out, **kw) -> RunConfig:

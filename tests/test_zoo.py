@@ -125,8 +125,9 @@ def test_degeneracy_statistics() -> None:
 
 
 def test_specbench_run_on_the_smoke_family(family: Path, tmp_path: Path) -> None:
+    from specbench.config import RunConfig
     from specbench.results import read_answers
-    from specbench.run.runner import RunConfig, run
+    from specbench.run.runner import run
 
     cfg = RunConfig(
         model=str(family / "target"),

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..tasks import Question
+from .steps import step_lengths
 
 FILE = "concurrency.jsonl"
 
@@ -53,8 +54,6 @@ def append(path: Path, rows: list[dict]) -> None:
 
 def rows(sweep: Sweep, conversations: list, wall: float) -> list[dict]:
     """One row per request (turn) of a finished sweep; `wall` is the whole level's wall time."""
-    from .vllm import step_lengths
-
     out = []
     for conv in conversations:
         for number, turn in enumerate(conv.turns):

@@ -11,10 +11,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..config import question_seed
 from ..errors import SpecbenchError
 from ..models import loading
-from ..models.chat import prompt_ids
-from ..run.session import question_seed
+from ..models.chat import messages, prompt_ids
 from ..tasks import Question
 from . import concurrency
 
@@ -99,11 +99,7 @@ class Engine:
         start = time.perf_counter()
 
         def submit(conv: Conversation) -> None:
-            messages = []
-            for turn, text in zip(conv.question.turns, conv.texts, strict=False):
-                messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": text}]
-            messages.append({"role": "user", "content": conv.question.turns[len(conv.texts)]})
-            ids = prompt_ids(self.tokenizer, messages)
+            ids = prompt_ids(self.tokenizer, messages(conv.question.turns[: len(conv.texts) + 1], conv.texts))
             request = f"r{next(self.ids)}"
             live[request] = (conv, Turn(len(ids), time.perf_counter()))
             self.engine.add_request(request, TokensPrompt(prompt_token_ids=ids), conv.params(len(conv.texts)))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 
+from ..errors import SpecbenchError
+
 VICUNA_SYSTEM = (
     "A chat between a curious user and an artificial intelligence assistant. "
     "The assistant gives helpful, detailed, and polite answers to the user's questions."
@@ -46,3 +48,31 @@ def prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
         return list(ids)
     text = vicuna_prompt(messages, eos=tokenizer.eos_token or "</s>")
     return tokenizer(text, add_special_tokens=True)["input_ids"]
+
+
+def messages(turns: list[str], answers: list[str]) -> list[dict[str, str]]:
+    """A conversation: each user turn followed by its answer, while answers last; the rest of `turns` unanswered.
+    The prompt for turn t is `messages(turns[: t + 1], answers[:t])`."""
+    out = []
+    for n, turn in enumerate(turns):
+        out.append({"role": "user", "content": turn})
+        if n < len(answers):
+            out.append({"role": "assistant", "content": answers[n]})
+    return out
+
+
+def turn_prompts(tokenizer, turns: list[str], answers: list[str]) -> list[list[int]]:
+    """The prompt ids of each answered turn, rebuilt from the answer texts (vanilla's, for the greedy check)."""
+    return [prompt_ids(tokenizer, messages(turns[: n + 1], answers[:n])) for n in range(len(answers))]
+
+
+def fitting_prompt(tokenizer, turns: list[str], answers: list[str], context: int, question: str | int) -> list[int]:
+    """The prompt ids of the turn after `answers`, or one line naming the question when they fill the model's context
+    (no room left to answer)."""
+    ids = prompt_ids(tokenizer, messages(turns[: len(answers) + 1], answers))
+    if len(ids) >= context:
+        raise SpecbenchError(
+            f"question {question}: its prompt has {len(ids)} tokens, more than the model's context of {context}; "
+            "drop it from the task or use a model with a longer context"
+        )
+    return ids

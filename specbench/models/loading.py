@@ -34,6 +34,13 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def device_and_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """--device and --dtype resolved, the one place it happens: "auto" is CUDA in float16 where there is one, else
+    the CPU in float32; a bad value is one line."""
+    chosen = pick_device(device)
+    return chosen, pick_dtype(dtype, chosen)
+
+
 def check_bundled(path: str, what: str) -> None:
     """A missing part of the bundled tiny family says how to build it."""
     if path.startswith(str(TINY_DIR)) and not Path(path).is_dir():

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..engines import concurrency
+from ..machine import BUSY_SHARE
 from . import crosscheck, metrics
 from .cells import BASELINE, OVERALL, Cell, collect_cells, file_stem, from_spec_bench, source_line
 from .plots import all_plots, method_colors, plot_concurrency
@@ -108,10 +109,10 @@ def _notes(cells: list[Cell]) -> list[str]:
                          f"{fmt_speedup(aa.paired[OVERALL])}; speedups inside it are not differences")
         cpus = ((c.source.manifest or {}).get("machine") or {}).get("cpu_count") or 1
         timed = c.turns.busy_cpus.dropna()  # one value per answer that recorded it
-        busy = int((timed > metrics.BUSY_SHARE * cpus).sum())
+        busy = int((timed > BUSY_SHARE * cpus).sum())
         if busy:
             notes.append(f"- {c.title}: **busy machine**: {busy} of {len(timed)} answers were timed while other "
-                         f"processes kept more than {metrics.BUSY_SHARE * cpus:.1f} of {cpus} CPUs busy; its "
+                         f"processes kept more than {BUSY_SHARE * cpus:.1f} of {cpus} CPUs busy; its "
                          "timings and speedups are not trustworthy")
     return notes
 

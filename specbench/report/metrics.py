@@ -157,7 +157,6 @@ def speculation_profile(steps: pd.DataFrame, k: int, method: str) -> dict:
     }
 
 
-BUSY_SHARE = 0.25  # other processes using more than this share of the CPUs make a timing untrustworthy
 
 
 def format_ratio(

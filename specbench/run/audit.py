@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from .. import methods, tasks
+from ..config import RunConfig, question_seed
 from ..core.losslessness import NEAR_TIE, greedy_check, sampling_test
 from ..errors import SpecbenchError
-from ..models.chat import prompt_ids
 from ..progress import Progress
-from .session import RunConfig, Session, question_seed
+from .session import Session
 
 GREEDY_TOKENS = 128  # default per-turn budget of the greedy audit when the task's own is longer
 
@@ -79,7 +79,7 @@ def audit(args) -> int:
             f"chi-square against vanilla's exact law, alpha={args.alpha:g}"
         )
         for q in questions[: args.prompts]:
-            ids = prompt_ids(session.tokenizer, [{"role": "user", "content": q.turns[0]}])
+            ids = session.prompt(q, [])
             result = sampling_test(
                 session.target,
                 proposer,

@@ -4,10 +4,11 @@ those checkpoints and checking they fit the target, so a bad request fails in se
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import methods, tasks
+from ..config import Plan, RunConfig, TaskPlan
+from ..engines.translate import restrict
 from ..errors import SpecbenchError
 from ..models import aliases, hub, loading
 from ..models.aliases import ModelSpec
@@ -15,24 +16,6 @@ from ..models.hub import Checkpoint, Source
 from ..registry import HEADS, Need
 
 DEFAULT_METHODS = ["vanilla", "sps", "pld"]  # `specbench run` without --methods: those of them the model can run
-
-
-@dataclass
-class TaskPlan:
-    name: str
-    questions: int | None  # None: the data is not on this machine yet
-    note: str = ""
-
-
-@dataclass
-class Plan:
-    spec: ModelSpec
-    methods: list[str]  # vanilla first
-    skipped: dict[str, str]  # method -> why it cannot run
-    tasks: list[TaskPlan]
-    temperatures: list[float]
-    checkpoints: dict[str, Checkpoint]  # role ("target", "draft", "eagle head", ...) -> checkpoint
-    tuned: dict[str, dict] = field(default_factory=dict)  # method -> its tuned entry, when run with --tuned
 
 
 def _source(override: str | None, default: Source | None) -> Source | None:
@@ -88,7 +71,7 @@ def sources(names: list[str], spec: ModelSpec, draft: str | None, heads: dict[st
     return out
 
 
-def _task(name: str, cfg) -> TaskPlan:
+def _task(name: str, cfg: RunConfig) -> TaskPlan:
     try:
         task = tasks.load(name, cfg.data_dir, cfg.fields, download=False)
     except tasks.NotDownloaded as missing:
@@ -96,13 +79,11 @@ def _task(name: str, cfg) -> TaskPlan:
     return TaskPlan(task.name, len(tasks.limit_per_category(task.questions, cfg.limit)))
 
 
-def make(cfg) -> Plan:
+def make(cfg: RunConfig) -> Plan:
     """The plan of a RunConfig; lists checkpoints (hub metadata when reachable) but downloads nothing."""
     spec = aliases.resolve(cfg.model, cfg.revision)
     requested, engine_skipped = cfg.methods, {}
     if cfg.engine == "vllm":  # first: a method vLLM cannot run is skipped, whatever it needs
-        from ..engines.vllm import restrict
-
         named, engine_skipped = restrict([r for r in requested if r not in ("all", "default")], {})
         requested = [r for r in requested if r in ("all", "default") or r in named]
     names, skipped = choose_methods(requested, spec, cfg.draft, cfg.heads)

@@ -13,15 +13,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import tasks
+from ..config import AA, RunConfig, Unit
 from ..engines import concurrency
 from ..errors import SpecbenchError
-from ..machine import warn_if_busy
+from ..machine import too_busy, warn_if_busy
 from ..progress import Progress
-from ..report import metrics
 from ..results import Answer, append, read_file
 from . import plan as planning
-from .session import RunConfig, prepare
-from .worker import AA, Unit, Worker
+from .session import prepare
+from .worker import Worker
 
 
 def default_out(cfg: RunConfig) -> Path:
@@ -182,7 +182,7 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
         done[worker] += len(answers)
         cpus = infos[worker]["machine"]["cpu_count"] or 1
         busy = max((a.busy_cpus for a in answers if a.busy_cpus is not None), default=None)
-        if busy is not None and busy > metrics.BUSY_SHARE * cpus and not warned:
+        if too_busy(busy, cpus) and not warned:
             warned = True
             print(f"\nspecbench: warning: other processes kept {busy:.1f} CPUs busy while question "
                   f"{answers[0].question_id} was timed; the report flags the cells this touches", file=sys.stderr)

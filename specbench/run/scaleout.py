@@ -10,12 +10,12 @@ import os
 from collections import deque
 from collections.abc import Iterator
 
+from ..config import RunConfig, Unit
 from ..errors import SpecbenchError
 from ..progress import Progress
 from ..results import Answer
 from . import plan as planning
-from .session import RunConfig
-from .worker import Unit, Worker
+from .worker import Worker
 
 RETRIES = 2  # further attempts at a unit after its first failure
 

@@ -4,65 +4,25 @@ tokenizer, and one question answered turn by turn with a method's proposer."""
 from __future__ import annotations
 
 import sys
-import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from .. import methods, tasks
+from ..config import Plan, RunConfig
 from ..core import acceptance
 from ..core.cached_lm import CachedLM
 from ..core.decode import Generation, decode
-from ..errors import SpecbenchError
 from ..models import loading
-from ..models.chat import prompt_ids
+from ..models.chat import fitting_prompt
 from . import plan as planning
 from . import tuned
 
 
-@dataclass
-class RunConfig:
-    model: str = "tiny"
-    methods: list[str] = field(default_factory=lambda: ["default"])  # names, variants, "all" or "default"
-    tasks: list[str] = field(default_factory=lambda: ["quick"])
-    temperatures: list[float] = field(default_factory=lambda: [0.0])
-    limit: int | None = None  # questions per category
-    max_new_tokens: int | None = None  # None: each task's own default
-    device: str = "auto"
-    dtype: str = "auto"
-    out: str | None = None
-    data_dir: str | None = None
-    seed: int = 0
-    draft: str | None = None
-    heads: dict[str, str] = field(default_factory=dict)  # method family (or "*") -> head checkpoint (--head)
-    revision: str | None = None  # of a hub target given by id (aliases pin their own)
-    trust_remote_code: bool = False
-    fields: dict[str, str] = field(default_factory=dict)
-    warmup: bool = True
-    progress: bool = True
-    noise_floor: bool = True  # time vanilla twice per question (the A/A column) to report the run's noise
-    repeats: int = 1  # timings per question and method; the median one is kept
-    shard: list[int] | None = None  # [I, N]: only every N-th question from the I-th (1-based), for array jobs
-    workers: int | None = None  # Ray workers of one device each; None: this process alone, without Ray
-    ray_address: str | None = None  # an existing Ray cluster to join (None: start a local one)
-    threads: int | None = None  # torch CPU threads per worker (None: torch's default alone, cores / workers on Ray)
-    tuned: str | None = None  # a tuned-presets file (--tuned): each tuned method's chosen variant runs beside it
-    compile: bool = False  # torch.compile the target, draft and heads (--compile); vLLM's compilation in engine mode
-    engine: str = "specbench"  # "vllm": engine mode, the questions answered inside vLLM (engine_vllm)
-    concurrency: list[int] | None = None  # engine mode: conversations in flight, one sweep per level
-    one_engine_at_a_time: bool = False  # engine mode: methods one after another instead of every engine at once
-
-
-def question_seed(base: int, question_id: int | str, temperature: float) -> int:
-    """A seed per question (and temperature), stable across methods and runs."""
-    return zlib.crc32(f"{base}/{question_id}/{temperature}".encode())
-
-
-def prepare(cfg: RunConfig) -> planning.Plan:
+def prepare(cfg: RunConfig) -> Plan:
     """The run's plan (nothing loaded yet); skipped methods are announced one line each."""
-    device = torch.device("cpu") if cfg.workers else loading.pick_device(cfg.device)  # Ray: the workers' devices
-    dtype = loading.pick_dtype(cfg.dtype, device)  # a bad --device/--dtype fails first
+    # a bad --device/--dtype fails first; with Ray workers, the devices are theirs
+    device, dtype = loading.device_and_dtype("cpu" if cfg.workers else cfg.device, cfg.dtype)
     plan = planning.make(cfg)
     for name, why in plan.skipped.items():
         print(f"{name} skipped: {why}", file=sys.stderr)
@@ -79,13 +39,12 @@ def prepare(cfg: RunConfig) -> planning.Plan:
 class Session:
     """A loaded target model with its tokenizer, ready to run methods over questions."""
 
-    def __init__(self, cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path]) -> None:
+    def __init__(self, cfg: RunConfig, plan: Plan, paths: dict[str, Path]) -> None:
         self.cfg = cfg
         self.spec = plan.spec
         self.plan = plan
         self.paths = paths
-        self.device = loading.pick_device(cfg.device)
-        self.dtype = loading.pick_dtype(cfg.dtype, self.device)
+        self.device, self.dtype = loading.device_and_dtype(cfg.device, cfg.dtype)
         self.tokenizer = loading.load_tokenizer(paths["target"], cfg.trust_remote_code)
         self.model = loading.load_causal_lm(paths["target"], self.device, self.dtype, "target", cfg.trust_remote_code)
         if cfg.compile:
@@ -111,15 +70,9 @@ class Session:
         plan = prepare(cfg)
         return cls(cfg, plan, planning.fetch(plan, cfg.trust_remote_code))
 
-    def check_fits(self, question: tasks.Question, messages: list[dict[str, str]]) -> list[int]:
-        """The prompt ids for `messages`, or a clear error when they leave no room in the model's context."""
-        ids = prompt_ids(self.tokenizer, messages)
-        if len(ids) >= self.target.context_length:
-            raise SpecbenchError(
-                f"question {question.id}: its prompt has {len(ids)} tokens, more than the model's context of "
-                f"{self.target.context_length}; drop it from the task or use a model with a longer context"
-            )
-        return ids
+    def prompt(self, question: tasks.Question, answers: list[str]) -> list[int]:
+        """The prompt ids of the question's turn after `answers`; a clear error when they fill the model's context."""
+        return fitting_prompt(self.tokenizer, question.turns, answers, self.target.context_length, question.id)
 
     def answer(
         self,
@@ -136,13 +89,11 @@ class Session:
             self.rules[method] = methods.rule(method)
         rule = self.rules[method]
         generator = torch.Generator(self.device).manual_seed(seed)
-        messages: list[dict[str, str]] = []
         gens: list[Generation] = []
         prompts: list[list[int]] = []
         texts: list[str] = []
-        for number, turn in enumerate(question.turns):
-            messages.append({"role": "user", "content": turn})
-            ids = self.check_fits(question, messages)
+        for number in range(len(question.turns)):
+            ids = self.prompt(question, texts)
             gen = decode(
                 self.target,
                 proposer,
@@ -155,7 +106,6 @@ class Session:
                 request=((question.group, question.id), number),
             )
             text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True).strip()
-            messages.append({"role": "assistant", "content": text})
             gens.append(gen)
             prompts.append(ids)
             texts.append(text)

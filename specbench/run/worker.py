@@ -7,23 +7,18 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .. import methods, tasks
+from .. import methods
+from ..config import Plan, RunConfig, Unit, base_method, question_seed
 from ..core.cached_lm import CachedLM
-from ..core.losslessness import greedy_check
 from ..machine import OtherLoad, machine, without_gc
-from ..models.chat import prompt_ids
-from ..results import Answer
-from . import plan as planning
-from .session import RunConfig, Session, question_seed
-
-AA = "vanilla-aa"  # vanilla timed a second time in the same interleaving: its "speedup" is the run's noise floor
-
+from ..results import Answer, TurnSteps, answer, check_greedy
+from .plan import fetch
+from .session import Session
 
 RETIMES = 3  # --compile: a timed decode during which torch.compile built a new graph runs again, at most this often
 
@@ -33,23 +28,6 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters  # only under --compile: importing dynamo costs a second
 
     return counters["stats"]["unique_graphs"]
-
-
-def base_method(name: str) -> str:
-    """The method whose proposer and rule an answer column uses (the A/A column is vanilla's)."""
-    return "vanilla" if name == AA else name
-
-
-@dataclass
-class Unit:
-    """One question at one temperature: the methods still to answer it, in the order they run."""
-
-    task: str
-    question: tasks.Question
-    budget: int
-    temperature: float
-    methods: list[str]
-    vanilla: Answer | None  # vanilla's answer from an earlier, resumed part of the run
 
 
 @torch.inference_mode()
@@ -81,14 +59,14 @@ def forward_profile(
 class Worker:
     """The loaded target and proposers of one device, answering units as they come."""
 
-    def __init__(self, cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path] | None = None,
+    def __init__(self, cfg: RunConfig, plan: Plan, paths: dict[str, Path] | None = None,
                  workdir: str | None = None) -> None:  # fmt: skip
         if workdir and Path(workdir).is_dir():  # a Ray worker starts elsewhere: relative paths are the driver's
             os.chdir(workdir)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.cfg = cfg
-        self.session = Session(cfg, plan, paths or planning.fetch(plan, cfg.trust_remote_code))
+        self.session = Session(cfg, plan, paths or fetch(plan, cfg.trust_remote_code))
         self.proposers = {name: methods.build(name, self.session.resources) for name in plan.methods}
         self.lossless = {name: methods.preset(name).lossless for name in plan.methods}
         self.warmed: set[str] = set()
@@ -108,7 +86,7 @@ class Worker:
     def check(self, units: list[Unit]) -> None:
         """Every question's first prompt fits the target's context (a one-line error names the first that does not)."""
         for unit in units:
-            self.session.check_fits(unit.question, [{"role": "user", "content": unit.question.turns[0]}])
+            self.session.prompt(unit.question, [])
 
     def _decode(self, name: str, unit: Unit, seed: int):
         method = base_method(name)
@@ -127,6 +105,14 @@ class Worker:
                 print(f"\nspecbench: warning: {name} still compiled new graphs on question {unit.question.id} after "
                       f"{RETIMES} re-timings; its time includes compiling", file=sys.stderr)  # fmt: skip
         return gens, texts, None if load.value is None else max(0.0, load.value - self.neighbours)
+
+    def _record(self, name: str, unit: Unit, seed: int, gens: list, texts: list[str]) -> Answer:
+        turns = [TurnSteps(g.tokens, g.wall_time, [s.accept_length for s in g.steps], [s.tested for s in g.steps],
+                           [s.tree_size for s in g.steps]) for g in gens]  # fmt: skip
+        return answer(unit.question, unit.task, name, unit.temperature, self.session.spec.name, seed,
+                      self.lossless[base_method(name)], texts, turns,
+                      draft_time=sum(g.prefill_draft_time + sum(s.draft_time for s in g.steps) for g in gens),
+                      verify_time=sum(sum(s.verify_time for s in g.steps) for g in gens))  # fmt: skip
 
     def answer(self, unit: Unit) -> list[Answer]:
         """The unit's answers, one per method in its order, each the median-time of `repeats` back-to-back rounds;
@@ -148,49 +134,8 @@ class Worker:
                       f"question {unit.question.id} (nondeterministic kernels?); the median-time repeat is kept",
                       file=sys.stderr)  # fmt: skip
             _, gens, texts, _ = sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]  # the median timing
-            answers[name] = _answer_record(unit.question, unit.task, name, self.lossless[base_method(name)],
-                                           unit.temperature, self.session.spec.name, seed, gens, texts)  # fmt: skip
+            answers[name] = self._record(name, unit, seed, gens, texts)
             answers[name].busy_cpus = max((r[3] for r in runs if r[3] is not None), default=None)
-        reference = answers.get("vanilla") or unit.vanilla
-        if unit.temperature == 0 and reference is not None:
-            ref_prompts = reference_prompts(self.session.tokenizer, unit.question, reference.turns)
-            for name, answer in answers.items():
-                if name != "vanilla":
-                    answer.greedy_check = greedy_check(self.session.model, answer.output_ids, reference.output_ids,
-                                                       ref_prompts)  # fmt: skip
+        check_greedy(answers, answers.get("vanilla") or unit.vanilla, unit.question, self.session.tokenizer,
+                     lambda: self.session.model)  # fmt: skip
         return list(answers.values())
-
-
-def _answer_record(question, task, method, lossless, temperature, model_name, seed, gens, texts) -> Answer:
-    return Answer(
-        question_id=question.id,
-        category=question.category,
-        group=question.group,
-        method=method,
-        temperature=temperature,
-        model=model_name,
-        task=task,
-        new_tokens=[len(g.tokens) for g in gens],
-        wall_time=[g.wall_time for g in gens],
-        decoding_steps=[len(g.steps) for g in gens],
-        accept_lengths=[s.accept_length for g in gens for s in g.steps],
-        turns=texts,
-        tested=[s.tested for g in gens for s in g.steps],
-        tree_size=[s.tree_size for g in gens for s in g.steps],
-        draft_time=sum(g.prefill_draft_time + sum(s.draft_time for s in g.steps) for g in gens),
-        verify_time=sum(sum(s.verify_time for s in g.steps) for g in gens),
-        output_ids=[g.tokens for g in gens],
-        seed=seed,
-        lossless_rule=lossless,
-    )
-
-
-def reference_prompts(tokenizer, question: tasks.Question, answers: list[str]) -> list[list[int]]:
-    """Vanilla's prompt ids for each turn, rebuilt from its answer texts."""
-    messages: list[dict[str, str]] = []
-    prompts = []
-    for turn, text in zip(question.turns, answers, strict=False):
-        messages.append({"role": "user", "content": turn})
-        prompts.append(prompt_ids(tokenizer, messages))
-        messages.append({"role": "assistant", "content": text})
-    return prompts

@@ -45,18 +45,19 @@ import yaml
 from tabulate import tabulate
 
 from .. import methods, registry, tasks
+from ..config import RunConfig, question_seed
 from ..core.decode import clock
 from ..core.proposer import Proposal, Proposer, Turn
 from ..core.tree import Tree
 from ..errors import SpecbenchError
 from ..machine import OtherLoad, machine, too_busy
-from ..models.chat import prompt_ids
+from ..models.chat import turn_prompts
 from ..report import frames, metrics
 from ..report.cells import forward_time
 from ..report.sources import load_sources
 from ..run import runner, tuned
-from ..run.session import RunConfig, Session, question_seed
-from ..run.worker import forward_profile, reference_prompts
+from ..run.session import Session
+from ..run.worker import forward_profile
 
 PROFILE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
 PROFILE_CONTEXTS = (64, 512)  # cached tokens the forward is profiled after (`Cost`)
@@ -451,7 +452,7 @@ class Tuner:
     def _state(self) -> list[int]:
         """A realistic committed sequence for the draft-cost timings: the first question's prompt and answer."""
         q = self.questions[0]
-        ids = prompt_ids(self.session.tokenizer, [{"role": "user", "content": q.turns[0]}])
+        ids = self.session.prompt(q, [])
         gen = self.session.answer("vanilla", methods.build("vanilla", self.session.resources), q, self.budget, 0.0, 0)
         return ids + gen[0][0].tokens
 
@@ -490,7 +491,7 @@ def measure(cfg: TuneConfig, names: list[str], out: Path, tokenizer) -> tuple[di
     asked = {q.id: q for q in tasks.load(cfg.eval_task, cfg.run.data_dir, cfg.run.fields).questions}
     for answer in sources[0].answers:
         if answer.method == "vanilla" and answer.temperature == 0 and answer.question_id in asked:
-            prompts = reference_prompts(tokenizer, asked[answer.question_id], answer.turns)
+            prompts = turn_prompts(tokenizer, asked[answer.question_id].turns, answer.turns)
             before = [len(p) + (n - 1) / 2 for p, n in zip(prompts, answer.new_tokens, strict=True)]
             vanilla.contexts[answer.question_id] = float(np.average(before, weights=answer.new_tokens))
             vanilla.step_contexts += [
