@@ -68,3 +68,18 @@ def test_a_missing_plugin_folder_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(presets, "_EXTRA", {})
     assert main(["list", "methods"]) == 2
     assert "method folder" in capsys.readouterr().err
+
+
+def test_the_plug_in_api_keeps_its_names():
+    """What a method folder outside the package imports: from `specbench.methods`, and under the earlier names
+    `specbench.methods.base` and `specbench.tree`, the same objects as the core's."""
+    from specbench import methods, tree
+    from specbench.core import proposer
+    from specbench.core import tree as core_tree
+    from specbench.methods import base
+
+    for name in ("Proposer", "Proposal", "Feedback", "Turn", "NO_PROPOSAL", "Nested", "chain_prefix", "tree_prefix"):
+        assert getattr(methods, name) is getattr(proposer, name) is getattr(base, name), name
+    assert methods.implementation is registry.implementation
+    for name in ("Tree", "chain", "trie", "EMPTY", "from_choices", "attention_mask", "position_ids"):
+        assert getattr(tree, name) is getattr(core_tree, name), name

@@ -13,6 +13,7 @@ import torch
 
 from specbench import methods, registry
 from specbench.cli.main import main
+from specbench.config import RunConfig
 from specbench.core import acceptance, choices
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
@@ -20,21 +21,13 @@ from specbench.core.proposer import Proposal, Proposer, Turn
 from specbench.core.step import verify
 from specbench.core.tree import Tree, chain
 from specbench.errors import SpecbenchError
+from specbench.methods import variant_name as variant
 from specbench.models.loading import load_causal_lm
 from specbench.run import tuned
-from specbench.tune import command as tune
-from specbench.tune.command import (
-    Cost,
-    Recorder,
-    Score,
-    Turns,
-    accepted,
-    draft_slope,
-    geometric_mean,
-    grid_values,
-    variant,
-    verify_scale,
-)
+from specbench.tune import calibrate as calibration
+from specbench.tune.calibrate import Recorder, accepted
+from specbench.tune.cost import Cost, Score, Turns, draft_slope, geometric_mean, verify_scale
+from specbench.tune.space import TuneConfig, grid_values
 from specbench.zoo import TINY_DIR
 
 from .conftest import random_llama
@@ -257,7 +250,7 @@ def test_calibration_on_a_busy_machine_is_flagged(capsys, tiny_models, tmp_path,
         def __exit__(self, *exc):
             return None
 
-    monkeypatch.setattr(tune, "OtherLoad", Busy)
+    monkeypatch.setattr(calibration, "OtherLoad", Busy)
     target, draft = tiny_models
     code = main(["tune", "--method", "sps", "--model", str(target), "--draft", str(draft), "--limit", "1",
                  "--max-new-tokens", "4", "--device", "cpu", "--grid", "num_draft_tokens=1", "--no-verify",
@@ -335,9 +328,9 @@ def test_calibration_answers_each_question_with_vanilla_just_before_the_method()
             self.asked.append((label, question.id, budget))
             return [Gen()], [[1, 2, 3]], ["text"]
 
-    tuner = object.__new__(tune.Tuner)
+    tuner = object.__new__(calibration.Tuner)
     tuner.session, tuner.questions, tuner.budget = FakeSession(), [Question(1), Question(2)], 32
-    tuner.cfg = tune.TuneConfig("pld", tune.RunConfig(methods=["pld"]))
+    tuner.cfg = TuneConfig("pld", RunConfig(methods=["pld"]))
     vanilla, turns = Turns(), Turns()
     yielded = list(tuner._answer("pld", methods.build("vanilla", None), turns, vanilla))
     assert tuner.session.asked == [("vanilla", 1, 16), ("pld", 1, 16), ("vanilla", 1, 32), ("pld", 1, 32),
@@ -374,10 +367,10 @@ def test_each_timed_propose_follows_a_target_forward(monkeypatch):
     class FakeSession:
         target, resources, device = Target(), None, torch.device("cpu")
 
-    monkeypatch.setattr(tune.methods, "build", lambda *a: Timed())
-    tuner = object.__new__(tune.Tuner)
+    monkeypatch.setattr(calibration.methods, "build", lambda *a: Timed())
+    tuner = object.__new__(calibration.Tuner)
     tuner.session, tuner.budget = FakeSession(), 8
-    tuner.cfg = tune.TuneConfig("sps", tune.RunConfig(methods=["sps"]))
+    tuner.cfg = TuneConfig("sps", RunConfig(methods=["sps"]))
     assert tuner.propose_seconds({}, [5, 6, 7]) >= 0
     assert events == [("prefill", 3, None)] + [("start",), ("forward", [7]), ("crop", 2), ("propose",)] * 4
 
@@ -399,23 +392,24 @@ def test_drafting_cost_follows_the_context_it_was_calibrated_at():
 def test_a_grid_setting_the_model_cannot_build_is_skipped_but_not_the_default(monkeypatch, capsys):
     """A head without token counts cannot read out a draft vocabulary: tune scores the rest and says why; the
     default's own run must build."""
-    monkeypatch.setattr(tune, "forward_profile", lambda target, context, sizes: {1: 0.01, 96: 0.02})
-    monkeypatch.setattr(tune.Tuner, "_state", lambda self: [1, 2])
+    monkeypatch.setattr(calibration, "forward_profile", lambda target, context, sizes: {1: 0.01, 96: 0.02})
+    monkeypatch.setattr(calibration.Tuner, "_state", lambda self: [1, 2])
 
     def calibrate(self, plain, settings, cost, state):
         if plain.get("draft_vocab") is not None:
-            raise tune.Unbuildable("eagle2[draft_vocab=0.25]: token_counts.json is missing")
+            raise calibration.Unbuildable("eagle2[draft_vocab=0.25]: token_counts.json is missing")
         return [Score({**plain, **settings[0]}, 2.0, 4.0, 0.001, 1.5)]
 
-    monkeypatch.setattr(tune.Tuner, "calibrate", calibrate)
-    tuner = object.__new__(tune.Tuner)
-    tuner.cfg = tune.TuneConfig("eagle2", tune.RunConfig(methods=["eagle2"]), grid={"top_k": [4, 10]})
+    monkeypatch.setattr(calibration.Tuner, "calibrate", calibrate)
+    tuner = object.__new__(calibration.Tuner)
+    tuner.cfg = TuneConfig("eagle2", RunConfig(methods=["eagle2"]), grid={"top_k": [4, 10]})
     tuner.session = type("S", (), {"target": type("T", (), {"context_length": 1024})()})()
-    tuner.questions, tuner.budget, tuner.started = [], 8, tune.time.perf_counter()
+    tuner.questions, tuner.budget, tuner.started = [], 8, calibration.time.perf_counter()
     tuner.defaults = dict(methods.preset("eagle2").params)
     scores, cut = tuner.search()
     assert not cut and [s.params["top_k"] for s in scores] == [10, 4]  # the default's run first
     assert capsys.readouterr().err.count("skipped eagle2[draft_vocab=0.25]: token_counts.json is missing") == 2
-    monkeypatch.setattr(tune.Tuner, "calibrate", lambda *a: (_ for _ in ()).throw(tune.Unbuildable("no head")))
-    with pytest.raises(tune.Unbuildable, match="no head"):
+    no_head = calibration.Unbuildable("no head")
+    monkeypatch.setattr(calibration.Tuner, "calibrate", lambda *a: (_ for _ in ()).throw(no_head))
+    with pytest.raises(calibration.Unbuildable, match="no head"):
         tuner.search()

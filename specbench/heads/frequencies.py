@@ -27,6 +27,23 @@ def write(folder: Path, stream: torch.Tensor, vocab: int, data: str) -> None:
     (folder / FILE).write_text(json.dumps({"data": data, "tokens": len(stream), "counts": counts}) + "\n")
 
 
+def count_text(target: str, data: Path, out: Path, smoke: bool = False) -> int:
+    """Count an existing head's training text (as `specbench train --data` reads it, tokenized by the target's
+    tokenizer) into `out`, the head's folder; returns the tokens counted."""
+    from transformers import AutoConfig
+
+    from ..models import aliases, loading
+    from ..zoo.text import token_streams
+
+    if not out.is_dir():
+        raise SpecbenchError(f"--out {out} is not a folder: give the EAGLE head's folder")
+    folder = aliases.target_folder(aliases.resolve(target))
+    vocab = AutoConfig.from_pretrained(folder).get_text_config().vocab_size
+    train, _ = token_streams(data, loading.load_tokenizer(folder), smoke)
+    write(out, train, vocab, str(data))
+    return len(train)
+
+
 def read(folder: Path, vocab: int, hint: str) -> torch.Tensor:
     """The counts [V] saved in `folder`; a missing or mismatched file says how to make it (`hint`)."""
     path = folder / FILE

@@ -50,6 +50,17 @@ class TrainConfig:
         return replace(self, steps=min(self.steps, 5), seq_len=min(self.seq_len, 32), batch_size=2, eval_batches=1)
 
 
+def train_config(kind: str, lr: float | None = None, smoke: bool = False, **sizes) -> TrainConfig:
+    """The TrainConfig of a `specbench train KIND` (sizes: TrainConfig's fields), checked; lr by default 1e-3 for
+    Medusa heads, 3e-4 for the others; `smoke`: a few tiny steps."""
+    cfg = TrainConfig(lr=lr or (1e-3 if kind == "medusa" else 3e-4), **sizes)
+    if min(cfg.steps, cfg.seq_len, cfg.batch_size, cfg.medusa_heads, cfg.draft_vocab, cfg.ttt_steps) < 1:
+        raise SpecbenchError("--steps, --batch-size, --medusa-heads, --draft-vocab and --ttt-steps must be >= 1")
+    if cfg.seq_len < 8:
+        raise SpecbenchError("--seq-len must be >= 8")
+    return cfg.smoke() if smoke else cfg
+
+
 def windows(stream: torch.Tensor, cfg: TrainConfig, generator: torch.Generator, what: str) -> torch.Tensor:
     """A batch of random windows [B, L] of the token stream."""
     if len(stream) <= cfg.seq_len:

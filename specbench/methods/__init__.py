@@ -1,12 +1,15 @@
 """Methods: YAML presets (`methods/*.yaml`) naming an implementation registered by a module of this package.
 
-Every module here is imported on first use, so a new method is one module calling `registry.implementation`
-plus one preset; nothing else changes.
+Every module here is imported on first use, so a new method is one module calling `implementation` plus one preset;
+nothing else changes. A method folder outside the package imports what it needs from here: the proposer types
+(`Proposer`, `Proposal`, `Feedback`, `Turn`, `NO_PROPOSAL`), `Resources`, `implementation` and the nested-knob
+helpers (`Nested`, `chain_prefix`, `tree_prefix`); token trees come from `specbench.tree`.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 import re
 
@@ -14,9 +17,9 @@ import yaml
 
 from .. import presets, registry
 from ..core import acceptance
-from ..core.proposer import Proposal, Proposer
+from ..core.proposer import NO_PROPOSAL, Feedback, Nested, Proposal, Proposer, Turn, chain_prefix, tree_prefix
 from ..errors import SpecbenchError
-from ..registry import Need, parse_needs
+from ..registry import Need, implementation, parse_needs
 from .resources import Resources
 
 for _module in pkgutil.iter_modules(__path__):  # each registers its implementations (and head families)
@@ -60,6 +63,17 @@ def variant(name: str) -> tuple[str, dict]:
     return match.group(1), params
 
 
+def variant_name(base: str, params: dict, defaults: dict) -> str:
+    """What `variant` reads back: 'eagle2[top_k=6,depth=4]', the params that differ from `defaults` in their order;
+    a string bare where it reads back as itself ('draft_dtype=bfloat16')."""
+    changed = [f"{k}={_scalar(v)}" for k, v in params.items() if defaults.get(k) != v]
+    return f"{base}[{','.join(changed)}]" if changed else base
+
+
+def _scalar(value) -> str:
+    return value if isinstance(value, str) and yaml.safe_load(value) == value else json.dumps(value)
+
+
 def build(name: str, res: Resources, overrides: dict | None = None) -> Proposer:
     spec = preset(name)
     params = {**spec.params, **(overrides or {})}
@@ -81,4 +95,8 @@ def rule(name: str) -> acceptance.Rule:
     return found
 
 
-__all__ = ["Proposal", "Proposer", "Resources", "available", "build", "needs", "preset", "rule", "variant"]
+__all__ = [  # the plug-in API first, then the library's use of presets
+    "NO_PROPOSAL", "Feedback", "Nested", "Proposal", "Proposer", "Resources", "Turn", "chain_prefix", "implementation",
+    "tree_prefix",
+    "available", "build", "needs", "preset", "rule", "variant", "variant_name",
+]  # fmt: skip

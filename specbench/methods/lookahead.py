@@ -6,9 +6,10 @@ whose cache rows the commit drops). The window's predictions become the n-grams 
 branches; as in the reference, nothing is verified until the window has warmed up. Every candidate is a
 point mass, so sampling with the shared residual rule stays lossless.
 
-One deliberate deviation: when all N - 1 tokens of a pooled n-gram match, the reference release this was
-checked against (lade 0.0.4, `decoding.py` 1078-1084) commits them without the target's own next token; the
-shared loop always commits that token too, as the repository's later code (0e9f02d) does.
+One deliberate deviation: when all N - 1 tokens of a pooled n-gram match, lade (release 0.0.4, `decoding.py`
+1078-1084, and its main branch at eed010d) commits them without the target's own next token; the shared loop
+always commits that token too. So does commit 0e9f02d, an unmerged pull request to lade
+(hao-ai-lab/LookaheadDecoding #68): this module matches 0e9f02d step for step, not lade's main.
 """
 
 from __future__ import annotations

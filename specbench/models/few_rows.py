@@ -1,18 +1,11 @@
-"""Linear layers over a few rows on CPU: MKL's float32 kernels compute x @ W.T (F.linear) over 1 to 16 rows up to
-three times as slowly as (W @ x.T).T, the same product laid out the other way round, with one row computed as two
-(MKL's one-row kernel streams the weight at a third of the bandwidth its two-column product reaches). Vanilla's
-step, small verification trees and chains, a draft model's steps and EAGLE's draft levels are such products.
-Which row counts gain depends on the CPU and its BLAS, so it is measured once per process (`calibrate`) on the
-first CPU float32 model large enough to stream its weights from memory as a decode step does (the target, as
-`specbench run` loads it): each row count's products over its linear layers, both layouts interleaved. Until then,
-and for smaller models, 2 to 16 rows take it (what an AVX2 EPYC measured). `SPECBENCH_FEW_ROWS` pins the ranges
-("1-12,16"; "none": F.linear throughout) for runs that must compute alike across machines.
-
-Measured on a 2-core AVX-512 EPYC (torch 2.13, the tiny target after 400 cached tokens, both layouts interleaved
-in one process): one row 12.0 -> 7.6 ms, 2 rows 15.8 -> 8.2, 4 rows 16.3 -> 9.0, 8 rows 18.4 -> 13.2. On an AVX2
-EPYC one row gained nothing and 4 to 16 rows gained 29-37%. The logits differ from F.linear's in the last bits,
-as any two GEMM kernels' do. Under torch.compile (`--compile`) the row count is symbolic: the range tests are
-comparisons a compiled graph guards on, so each range gets its own graph."""
+"""Linear layers over a few rows on CPU: MKL's float32 F.linear (x @ W.T) over 1 to 16 rows can be several times
+slower than (W @ x.T).T, the same product laid out the other way round (one row computed as two). Vanilla's step,
+small trees and chains, a draft model's steps and EAGLE's draft levels are such products. Which row counts gain
+depends on the CPU and its BLAS, so it is measured once per process (`calibrate`) on the first CPU float32 model
+large enough to stream its weights from memory as a decode step does; until then, and for smaller models, 2 to 16
+rows take it. `SPECBENCH_FEW_ROWS` pins the ranges ("1-12,16"; "none": F.linear throughout) for runs that must
+compute alike across machines. Logits differ from F.linear's in the last bits, as any two GEMM kernels' do; under
+`--compile` each range gets its own graph. Measurements: docs/cpu-notes.md."""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .. import methods, tasks
 from ..config import RunConfig, question_seed
 from ..core.losslessness import NEAR_TIE, greedy_check, sampling_test
@@ -35,62 +37,52 @@ def _greedy(session: Session, method: str, proposer, vanilla, questions, budget:
     return exact, ties, bugs
 
 
-def audit(args) -> int:
-    """Print the audit; return 0 when the method is lossless (or labelled lossy), 1 when it fails."""
-    if args.samples < 10 or args.horizon < 1 or args.prompts < 1:
+def audit(cfg: RunConfig, method: str, mode: str = "both", temperature: float = 1.0, samples: int = 2000,
+          horizon: int = 3, prompts: int = 2, alpha: float = 1e-3) -> int:  # fmt: skip
+    """`specbench verify`: print the audit of `method` against vanilla on the first question of each category of
+    cfg's tasks (cfg.limit of them); return 0 when it is lossless (or labelled lossy), 1 when it fails."""
+    if samples < 10 or horizon < 1 or prompts < 1:
         raise SpecbenchError("--samples must be >= 10, --horizon and --prompts >= 1")
-    if args.mode != "greedy" and args.temperature <= 0:
+    if mode != "greedy" and temperature <= 0:
         raise SpecbenchError("the sampling test needs --temperature > 0")
-    lossless = methods.preset(args.method).lossless
-    cfg = RunConfig(
-        model=args.model,
-        methods=["vanilla", args.method],
-        revision=args.revision,
-        trust_remote_code=args.trust_remote_code,
-        draft=args.draft,
-        heads=dict(args.head),
-        device=args.device,
-        dtype=args.dtype,
-        data_dir=args.data_dir,
-        fields=dict(args.field),
-        seed=args.seed,
-    )
+    lossless = methods.preset(method).lossless
+    cfg = replace(cfg, methods=["vanilla", method])
     session = Session.open(cfg)
-    proposer = methods.build(args.method, session.resources)
+    proposer = methods.build(method, session.resources)
     vanilla = methods.build("vanilla", session.resources)
     questions = [
         q
-        for t in args.tasks
-        for q in tasks.limit_per_category(tasks.load(t, args.data_dir, dict(args.field)).questions, args.limit or 1)
+        for t in cfg.tasks
+        for q in tasks.limit_per_category(tasks.load(t, cfg.data_dir, cfg.fields).questions, cfg.limit or 1)
     ]
     failed = False
-    print(f"verify {args.method} on {session.spec.name} ({'lossless rule' if lossless else 'LOSSY rule'})")
-    if args.mode in ("greedy", "both"):
-        budget = args.max_new_tokens or GREEDY_TOKENS
-        exact, ties, bugs = _greedy(session, args.method, proposer, vanilla, questions, budget, args.seed)
+    print(f"verify {method} on {session.spec.name} ({'lossless rule' if lossless else 'LOSSY rule'})")
+    if mode in ("greedy", "both"):
+        budget = cfg.max_new_tokens or GREEDY_TOKENS
+        exact, ties, bugs = _greedy(session, method, proposer, vanilla, questions, budget, cfg.seed)
         print(
             f"greedy: {exact}/{len(questions)} questions token-identical to vanilla, {ties} near-tie divergences "
             f"(margin < {NEAR_TIE[session.dtype]:g}), {bugs} real mismatches -> {'FAIL' if bugs else 'pass'}"
         )
         failed |= bugs > 0
-    if args.mode in ("sampling", "both"):
+    if mode in ("sampling", "both"):
         print(
-            f"sampling at T={args.temperature:g}: {args.samples} samples of {args.horizon} tokens per prompt, "
-            f"chi-square against vanilla's exact law, alpha={args.alpha:g}"
+            f"sampling at T={temperature:g}: {samples} samples of {horizon} tokens per prompt, "
+            f"chi-square against vanilla's exact law, alpha={alpha:g}"
         )
-        for q in questions[: args.prompts]:
+        for q in questions[: prompts]:
             ids = session.prompt(q, [])
             result = sampling_test(
                 session.target,
                 proposer,
                 ids,
-                horizon=args.horizon,
-                samples=args.samples,
-                temperature=args.temperature,
+                horizon=horizon,
+                samples=samples,
+                temperature=temperature,
                 stop_ids=session.stop_ids,
-                alpha=args.alpha,
-                seed=args.seed,
-                rule=methods.rule(args.method),
+                alpha=alpha,
+                seed=cfg.seed,
+                rule=methods.rule(method),
             )
             verdict = "pass" if result.passed else ("FAIL" if lossless else "differs (lossy by design)")
             print(

@@ -35,9 +35,8 @@ def forward_profile(
     target: CachedLM, context: int = 256, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 9
 ) -> dict[int, float]:
     """Median seconds of one target forward over k new tokens after `context` cached tokens (for roofline and
-    tune's cost model). The sizes are timed in interleaved rounds, the first discarded: this CPU's speed drifts by
-    up to ~10% over seconds, and timing one size after another let a slow spell fall on some sizes only (a tune
-    once profiled 8 rows at 20 ms, which its runs then verified in 26)."""
+    tune's cost model). The sizes are timed in interleaved rounds, the first discarded, so a slow spell of a
+    drifting CPU falls on every size alike rather than on some (docs/cpu-notes.md)."""
     context = min(context, target.context_length - max(sizes) - 1)
     vocab = target.model.config.vocab_size
     generator = torch.Generator().manual_seed(0)

@@ -105,3 +105,23 @@ def write_texts(tokenizer, sequences: list[list[int]], out: Path) -> int:
             body = ids[1:] if ids and ids[0] == bos else ids
             f.write(json.dumps({"text": tokenizer.decode(body, skip_special_tokens=False)}) + "\n")
     return sum(map(len, sequences))
+
+
+def regenerate_text(target: str, source: Path, out: Path, *, limit: int | None, max_new_tokens: int,
+                    temperature: float, batch_size: int, device: str, dtype: str, seed: int,
+                    smoke: bool = False) -> tuple[int, int, int]:  # fmt: skip
+    """`specbench regenerate`: the target (alias, folder or hub id) answers the prompts of `source`, written to `out`
+    as training text. Returns (prompts answered, tokens written, prompts left out for not fitting the context)."""
+    from ..models import aliases, loading
+
+    if min(max_new_tokens, batch_size, limit or 1) < 1 or temperature < 0:
+        raise SpecbenchError("--limit, --max-new-tokens and --batch-size must be >= 1, --temperature >= 0")
+    prompts = read_prompts(source, smoke)[:limit]
+    if not prompts:
+        raise SpecbenchError(f"no prompts in '{source}'")
+    folder = aliases.target_folder(aliases.resolve(target))
+    model = loading.load_causal_lm(folder, *loading.device_and_dtype(device, dtype), what="target")
+    tokenizer = loading.load_tokenizer(folder)
+    sequences, skipped = regenerate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                    batch_size=batch_size, seed=seed)  # fmt: skip
+    return len(sequences), write_texts(tokenizer, sequences, out), skipped

