@@ -62,7 +62,22 @@ def machine(device: torch.device) -> dict:
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "busy_cpus": busy_cpus(),
         "few_rows": few_rows.describe() if device.type == "cpu" else None,  # row counts the (W @ x.T).T layout takes
+        "gpu_clocks": gpu_clocks(device) if device.type == "cuda" else None,
     }
+
+
+def gpu_clocks(device: torch.device) -> dict | None:
+    """The GPU's SM and memory clocks (MHz), power (W) and temperature (°C) now, from nvidia-smi (None without it):
+    a timing taken at a lowered clock reads slower than the card is."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    query = "clocks.sm,clocks.mem,clocks.max.sm,power.draw,temperature.gpu"
+    try:
+        line = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", str(index)],
+                              capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
+        sm, mem, sm_max, power, temperature = (float(v) for v in line.split(","))
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return {"sm_mhz": sm, "mem_mhz": mem, "sm_max_mhz": sm_max, "power_w": power, "temperature_c": temperature}
 
 
 def busy_cpus(seconds: float = 0.5) -> float | None:

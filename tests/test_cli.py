@@ -119,3 +119,16 @@ def test_method_variant_runs_beside_its_base_with_its_own_params(capsys, tiny_mo
 )
 def test_bad_method_variant_says_how_to_write_one(capsys, tiny_models, tmp_path, methods, message):
     assert message in error_of(capsys, [*base(tiny_models, tmp_path), "--methods", methods])
+
+
+def test_a_fresh_process_knows_the_head_families_while_parsing():
+    """`--head eagle=DIR` is parsed before any command runs: the parser itself must register the head families."""
+    import subprocess
+    import sys
+
+    from specbench.zoo import TINY_DIR
+
+    done = subprocess.run([sys.executable, "-m", "specbench.cli", "run", "--head", f"eagle={TINY_DIR / 'eagle'}",
+                           "--methods", "vanilla,eagle", "--dry-run"], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "eagle head" in done.stdout

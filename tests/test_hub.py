@@ -37,7 +37,7 @@ def specbench(args: list[str], home: Path) -> subprocess.CompletedProcess:
     """The CLI in a fresh process, offline, on the hub cache under `home` (as a user's shell would run it)."""
     env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "SPECBENCH_CACHE": str(home / "specbench")}
     env.pop("HF_HUB_CACHE", None)
-    return subprocess.run([sys.executable, "-m", "specbench.cli.main", *args], env=env, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "specbench.cli", *args], env=env, capture_output=True, text=True)
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ def _add_user_methods() -> None:
     """Folders of method modules and presets named by $SPECBENCH_METHODS (separated like PATH) join the registry."""
     folders = [f for f in os.environ.get("SPECBENCH_METHODS", "").split(os.pathsep) if f]
     if folders:
+        from .. import methods  # noqa: F401  (the built-in methods first)
         from ..registry import add_methods
 
         for folder in folders:

@@ -57,6 +57,7 @@ def _field(text: str) -> tuple[str, str]:
 
 def _head(text: str) -> tuple[str, str]:
     """FAMILY=PATH (eagle, eagle3, medusa: the registered head families) for one family, a bare PATH for every one."""
+    from .. import methods  # noqa: F401  (importing the methods registers the head families)
     from ..registry import HEADS
 
     family, sep, path = text.partition("=")

@@ -20,7 +20,7 @@ def method_colors(methods: set[str]) -> dict[str, str]:
     """The colours implementations registered for their own names (a variant such as sps-68m or eagle2[top_k=6]
     takes its family's colour when the family itself is absent), then a fixed order of extra colours for the
     others, sorted by name."""
-    from ..methods import registry
+    from ..methods import registry  # importing the methods registers their colours
 
     colors = {name: impl.color for name, impl in registry.IMPLEMENTATIONS.items() if impl.color}
     out = {m: colors[m] for m in methods if m in colors}

@@ -1,0 +1,124 @@
+"""The measurements of scripts/gpu_check.sh that are not a `specbench run`.
+
+    python scripts/gpu_check.py roofline --weights DIR/target --out roofline.json
+        warms the GPU to a steady clock, then measures a device copy's bandwidth and the weights' bytes: the
+        tokens/s a one-token decode could reach if it only streamed the weights (the bandwidth roofline)
+    python scripts/gpu_check.py summary RUN --roofline roofline.json
+        the table a closing note quotes: roofline, T(n) of the target's forward, each method's tokens/s, τ and step
+        cost split into target forward, drafting and the rest (host: Python, launches, sampling), the A/A floor
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specbench.machine import gpu_clocks
+from specbench.report import frames, metrics
+
+WARM_SECONDS = 5.0  # of matrix products before timing: the SM clock settles under sustained load
+COPY_BYTES = 2 << 30
+
+
+def warm(device: torch.device, seconds: float = WARM_SECONDS) -> None:
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device, repeats: int = 20) -> float:
+    """Bytes read plus written per second by a device-to-device copy of COPY_BYTES (the median of `repeats`)."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3)
+    return 2 * COPY_BYTES / sorted(times)[len(times) // 2]
+
+
+def weight_bytes(folder: Path) -> int:
+    """Bytes of the model's weights as stored (what a one-token forward reads once)."""
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
+def roofline(args) -> None:
+    device = torch.device("cuda")
+    before = gpu_clocks(device)
+    warm(device)
+    bandwidth = copy_bandwidth(device)
+    weights = weight_bytes(args.weights)
+    result = {"device": torch.cuda.get_device_name(device), "copy_bytes_per_s": bandwidth, "weight_bytes": weights,
+              "roofline_tokens_per_s": bandwidth / weights, "clocks_idle": before, "clocks_warm": gpu_clocks(device)}
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}"
+
+
+def summary(args) -> None:
+    roof = json.loads(args.roofline.read_text())
+    turns = frames.frame([args.run])
+    turns = turns[turns.temperature == 0]
+    profile = {int(k): v for k, v in json.loads((args.run / "forward_profile.json").read_text()).items()}
+    limit = roof["roofline_tokens_per_s"]
+    print(f"### {roof['device']}: {args.run.name}\n")
+    copy, weights = roof["copy_bytes_per_s"] / 1e12, roof["weight_bytes"] / 1e9
+    print(f"Device copy {copy:.2f} TB/s (read + written) ÷ {weights:.2f} GB of target weights = bandwidth roofline "
+          f"{limit:.0f} tokens/s. SM clock idle / warm: "
+          f"{(roof['clocks_idle'] or {}).get('sm_mhz')} / {(roof['clocks_warm'] or {}).get('sm_mhz')} MHz.\n")
+    print("T(n), the target's forward over n new tokens after 256 cached (ms): "
+          + ", ".join(f"T({n}) {_ms(t)}" for n, t in sorted(profile.items())) + "\n")
+    base = turns[turns.method == "vanilla"]
+    rows = ["| method | tokens/s | share of roofline | speedup [95% CI] | τ | ms/step | target forward | drafting | "
+            "rest (host) |", "|---|---|---|---|---|---|---|---|---|"]
+    order = ["vanilla", "vanilla-aa", *sorted(set(turns.method) - {"vanilla", "vanilla-aa"})]
+    for method in [m for m in order if m in set(turns.method)]:
+        own = turns[turns.method == method]
+        steps, wall = own.steps.sum(), own.wall_time.sum()
+        verify, draft = own.verify_time.sum(), own.draft_time.sum()
+        rate = own.new_tokens.sum() / wall
+        s = metrics.paired_speedup(own, base) if method != "vanilla" else None
+        speedup = metrics.format_ratio(s.value, s.low, s.high) if s else "1.00×"
+        rows.append(f"| {method} | {rate:.1f} | {rate / limit:.0%} | {speedup} | {own.new_tokens.sum() / steps:.2f} | "
+                    f"{_ms(wall / steps)} | {_ms(verify / steps)} | {_ms(draft / steps)} | "
+                    f"{_ms((wall - verify - draft) / steps)} |")
+    print("\n".join(rows))
+    aa = turns[turns.method == "vanilla-aa"]
+    if not aa.empty:
+        s = metrics.paired_speedup(aa, base)
+        verdict = "contains 1.00" if s.low <= 1 <= s.high else "does NOT contain 1.00: the timings did not hold still"
+        print(f"\nA/A floor (vanilla timed twice): {metrics.format_ratio(s.value, s.low, s.high)}, {verdict}.")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="gpu_check.sh's roofline and summary table")
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("roofline")
+    r.add_argument("--weights", type=Path, required=True, help="the target's folder")
+    r.add_argument("--out", type=Path, required=True)
+    s = sub.add_parser("summary")
+    s.add_argument("run", type=Path)
+    s.add_argument("--roofline", type=Path, required=True)
+    args = parser.parse_args()
+    (roofline if args.command == "roofline" else summary)(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
