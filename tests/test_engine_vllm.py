@@ -186,6 +186,26 @@ def test_a_run_in_the_engine_writes_answers_sweeps_and_the_cross_check(capsys, t
     assert "skipped: mtp: not in engine mode: vLLM runs MTP only" in out and "methods: vanilla, sps" in out
 
 
+def test_vllm_output_goes_to_the_run_folder_and_a_failure_shows_its_end(capfd, tiny_models, tmp_path, fake_vllm,
+                                                                        monkeypatch):
+    """vLLM's own lines go to engine-logs/<method>.log, not between our progress lines; an engine that fails to
+    build prints the end of its log and where the whole log is, then one error line."""
+    target, _ = tiny_models
+    common = ["run", "--model", str(target), "--methods", "vanilla", "--limit", "1", "--max-new-tokens", "4",
+              "--no-noise-floor", "--no-report", "--engine", "vllm"]  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "ok")]) == 0
+    shown = capfd.readouterr()
+    assert "fake vLLM" not in shown.out + shown.err and "vLLM's own output goes to" in shown.err
+    log = (tmp_path / "ok" / "engine-logs" / "vanilla.log").read_text()
+    assert "INFO fake vLLM: building an engine" in log and "WARNING fake vLLM: a notice" in log
+
+    monkeypatch.setenv("FAKE_VLLM_FAIL", "no KV cache blocks left")
+    assert main([*common, "--out", str(tmp_path / "bad")]) == 2
+    err = capfd.readouterr().err
+    assert "the last lines of vLLM's output:" in err and "ERROR fake vLLM: no KV cache blocks left" in err
+    assert f"its whole output is in {tmp_path / 'bad' / 'engine-logs' / 'vanilla.log'}" in err
+
+
 @pytest.mark.slow
 def test_the_bundled_family_in_vllm(tmp_path, monkeypatch):
     """vLLM itself (skipped where it is not installed): greedy answers equal vanilla's, and the bundled EAGLE head's

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..config import question_seed
 from ..errors import SpecbenchError
@@ -55,6 +57,7 @@ class EngineConfig:
     warmup: bool
     stop_ids: list[int]
     memory_share: float | None = None  # of the GPU, when several engines share it (vLLM's gpu_memory_utilization)
+    log: str | None = None  # where the process's own output goes (vLLM's INFO lines, warnings); None: the terminal
 
 
 WARM_UP = Question("warm-up", "warm-up", "warm-up", ["Write a short note to a friend about the weather."])
@@ -132,6 +135,10 @@ def _loop(config: EngineConfig, inbox, outbox) -> None:
     """The engine process: build and warm the engine, say ("ready",), then answer ("answer", question,
     temperature, budget, seed) with ("answer", turns, texts) and ("sweep", sweep) with ("rows", rows) until
     ("stop",). A failure is ("error", one line)."""
+    if config.log:  # vLLM's hundreds of lines to the run folder, out of the way of the user's progress bar
+        out = os.open(config.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # step the engine in this process
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GB)
     try:
@@ -163,7 +170,7 @@ class EngineProcess:
         import multiprocessing
 
         context = multiprocessing.get_context("spawn")
-        self.name = name
+        self.name, self.log = name, config.log
         self.inbox, self.outbox = context.Queue(), context.Queue()
         self.process = context.Process(target=_loop, args=(config, self.inbox, self.outbox), daemon=True)
         self.process.start()
@@ -177,11 +184,21 @@ class EngineProcess:
             except queue.Empty:
                 if not self.process.is_alive():
                     raise SpecbenchError(f"{self.name}: vLLM's process ended (exit code {self.process.exitcode}); "
-                                         "its output above says why") from None  # fmt: skip
+                                         f"{self._why()}") from None  # fmt: skip
                 continue
             if message[0] == "error":
-                raise SpecbenchError(f"{self.name} in vLLM: {message[1]}")
+                raise SpecbenchError(f"{self.name} in vLLM: {message[1]}; {self._why()}")
             return message
+
+    def _why(self, lines: int = 8) -> str:
+        """Where the engine's own output says what went wrong; its last lines go to stderr first."""
+        if not self.log:
+            return "its output above says why"
+        path = Path(self.log)
+        tail = path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:] if path.is_file() else []
+        if tail:
+            print(f"\n{self.name}: the last lines of vLLM's output:\n  " + "\n  ".join(tail), file=sys.stderr)
+        return f"its whole output is in {path}"
 
     def ready(self) -> None:
         self._reply()

@@ -5,6 +5,7 @@ engine."""
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,8 @@ class VllmPool:
     """The runner's pool for engine mode: an engine process per method (vLLM cannot switch its
     speculative_config), answering units as the runner hands them out, then the concurrency sweeps."""
 
-    def __init__(self, cfg: RunConfig, plan: Plan, paths: dict[str, Path]) -> None:
+    def __init__(self, cfg: RunConfig, plan: Plan, paths: dict[str, Path], logs: Path | None = None) -> None:
+        """`logs`: the folder where each method's engine writes its own output (None: the terminal)."""
         try:
             import vllm
         except ImportError:
@@ -39,7 +41,10 @@ class VllmPool:
         from transformers import GenerationConfig
 
         self.version = vllm.__version__
-        self.cfg, self.plan, self.paths = cfg, plan, paths
+        self.cfg, self.plan, self.paths, self.logs = cfg, plan, paths, logs
+        if logs is not None:
+            logs.mkdir(parents=True, exist_ok=True)
+            print(f"specbench: vLLM's own output goes to {logs}/", file=sys.stderr)
         self.device, self.dtype = loading.device_and_dtype(cfg.device, cfg.dtype)
         self.tokenizer = loading.load_tokenizer(paths["target"], cfg.trust_remote_code)
         try:
@@ -72,9 +77,10 @@ class VllmPool:
 
     def _config(self, name: str, engines: int = 1) -> EngineConfig:
         share = 0.9 / engines if self.device.type == "cuda" and engines > 1 else None  # of the GPU each
+        log = str(self.logs / (re.sub(r"[^\w.=,-]", "_", name) + ".log")) if self.logs is not None else None
         return EngineConfig(str(self.paths["target"]), speculative_config(name, self.paths),
                             str(self.dtype).removeprefix("torch."), self.cfg.seed, self.cfg.trust_remote_code,
-                            self.cfg.compile, self.cfg.warmup, self.stop_ids, share)  # fmt: skip
+                            self.cfg.compile, self.cfg.warmup, self.stop_ids, share, log)  # fmt: skip
 
     def answers(self, units: list[Unit], bar) -> Iterator[tuple[int, list[Answer], list[dict]]]:
         """Every method's engine running at once, each question's methods back to back in the unit's rotated

@@ -23,6 +23,8 @@ from . import plan as planning
 from .session import prepare
 from .worker import Worker
 
+ENGINE_LOGS = "engine-logs"  # engine mode: each method's vLLM output, one file per method
+
 
 def default_out(cfg: RunConfig) -> Path:
     """The same command resumes into the same folder."""
@@ -126,6 +128,7 @@ def run(cfg: RunConfig) -> Path:
     plan = prepare(cfg)
     task_list = [tasks.load(t, cfg.data_dir, cfg.fields) for t in cfg.tasks]
     paths = planning.fetch(plan, cfg.trust_remote_code)
+    run_dir = Path(cfg.out) if cfg.out else default_out(cfg)
     if cfg.workers:
         from .scaleout import RayPool
 
@@ -133,19 +136,18 @@ def run(cfg: RunConfig) -> Path:
     elif cfg.engine == "vllm":
         from ..engines.vllm import VllmPool
 
-        pool = VllmPool(cfg, plan, paths)
+        pool = VllmPool(cfg, plan, paths, run_dir / ENGINE_LOGS)
     else:
         pool = LocalPool(cfg, plan, paths)
     try:
-        return _drive(cfg, plan, paths, task_list, pool)
+        return _drive(cfg, plan, paths, task_list, pool, run_dir)
     finally:
         pool.close()
 
 
-def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_list: list, pool) -> Path:
+def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_list: list, pool, run_dir: Path) -> Path:
     """Write the manifest, then every unit's answers as they arrive; only this function writes the run folder."""
     names = plan.methods
-    run_dir = Path(cfg.out) if cfg.out else default_out(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     infos = pool.infos()
     manifest = {

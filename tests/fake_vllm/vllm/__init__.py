@@ -1,11 +1,13 @@
 """A stand-in for vLLM's offline API as engine mode uses it, for tests on machines without vLLM: greedy decoding
 with the transformers model, a speculative step accepting `ACCEPTED` drafts (vLLM's per-step counts, drafts past a
-stop counted as vLLM counts them). It records each engine's arguments in $FAKE_VLLM_LOG (JSON lines)."""
+stop counted as vLLM counts them). It records each engine's arguments in $FAKE_VLLM_LOG (JSON lines), prints as
+vLLM does, and fails to build an engine with the message $FAKE_VLLM_FAIL when that is set."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -85,6 +87,11 @@ class LLM:
                  enforce_eager: bool, speculative_config: dict | None = None,
                  per_request_spec_decode_metrics: str | None = None,
                  gpu_memory_utilization: float = 0.9) -> None:  # fmt: skip
+        print(f"INFO fake vLLM: building an engine for {model}")  # as vLLM, hundreds of lines a run
+        print("WARNING fake vLLM: a notice nobody asked for", file=sys.stderr)
+        if os.environ.get("FAKE_VLLM_FAIL"):
+            print(f"ERROR fake vLLM: {os.environ['FAKE_VLLM_FAIL']}", file=sys.stderr)
+            raise RuntimeError(os.environ["FAKE_VLLM_FAIL"])
         if os.environ.get("FAKE_VLLM_LOG"):
             with open(os.environ["FAKE_VLLM_LOG"], "a") as f:
                 f.write(json.dumps({"model": model, "dtype": dtype, "speculative_config": speculative_config,
