@@ -77,7 +77,8 @@ def summary(args) -> None:
     turns = turns[turns.temperature == 0]
     profile = {int(k): v for k, v in json.loads((args.run / "forward_profile.json").read_text()).items()}
     limit = roof["roofline_tokens_per_s"]
-    print(f"### {roof['device']}: {args.run.name}\n")
+    regime = "--graphs" if json.loads((args.run / "manifest.json").read_text())["config"].get("graphs") else "eager"
+    print(f"### {roof['device']}: {args.run.name} ({regime})\n")
     copy, weights = roof["copy_bytes_per_s"] / 1e12, roof["weight_bytes"] / 1e9
     print(f"Device copy {copy:.2f} TB/s (read + written) ÷ {weights:.2f} GB of target weights = bandwidth roofline "
           f"{limit:.0f} tokens/s. SM clock idle / warm: "

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The first thing to run on any GPU (about 6 minutes on one H200): random-weight checkpoints at a named alias's
-# real shapes in the official layouts (nothing downloaded), the bandwidth roofline after a warm-up, every method
-# in the eager loop with the A/A noise floor, T(n) of the target's forward, one report, and the summary table a
-# closing note quotes (summary.md).
+# The first thing to run on any GPU (about 7 minutes on one H200): random-weight checkpoints at a named alias's
+# real shapes in the official layouts (nothing downloaded), the bandwidth roofline after a warm-up, then every
+# method in the eager loop and under --graphs ($GPU_CHECK_REGIMES, default both), each with the A/A noise floor and
+# T(n) of the target's forward, a report each, and the summary tables a closing note quotes (summary.md).
 #   bash scripts/gpu_check.sh [vicuna-7b|llama3.1-8b]
 # Writes under $GPU_CHECK_OUT (default results/gpu-check-<alias>); checkpoints under $GPU_CHECK_CHECKPOINTS.
 set -euo pipefail
@@ -18,9 +18,12 @@ start=$SECONDS
 options=$("$py" scripts/random_checkpoints.py --like "$like" --out "$checkpoints" --device cuda --dtype float16)
 echo "checkpoints written in $((SECONDS - start)) s: $options"
 "$py" scripts/gpu_check.py roofline --weights "$checkpoints/target" --out "$out/roofline.json" > /dev/null
-# shellcheck disable=SC2086  # $options is a list of options
-"$py" -m specbench.cli run $options --methods all --device cuda --dtype float16 --tasks quick --limit 1 \
-  --max-new-tokens 48 --out "$out/run" --no-report
-"$py" -m specbench.cli report "$out/run" --out "$out/report" > /dev/null
-"$py" scripts/gpu_check.py summary "$out/run" --roofline "$out/roofline.json" | tee "$out/summary.md"
-echo "gpu_check: $((SECONDS - start)) s; report in $out/report/report.md"
+for regime in ${GPU_CHECK_REGIMES:-eager graphs}; do  # the eager loop (comparable with papers), then --graphs
+  flag=$([ "$regime" = graphs ] && echo --graphs || true)
+  # shellcheck disable=SC2086  # $options and $flag are lists of options
+  "$py" -m specbench.cli run $options $flag --methods all --device cuda --dtype float16 --tasks quick --limit 1 \
+    --max-new-tokens 48 --out "$out/$regime" --no-report
+  "$py" -m specbench.cli report "$out/$regime" --out "$out/report-$regime" > /dev/null
+  "$py" scripts/gpu_check.py summary "$out/$regime" --roofline "$out/roofline.json" | tee -a "$out/summary.md"
+done
+echo "gpu_check: $((SECONDS - start)) s; reports in $out/report-*/report.md"

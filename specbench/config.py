@@ -43,6 +43,7 @@ class RunConfig:
     threads: int | None = None  # torch CPU threads per worker (None: torch's default alone, cores / workers on Ray)
     tuned: str | None = None  # a tuned-presets file (--tuned): each tuned method's chosen variant runs beside it
     compile: bool = False  # torch.compile the target, draft and heads (--compile); vLLM's compilation in engine mode
+    graphs: bool = False  # the target and draft model on static caches, forwards captured as CUDA graphs (--graphs)
     engine: str = "specbench"  # "vllm": engine mode, the questions answered inside vLLM (specbench.engines)
     concurrency: list[int] | None = None  # engine mode: conversations in flight, one sweep per level
     one_engine_at_a_time: bool = False  # engine mode: methods one after another instead of every engine at once

@@ -34,7 +34,7 @@ def run(args) -> None:
         args, methods=args.methods, tasks=args.tasks, temperatures=args.temperatures, out=args.out,
         warmup=not args.no_warmup, noise_floor=not args.no_noise_floor, repeats=args.repeats, shard=args.shard,
         workers=args.workers, ray_address=args.ray_address, threads=args.threads, tuned=_tuned_file(args.tuned),
-        compile=args.compile, engine=args.engine, concurrency=args.concurrency,
+        compile=args.compile, graphs=args.graphs, engine=args.engine, concurrency=args.concurrency,
         one_engine_at_a_time=args.one_engine_at_a_time,
     )  # fmt: skip
     if args.dry_run:

@@ -176,6 +176,12 @@ def parser() -> argparse.ArgumentParser:
         "timed decode that compiled runs again); recorded in the manifest",
     )
     run.add_argument(
+        "--graphs",
+        action="store_true",
+        help="the target and draft model on static KV caches, forwards padded to buckets of rows and, on a GPU, "
+        "captured once per bucket as CUDA graphs: what a method gives at the hardware limit (heads draft eagerly)",
+    )
+    run.add_argument(
         "--tuned",
         nargs="?",
         const="",

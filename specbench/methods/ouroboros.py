@@ -46,7 +46,7 @@ class Ouroboros(Proposer):
     ) -> None:
         if num_draft_tokens < 1 or topk < 0:
             raise ValueError("ouroboros needs num_draft_tokens >= 1 and topk >= 0")
-        self.draft = CachedLM(draft_model)
+        self.draft = draft_model if isinstance(draft_model, CachedLM) else CachedLM(draft_model)
         self.drafter = Lookahead(ngram_size, window_size, guess_set_size, pool_from_prompt, layout)
         self.gamma = num_draft_tokens
         self.topk = topk
@@ -99,4 +99,4 @@ class Ouroboros(Proposer):
 
 @implementation("ouroboros", color="#8c564b")
 def build(params: dict, res: Resources) -> Proposer:
-    return Ouroboros(res.draft_model(), **params)
+    return Ouroboros(res.draft_lm(), **params)

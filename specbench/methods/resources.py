@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from ..core.cached_lm import CachedLM
+from ..core.static_lm import StaticCachedLM
 from ..errors import SpecbenchError
 from ..heads.checkpoint import trained_for_other_target
 from ..models.few_rows import use_few_row_layout
@@ -27,6 +29,7 @@ class Resources:
     head_paths: dict[str, Path] = field(default_factory=dict)  # head family -> local folder
     trust_remote_code: bool = False
     compile: bool = False  # --compile: drafts and heads through torch.compile (models.compile_forward)
+    graphs: bool = False  # --graphs: the draft model on a static cache, its forwards captured on a GPU
     _draft: torch.nn.Module | None = None
     _readouts: dict[tuple, torch.nn.Module] = field(default_factory=dict)  # (dtype, rows) -> lm_head copy
 
@@ -41,6 +44,11 @@ class Resources:
             if self.compile:
                 compile_forward(self._draft)
         return self._draft
+
+    def draft_lm(self) -> CachedLM:
+        """The draft model with a KV cache of its own (each method drafting with it gets one), on the static cache
+        with --graphs."""
+        return (StaticCachedLM if self.graphs else CachedLM)(self.draft_model())
 
     def draft_dtype(self, name: str | None) -> torch.dtype:
         """The dtype a method's draft computes in: the run's (None) or the one named. A draft may compute more

@@ -17,7 +17,7 @@ class DraftModel(Proposer):
     def __init__(self, draft_model, num_draft_tokens: int = 4) -> None:
         if num_draft_tokens < 1:
             raise ValueError("sps needs num_draft_tokens >= 1")
-        self.draft = CachedLM(draft_model)
+        self.draft = draft_model if isinstance(draft_model, CachedLM) else CachedLM(draft_model)
         self.k = num_draft_tokens
 
     def start(self, turn: Turn) -> None:
@@ -48,4 +48,4 @@ class DraftModel(Proposer):
 
 @implementation("sps", color="#1f77b4", nested=chain_prefix("num_draft_tokens"))
 def build(params: dict, res: Resources) -> Proposer:
-    return DraftModel(res.draft_model(), **params)
+    return DraftModel(res.draft_lm(), **params)

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from .. import tasks
+from .. import methods, tasks
 from ..config import AA, RunConfig, Unit
+from ..core.static_lm import BUCKETS
 from ..engines import concurrency
 from ..errors import SpecbenchError
 from ..machine import too_busy, warn_if_busy
@@ -96,6 +97,9 @@ def _validate(cfg: RunConfig) -> None:
         raise SpecbenchError(f"--concurrency levels must be at least 1, got {min(cfg.concurrency)}")
     if cfg.engine == "vllm" and (cfg.workers or cfg.repeats > 1):
         raise SpecbenchError(f"--{'workers' if cfg.workers else 'repeats'} applies to our loop, not to --engine vllm")
+    if cfg.graphs and (cfg.engine == "vllm" or cfg.compile):
+        other = "--compile" if cfg.compile else "--engine vllm"
+        raise SpecbenchError(f"--graphs captures our loop's own forwards: drop {other} (one regime per run)")
 
 
 class LocalPool:
@@ -164,6 +168,11 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
         manifest["engine"] = infos[0]["engine"]
     if plan.tuned:
         manifest["tuned"] = plan.tuned
+    if cfg.graphs:  # which forwards ran on static caches, captured or not, and which drafting stayed eager
+        manifest["graphs"] = {
+            "captured": infos[0]["device"] == "cuda", "buckets": list(BUCKETS),
+            "eager_drafting": [m for m in names if any(need.kind == "head" for need in methods.needs(m))],
+        }  # fmt: skip
     for info in infos:
         warn_if_busy(info["machine"])
     _check_manifest(run_dir / "manifest.json", manifest)

@@ -13,6 +13,7 @@ from ..config import Plan, RunConfig
 from ..core import acceptance
 from ..core.cached_lm import CachedLM
 from ..core.decode import Generation, decode
+from ..core.static_lm import StaticCachedLM
 from ..models import loading
 from ..models.chat import fitting_prompt
 from . import plan as planning
@@ -49,7 +50,7 @@ class Session:
         self.model = loading.load_causal_lm(paths["target"], self.device, self.dtype, "target", cfg.trust_remote_code)
         if cfg.compile:
             loading.compile_forward(self.model)
-        self.target = CachedLM(self.model)
+        self.target = (StaticCachedLM if cfg.graphs else CachedLM)(self.model)
         self.stop_ids = loading.stop_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.rules: dict[str, acceptance.Rule] = {}  # method -> its acceptance rule, read from its preset once
         self.resources = methods.Resources(
@@ -62,6 +63,7 @@ class Session:
             head_paths={role.removesuffix(" head"): p for role, p in paths.items() if role.endswith(" head")},
             trust_remote_code=cfg.trust_remote_code,
             compile=cfg.compile,
+            graphs=cfg.graphs,
         )
 
     @classmethod

@@ -1,0 +1,156 @@
+"""CachedLM on a preallocated KV cache (`--graphs`): every forward is padded to a bucket of rows (1, 2, 4, ... 64),
+so each bucket has fixed shapes, and on a GPU each bucket's forward is captured once as a CUDA graph and replayed:
+no Python and no per-kernel launch cost per step. Padding rows attend to one cached row and are never committed;
+a commit moves the accepted rows in place. On a CPU the same cache and padding run without capture, which is what
+the tests check against the eager loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from ..errors import SpecbenchError
+from .cached_lm import CachedLM, Forward, SideBranch, cache_argument, hidden_features
+from .tree import Tree, attention_mask, position_ids
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows of a verification (root, tree, side branch), padded up to one
+MAX_CACHE = 4096  # cached tokens at most (the model's own context if shorter): prompt and answer must fit
+
+
+class StaticRows(DynamicCache):
+    """A KV cache of `capacity` rows per layer, allocated at the first forward; a forward writes its keys and values
+    at the rows `at` holds (a device tensor: a replayed graph writes wherever `at` says now)."""
+
+    def __init__(self, config, capacity: int) -> None:
+        super().__init__(config=config)
+        self.capacity = capacity
+        self.at: torch.Tensor | None = None
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.length = 0  # rows committed
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if layer_idx == len(self.kv):
+            keys = key_states.new_zeros((*key_states.shape[:2], self.capacity, key_states.shape[-1]))
+            values = value_states.new_zeros((*value_states.shape[:2], self.capacity, value_states.shape[-1]))
+            self.kv.append((keys, values))
+        keys, values = self.kv[layer_idx]
+        keys.index_copy_(2, self.at, key_states)
+        values.index_copy_(2, self.at, value_states)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int | None = 0) -> int:
+        return self.length
+
+
+@dataclass
+class Graph:
+    """One bucket's static inputs and outputs, and its CUDA graph once captured."""
+
+    ids: torch.Tensor  # [1, b]
+    positions: torch.Tensor  # [1, b]
+    mask: torch.Tensor  # [1, 1, b, capacity]
+    at: torch.Tensor  # [b]: the cache rows the forward writes
+    graph: torch.cuda.CUDAGraph | None = None
+    logits: torch.Tensor | None = None  # [b, V]
+    features: torch.Tensor | None = None  # [b, F]
+
+
+class StaticCachedLM(CachedLM):
+    """The CachedLM interface over StaticRows; `capture`: CUDA graphs per (bucket, layers) (default: on CUDA)."""
+
+    def __init__(self, model, capture: bool | None = None) -> None:
+        super().__init__(model)
+        self.capacity = min(self.context_length, MAX_CACHE) + BUCKETS[-1]
+        self.context_length = self.capacity - BUCKETS[-1]
+        self.capture = self.device.type == "cuda" if capture is None else capture
+        self.graphs: dict[tuple, Graph] = {}
+        self.pool = None  # one memory pool for every captured graph
+        self.cache = StaticRows(model.config, self.capacity)
+        self.floor = torch.finfo(self.dtype).min
+
+    @property
+    def cached(self) -> int:
+        return self.cache.length
+
+    def reset(self) -> None:
+        self.cache.length = 0  # rows past `length` are never attended to, so nothing needs clearing
+
+    @torch.inference_mode()
+    def run(self, tokens: list[int], tree: Tree | None = None, *, last_only: bool = False,
+            layers: tuple[int, ...] | None = None, side: SideBranch | None = None) -> Forward:  # fmt: skip
+        past, n = self.cached, len(tokens)
+        if past + n > self.context_length:
+            raise SpecbenchError(f"{past + n} tokens do not fit the static cache of {self.context_length} (--graphs)")
+        bucket = next((b for b in BUCKETS if b >= n), n)  # longer (a prefill): its own length, never captured
+        ids = torch.tensor(tokens + [tokens[-1]] * (bucket - n), device=self.device)[None]
+        full = torch.full((1, 1, bucket, self.capacity), self.floor, dtype=self.dtype, device=self.device)
+        if tree is None or (tree.is_chain and side is None):
+            positions = torch.arange(past, past + n, device=self.device)[None]
+            full[:, :, :n, :past] = 0
+            causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+            full[0, 0, :n, past : past + n].masked_fill_(causal, 0)
+        else:
+            positions = position_ids(tree, past, self.device, side.positions if side else None)
+            full[:, :, :n, : past + n] = attention_mask(tree, past, self.dtype, self.device,
+                                                        side.allowed if side else None)  # fmt: skip
+        full[:, :, n:, 0] = 0  # padding rows see one cached row (a row of -inf would give NaN) and are never kept
+        pad = torch.full((1, bucket - n), past, device=self.device)
+        at = torch.arange(past, past + bucket, device=self.device)
+        key = (bucket, layers)
+        if self.capture and bucket in BUCKETS:
+            graph = self.graphs.get(key) or self._capture(key, ids, torch.cat([positions, pad], 1), full, at)
+            graph.ids.copy_(ids)
+            graph.positions.copy_(torch.cat([positions, pad], 1))
+            graph.mask.copy_(full)
+            graph.at.copy_(at)
+            graph.graph.replay()
+            logits, features = graph.logits, graph.features
+        else:
+            self.cache.at = at
+            logits, features = self._forward(ids, torch.cat([positions, pad], 1), full, layers)
+        self.cache.length = past + n  # the rows of this forward, until commit keeps some
+        rows = slice(n - 1, n) if last_only else slice(0, n)
+        return Forward(logits[rows].clone(), None if features is None else features[rows].clone())
+
+    def _forward(self, ids, positions, mask, layers) -> tuple[torch.Tensor, torch.Tensor | None]:
+        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        if layers is None:
+            return self.model(**inputs, **{cache_argument(type(self.model)): self.cache}).logits[0], None
+        decoder = self.model.get_decoder()
+        out = decoder(**inputs, **{cache_argument(type(decoder)): self.cache},
+                      output_hidden_states=any(i != -1 for i in layers))  # fmt: skip
+        return self.model.get_output_embeddings()(out.last_hidden_state[0]), hidden_features(out, layers)[0]
+
+    def _capture(self, key: tuple, ids, positions, mask, at) -> Graph:
+        """The bucket's forward captured after two warm-up runs on a side stream (they write only rows past the
+        committed ones, which the replay then overwrites)."""
+        graph = Graph(ids.clone(), positions.clone(), mask.clone(), at.clone())
+        self.cache.at = graph.at
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward(graph.ids, graph.positions, graph.mask, key[1])
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph.graph, pool=self.pool):
+            graph.logits, graph.features = self._forward(graph.ids, graph.positions, graph.mask, key[1])
+        self.pool = graph.graph.pool()
+        self.graphs[key] = graph
+        return graph
+
+    @torch.inference_mode()
+    def commit(self, start: int, keep: list[int]) -> None:
+        """Keep rows start + keep[i] as rows start + i, moved in place; the rest are past the length, ignored."""
+        if keep != list(range(len(keep))):
+            src = torch.tensor([start + k for k in keep], device=self.device)
+            dst = torch.arange(start, start + len(keep), device=self.device)
+            for keys, values in self.cache.kv:
+                keys.index_copy_(2, dst, keys.index_select(2, src))
+                values.index_copy_(2, dst, values.index_select(2, src))
+        self.cache.length = start + len(keep)
+
+    def crop(self, length: int) -> None:
+        self.cache.length = min(self.cache.length, length)

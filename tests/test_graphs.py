@@ -1,0 +1,73 @@
+"""`--graphs` on the CPU: the static KV cache and bucket padding without capture give the eager loop's tokens,
+row for row; the capture itself needs a GPU (scripts/gpu_check.sh runs it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specbench.cli.main import main
+from specbench.core.cached_lm import CachedLM
+from specbench.core.static_lm import StaticCachedLM
+from specbench.core.tree import Tree
+from specbench.models.loading import load_causal_lm
+from specbench.zoo import TINY_DIR
+
+PROMPT = [5, 17, 99, 230, 11, 42, 7, 301, 64, 12]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_causal_lm(TINY_DIR / "target", torch.device("cpu"), torch.float32, "target")
+
+
+def test_a_tree_forward_and_commit_match_the_eager_cache(target):
+    """The same prefill, tree forward (logits and features) and commit of rows 0, 2 and 3; the next forward sees the
+    same cache in both."""
+    eager, static = CachedLM(target), StaticCachedLM(target, capture=False)
+    tree = Tree([40, 41, 42, 43], [-1, -1, 1, 2])  # two children of the root, the second with a chain of two
+    for lm in (eager, static):
+        lm.prefill(PROMPT)
+    outs = [lm.run([PROMPT[-1], *tree.tokens], tree, layers=(2, -1)) for lm in (eager, static)]
+    assert outs[1].logits.shape == (5, target.config.vocab_size)  # padding rows (5 -> 8) are not returned
+    torch.testing.assert_close(outs[1].logits, outs[0].logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs[1].features, outs[0].features, rtol=1e-4, atol=1e-4)
+    for lm in (eager, static):
+        lm.commit(len(PROMPT) - 1, [0, 2, 3])
+    assert static.cached == eager.cached == len(PROMPT) + 2
+    nxt = [lm.forward([7, 8]) for lm in (eager, static)]
+    torch.testing.assert_close(nxt[1], nxt[0], rtol=1e-4, atol=1e-4)
+    static.crop(len(PROMPT))
+    assert static.cached == len(PROMPT)
+
+
+def test_a_prompt_longer_than_the_largest_bucket_and_a_full_cache(target):
+    static, eager = StaticCachedLM(target, capture=False), CachedLM(target)
+    long = list(range(3, 300))
+    torch.testing.assert_close(static.prefill(long).logits, eager.prefill(long).logits, rtol=1e-4, atol=1e-4)
+    with pytest.raises(Exception, match="do not fit the static cache"):
+        static.forward(list(range(static.context_length)))
+
+
+def test_every_method_under_graphs_gives_the_eager_tokens(tmp_path):
+    common = ["run", "--methods", "vanilla,sps,lookahead,ouroboros,medusa,eagle2,eagle3,mtp", "--limit", "1",
+              "--tasks", "quick", "--max-new-tokens", "16", "--no-report", "--no-noise-floor",
+              "--device", "cpu"]  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "eager")]) == 0
+    assert main([*common, "--graphs", "--out", str(tmp_path / "graphs")]) == 0
+    manifest = json.loads((tmp_path / "graphs" / "manifest.json").read_text())
+    assert manifest["config"]["graphs"] and manifest["graphs"]["captured"] is False
+    assert set(manifest["graphs"]["eager_drafting"]) == {"medusa", "eagle2", "eagle3", "mtp"}
+    for path in sorted((tmp_path / "eager" / "answers" / "quick").glob("*.jsonl")):
+        ids = [[json.loads(line)["specbench"]["output_ids"] for line in (run / "answers" / "quick" / path.name).open()]
+               for run in (tmp_path / "eager", tmp_path / "graphs")]  # fmt: skip
+        assert ids[0] == ids[1], path.name
+
+
+def test_graphs_is_one_regime(capsys):
+    assert main(["run", "--graphs", "--engine", "vllm", "--methods", "vanilla", "--limit", "1"]) == 2
+    assert "--graphs captures our loop's own forwards: drop --engine vllm" in capsys.readouterr().err
+    assert main(["run", "--graphs", "--compile", "--methods", "vanilla", "--limit", "1"]) == 2
+    assert "--graphs captures our loop's own forwards: drop --compile" in capsys.readouterr().err
