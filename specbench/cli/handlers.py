@@ -69,8 +69,8 @@ def tune(args) -> None:
 def verify(args) -> int:
     from ..run.audit import audit
 
-    return audit(run_config(args, tasks=args.tasks), args.method, args.mode, args.temperature, args.samples,
-                 args.horizon, args.prompts, args.alpha)  # fmt: skip
+    cfg = run_config(args, tasks=args.tasks, graphs=args.graphs)
+    return audit(cfg, args.method, args.mode, args.temperature, args.samples, args.horizon, args.prompts, args.alpha)
 
 
 def merge(args) -> None:

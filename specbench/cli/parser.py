@@ -300,6 +300,7 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--horizon", type=int, default=3, help="tokens per sample in the sampling test")
     verify.add_argument("--prompts", type=int, default=2, help="prompts in the sampling test")
     verify.add_argument("--alpha", type=float, default=1e-3, help="significance of the sampling test")
+    verify.add_argument("--graphs", action="store_true", help="audit on static KV caches, as `run --graphs` decodes")
 
     train = sub.add_parser(
         "train", parents=[target, device],

@@ -1,8 +1,9 @@
-"""CachedLM on a preallocated KV cache (`--graphs`): every forward is padded to a bucket of rows (1, 2, 4, ... 64),
+"""CachedLM on a preallocated KV cache (`--graphs`): every forward is padded to a bucket of rows (1, 2, 4, ... 128),
 so each bucket has fixed shapes, and on a GPU each bucket's forward is captured once as a CUDA graph and replayed:
-no Python and no per-kernel launch cost per step. Padding rows attend to one cached row and are never committed;
-a commit moves the accepted rows in place. On a CPU the same cache and padding run without capture, which is what
-the tests check against the eager loop."""
+no Python and no per-kernel launch cost per step. Attention reads the live rows only (rounded up to SPAN, a graph
+per span). Padding rows attend to one cached row and are never committed; a commit moves the accepted rows in
+place. On a CPU the same cache and padding run without capture, which is what the tests check against the eager
+loop."""
 
 from __future__ import annotations
 
@@ -16,17 +17,20 @@ from .cached_lm import CachedLM, Forward, SideBranch, cache_argument, hidden_fea
 from .tree import Tree, attention_mask, position_ids
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows of a verification (root, tree, side branch), padded up to one
+SPAN = 256  # the keys a forward attends over come in multiples of this (only the live rows, not the whole cache)
 MAX_CACHE = 4096  # cached tokens at most (the model's own context if shorter): prompt and answer must fit
 
 
 class StaticRows(DynamicCache):
     """A KV cache of `capacity` rows per layer, allocated at the first forward; a forward writes its keys and values
-    at the rows `at` holds (a device tensor: a replayed graph writes wherever `at` says now)."""
+    at the rows `at` holds (a device tensor: a replayed graph writes wherever `at` says now) and attends over the
+    first `span` rows."""
 
     def __init__(self, config, capacity: int) -> None:
         super().__init__(config=config)
         self.capacity = capacity
         self.at: torch.Tensor | None = None
+        self.span = capacity
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.length = 0  # rows committed
 
@@ -38,7 +42,7 @@ class StaticRows(DynamicCache):
         keys, values = self.kv[layer_idx]
         keys.index_copy_(2, self.at, key_states)
         values.index_copy_(2, self.at, value_states)
-        return keys, values
+        return keys[:, :, : self.span], values[:, :, : self.span]
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
         return self.length
@@ -50,7 +54,7 @@ class Graph:
 
     ids: torch.Tensor  # [1, b]
     positions: torch.Tensor  # [1, b]
-    mask: torch.Tensor  # [1, 1, b, capacity]
+    mask: torch.Tensor  # [1, 1, b, span]
     at: torch.Tensor  # [b]: the cache rows the forward writes
     graph: torch.cuda.CUDAGraph | None = None
     logits: torch.Tensor | None = None  # [b, V]
@@ -85,7 +89,8 @@ class StaticCachedLM(CachedLM):
             raise SpecbenchError(f"{past + n} tokens do not fit the static cache of {self.context_length} (--graphs)")
         bucket = next((b for b in BUCKETS if b >= n), n)  # longer (a prefill): its own length, never captured
         ids = torch.tensor(tokens + [tokens[-1]] * (bucket - n), device=self.device)[None]
-        full = torch.full((1, 1, bucket, self.capacity), self.floor, dtype=self.dtype, device=self.device)
+        span = min(-(-(past + bucket) // SPAN) * SPAN, self.capacity)  # keys attended: the live rows, rounded up
+        full = torch.full((1, 1, bucket, span), self.floor, dtype=self.dtype, device=self.device)
         if tree is None or (tree.is_chain and side is None):
             positions = torch.arange(past, past + n, device=self.device)[None]
             full[:, :, :n, :past] = 0
@@ -98,7 +103,7 @@ class StaticCachedLM(CachedLM):
         full[:, :, n:, 0] = 0  # padding rows see one cached row (a row of -inf would give NaN) and are never kept
         pad = torch.full((1, bucket - n), past, device=self.device)
         at = torch.arange(past, past + bucket, device=self.device)
-        key = (bucket, layers)
+        key = (bucket, span, layers)
         if self.capture and bucket in BUCKETS:
             graph = self.graphs.get(key) or self._capture(key, ids, torch.cat([positions, pad], 1), full, at)
             graph.ids.copy_(ids)
@@ -108,7 +113,7 @@ class StaticCachedLM(CachedLM):
             graph.graph.replay()
             logits, features = graph.logits, graph.features
         else:
-            self.cache.at = at
+            self.cache.at, self.cache.span = at, span
             logits, features = self._forward(ids, torch.cat([positions, pad], 1), full, layers)
         self.cache.length = past + n  # the rows of this forward, until commit keeps some
         rows = slice(n - 1, n) if last_only else slice(0, n)
@@ -127,16 +132,16 @@ class StaticCachedLM(CachedLM):
         """The bucket's forward captured after two warm-up runs on a side stream (they write only rows past the
         committed ones, which the replay then overwrites)."""
         graph = Graph(ids.clone(), positions.clone(), mask.clone(), at.clone())
-        self.cache.at = graph.at
+        self.cache.at, self.cache.span = graph.at, key[1]
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._forward(graph.ids, graph.positions, graph.mask, key[1])
+                self._forward(graph.ids, graph.positions, graph.mask, key[2])
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph.graph, pool=self.pool):
-            graph.logits, graph.features = self._forward(graph.ids, graph.positions, graph.mask, key[1])
+            graph.logits, graph.features = self._forward(graph.ids, graph.positions, graph.mask, key[2])
         self.pool = graph.graph.pool()
         self.graphs[key] = graph
         return graph
