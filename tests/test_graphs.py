@@ -47,6 +47,10 @@ def test_a_prompt_longer_than_the_largest_bucket_and_a_full_cache(target):
     static, eager = StaticCachedLM(target, capture=False), CachedLM(target)
     long = list(range(3, 300))
     torch.testing.assert_close(static.prefill(long).logits, eager.prefill(long).logits, rtol=1e-4, atol=1e-4)
+    static.reset()
+    with_features = [lm.prefill(PROMPT, layers=(2, -1)) for lm in (CachedLM(target), static)]
+    assert with_features[1].features.shape == (len(PROMPT) - 1, 2 * target.config.hidden_size)  # every prompt row
+    torch.testing.assert_close(with_features[1].features, with_features[0].features, rtol=1e-4, atol=1e-4)
     with pytest.raises(Exception, match="do not fit the static cache"):
         static.forward(list(range(static.context_length)))
 
@@ -61,9 +65,18 @@ def test_every_method_under_graphs_gives_the_eager_tokens(tmp_path):
     assert manifest["config"]["graphs"] and manifest["graphs"]["captured"] is False
     assert set(manifest["graphs"]["eager_drafting"]) == {"medusa", "eagle2", "eagle3", "mtp"}
     for path in sorted((tmp_path / "eager" / "answers" / "quick").glob("*.jsonl")):
-        ids = [[json.loads(line)["specbench"]["output_ids"] for line in (run / "answers" / "quick" / path.name).open()]
-               for run in (tmp_path / "eager", tmp_path / "graphs")]  # fmt: skip
-        assert ids[0] == ids[1], path.name
+        answers = [[json.loads(line) for line in (run / "answers" / "quick" / path.name).open()]
+                   for run in (tmp_path / "eager", tmp_path / "graphs")]  # fmt: skip
+        for eager, graphs in zip(*answers, strict=True):  # the same tokens, and accepted step by step alike
+            assert eager["specbench"]["output_ids"] == graphs["specbench"]["output_ids"], path.name
+            assert eager["choices"][0]["accept_lengths"] == graphs["choices"][0]["accept_lengths"], path.name
+    assert main(["report", str(tmp_path / "eager"), str(tmp_path / "graphs"), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    section = report.split("## Regimes side by side")[1].split("\n## ")[0]
+    assert "eager (eager) tokens/s" in section and "graphs (graphs) tokens/s" in section
+    assert "gpt-fast-style" in section  # what each regime is comparable with
+    vanilla = next(line for line in section.splitlines() if line.startswith("| vanilla "))
+    assert vanilla.count("1.00×") == 2 and vanilla.count("1.00 ") >= 2  # its own baseline in each regime, τ 1
 
 
 def test_graphs_is_one_regime(capsys):

@@ -116,8 +116,8 @@ class StaticCachedLM(CachedLM):
             self.cache.at, self.cache.span = at, span
             logits, features = self._forward(ids, torch.cat([positions, pad], 1), full, layers)
         self.cache.length = past + n  # the rows of this forward, until commit keeps some
-        rows = slice(n - 1, n) if last_only else slice(0, n)
-        return Forward(logits[rows].clone(), None if features is None else features[rows].clone())
+        rows = slice(n - 1, n) if last_only else slice(0, n)  # `last_only` spares logits; features are every row's
+        return Forward(logits[rows].clone(), None if features is None else features[:n].clone())
 
     def _forward(self, ids, positions, mask, layers) -> tuple[torch.Tensor, torch.Tensor | None]:
         inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)

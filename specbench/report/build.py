@@ -11,7 +11,7 @@ import numpy as np
 
 from ..engines import concurrency
 from ..machine import BUSY_SHARE
-from . import crosscheck, metrics
+from . import crosscheck, metrics, regimes
 from .cells import BASELINE, OVERALL, Cell, collect_cells, file_stem, from_spec_bench, source_line
 from .plots import all_plots, method_colors, plot_concurrency
 from .sources import Source, load_sources
@@ -169,6 +169,10 @@ def build_report(sources: list[Path], out_dir: Path, title: str | None = None, m
         md += [line for c, table in tuned for line in (f"### {c.title}", "", table, "")]
     if sweeps := _sweeps_md(loaded, out_dir):
         md += ["## Concurrency sweeps (engine mode)", "", CONCURRENCY_NOTE, "", *sweeps]
+    if groups := regimes.groups(cells):
+        md += ["## Regimes side by side", "", regimes.NOTES, ""]
+        for group in groups:
+            md += [f"### {group[0].model} · {group[0].task} · T={group[0].temperature:g}", "", regimes.table(group), ""]
     if pairs := crosscheck.pairs(cells):
         md += ["## Cross-check: our loop / the engine", "", crosscheck.NOTES, ""]
         for ours, engine in pairs:

@@ -36,6 +36,13 @@ class Source:
         return f"{engine['name']} {engine['version']}" if engine else "specbench"
 
     @property
+    def regime(self) -> str:
+        """How its timings were taken: "eager" (our loop, the default), "graphs" (`run --graphs`) or the engine."""
+        if self.engine != "specbench":
+            return self.engine
+        return "graphs" if ((self.manifest or {}).get("config") or {}).get("graphs") else "eager"
+
+    @property
     def label(self) -> str:
         where = ", ".join(x for x in (self.device, None if self.engine == "specbench" else self.engine) if x)
         return f"{self.name} ({where})" if where else self.name
