@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from specbench.machine import gpu_clocks
-from specbench.report import frames, metrics
+from specbench.report import frames, metrics, regimes
 
 WARM_SECONDS = 5.0  # of matrix products before timing: the SM clock settles under sustained load
 COPY_BYTES = 2 << 30
@@ -91,14 +91,12 @@ def summary(args) -> None:
     order = ["vanilla", "vanilla-aa", *sorted(set(turns.method) - {"vanilla", "vanilla-aa"})]
     for method in [m for m in order if m in set(turns.method)]:
         own = turns[turns.method == method]
-        steps, wall = own.steps.sum(), own.wall_time.sum()
-        verify, draft = own.verify_time.sum(), own.draft_time.sum()
-        rate = own.new_tokens.sum() / wall
+        step, verify, draft, rest = regimes.step_split(own)
+        rate = own.new_tokens.sum() / own.wall_time.sum()
         s = metrics.paired_speedup(own, base) if method != "vanilla" else None
         speedup = metrics.format_ratio(s.value, s.low, s.high) if s else "1.00×"
-        rows.append(f"| {method} | {rate:.1f} | {rate / limit:.0%} | {speedup} | {own.new_tokens.sum() / steps:.2f} | "
-                    f"{_ms(wall / steps)} | {_ms(verify / steps)} | {_ms(draft / steps)} | "
-                    f"{_ms((wall - verify - draft) / steps)} |")
+        rows.append(f"| {method} | {rate:.1f} | {rate / limit:.0%} | {speedup} | {metrics.tau(own):.2f} | "
+                    f"{_ms(step)} | {_ms(verify)} | {_ms(draft)} | {_ms(rest)} |")
     print("\n".join(rows))
     aa = turns[turns.method == "vanilla-aa"]
     if not aa.empty:

@@ -44,6 +44,20 @@ class Forward:
     features: torch.Tensor | None = None  # [rows, F]: the requested hidden states, concatenated on the last dim
 
 
+def call(model, cache, ids: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor,
+         layers: tuple[int, ...] | None, last_only: bool = False) -> Forward:  # fmt: skip
+    """One forward of a causal LM over `ids` [1, n] into `cache`: logits (the last row's only with `last_only`) and,
+    when `layers` are asked for, those hidden states as features of every row."""
+    inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    if layers is None:
+        out = model(**inputs, **{cache_argument(type(model)): cache}, logits_to_keep=1 if last_only else 0)
+        return Forward(out.logits[0])
+    decoder = model.get_decoder()
+    out = decoder(**inputs, **{cache_argument(type(decoder)): cache}, output_hidden_states=any(i != -1 for i in layers))
+    final = out.last_hidden_state[0]
+    return Forward(model.get_output_embeddings()(final[-1:] if last_only else final), hidden_features(out, layers)[0])
+
+
 RECURRENT = ("linear", "mamba", "conv", "recurrent", "ssm")  # config layer types whose state is not a KV cache
 
 
@@ -108,17 +122,7 @@ class CachedLM:
         else:
             positions = position_ids(tree, past, self.device, side.positions if side else None)
             mask = attention_mask(tree, past, self.dtype, self.device, side.allowed if side else None)
-        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        if layers is None:
-            out = self.model(**inputs, **{cache_argument(type(self.model)): self.cache},
-                             logits_to_keep=1 if last_only else 0)  # fmt: skip
-            return Forward(out.logits[0])
-        decoder = self.model.get_decoder()
-        out = decoder(**inputs, **{cache_argument(type(decoder)): self.cache},
-                      output_hidden_states=any(i != -1 for i in layers))  # fmt: skip
-        final = out.last_hidden_state[0]
-        logits = self.model.get_output_embeddings()(final[-1:] if last_only else final)
-        return Forward(logits, hidden_features(out, layers)[0])
+        return call(self.model, self.cache, ids, mask, positions, layers, last_only)
 
     @torch.inference_mode()
     def commit(self, start: int, keep: list[int]) -> None:

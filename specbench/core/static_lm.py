@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from ..errors import SpecbenchError
-from .cached_lm import CachedLM, Forward, SideBranch, cache_argument, hidden_features
+from .cached_lm import CachedLM, Forward, SideBranch, call
 from .tree import Tree, attention_mask, position_ids
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows of a verification (root, tree, side branch), padded up to one
@@ -57,8 +57,7 @@ class Graph:
     mask: torch.Tensor  # [1, 1, b, span]
     at: torch.Tensor  # [b]: the cache rows the forward writes
     graph: torch.cuda.CUDAGraph | None = None
-    logits: torch.Tensor | None = None  # [b, V]
-    features: torch.Tensor | None = None  # [b, F]
+    out: Forward | None = None  # logits [b, V] and features [b, F], written by each replay
 
 
 class StaticCachedLM(CachedLM):
@@ -101,32 +100,23 @@ class StaticCachedLM(CachedLM):
             full[:, :, :n, : past + n] = attention_mask(tree, past, self.dtype, self.device,
                                                         side.allowed if side else None)  # fmt: skip
         full[:, :, n:, 0] = 0  # padding rows see one cached row (a row of -inf would give NaN) and are never kept
-        pad = torch.full((1, bucket - n), past, device=self.device)
+        positions = torch.cat([positions, torch.full((1, bucket - n), past, device=self.device)], 1)  # padding: any
         at = torch.arange(past, past + bucket, device=self.device)
         key = (bucket, span, layers)
         if self.capture and bucket in BUCKETS:
-            graph = self.graphs.get(key) or self._capture(key, ids, torch.cat([positions, pad], 1), full, at)
+            graph = self.graphs.get(key) or self._capture(key, ids, positions, full, at)
             graph.ids.copy_(ids)
-            graph.positions.copy_(torch.cat([positions, pad], 1))
+            graph.positions.copy_(positions)
             graph.mask.copy_(full)
             graph.at.copy_(at)
             graph.graph.replay()
-            logits, features = graph.logits, graph.features
+            out = graph.out
         else:
             self.cache.at, self.cache.span = at, span
-            logits, features = self._forward(ids, torch.cat([positions, pad], 1), full, layers)
+            out = call(self.model, self.cache, ids, full, positions, layers)
         self.cache.length = past + n  # the rows of this forward, until commit keeps some
         rows = slice(n - 1, n) if last_only else slice(0, n)  # `last_only` spares logits; features are every row's
-        return Forward(logits[rows].clone(), None if features is None else features[:n].clone())
-
-    def _forward(self, ids, positions, mask, layers) -> tuple[torch.Tensor, torch.Tensor | None]:
-        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        if layers is None:
-            return self.model(**inputs, **{cache_argument(type(self.model)): self.cache}).logits[0], None
-        decoder = self.model.get_decoder()
-        out = decoder(**inputs, **{cache_argument(type(decoder)): self.cache},
-                      output_hidden_states=any(i != -1 for i in layers))  # fmt: skip
-        return self.model.get_output_embeddings()(out.last_hidden_state[0]), hidden_features(out, layers)[0]
+        return Forward(out.logits[rows].clone(), None if out.features is None else out.features[:n].clone())
 
     def _capture(self, key: tuple, ids, positions, mask, at) -> Graph:
         """The bucket's forward captured after two warm-up runs on a side stream (they write only rows past the
@@ -137,11 +127,11 @@ class StaticCachedLM(CachedLM):
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._forward(graph.ids, graph.positions, graph.mask, key[2])
+                call(self.model, self.cache, graph.ids, graph.mask, graph.positions, key[2])
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph.graph, pool=self.pool):
-            graph.logits, graph.features = self._forward(graph.ids, graph.positions, graph.mask, key[2])
+            graph.out = call(self.model, self.cache, graph.ids, graph.mask, graph.positions, key[2])
         self.pool = graph.graph.pool()
         self.graphs[key] = graph
         return graph

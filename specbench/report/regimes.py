@@ -33,13 +33,20 @@ def groups(cells: list[Cell]) -> list[list[Cell]]:
     return out
 
 
-def _step(cell: Cell, method: str) -> str:
-    turns = cell.by_method[method][0]
+def step_split(turns) -> tuple[float, float, float, float] | None:
+    """Seconds per step of turn rows: the whole step, verification, drafting and the rest (None: not recorded)."""
     steps = turns.steps.sum()
     if not steps or turns.verify_time.isna().all():
-        return MISSING
+        return None
     verify, draft, wall = turns.verify_time.sum(), turns.draft_time.fillna(0).sum(), turns.wall_time.sum()
-    ms = [1e3 * x / steps for x in (wall, verify, draft, wall - verify - draft)]
+    return wall / steps, verify / steps, draft / steps, (wall - verify - draft) / steps
+
+
+def _step(cell: Cell, method: str) -> str:
+    split = step_split(cell.by_method[method][0])
+    if split is None:
+        return MISSING
+    ms = [1e3 * x for x in split]
     return f"{ms[0]:.1f} ({ms[1]:.1f} / {ms[2]:.1f} / {ms[3]:.1f})"
 
 
