@@ -37,8 +37,10 @@ class Answer:
     output_ids: list[list[int]] | None = None  # per turn
     seed: int | None = None
     lossless_rule: bool = True
-    greedy_check: dict | None = None  # vs vanilla at temperature 0: match, turn, position, margin, near_tie
+    greedy_check: dict | None = None  # vs vanilla at T=0: match, turn, position, margins, noise, verdict
     busy_cpus: float | None = None  # CPUs' worth of other processes' work while this answer was timed
+    target_top1: list[list[int]] | None = None  # per turn, T=0, in memory only: core.decode.Generation's
+    target_margin: list[list[float]] | None = None
 
     def to_record(self, model_id: str) -> dict:
         """A Spec-Bench answer line, with our fields under "specbench"."""
@@ -87,6 +89,8 @@ class TurnSteps:
     accept_lengths: list[int]
     tested: list[int]
     tree_size: list[int]
+    target_top1: list[int] | None = None  # T=0, our loop only: see core.decode.Generation
+    target_margin: list[float] | None = None
 
 
 def answer(question: Question, task: str, method: str, temperature: float, model: str, seed: int, lossless: bool,
@@ -108,6 +112,8 @@ def answer(question: Question, task: str, method: str, temperature: float, model
         tested=[d for t in turns for d in t.tested],
         tree_size=[n for t in turns for n in t.tree_size],
         output_ids=[t.tokens for t in turns],
+        target_top1=None if any(t.target_top1 is None for t in turns) else [t.target_top1 for t in turns],
+        target_margin=None if any(t.target_margin is None for t in turns) else [t.target_margin for t in turns],
         seed=seed,
         lossless_rule=lossless,
         **timings,
@@ -116,8 +122,8 @@ def answer(question: Question, task: str, method: str, temperature: float, model
 
 def check_greedy(answers: dict[str, Answer], reference: Answer | None, question: Question, tokenizer, model) -> None:
     """At T=0, set each method's `greedy_check` against vanilla's answer (`reference`, this run's or an earlier
-    part's): token for token, and at a mismatch the target's top-1/top-2 margin there. `model()` gives the target
-    that measures it, asked for only when some answer diverged."""
+    part's): token for token, and at a mismatch whether it is numerical or a bug (core.losslessness.greedy_check).
+    `model()` gives the target that measures it, asked for only when some answer diverged."""
     if reference is None or any(a.temperature != 0 for a in answers.values()):
         return
     from .core.losslessness import first_divergence, greedy_check  # torch: not needed to read answer files
@@ -127,7 +133,8 @@ def check_greedy(answers: dict[str, Answer], reference: Answer | None, question:
         if name != "vanilla":
             diverged = first_divergence(ours.output_ids, reference.output_ids) is not None
             ours.greedy_check = greedy_check(model() if diverged else None, ours.output_ids, reference.output_ids,
-                                             prompts)  # fmt: skip
+                                             prompts, ours.target_top1, ours.target_margin,
+                                             reference.target_margin)  # fmt: skip
 
 
 def spec_bench_group(category: str) -> str:

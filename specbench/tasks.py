@@ -76,7 +76,7 @@ def _quiet_datasets():
     import datasets
 
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its failures come back as our one-line errors
     return datasets
 
 

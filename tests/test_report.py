@@ -186,7 +186,7 @@ def test_synthetic_run_detail_roofline_and_losslessness(run_dir, tmp_path):
     assert table_row(md, "Per-method detail", "vanilla")["roofline efficiency"] == "100%"
 
     check = table_row(md, "Losslessness", "sps")
-    assert (check["questions checked"], check["exact match"], check["near-tie divergences"],
+    assert (check["questions checked"], check["exact match"], check["numerical divergences"],
             check["mismatches (bugs)"]) == ("3", "33.3%", "1", "**1**")
     assert table_row(md, "Losslessness", "medusa (lossy)")["questions checked"] == "not checked"
     assert table_row(md, "Leaderboard", "medusa (lossy)")["Overall"].startswith("4.00× [4.00, 4.00]")

@@ -167,3 +167,13 @@ def test_bad_hub_revision_is_refused(tmp_path, monkeypatch):
     monkeypatch.setitem(tasks.presets._EXTRA, "tasks", [tmp_path])
     with pytest.raises(SpecbenchError, match="hub.revision must be a 40-hex-digit commit, not 'main'"):
         tasks.load("pinned")
+
+
+def test_a_bad_jsonl_line_prints_only_our_error(tmp_path, capfd):
+    """datasets' own error line (pyarrow's parse error) stays quiet: the user sees one line naming the bad line."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": 1, "turns": ["hi"]}\n{bad json\n')
+    with pytest.raises(SpecbenchError, match=r"bad.jsonl:2: not valid JSON"):
+        tasks.read_records(bad)
+    captured = capfd.readouterr()
+    assert "Failed to load" not in captured.err + captured.out and "pyarrow" not in captured.err + captured.out

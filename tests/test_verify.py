@@ -1,8 +1,20 @@
+import copy
+from dataclasses import replace
+
 import pytest
 import torch
 
+from specbench.core import acceptance
 from specbench.core.cached_lm import CachedLM
-from specbench.core.losslessness import exact_distribution, first_divergence, greedy_check, sampling_test
+from specbench.core.decode import decode
+from specbench.core.losslessness import (
+    classify,
+    exact_distribution,
+    first_divergence,
+    greedy_check,
+    sampling_test,
+    two_ways,
+)
 from specbench.core.proposer import Proposal
 from specbench.methods.pld import PromptLookup
 from specbench.methods.sps import DraftModel
@@ -93,3 +105,70 @@ def test_verify_command_passes_for_model_free_presets(capsys, tiny_models, metho
     out = capsys.readouterr().out
     assert code == 0, out
     assert "greedy: 6/6 questions token-identical" in out and "verdict: pass" in out
+
+
+def test_classify_hand_worked():
+    """A token the method's own verification did not pick is a bug whatever the margins; otherwise the two margins
+    together must fit in twice the measured two-logit spread (2 x 2 x spread)."""
+    assert classify(5, 6, 0.0, 0.0, 1.0) == "bug"
+    assert classify(5, 5, 0.01, 0.01, 0.01) == "numerical"  # 0.02 <= 0.04
+    assert classify(5, 5, 0.03, 0.02, 0.01) == "bug"  # 0.05 > 0.04
+    assert classify(5, 5, 0.5, 0.0, 0.01) == "bug"  # vanilla was sure of its token
+    assert classify(5, None, 0.03, None, 0.01) == "numerical"  # an engine's answer: vanilla's margin alone
+    assert classify(5, 5, 0.0, 0.0, 0.0) == "numerical"  # an exact tie needs no spread
+
+
+def test_two_ways_agree_to_rounding_in_float32(small_vocab):
+    one, many = two_ways(small_vocab[0], PROMPT + [4, 5, 6, 7, 1, 2, 3])
+    assert one.shape == many.shape == (8,)
+    assert float((one - many).abs().max()) < 1e-4
+
+
+def _greedy_run(target, proposer, rule=None):
+    gen = decode(CachedLM(target), proposer, PROMPT, max_new_tokens=12, temperature=0.0, stop_ids=set(),
+                 rule=rule or acceptance.EXACT)  # fmt: skip
+    return gen
+
+
+def test_a_planted_real_bug_is_still_caught(small_vocab):
+    """A rule that emits the target's runner-up as its own token: its verification forward picked another token,
+    so the mismatch is a bug however close the margins."""
+    target = small_vocab[0]
+    reference = _greedy_run(target, Vanilla())
+
+    def runner_up(tree, logits, draft_probs, temperature, generator):
+        accepted = acceptance.EXACT(tree, logits, draft_probs, temperature, generator)
+        row = accepted.rows[-1] if accepted.rows else 0
+        return replace(accepted, token=int(torch.topk(logits[row], 2).indices[1]))
+
+    ours = _greedy_run(target, Vanilla(), runner_up)
+    assert ours.target_top1 is not None and ours.tokens != reference.tokens
+    check = greedy_check(target, [ours.tokens], [reference.tokens], [PROMPT], [ours.target_top1],
+                         [ours.target_margin], [reference.target_margin])  # fmt: skip
+    assert check["verdict"] == "bug" and not check["near_tie"]
+    assert check["method_top1"] != ours.tokens[check["position"]]
+
+
+def test_a_forced_tie_is_numerical(small_vocab):
+    """Two tokens whose readout rows are equal tie exactly: a method whose verification row ranked the other one
+    first diverged numerically, not by a bug; with a clear margin the same divergence is a bug."""
+    target = copy.deepcopy(small_vocab[0])
+    with torch.no_grad():
+        logits = target(torch.tensor([PROMPT])).logits[0, -1]
+        best, second = torch.topk(logits, 2).indices.tolist()
+        target.lm_head.weight[second] = target.lm_head.weight[best]
+    reference = _greedy_run(target, Vanilla())
+    first = reference.tokens[0]
+    other = second if first == best else best
+    check = greedy_check(target, [[other]], [reference.tokens[:1]], [PROMPT], [[other]], [[0.0]],
+                         [reference.target_margin])  # fmt: skip
+    assert check["margin"] == 0.0 and check["verdict"] == "numerical" and check["near_tie"]
+    clear = greedy_check(small_vocab[0], [[second]], [[best]], [PROMPT], [[second]], [[0.0]])
+    assert clear["verdict"] == "bug"
+
+
+def test_every_greedy_token_records_the_targets_pick(small_vocab):
+    """At T=0 the loop keeps, per new token, the target's argmax in the forward that chose it and its margin."""
+    gen = _greedy_run(small_vocab[0], PromptLookup())
+    assert gen.target_top1 == gen.tokens and len(gen.target_margin) == len(gen.tokens)
+    assert all(m >= 0 for m in gen.target_margin)

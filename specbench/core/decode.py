@@ -30,6 +30,8 @@ class Generation:
     steps: list[Step] = field(default_factory=list)
     wall_time: float = 0.0
     prefill_draft_time: float = 0.0  # the proposer's own set-up for this turn (e.g. the draft's prefill)
+    target_top1: list[int] | None = None  # T=0, per new token: the target's argmax in the forward that chose it
+    target_margin: list[float] | None = None  # ... and its top-1/top-2 logit margin there
 
     @property
     def accept_lengths(self) -> list[int]:
@@ -74,6 +76,7 @@ def decode(
     proposer.start(Turn(prompt, temperature, generator, features, request))
     tokens = list(prompt)
     gen = Generation([], prefill_draft_time=clock(device) - t0)
+    picked: list[tuple[torch.Tensor, torch.Tensor]] = []  # T=0: the target's picks per step, on the device
     while len(gen.tokens) < budget:
         remaining = budget - len(gen.tokens)
         depth = remaining - 1  # drafted tokens the budget has room for after the target's own token
@@ -86,6 +89,8 @@ def decode(
         if stop_at is not None:
             new = new[: stop_at + 1]
         new = new[:remaining]
+        if step.picks is not None:
+            picked.append((step.picks[0][: len(new)], step.picks[1][: len(new)]))
         tokens.extend(new)
         gen.tokens.extend(new)
         t2 = clock(device)
@@ -102,4 +107,7 @@ def decode(
         if stop_at is not None:
             break
     gen.wall_time = clock(device) - start
+    if picked:  # read after the clock stops
+        gen.target_top1 = torch.cat([p[0] for p in picked]).tolist()
+        gen.target_margin = torch.cat([p[1] for p in picked]).tolist()
     return gen

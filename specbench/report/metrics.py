@@ -89,8 +89,8 @@ def roofline_efficiency(speedup: float, tau_value: float, t1: float, tn: float, 
 class Losslessness:
     questions: int
     exact: int
-    near_ties: int  # first divergence where the target's top-1/top-2 margin is below the threshold
-    bugs: int  # first divergence with a clear margin
+    near_ties: int  # first divergence classified numerical (core.losslessness.classify)
+    bugs: int  # first divergence classified a bug
 
     @property
     def exact_rate(self) -> float:

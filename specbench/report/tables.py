@@ -111,7 +111,7 @@ def lossless_md(cells: list[Cell]) -> str:
                 rows.append([*where, str(check.questions), f"{check.exact_rate:.1%}", str(check.near_ties), bugs])
     if not rows:
         return "No temperature-0 runs of a method other than vanilla."
-    return md_table(["run", "model", "task", "method", "questions checked", "exact match", "near-tie divergences",
+    return md_table(["run", "model", "task", "method", "questions checked", "exact match", "numerical divergences",
                      "mismatches (bugs)"], rows, left=4)
 
 

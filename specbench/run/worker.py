@@ -107,7 +107,7 @@ class Worker:
 
     def _record(self, name: str, unit: Unit, seed: int, gens: list, texts: list[str]) -> Answer:
         turns = [TurnSteps(g.tokens, g.wall_time, [s.accept_length for s in g.steps], [s.tested for s in g.steps],
-                           [s.tree_size for s in g.steps]) for g in gens]  # fmt: skip
+                           [s.tree_size for s in g.steps], g.target_top1, g.target_margin) for g in gens]  # fmt: skip
         return answer(unit.question, unit.task, name, unit.temperature, self.session.spec.name, seed,
                       self.lossless[base_method(name)], texts, turns,
                       draft_time=sum(g.prefill_draft_time + sum(s.draft_time for s in g.steps) for g in gens),

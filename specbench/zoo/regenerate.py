@@ -96,10 +96,11 @@ def regenerate(
 
 
 def write_texts(tokenizer, sequences: list[list[int]], out: Path) -> int:
-    """Write sequences as JSONL "text" lines that tokenise back to them (the leading BOS is left to the
-    tokenizer, as `specbench train` adds it to JSONL text). Returns the number of tokens written."""
+    """Write sequences as JSONL "text" lines that tokenise back to them (a leading BOS is left to a tokenizer that
+    adds one itself, as `specbench train` tokenises JSONL text with special tokens). Returns the tokens written."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    bos = tokenizer.bos_token_id
+    added = tokenizer("", verbose=False)["input_ids"]
+    bos = tokenizer.bos_token_id if added[:1] == [tokenizer.bos_token_id] else None  # SmolLM2's is not added
     with open(out, "w", encoding="utf-8") as f:
         for ids in sequences:
             body = ids[1:] if ids and ids[0] == bos else ids

