@@ -181,13 +181,14 @@ def test_card_heads_section_is_rewritten_not_repeated(family: Path, tmp_path: Pa
     for kind, report in heads.items():
         (copy / kind).mkdir()
         (copy / kind / "accuracy.json").write_text(json.dumps(report))
+    (copy / "eagle3" / "model.safetensors").write_bytes(b"0" * 2_000_000)  # the card sums the head's files
     assert main(["zoo", "card", "--out", str(copy)]) == 0
     assert main(["zoo", "card", "--out", str(copy)]) == 0
     card = (copy / "MODEL_CARD.md").read_text()
     assert card.count("## Heads") == 1 and "## Greedy samples" in card
     eagle3 = "| EAGLE-3 head, draft vocabulary 2048, training-time test 7 steps | `regenerated.jsonl`, 300,000 tokens |"
-    assert eagle3 + " 300 | 0.001 | 256 | 0.700 | 0.600 | 0.500 |" in card
-    assert "| EAGLE-1/2 head | zoo corpus, 3,705,895 tokens | 600 | 0.001 | 256 | 0.650 |" in card
+    assert eagle3 + " 300 | 0.001 | 256 | 2.0 MB | 0.700 | 0.600 | 0.500 |" in card
+    assert "| EAGLE-1/2 head | zoo corpus, 3,705,895 tokens | 600 | 0.001 | 256 | 0.0 MB | 0.650 |" in card
 
 
 def test_answer_tuning_trains_on_and_says_so_in_the_card(family: Path, tmp_path: Path) -> None:

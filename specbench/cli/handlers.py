@@ -118,7 +118,8 @@ def list_(args) -> None:
 
         for name, spec in ALIASES.items():
             print(f"{name:15s} {spec.target}")
-            for role, source in ({"draft": spec.draft} | {f"{k} head": v for k, v in spec.heads.items()}).items():
+            roles = {"offline": spec.fallback, "draft": spec.draft} | {f"{k} head": v for k, v in spec.heads.items()}
+            for role, source in roles.items():
                 if source:
                     print(f"{'':15s}   {role}: {source}")
     else:

@@ -89,9 +89,11 @@ def _target_options() -> argparse.ArgumentParser:
 def _model_options() -> argparse.ArgumentParser:
     """The model, its draft and heads, and the questions: every command that runs methods (run, tune, verify)."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--model", default="tiny", help="alias (see `specbench list models`), local folder or hub id")
+    p.add_argument("--model", default="tiny",
+                   help="alias (see `specbench list models`), local folder, hub id or FILE.gguf")  # fmt: skip
     p.add_argument(
-        "--draft", help="draft model for sps and ouroboros: folder, hub id or ID@REVISION (default: the alias's)"
+        "--draft",
+        help="draft model for sps and ouroboros: folder, hub id, ID@REVISION or FILE.gguf (default: the alias's)",
     )
     p.add_argument("--revision", help="commit, branch or tag of a --model given as a hub id (aliases pin their own)")
     p.add_argument(

@@ -270,7 +270,8 @@ def heads_section(family_dir: Path) -> list[str]:
     lines = [
         HEADS,
         "",
-        "Trained by `scripts/tiny_heads.sh` (`specbench train ... --compact`) on the text the table names: the "
+        "Trained by the family's script (`scripts/tiny_heads.sh`, `scripts/smollm2_heads.sh`: `specbench train "
+        "... --compact`; size: the head's files as bundled) on the text the table names: the "
         "family's own corpus split, or a JSONL file such as the target's own answers to training prompts "
         "(`specbench regenerate`); a head must be retrained whenever the target changes. Accuracy: held-out "
         "share of positions where the head's first guess d tokens past the last target token equals the "
@@ -278,8 +279,9 @@ def heads_section(family_dir: Path) -> list[str]:
         "part of the head's own training text, so heads trained on different text do not compare by it: the "
         "target's own answers are easier to predict than the corpus.",
         "",
-        "| head | training text | steps | lr | sequence length | d=1 | d=2 | d=3 | d=4 | d=5 | d=6 | d=7 | d=8 |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| head | training text | steps | lr | sequence length | size | "
+        + " | ".join(f"d={d}" for d in range(1, 9)) + " |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     found = False
     for kind, label in HEAD_KINDS.items():
@@ -299,7 +301,9 @@ def heads_section(family_dir: Path) -> list[str]:
         elif kind == "medusa":
             shared = ", reading out through the target's lm_head" if cfg.get("medusa_shared_lm_head") else ""
             extra = f", {cfg['medusa_heads']} heads{shared}"
-        row = [f"{label}{extra}", _training_text(report), f"{cfg['steps']:,}", f"{cfg['lr']:g}", str(cfg["seq_len"])]
+        size = sum(f.stat().st_size for f in (family_dir / kind).iterdir() if f.is_file()) / 1e6
+        row = [f"{label}{extra}", _training_text(report), f"{cfg['steps']:,}", f"{cfg['lr']:g}", str(cfg["seq_len"]),
+               f"{size:.1f} MB"]  # fmt: skip
         lines.append(f"| {' | '.join(row + accuracy)} |")
     return [*lines, ""] if found else []
 
