@@ -2,10 +2,10 @@
 # The heads bundled for smollm2-135m (specbench/zoo/smollm2), trained on a 2-core CPU against the alias's target
 # (offline: the dequantized Q4_1 GGUF). First the target's own greedy answers to the first 640 training prompts of
 # the data folder (`specbench regenerate`, batched, ~17 min, 176,656 tokens; REGENERATED=FILE reuses answers of the
-# same target), then EAGLE-3 from them (~35 min: 280 steps of 8 x 256 tokens, draft vocabulary 4,096, the
-# 7-step training-time test), EAGLE-1/2 (240 steps), Medusa (5 heads reading out through the target's lm_head,
-# 200 steps) and the MTP module (3-step training-time test on 128-token windows, 240 steps); the card's heads
-# table is rewritten last.
+# same target), then EAGLE-3 from them (280 steps of 8 x 256 tokens, draft vocabulary 4,096, the 7-step
+# training-time test; 50 min here, partly sharing the CPU) and EAGLE-1/2 (160 steps, 23 min); the card's heads
+# table is rewritten last. Medusa and MTP are not bundled yet: MEDUSA=1 / MTP=1 train them too (5 heads reading
+# out through the target's lm_head; a 3-step training-time test on 128-token windows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data="${1:-${SPECBENCH_DATA_DIR:-../shared/data}}"
@@ -18,9 +18,9 @@ if [[ -z "${REGENERATED:-}" ]]; then
 fi
 specbench train eagle3 "${common[@]}" --data "$answers" --out "$out/eagle3" --steps "${EAGLE3_STEPS:-280}" \
   --draft-vocab 4096 --ttt-steps 7
-specbench train eagle "${common[@]}" --data "$answers" --out "$out/eagle" --steps "${EAGLE_STEPS:-240}"
-specbench train medusa "${common[@]}" --data "$answers" --out "$out/medusa" --steps "${MEDUSA_STEPS:-200}" \
+specbench train eagle "${common[@]}" --data "$answers" --out "$out/eagle" --steps "${EAGLE_STEPS:-160}"
+[[ -z "${MEDUSA:-}" ]] || specbench train medusa "${common[@]}" --data "$answers" --out "$out/medusa" --steps "${MEDUSA_STEPS:-150}" \
   --medusa-shared-lm-head
-specbench train mtp "${common[@]}" --data "$answers" --out "$out/mtp" --steps "${MTP_STEPS:-240}" --seq-len 128 \
+[[ -z "${MTP:-}" ]] || specbench train mtp "${common[@]}" --data "$answers" --out "$out/mtp" --steps "${MTP_STEPS:-160}" --seq-len 128 \
   --ttt-steps 3
 specbench zoo card --out "$out"

@@ -10,6 +10,7 @@ import torch
 from scipy import stats
 
 from ..errors import SpecbenchError
+from ..progress import Progress
 from . import acceptance
 from .cached_lm import CachedLM
 from .decode import decode
@@ -214,7 +215,9 @@ def sampling_test(
         )
     counts = np.zeros(len(expected))
     generator = torch.Generator(target.device).manual_seed(seed)
+    bar = Progress(samples, "sampling audit", "samples")
     for _ in range(samples):
+        bar.update()
         out = decode(
             target,
             proposer,
@@ -226,6 +229,7 @@ def sampling_test(
             rule=rule,
         )
         counts[min(of.get(tuple(out.tokens), len(masses) - 1), len(expected) - 1)] += 1
+    bar.close()
     expected *= samples / expected.sum()
     statistic, p_value = stats.chisquare(counts, expected)
     tv = 0.5 * float(np.abs(counts - expected).sum()) / samples
