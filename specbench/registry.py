@@ -35,7 +35,7 @@ class HeadFamily:
     title: str  # for people: "EAGLE-1/2"
     layout: Layout  # the files a load reads
     load: Callable[[Path, Any], Any]  # (local folder, target model) -> head module
-    fits: Callable[[Path], tuple[int, int | None]]  # folder -> (target hidden size, target vocabulary or None)
+    fits: Callable[[Path], tuple[int | None, int | None]]  # folder -> (target hidden size, vocabulary); None: any
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {}

@@ -147,9 +147,11 @@ def train(args) -> None:
     cfg = train_config(args.kind, args.lr, args.smoke, steps=args.steps, seq_len=args.seq_len,
                        batch_size=args.batch_size, medusa_heads=args.medusa_heads,
                        medusa_shared_lm_head=args.medusa_shared_lm_head, draft_vocab=args.draft_vocab,
-                       ttt_steps=args.ttt_steps, seed=args.seed)  # fmt: skip
+                       ttt_steps=args.ttt_steps, block_size=args.block_size, draft_layers=args.draft_layers,
+                       pard_tokens=args.pard_tokens, seed=args.seed)  # fmt: skip
     device, dtype = device_and_dtype(args.device, args.dtype)
-    result = train_head(args.kind, args.target, data, args.out, cfg, device, dtype, args.smoke, args.compact)
+    result = train_head(args.kind, args.target, data, args.out, cfg, device, dtype, args.smoke, args.compact,
+                        args.draft)
     accuracy = ", ".join(f"{a:.3f}" for a in result["top1_accuracy_by_depth"])
     print(f"{args.kind} head saved in {args.out}; held-out top-1 accuracy by depth: {accuracy}")
 

@@ -306,12 +306,14 @@ def parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser(
         "train", parents=[target, device],
-        help="train Medusa or EAGLE heads or an MTP module for a target by self-distillation on text",
+        help="train Medusa or EAGLE heads, an MTP module or a DFlash drafter for a target by self-distillation on "
+             "text, or make a PARD drafter from a small model",
     )
     train.add_argument(
         "kind",
-        choices=["medusa", "eagle", "eagle3", "mtp"],
-        help="medusa heads, an EAGLE-1/2 head, an EAGLE-3 head or an MTP module (DeepSeek-V3 layout)",
+        choices=["medusa", "eagle", "eagle3", "mtp", "dflash", "pard"],
+        help="medusa heads, an EAGLE-1/2 head, an EAGLE-3 head, an MTP module (DeepSeek-V3 layout), a DFlash drafter "
+             "or a PARD drafter",
     )
     train.add_argument(
         "--data",
@@ -336,6 +338,10 @@ def parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--draft-vocab", type=int, default=32000, help="eagle3: draft vocabulary (at most the target's)")
     train.add_argument("--ttt-steps", type=int, default=7, help="eagle3, mtp: steps of the training-time test")
+    train.add_argument("--block-size", type=int, default=16, help="dflash: rows per block, the root included")
+    train.add_argument("--draft-layers", type=int, default=3, help="dflash: drafter layers (= target layers read)")
+    train.add_argument("--draft", help="pard: the model to adapt, a folder or hub id (default: the alias's draft)")
+    train.add_argument("--pard-tokens", type=int, default=8, help="pard: tokens guessed per forward")
     train.add_argument("--smoke", action="store_true", help="a few tiny steps in seconds (tests, trying it out)")
 
     regen = sub.add_parser(

@@ -1,6 +1,6 @@
-"""Self-distillation of Medusa heads, EAGLE heads and MTP modules from a frozen target over text: the labels are the
-target's own next-token distributions on that text (no generation), the inputs its hidden states (the final
-ones; three inner ones for EAGLE-3).
+"""Self-distillation of Medusa heads, EAGLE heads, MTP modules and DFlash drafters from a frozen target over text:
+the labels are the target's own next-token distributions on that text (no generation), the inputs its hidden
+states (the final ones; three inner ones for EAGLE-3; the drafter's own choice for DFlash).
 
 Per-depth top-1 accuracy on held-out text is the share of positions where the head's first guess at depth
 d equals the target's greedy token there (tokens in between taken from the text).
@@ -22,7 +22,7 @@ from ..core.cached_lm import hidden_features
 from ..core.tree import additive_mask
 from ..errors import SpecbenchError
 from ..progress import Progress
-from . import eagle3, frequencies, mtp
+from . import dflash, eagle3, frequencies, mtp, pard
 from .checkpoint import target_signature
 from .eagle import EagleHead, build, config_from_target
 from .medusa import MedusaHeads
@@ -43,21 +43,34 @@ class TrainConfig:
     draft_vocab: int = 32000  # EAGLE-3: the most frequent training tokens the draft predicts (capped at the vocab)
     ttt_steps: int = 7  # EAGLE-3: steps of the training-time test (the reference unrolls 7)
     ttt_decay: float = 0.8  # EAGLE-3: step s's loss weighs ttt_decay ** (s - 1)
+    block_size: int = 16  # DFlash: rows per block, the root included (the released drafters' 16)
+    draft_layers: int = 3  # DFlash: the drafter's layers, and how many target layers it reads
+    blocks: int = 32  # DFlash: blocks trained per window, at random distinct anchors
+    block_decay: float = 7.0  # DFlash: a block's row k weighs exp(-(k - 1) / block_decay) in the loss (paper: 7 for 16)
+    pard_tokens: int = 8  # PARD: tokens guessed per forward (k - 1 mask blocks), the paper's para_num 8
+    drop_ratio: float = 0.7  # PARD: mask block b keeps max(drop_ratio ** b, drop_floor) of its rows (conditional drop)
+    drop_floor: float = 0.2
     seed: int = 0
 
     def smoke(self) -> TrainConfig:
         """A few steps on short windows: the whole pipeline in seconds."""
-        return replace(self, steps=min(self.steps, 5), seq_len=min(self.seq_len, 32), batch_size=2, eval_batches=1)
+        return replace(self, steps=min(self.steps, 5), seq_len=min(self.seq_len, 32), batch_size=2, eval_batches=1,
+                       block_size=min(self.block_size, 8), blocks=min(self.blocks, 4),
+                       pard_tokens=min(self.pard_tokens, 4))  # fmt: skip
 
 
 def train_config(kind: str, lr: float | None = None, smoke: bool = False, **sizes) -> TrainConfig:
     """The TrainConfig of a `specbench train KIND` (sizes: TrainConfig's fields), checked; lr by default 1e-3 for
     Medusa heads, 3e-4 for the others; `smoke`: a few tiny steps."""
     cfg = TrainConfig(lr=lr or (1e-3 if kind == "medusa" else 3e-4), **sizes)
-    if min(cfg.steps, cfg.seq_len, cfg.batch_size, cfg.medusa_heads, cfg.draft_vocab, cfg.ttt_steps) < 1:
-        raise SpecbenchError("--steps, --batch-size, --medusa-heads, --draft-vocab and --ttt-steps must be >= 1")
+    if min(cfg.steps, cfg.seq_len, cfg.batch_size, cfg.medusa_heads, cfg.draft_vocab, cfg.ttt_steps,
+           cfg.draft_layers) < 1 or cfg.pard_tokens < 2:  # fmt: skip
+        raise SpecbenchError("--steps, --batch-size, --medusa-heads, --draft-vocab, --ttt-steps and --draft-layers "
+                             "must be >= 1, --pard-tokens >= 2")  # fmt: skip
     if cfg.seq_len < 8:
         raise SpecbenchError("--seq-len must be >= 8")
+    if not 2 <= cfg.block_size <= cfg.seq_len // 2:
+        raise SpecbenchError(f"--block-size must be from 2 to half of --seq-len ({cfg.seq_len // 2})")
     return cfg.smoke() if smoke else cfg
 
 
@@ -93,18 +106,19 @@ def _loop(
     params: list[nn.Parameter],
     loss_fn,
     stream: torch.Tensor,
-    model: nn.Module,
+    model: nn.Module | None,
     cfg: TrainConfig,
     layers: tuple[int, ...] = (-1,),
 ) -> None:
-    """AdamW at a constant rate; loss_fn(ids, features, logits) on each batch of windows (features: `layers`)."""
+    """AdamW at a constant rate; loss_fn(ids, features, logits) on each batch of windows (features: `layers`), or
+    loss_fn(ids) without a `model` to read."""
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     generator = torch.Generator().manual_seed(cfg.seed)
     bar = Progress(cfg.steps, f"train {name}", "steps")
     smooth = None
     for _ in range(cfg.steps):
         ids = windows(stream, cfg, generator, "training text")
-        loss = loss_fn(ids.to(params[0].device), *target_pass(model, ids, layers))
+        loss = loss_fn(ids.to(params[0].device), *(target_pass(model, ids, layers) if model is not None else ()))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -297,11 +311,117 @@ def train_mtp(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg:
     return head.eval(), _evaluate(depth_hits, heldout, model, cfg, device)
 
 
+def dflash_anchors(batch: int, length: int, cfg: TrainConfig, generator: torch.Generator) -> torch.Tensor:
+    """Distinct random block starts per window [B, N], ascending: every block's rows lie inside the window."""
+    room = length - cfg.block_size + 1
+    order = torch.rand(batch, room, generator=generator).argsort(dim=1)
+    return order[:, : min(cfg.blocks, room)].sort(dim=1).values
+
+
+def dflash_blocks(draft: dflash.DFlashDraft, embedding: nn.Module, ids: torch.Tensor, features: torch.Tensor,
+                  anchors: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """The drafter's final states [B, N, bs, H] for blocks at `anchors` [B, N] of windows ids [B, L] (features
+    [B, L, F]), all in one forward, as the official training does: a block's first row is the anchor's token,
+    the rest mask tokens; it sees itself (bidirectionally) and the context rows strictly before its anchor."""
+    batch, length = ids.shape
+    bs = draft.block_size
+    rows = anchors[..., None] + torch.arange(bs, device=ids.device)  # [B, N, bs]: each row's position
+    noise = torch.full(rows.shape, draft.mask_token_id, device=ids.device)
+    noise[..., 0] = ids.gather(1, anchors)
+    block = embedding(noise).flatten(1, 2)  # [B, N * bs, H]
+    positions = torch.cat([torch.arange(length, device=ids.device).expand(batch, -1), rows.flatten(1)], dim=1)
+    which = torch.arange(rows[0].numel(), device=ids.device) // bs  # [Q]: each query row's block
+    sees_context = torch.arange(length, device=ids.device) < anchors[:, which, None]  # [B, Q, L]
+    sees_block = (which[:, None] == which[None, :]).expand(batch, -1, -1)  # [B, Q, Q]
+    mask = torch.cat([sees_context, sees_block], dim=-1)[:, None]  # [B, 1, Q, L + Q]
+    hidden, _ = draft(block, features, positions, mask)
+    return hidden.view(*rows.shape, -1)
+
+
+def train_dflash(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, mask_token_id: int):
+    """A DFlash drafter by the official recipe (SpecForge's `OnlineDFlashModel`): blocks at random anchors of each
+    window, row k of a block trained to give the token k places past its anchor, weighted exp(-(k - 1) / decay).
+    Ours distils the target's distributions there instead of the text's hard token (the same for the target's own
+    answers). Returns the drafter, its config.json and its held-out accuracy by row (depths 1..block_size - 1)."""
+    lm_head = model.get_output_embeddings()
+    device = lm_head.weight.device
+    raw = dflash.config_for(model.config, cfg.draft_layers, cfg.block_size, mask_token_id)
+    draft = dflash.build(raw).to(device)
+    embedding, lm = frozen_float(model.get_input_embeddings()), frozen_float(lm_head)
+    anchor_rng = torch.Generator().manual_seed(cfg.seed + 2)
+    depth = torch.arange(1, cfg.block_size, device=device)
+    weights = torch.exp(-(depth - 1).float() / cfg.block_decay)  # [bs - 1]
+
+    def pairs(ids, features, logits):
+        """(drafter logits, the target's logits) [B, N, bs - 1, V] about the same tokens."""
+        anchors = dflash_anchors(ids.shape[0], ids.shape[1], cfg, anchor_rng).to(device)
+        hidden = dflash_blocks(draft, embedding, ids, features, anchors)[:, :, 1:]
+        about = anchors[..., None] + depth - 1  # the target's row predicting each drafted token
+        target = logits.gather(1, about.flatten(1)[..., None].expand(-1, -1, logits.shape[-1]))
+        return draft.logits(hidden, lm), target.view(*about.shape, -1)
+
+    def loss(ids, features, logits):
+        drafted, target = pairs(ids, features, logits)
+        per_row = -(F.softmax(target, dim=-1) * F.log_softmax(drafted, dim=-1)).sum(-1)  # [B, N, bs - 1]
+        return (per_row * weights).sum() / (weights.sum() * per_row[..., 0].numel())
+
+    def depth_hits(ids, features, logits):
+        drafted, target = pairs(ids, features, logits)
+        return [_hits(drafted[:, :, k].argmax(-1), target[:, :, k]) for k in range(cfg.block_size - 1)]
+
+    layers = draft.feature_layers
+    _loop("dflash", list(draft.parameters()), loss, train, model, cfg, layers)
+    return draft.eval(), raw, _evaluate(depth_hits, heldout, model, cfg, device, layers)
+
+
+def train_pard(draft: nn.Module, target: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig,
+               mask_id: int):  # fmt: skip
+    """Adapt `draft` (float32, trained in place) into a PARD drafter guessing cfg.pard_tokens tokens per forward,
+    on the text's own next tokens (the target is not read). Returns it and its held-out top-1 accuracy by depth
+    against the target's greedy tokens there."""
+    device = draft.get_output_embeddings().weight.device
+    draft.train().requires_grad_(True)
+    rows = torch.Generator().manual_seed(cfg.seed + 2)
+
+    def loss(ids):
+        total = 0.0
+        for window in ids.tolist():
+            kept = pard.drop_rows(len(window), cfg.pard_tokens, cfg.drop_ratio, cfg.drop_floor, rows)
+            example = pard.pard_example(window, kept, mask_id)
+            total = total + F.cross_entropy(pard.forward_rows(draft, example), example[3].to(device))  # -100: none
+        return total / len(ids)
+
+    def depth_hits(ids, features, logits):
+        counts = torch.zeros(cfg.pard_tokens, 2)  # per depth: hits, rows
+        for window, greedy in zip(ids.tolist(), logits.argmax(-1), strict=True):
+            kept = pard.drop_rows(len(window), cfg.pard_tokens, 1.0, 1.0, rows)  # every row
+            example = pard.pard_example(window, kept, mask_id)
+            positions, labels = example[1].to(device), example[3].to(device)
+            right = (pard.forward_rows(draft, example).argmax(-1) == greedy[positions]).float()
+            depth = torch.tensor(pard.depth_rows(kept), device=device) - 1
+            valid = (labels >= 0).float()
+            counts.index_add_(0, depth.cpu(), torch.stack([right * valid, valid], dim=1).cpu())
+        return counts.tolist()
+
+    _loop("pard", list(draft.parameters()), loss, train, None, cfg)
+    draft.eval().requires_grad_(False)
+    return draft, _evaluate(depth_hits, heldout, target, cfg, device)
+
+
+def mask_token(tokenizer, vocab: int) -> int:
+    """The id a DFlash block's or a PARD drafter's mask rows carry: the tokenizer's mask token, else the
+    vocabulary's last id (the released drafters use a reserved id the text never holds)."""
+    found = getattr(tokenizer, "mask_token_id", None)
+    return found if isinstance(found, int) and 0 <= found < vocab else vocab - 1
+
+
 def train_head(
-    kind: str, target: str, data: Path, out: Path, cfg: TrainConfig, device, dtype, smoke: bool, compact: bool = False
+    kind: str, target: str, data: Path, out: Path, cfg: TrainConfig, device, dtype, smoke: bool, compact: bool = False,
+    draft: str | None = None,
 ) -> dict:
     """Load the target (alias, folder or hub id), train a `kind` head on `data`, save it in the official
-    layout with accuracy.json beside it. Returns that report.
+    layout with accuracy.json beside it. Returns that report. A PARD drafter is made from `draft` (else the
+    target alias's draft model); the target only scores it.
 
     `compact`: float16 storage, and an EAGLE-1/2 head or MTP module without the embedding (and readout) the
     loader copies from the target, as the bundled tiny heads are stored."""
@@ -313,7 +433,8 @@ def train_head(
     spec = aliases.resolve(target)
     folder = aliases.target_folder(spec)
     model = loading.load_causal_lm(folder, device, dtype, what="target").requires_grad_(False)
-    train, heldout = token_streams(data, loading.load_tokenizer(folder), smoke)
+    tokenizer = loading.load_tokenizer(folder)
+    train, heldout = token_streams(data, tokenizer, smoke)
     if kind == "medusa":
         heads, accuracy = train_medusa(model, train, heldout, cfg)
         medusa_heads.save(heads, out, spec.path, compact)
@@ -326,6 +447,16 @@ def train_head(
     elif kind == "mtp":
         head, accuracy = train_mtp(model, train, heldout, cfg)
         mtp.save(head, model.config, out, compact, with_shared=not compact)
+    elif kind == "dflash":
+        vocab = model.get_output_embeddings().weight.shape[0]
+        head, raw, accuracy = train_dflash(model, train, heldout, cfg, mask_token(tokenizer, vocab))
+        dflash.save(head, raw, out, compact)
+    elif kind == "pard":
+        source = aliases.draft_folder(spec, draft)
+        drafter = loading.load_causal_lm(source, device, torch.float32, what="draft model")
+        mask = mask_token(loading.load_tokenizer(source), drafter.get_output_embeddings().weight.shape[0])
+        drafter, accuracy = train_pard(drafter, model, train, heldout, cfg, mask)
+        pard.save(drafter, source, out, mask, compact)
     else:
         head, raw, accuracy = train_eagle3(model, train, heldout, cfg)
         eagle3.save(head, raw, out, compact)

@@ -151,3 +151,11 @@ def target_checkpoint(spec: ModelSpec) -> Checkpoint:
 def target_folder(spec: ModelSpec) -> Path:
     """The target as a local folder: a hub target is fetched at its pinned revision (commands that load only it)."""
     return fetch(target_checkpoint(spec))
+
+
+def draft_folder(spec: ModelSpec, draft: str | None = None) -> Path:
+    """The draft model as a local folder: `draft` (a folder, hub id or ID@REVISION) or the alias's."""
+    source = parse(draft) if draft else spec.draft
+    if source is None:
+        raise SpecbenchError(f"model '{spec.name}' has no draft model: pass one with --draft PATH_OR_HUB_ID")
+    return fetch(checkpoint("draft", source, TRANSFORMERS))

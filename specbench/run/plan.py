@@ -164,7 +164,7 @@ def fetch(plan: Plan, trust_remote_code: bool = False) -> dict[str, Path]:
         if role.endswith(" head"):
             family = role.removesuffix(" head")
             head_hidden, head_vocab = HEADS[family].fits(paths[role])
-            if head_hidden != hidden or head_vocab not in (None, vocab):
+            if head_hidden not in (None, hidden) or head_vocab not in (None, vocab):
                 raise SpecbenchError(
                     f"{HEADS[family].title} head '{ck.source}' is for hidden size {head_hidden} and vocabulary "
                     f"{head_vocab}; target '{target.source.id}' has {hidden} and {vocab}: pass a head trained for "

@@ -262,7 +262,8 @@ def write_card(out_dir: Path, data: CardData) -> Path:
 
 
 HEADS = "## Heads"
-HEAD_KINDS = {"eagle": "EAGLE-1/2 head", "eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "mtp": "MTP module"}
+HEAD_KINDS = {"eagle": "EAGLE-1/2 head", "eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "mtp": "MTP module",
+              "dflash": "DFlash drafter"}  # fmt: skip
 
 
 def heads_section(family_dir: Path) -> list[str]:
@@ -298,6 +299,8 @@ def heads_section(family_dir: Path) -> list[str]:
             extra = f", draft vocabulary {cfg['draft_vocab']}, training-time test {cfg['ttt_steps']} steps"
         elif kind == "mtp":
             extra = f" (DeepSeek-V3 layout), training-time test {cfg['ttt_steps']} steps"
+        elif kind == "dflash":
+            extra = f", {cfg['draft_layers']} layers, blocks of {cfg['block_size']}"
         elif kind == "medusa":
             shared = ", reading out through the target's lm_head" if cfg.get("medusa_shared_lm_head") else ""
             extra = f", {cfg['medusa_heads']} heads{shared}"

@@ -1,0 +1,59 @@
+"""PARD: a parallel draft model guesses a chain of k tokens in one forward, reading k - 1 mask tokens appended after
+the committed ones; the masks' cache rows are dropped at once, so the drafter's cache holds committed tokens only.
+
+At T > 0 each row is drawn from the drafter's distribution at the run's temperature and verified against it by
+the shared rejection rule (the official code drafts greedily; vLLM samples with draft_sample_method probabilistic).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.cached_lm import CachedLM
+from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_prefix
+from ..core.sampling import probabilities
+from ..core.static_lm import StaticCachedLM
+from ..core.tree import chain
+from ..heads.pard import FAMILY
+from ..registry import implementation
+from .resources import Resources
+
+
+class Pard(Proposer):
+    def __init__(self, drafter: CachedLM, mask_token: int, vocab: int, num_draft_tokens: int = 8) -> None:
+        if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
+            raise ValueError("pard needs num_draft_tokens >= 1")
+        self.drafter = drafter
+        self.mask = mask_token
+        self.vocab = vocab  # the target's: a smaller drafter vocabulary is padded with zero probability
+        self.k = num_draft_tokens
+
+    def start(self, turn: Turn) -> None:
+        super().start(turn)
+        self.drafter.prefill(turn.prompt)
+
+    @torch.inference_mode()
+    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
+        k = min(self.k, max_depth)
+        if k < 1 or len(tokens) + k > self.drafter.context_length:
+            return NO_PROPOSAL
+        logits = self.drafter.forward(tokens[self.drafter.cached :] + [self.mask] * (k - 1))[-k:]  # [k, V']
+        self.drafter.crop(len(tokens))  # the masks' rows go; the committed tokens' stay
+        if self.temperature == 0:
+            return Proposal(chain(logits.argmax(-1).tolist()))
+        q = probabilities(logits, self.temperature)
+        drafted = torch.multinomial(q, 1, generator=self.generator).squeeze(1)
+        if q.shape[1] < self.vocab:
+            q = torch.nn.functional.pad(q, (0, self.vocab - q.shape[1]))
+        return Proposal(chain(drafted.tolist()), q)
+
+    def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
+        self.drafter.follow(tokens)
+
+
+@implementation("pard", color="#bcbd22", nested=chain_prefix("num_draft_tokens"))
+def build(params: dict, res: Resources) -> Proposer:
+    dtype = res.draft_dtype(params.pop("draft_dtype", None))
+    model = res.head(FAMILY.name, dtype)  # importing heads.pard registers the family
+    vocab = res.target_model.get_output_embeddings().weight.shape[0]
+    return Pard((StaticCachedLM if res.graphs else CachedLM)(model), model.pard_token, vocab, **params)
