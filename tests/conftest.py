@@ -50,6 +50,19 @@ def random_qwen2(vocab: int, *, layers: int = 2, hidden: int = 64, seed: int = 0
     return Qwen2ForCausalLM(config).eval()
 
 
+class ClaimsUniform:
+    """A planted mistake to mix into a proposer that samples its drafts: rows drawn from its own law but verified
+    as if drawn uniformly (the sampling audit must fail it)."""
+
+    def propose(self, tokens, max_depth):
+        from specbench.core.proposer import Proposal
+
+        proposal = super().propose(tokens, max_depth)
+        if proposal.draft_probs is None:
+            return proposal
+        return Proposal(proposal.tree, torch.full_like(proposal.draft_probs, 1 / proposal.draft_probs.shape[1]))
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> tuple[Path, Path]:
     """(target folder, draft folder): random weights, a BPE tokenizer trained on the built-in quick prompts."""

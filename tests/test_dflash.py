@@ -8,7 +8,6 @@ from specbench.cli.main import main
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
 from specbench.core.losslessness import sampling_test
-from specbench.core.proposer import Proposal
 from specbench.engines.translate import speculative_config
 from specbench.errors import SpecbenchError
 from specbench.heads import dflash
@@ -17,6 +16,7 @@ from specbench.heads.train import TrainConfig, dflash_anchors, dflash_blocks, ta
 from specbench.methods.dflash import DFlash
 from specbench.methods.vanilla import Vanilla
 
+from . import conftest
 from .conftest import random_llama
 
 
@@ -74,14 +74,8 @@ def test_greedy_decoding_equals_vanilla_for_any_block_and_draft_count(target):
         assert max(s.tree_size for s in ours.steps) == k + 1
 
 
-class ClaimsUniform(DFlash):
-    """The planted mistake: rows drawn from the drafter's law but verified as if drawn uniformly."""
-
-    def propose(self, tokens, max_depth):
-        proposal = super().propose(tokens, max_depth)
-        if proposal.draft_probs is None:
-            return proposal
-        return Proposal(proposal.tree, torch.full_like(proposal.draft_probs, 1 / proposal.draft_probs.shape[1]))
+class ClaimsUniform(conftest.ClaimsUniform, DFlash):
+    pass
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,14 @@ from specbench.cli.main import main
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
 from specbench.core.losslessness import sampling_test
-from specbench.core.proposer import Proposal, Turn
+from specbench.core.proposer import Turn
 from specbench.engines.translate import speculative_config
 from specbench.errors import SpecbenchError
 from specbench.heads import pard
 from specbench.methods.pard import Pard
 from specbench.methods.vanilla import Vanilla
 
+from . import conftest
 from .conftest import random_llama
 
 
@@ -76,14 +77,8 @@ def test_greedy_decoding_equals_vanilla_and_the_masks_leave_the_cache(target, dr
     assert made.drafter.cached == len(prompt)  # the prompt's rows only: the three masks' are gone
 
 
-class ClaimsUniform(Pard):
-    """The planted mistake: rows drawn from the drafter's law but verified as if drawn uniformly."""
-
-    def propose(self, tokens, max_depth):
-        proposal = super().propose(tokens, max_depth)
-        if proposal.draft_probs is None:
-            return proposal
-        return Proposal(proposal.tree, torch.full_like(proposal.draft_probs, 1 / proposal.draft_probs.shape[1]))
+class ClaimsUniform(conftest.ClaimsUniform, Pard):
+    pass
 
 
 def small_sampling_test(make, samples):
