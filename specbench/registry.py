@@ -36,6 +36,7 @@ class HeadFamily:
     layout: Layout  # the files a load reads
     load: Callable[[Path, Any], Any]  # (local folder, target model) -> head module
     fits: Callable[[Path], tuple[int | None, int | None]]  # folder -> (target hidden size, vocabulary); None: any
+    static: bool = False  # a causal LM its method runs on a static cache under --graphs (else it drafts eagerly)
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {}

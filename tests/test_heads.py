@@ -142,6 +142,8 @@ def write_eagle(folder, state, bias: bool, name: str):
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("embed", [True, False], ids=["embed", "no_embed"])
 def test_eagle_layouts_load_and_decode(tmp_path, target, name, bias, embed):
+    """The official EAGLE-1/2 layouts; HASS's published heads (HArmonizedSS/HASS-*) are the no-bias one with its
+    embedding, in pytorch_model.bin."""
     state = eagle_state(bias, embed)
     folder = write_eagle(tmp_path / "e", state, bias, name)
     head = eagle_heads.load(str(folder), target)
@@ -170,6 +172,16 @@ def test_eagle_bad_layout_names_the_key(tmp_path, target, edit, bias, key):
     folder = write_eagle(tmp_path / "e", state, bias, "model.safetensors")
     with pytest.raises(SpecbenchError, match=key.replace(".", r"\.")):
         eagle_heads.load(str(folder), target)
+
+
+def test_a_griffin_head_is_refused_naming_its_fusion_block(tmp_path, target):
+    """GRIFFIN (husj576/GRIFFIN-*) replaces fc by a token-guided fusion block (`fc.fc`, `fc.mlp`, ...)."""
+    state = eagle_state(bias=True, embed=True)
+    state["fc.fc.weight"], state["fc.fc.bias"] = state.pop("fc.weight"), state.pop("fc.bias")
+    folder = write_eagle(tmp_path / "g", state, True, "pytorch_model.bin")
+    with pytest.raises(SpecbenchError, match=r"GRIFFIN head \(key 'fc\.fc\.weight'") as err:
+        eagle_heads.load(str(folder), target)
+    assert "\n" not in str(err.value)
 
 
 def test_eagle_head_for_another_target_is_an_error(tmp_path):

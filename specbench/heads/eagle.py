@@ -84,6 +84,11 @@ def load(source: str, target_model: nn.Module) -> EagleHead:
             f"target has {hidden} and {vocab}: use a head trained for this target"
         )
     state = read_weights(source, FILES, "EAGLE head")
+    if "fc.fc.weight" in state:
+        raise SpecbenchError(
+            f"{what} is a GRIFFIN head (key 'fc.fc.weight': a token-guided fusion block in place of EAGLE's fc, and a "
+            f"layer 2H wide): GRIFFIN heads are not supported; HASS heads load as EAGLE-1/2 heads"
+        )
     if "embed_tokens.weight" not in state:
         state["embed_tokens.weight"] = target_model.get_input_embeddings().weight.detach().cpu()
     check({k: v.shape for k, v in head.state_dict().items()}, state, what)

@@ -59,7 +59,7 @@ def fits(folder: Path) -> tuple[int | None, int | None]:
     return None, None
 
 
-FAMILY = head_family(HeadFamily("pard", "PARD drafter", TRANSFORMERS, load, fits))
+FAMILY = head_family(HeadFamily("pard", "PARD drafter", TRANSFORMERS, load, fits, static=True))
 
 
 def drop_rows(length: int, blocks: int, ratio: float, floor: float, generator: torch.Generator) -> list[list[int]]:

@@ -263,7 +263,7 @@ def write_card(out_dir: Path, data: CardData) -> Path:
 
 HEADS = "## Heads"
 HEAD_KINDS = {"eagle": "EAGLE-1/2 head", "eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "mtp": "MTP module",
-              "dflash": "DFlash drafter"}  # fmt: skip
+              "dflash": "DFlash drafter", "pard": "PARD drafter"}  # fmt: skip
 
 
 def heads_section(family_dir: Path) -> list[str]:
@@ -301,6 +301,8 @@ def heads_section(family_dir: Path) -> list[str]:
             extra = f" (DeepSeek-V3 layout), training-time test {cfg['ttt_steps']} steps"
         elif kind == "dflash":
             extra = f", {cfg['draft_layers']} layers, blocks of {cfg['block_size']}"
+        elif kind == "pard":
+            extra = f", {cfg['pard_tokens']} tokens per forward, adapted from the family's draft"
         elif kind == "medusa":
             shared = ", reading out through the target's lm_head" if cfg.get("medusa_shared_lm_head") else ""
             extra = f", {cfg['medusa_heads']} heads{shared}"
