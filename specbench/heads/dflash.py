@@ -134,6 +134,10 @@ class DFlashDraft(nn.Module):
             kept.append(kv)
         return self.norm(x), kept
 
+    def embed(self, ids: torch.Tensor, embedding: nn.Module) -> torch.Tensor:
+        """A block's input [B, n, H]: the target's embedding, times the input scale of later releases."""
+        return embedding(ids) * float(_setting(self.config, "input_embedding_scale", 1.0))
+
     def logits(self, hidden: torch.Tensor, readout: nn.Module) -> torch.Tensor:
         """Logits through the target's lm_head, with the optional output multiplier and softcap of later releases."""
         logits = readout(hidden) * float(_setting(self.config, "output_multiplier", 1.0))

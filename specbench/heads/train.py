@@ -328,7 +328,7 @@ def dflash_blocks(draft: dflash.DFlashDraft, embedding: nn.Module, ids: torch.Te
     rows = anchors[..., None] + torch.arange(bs, device=ids.device)  # [B, N, bs]: each row's position
     noise = torch.full(rows.shape, draft.mask_token_id, device=ids.device)
     noise[..., 0] = ids.gather(1, anchors)
-    block = embedding(noise).flatten(1, 2)  # [B, N * bs, H]
+    block = draft.embed(noise, embedding).flatten(1, 2)  # [B, N * bs, H]
     positions = torch.cat([torch.arange(length, device=ids.device).expand(batch, -1), rows.flatten(1)], dim=1)
     which = torch.arange(rows[0].numel(), device=ids.device) // bs  # [Q]: each query row's block
     sees_context = torch.arange(length, device=ids.device) < anchors[:, which, None]  # [B, Q, L]

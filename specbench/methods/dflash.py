@@ -32,7 +32,6 @@ class DFlash(Proposer):
         self.k = num_draft_tokens
         self.feature_layers = draft.feature_layers
         self.device = draft.fc.weight.device
-        self.scale = float(getattr(draft.config, "input_embedding_scale", None) or 1.0)
 
     def start(self, turn: Turn) -> None:
         super().start(turn)
@@ -52,7 +51,7 @@ class DFlash(Proposer):
             return NO_PROPOSAL
         ids = torch.full((1, self.block), self.draft.mask_token_id, device=self.device)
         ids[0, 0] = tokens[-1]
-        block = self.embedding(ids) * self.scale  # [1, n, H]
+        block = self.draft.embed(ids, self.embedding)  # [1, n, H]
         positions = torch.arange(self.read, root + self.block, device=self.device)[None]
         hidden, self.context = self.draft(block, self.pending[None, :new], positions, None, self.context)
         self.pending, self.read = self.pending[new:], root
