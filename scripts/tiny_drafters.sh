@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The DFlash and PARD drafters bundled with the tiny family (specbench/zoo/tiny/{dflash,pard}). First the target's
-# own greedy answers to the first 1,500 training prompts of the data folder (`specbench regenerate`, ~19 min here;
-# REGENERATED=FILE reuses answers of the same target). On them: the DFlash drafter (`specbench train dflash`:
-# 3 layers reading target layers 1, 5 and 9, blocks of 16 as the released drafters, 32 blocks per 256-token
-# window) and the PARD drafter, adapted from the family's draft (`specbench train pard`: 8 tokens per forward,
-# conditional drop-token 0.7 / 0.2 as the paper). Last, the card's heads table is rewritten.
+# The DFlash and PARD drafters bundled with the tiny family (specbench/zoo/tiny/{dflash,pard}). First the
+# target's own greedy answers to the first 1,500 training prompts of the data folder (`specbench regenerate`, 24 min
+# on a 2-core Xeon; REGENERATED=FILE reuses answers of the same target). On them, the DFlash drafter
+# (`specbench train dflash`: 3 layers reading target layers 1, 5 and 9, blocks of 16 as the released drafters,
+# 32 blocks per 256-token window; 800 steps, 29 min) and the PARD drafter, adapted from the family's draft
+# (`specbench train pard`: 8 tokens per forward, conditional drop-token 0.7 / 0.2 as the paper; 1,000 steps of 4
+# windows, 10 min). Last, the card's heads table is rewritten.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data="${1:-${SPECBENCH_DATA_DIR:-../shared/data}}"
@@ -17,6 +18,15 @@ fi
 common=(--target tiny --data "$answers" --seq-len 256 --compact --device cpu --lr 1e-3)
 specbench train dflash "${common[@]}" --out "$tiny/dflash" --steps "${DFLASH_STEPS:-800}" --block-size 16 \
   --draft-layers 3
-specbench train pard "${common[@]}" --out "$tiny/pard" --steps "${PARD_STEPS:-300}" --batch-size 4 --pard-tokens 8 \
+specbench train pard "${common[@]}" --out "$tiny/pard" --steps "${PARD_STEPS:-1000}" --batch-size 4 --pard-tokens 8 \
   --lr 3e-4
 specbench zoo card --out "$tiny"
+# MEASURE=1: the drafters' τ and speedups beside eagle3 and sps, every quick question at T=0 and T=1, one run on an
+# otherwise idle machine (~20 min here): reports/tiny-drafters, which the drafters' README.md cards quote.
+if [[ -n "${MEASURE:-}" ]]; then
+  rm -rf results/tiny-drafters
+  specbench run --model tiny --methods vanilla,sps,eagle3,dflash,pard --tasks quick --temperatures 0,1 \
+    --out results/tiny-drafters --no-report
+  specbench report results/tiny-drafters --out reports/tiny-drafters \
+    --title "DFlash and PARD drafters of the tiny family beside eagle3 and sps"
+fi

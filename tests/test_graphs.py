@@ -56,14 +56,14 @@ def test_a_prompt_longer_than_the_largest_bucket_and_a_full_cache(target):
 
 
 def test_every_method_under_graphs_gives_the_eager_tokens(tmp_path):
-    common = ["run", "--methods", "vanilla,sps,lookahead,ouroboros,medusa,eagle2,eagle3,mtp", "--limit", "1",
-              "--tasks", "quick", "--max-new-tokens", "16", "--no-report", "--no-noise-floor",
+    common = ["run", "--methods", "vanilla,sps,lookahead,ouroboros,medusa,eagle2,eagle3,mtp,dflash,pard",
+              "--limit", "1", "--tasks", "quick", "--max-new-tokens", "16", "--no-report", "--no-noise-floor",
               "--device", "cpu"]  # fmt: skip
     assert main([*common, "--out", str(tmp_path / "eager")]) == 0
     assert main([*common, "--graphs", "--out", str(tmp_path / "graphs")]) == 0
     manifest = json.loads((tmp_path / "graphs" / "manifest.json").read_text())
     assert manifest["config"]["graphs"] and manifest["graphs"]["captured"] is False
-    assert set(manifest["graphs"]["eager_drafting"]) == {"medusa", "eagle2", "eagle3", "mtp"}
+    assert set(manifest["graphs"]["eager_drafting"]) == {"medusa", "eagle2", "eagle3", "mtp", "dflash"}  # pard: static
     for path in sorted((tmp_path / "eager" / "answers" / "quick").glob("*.jsonl")):
         answers = [[json.loads(line) for line in (run / "answers" / "quick" / path.name).open()]
                    for run in (tmp_path / "eager", tmp_path / "graphs")]  # fmt: skip

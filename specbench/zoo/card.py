@@ -271,12 +271,13 @@ def heads_section(family_dir: Path) -> list[str]:
     lines = [
         HEADS,
         "",
-        "Trained by the family's script (`scripts/tiny_heads.sh`, `scripts/smollm2_heads.sh`: `specbench train "
-        "... --compact`; size: the head's files as bundled) on the text the table names: the "
-        "family's own corpus split, or a JSONL file such as the target's own answers to training prompts "
-        "(`specbench regenerate`); a head must be retrained whenever the target changes. Accuracy: held-out "
-        "share of positions where the head's first guess d tokens past the last target token equals the "
-        "target's greedy token (the tokens in between taken from the text). It is measured on the held-out "
+        "Trained by the family's script (`scripts/tiny_heads.sh`, `scripts/tiny_drafters.sh`, "
+        "`scripts/smollm2_heads.sh`: `specbench train ... --compact`; size: the head's files as bundled) on the "
+        "text the table names: the family's own corpus split, or a JSONL file such as the target's own answers to "
+        "training prompts (`specbench regenerate`); a head must be retrained whenever the target changes. "
+        "Accuracy: held-out share of positions where the head's first guess d tokens past the last target token "
+        "equals the target's greedy token (the tokens in between taken from the text; a DFlash or PARD drafter "
+        "sees none of them: it guesses all d places in one forward). It is measured on the held-out "
         "part of the head's own training text, so heads trained on different text do not compare by it: the "
         "target's own answers are easier to predict than the corpus.",
         "",
