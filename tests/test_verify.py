@@ -172,3 +172,18 @@ def test_every_greedy_token_records_the_targets_pick(small_vocab):
     gen = _greedy_run(small_vocab[0], PromptLookup())
     assert gen.target_top1 == gen.tokens and len(gen.target_margin) == len(gen.tokens)
     assert all(m >= 0 for m in gen.target_margin)
+
+
+def test_a_reused_prefill_samples_what_a_fresh_one_does(small_vocab):
+    """The sampling audit keeps the prompt's cache rows between samples: the same draws, seed for seed."""
+    target, draft = small_vocab
+    lm = CachedLM(target)
+
+    def draws(reuse):
+        generator = torch.Generator().manual_seed(7)
+        return [decode(lm, DraftModel(draft, 2), PROMPT, max_new_tokens=4, temperature=1.0, stop_ids=set(),
+                       generator=generator, reuse_prefill=reuse).tokens for _ in range(6)]  # fmt: skip
+
+    fresh = draws(False)
+    assert draws(True) == fresh
+    assert lm.prefilled is not None and lm.prefilled[0][0] == tuple(PROMPT)

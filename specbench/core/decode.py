@@ -56,10 +56,12 @@ def decode(
     generator: torch.Generator | None = None,
     rule: acceptance.Rule = acceptance.EXACT,
     request: tuple[Hashable, int] | None = None,
+    reuse_prefill: bool = False,
 ) -> Generation:
     """Generate up to max_new_tokens after `prompt`, timing prefill to last token (device synchronised).
     `rule` is the method's acceptance rule (its preset's, through `methods.rule`); `request` names what is
-    answered (`Turn.request`)."""
+    answered (`Turn.request`); `reuse_prefill`: the target's cache of the same prompt is kept from the last call
+    (`CachedLM.prefill`), for the sampling audit only: its prefill time would be wrong."""
     if max_new_tokens <= 0:
         raise SpecbenchError(f"max_new_tokens must be positive, got {max_new_tokens}")
     if len(prompt) >= target.context_length:
@@ -70,7 +72,7 @@ def decode(
     device = target.device
     start = clock(device)
     layers = proposer.feature_layers
-    prefill = target.prefill(prompt, layers)
+    prefill = target.prefill(prompt, layers, reuse=reuse_prefill)
     t0 = clock(device)
     features = prefill.features if prefill is not None else None
     proposer.start(Turn(prompt, temperature, generator, features, request))

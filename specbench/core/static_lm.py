@@ -79,6 +79,7 @@ class StaticCachedLM(CachedLM):
 
     def reset(self) -> None:
         self.cache.length = 0  # rows past `length` are never attended to, so nothing needs clearing
+        self.prefilled = None
 
     @torch.inference_mode()
     def run(self, tokens: list[int], tree: Tree | None = None, *, last_only: bool = False,

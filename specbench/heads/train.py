@@ -1,9 +1,10 @@
 """Self-distillation of Medusa heads, EAGLE heads, MTP modules and DFlash drafters from a frozen target over text:
 the labels are the target's own next-token distributions on that text (no generation), the inputs its hidden
-states (the final ones; three inner ones for EAGLE-3; the drafter's own choice for DFlash).
+states (the final ones; three inner ones for EAGLE-3; the drafter's own choice for DFlash). A PARD drafter is the
+exception: a small model adapted on the text's own tokens, as its paper trains it; the target only scores it.
 
 Per-depth top-1 accuracy on held-out text is the share of positions where the head's first guess at depth
-d equals the target's greedy token there (tokens in between taken from the text).
+d equals the target's greedy token there (tokens in between taken from the text; DFlash and PARD see none).
 """
 
 from __future__ import annotations
