@@ -1,6 +1,6 @@
 """Random-weight checkpoints at a real model's shapes, in the official layouts (target, draft, EAGLE-1/2, EAGLE-3,
-Medusa, MTP), over the bundled tokenizer: the loop's costs at a 7B's size with nothing downloaded. Random heads
-accept almost nothing (τ ≈ 1), so these time forwards and the loop, never a method's speedup.
+Medusa, MTP, DFlash, PARD), over the bundled tokenizer: the loop's costs at a 7B's size with nothing downloaded.
+Random heads accept almost nothing (τ ≈ 1), so these time forwards and the loop, never a method's speedup.
 
     python scripts/random_checkpoints.py --like vicuna-7b --out DIR [--device cuda] [--dtype float16]
 
@@ -9,6 +9,7 @@ prints the `specbench run` options that use them (`--model DIR/target --draft ..
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from specbench.errors import SpecbenchError
-from specbench.heads import eagle, eagle3, medusa, mtp
+from specbench.heads import dflash, eagle, eagle3, medusa, mtp
 from specbench.models.aliases import TINY_DIR
 from specbench.models.loading import device_and_dtype
 
@@ -40,6 +41,7 @@ SHAPES: dict[str, dict[str, dict | None]] = {
 }  # fmt: skip
 MEDUSA_HEADS = 5  # as the official Medusa-1 checkpoints
 EAGLE3_DRAFT_VOCAB = 32000  # as the official EAGLE-3 heads
+DFLASH_LAYERS = 5  # as z-lab's drafters for 8B targets
 
 
 def _config(shape: dict, tokenizer_dir: Path) -> LlamaConfig:
@@ -66,8 +68,9 @@ def _model(config: LlamaConfig, device: torch.device, dtype: torch.dtype, out: P
 @torch.no_grad()
 def write_random(like: str, out: Path, device: torch.device, dtype: torch.dtype = torch.float16,
                  seed: int = 0) -> dict[str, Path]:  # fmt: skip
-    """Every checkpoint of `like`'s shapes under `out` (target/, draft/, eagle/, eagle3/, medusa/, mtp/); returns
-    role -> folder. Heads are stored in float16, as published."""
+    """Every checkpoint of `like`'s shapes under `out` (target/, draft/, eagle/, eagle3/, medusa/, mtp/, dflash/,
+    pard/); returns role -> folder. Heads are stored in float16, as published; the PARD drafter has the draft's
+    shapes."""
     if like not in SHAPES:
         raise SpecbenchError(f"no shapes for '{like}': use one of {', '.join(SHAPES)}")
     torch.manual_seed(seed)
@@ -100,6 +103,16 @@ def write_random(like: str, out: Path, device: torch.device, dtype: torch.dtype 
         module = mtp.MtpHead(target, mtp.DEEPSEEK)
     folders["mtp"] = out / "mtp"
     mtp.save(module, target.config, folders["mtp"], half=True, with_shared=False)
+    raw_dflash = dflash.config_for(target.config, DFLASH_LAYERS, 16, mask_token_id=vocab - 1)  # the released shape
+    with torch.device(device):
+        drafter = dflash.build(raw_dflash)
+    folders["dflash"] = out / "dflash"
+    dflash.save(drafter, raw_dflash, folders["dflash"], half=True)
+    if shapes["draft"]:  # the draft's shapes, made a PARD drafter by its config key
+        folders["pard"] = out / "pard"
+        shutil.copytree(folders["draft"], folders["pard"])
+        path = folders["pard"] / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "pard_token": vocab - 1, "spd_type": "pard"}))
     return folders
 
 
