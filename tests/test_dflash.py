@@ -12,7 +12,7 @@ from specbench.engines.translate import speculative_config
 from specbench.errors import SpecbenchError
 from specbench.heads import dflash
 from specbench.heads.checkpoint import save_safetensors
-from specbench.heads.train import TrainConfig, dflash_anchors, dflash_blocks, target_pass
+from specbench.heads.train import TrainConfig, dflash_anchors, dflash_blocks, target_pass, train_config
 from specbench.methods.dflash import DFlash
 from specbench.methods.vanilla import Vanilla
 
@@ -182,3 +182,9 @@ def test_train_dflash_writes_the_official_layout_that_verify_passes(capsys, tiny
     code = main([*verify.split(), "--prompts", "1", "--model", str(target_dir), "--head", f"dflash={out}"])
     text = capsys.readouterr().out
     assert code == 0 and "greedy: 6/6 questions token-identical" in text and "verdict: pass" in text, text
+
+
+def test_the_block_must_fit_the_training_window():
+    with pytest.raises(SpecbenchError, match="--block-size must be from 2 to half of --seq-len"):
+        train_config("dflash", seq_len=16, block_size=16)
+    assert train_config("eagle", seq_len=16, block_size=16).seq_len == 16  # other kinds ignore the block

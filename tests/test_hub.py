@@ -148,10 +148,10 @@ def test_all_methods_on_an_alias_run_from_the_hub_cache(hf_home, tmp_path, alias
     expected |= {"medusa-typical", "eagle", "eagle2"}
     if alias == "vicuna-7b":
         assert "eagle3 skipped: vicuna-7b has no EAGLE-3 head; pass --head eagle3=PATH_OR_HUB_ID" in done.stderr
-        assert set(manifest["skipped"]) == {"eagle3", "mtp"}  # Vicuna has no MTP module either
+        assert set(manifest["skipped"]) == {"eagle3", "mtp", "dflash", "pard"}  # nor an MTP module or drafters
     else:
         expected.add("eagle3")
-        assert set(manifest["skipped"]) == {"mtp"}
+        assert set(manifest["skipped"]) == {"mtp", "dflash", "pard"}
     assert set(manifest["config"]["methods"]) == expected
     matches = _greedy_matches(run, "two")
     assert set(matches) == expected - {"vanilla"} | {"vanilla-aa"}  # the A/A column: vanilla timed again

@@ -70,7 +70,7 @@ def train_config(kind: str, lr: float | None = None, smoke: bool = False, **size
                              "must be >= 1, --pard-tokens >= 2")  # fmt: skip
     if cfg.seq_len < 8:
         raise SpecbenchError("--seq-len must be >= 8")
-    if not 2 <= cfg.block_size <= cfg.seq_len // 2:
+    if kind == "dflash" and not 2 <= cfg.block_size <= cfg.seq_len // 2:
         raise SpecbenchError(f"--block-size must be from 2 to half of --seq-len ({cfg.seq_len // 2})")
     return cfg.smoke() if smoke else cfg
 
