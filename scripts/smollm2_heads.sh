@@ -4,8 +4,8 @@
 # the data folder (`specbench regenerate`, batched, ~17 min, 176,656 tokens; REGENERATED=FILE reuses answers of the
 # same target), then EAGLE-3 from them (280 steps of 8 x 256 tokens, draft vocabulary 4,096, the 7-step
 # training-time test; 50 min here, partly sharing the CPU) and EAGLE-1/2 (160 steps, 23 min); the card's heads
-# table is rewritten last. Medusa and MTP are not bundled yet: MEDUSA=1 / MTP=1 train them too (5 heads reading
-# out through the target's lm_head; a 3-step training-time test on 128-token windows).
+# table is rewritten last. Medusa (5 heads reading out through the target's lm_head; 150 steps, 8 min) and MTP
+# (a 3-step training-time test; 160 steps, 5 min) train on 128-token windows of 4 (MEDUSA=0 / MTP=0 skip them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data="${1:-${SPECBENCH_DATA_DIR:-../shared/data}}"
@@ -19,8 +19,11 @@ fi
 specbench train eagle3 "${common[@]}" --data "$answers" --out "$out/eagle3" --steps "${EAGLE3_STEPS:-280}" \
   --draft-vocab 4096 --ttt-steps 7
 specbench train eagle "${common[@]}" --data "$answers" --out "$out/eagle" --steps "${EAGLE_STEPS:-160}"
-[[ -z "${MEDUSA:-}" ]] || specbench train medusa "${common[@]}" --data "$answers" --out "$out/medusa" --steps "${MEDUSA_STEPS:-150}" \
+small=(--seq-len 128 --batch-size 4)
+[[ "${MEDUSA:-1}" == 0 ]] || specbench train medusa "${common[@]}" "${small[@]}" --data "$answers" --out "$out/medusa" \
+  --steps "${MEDUSA_STEPS:-150}" \
   --medusa-shared-lm-head
-[[ -z "${MTP:-}" ]] || specbench train mtp "${common[@]}" --data "$answers" --out "$out/mtp" --steps "${MTP_STEPS:-160}" --seq-len 128 \
+[[ "${MTP:-1}" == 0 ]] || specbench train mtp "${common[@]}" "${small[@]}" --data "$answers" --out "$out/mtp" \
+  --steps "${MTP_STEPS:-160}" \
   --ttt-steps 3
 specbench zoo card --out "$out"
