@@ -99,9 +99,10 @@ class CachedLM:
             return self.prefilled[1]
         self.reset()
         out = self.run(prompt[:-1], last_only=True, layers=layers) if len(prompt) > 1 else None
-        if out is not None:  # copies: a captured graph's outputs are overwritten by its next replay
-            out = Forward(out.logits.clone(), None if out.features is None else out.features.clone())
-        self.prefilled = (key, out)
+        if reuse:  # copies: a captured graph's outputs are overwritten by its next replay; timed calls keep none
+            if out is not None:
+                out = Forward(out.logits.clone(), None if out.features is None else out.features.clone())
+            self.prefilled = (key, out)
         return out
 
     def forward(self, tokens: list[int], tree: Tree | None = None, last_only: bool = False) -> torch.Tensor:
