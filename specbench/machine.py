@@ -21,13 +21,17 @@ from .models import few_rows
 BUSY_SHARE = 0.25  # other processes using more than this share of the CPUs make a timing untrustworthy
 
 def _git_revision() -> str | None:
+    """The checkout's commit, with "-dirty" when the package's tracked files differ from it (a run from edited code
+    does not claim the commit's)."""
+    here = Path(__file__).parent
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
-        )
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        edits = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."], cwd=here,
+                               capture_output=True, text=True, timeout=5)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None
+    revision = head.stdout.strip()
+    return (revision + ("-dirty" if edits.stdout.strip() else "")) or None
 
 
 def _cpu_name() -> str:

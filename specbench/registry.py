@@ -25,6 +25,7 @@ class Implementation:
     build: Callable[[dict, Any], Any]  # (preset params, Resources) -> Proposer
     color: str | None = None  # the report's colour for the method (None: one is picked)
     nested: Nested | None = None
+    graphed: Callable[[dict], bool] | None = None  # (preset params) -> its head drafting is captured under --graphs
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,12 @@ IMPLEMENTATIONS: dict[str, Implementation] = {}
 HEADS: dict[str, HeadFamily] = {}
 
 
-def implementation(name: str, color: str | None = None, nested: Nested | None = None) -> Callable:
+def implementation(name: str, color: str | None = None, nested: Nested | None = None,
+                   graphed: Callable[[dict], bool] | None = None) -> Callable:  # fmt: skip
     """Decorator registering `build(params, resources) -> Proposer` under `name` (a preset's `implementation:`)."""
 
     def register(build: Callable) -> Callable:
-        IMPLEMENTATIONS[name] = Implementation(name, build, color, nested)
+        IMPLEMENTATIONS[name] = Implementation(name, build, color, nested, graphed)
         return build
 
     return register

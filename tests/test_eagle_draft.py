@@ -1,12 +1,16 @@
 """EAGLE's tensor drafting loop: a smaller dynamic tree is the select of a larger draft's first levels (what
-`specbench tune` relies on), and the per-level attention mask is exactly the fed ancestors of each node."""
+`specbench tune` relies on), the per-level attention mask is exactly the fed ancestors of each node, and drafting on
+--graphs' static cache proposes the eager cache's trees."""
 
+import copy
 
 import pytest
 import torch
 
 from specbench.core.cached_lm import CachedLM
-from specbench.core.proposer import Turn
+from specbench.core.decode import decode
+from specbench.core.proposer import Proposal, Turn
+from specbench.core.static_lm import StaticRows
 from specbench.heads.eagle import build, config_from_target
 from specbench.methods.eagle import DYNAMIC, Draft, DynamicTree, Eagle, StaticTree
 
@@ -164,3 +168,39 @@ def test_ties_go_to_the_earlier_node():
             level = torch.arange(2, n)
             expected = sorted(sorted(range(2, n), key=lambda i: (-scores[i].item(), i))[:k])
             assert DynamicTree(50, 3, k).grow(level, draft).tolist() == expected
+
+
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="captures on a GPU"))
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("expansion", [DynamicTree(60, 5, 3), DynamicTree(8, 2, 2)], ids=["deep", "shallow"])
+def test_static_drafting_proposes_the_eager_trees_step_by_step(model, head, expansion, device):
+    """--graphs' drafting (the pairs padded to the most a step commits, the prompt's pairs and the budget's shallow
+    last steps off those shapes; captured on a GPU) proposes the eager cache's tree at every step, greedy and at
+    T = 1 (top-k candidates, point masses); sampled children at T = 1 keep the eager cache."""
+    if device != "cpu":
+        model, head = copy.deepcopy(model).to(device), copy.deepcopy(head).to(device)
+    accepted = []
+    for temperature, sampled in [(0.0, False), (1.0, False), (1.0, True)]:
+        for prompt in PROMPTS:
+            runs = []
+            for graphs in (False, True):
+                proposer = Eagle(head, model.get_output_embeddings(), expansion, sampled=sampled, graphs=graphs)
+                trees, propose = [], proposer.propose
+                proposer.propose = lambda tokens, depth, propose=propose, trees=trees: recorded(
+                    trees, propose(tokens, depth))  # fmt: skip
+                gen = decode(CachedLM(model), proposer, prompt, max_new_tokens=30, temperature=temperature,
+                             stop_ids=set(), generator=torch.Generator(device).manual_seed(1))  # fmt: skip
+                runs.append((gen.tokens, gen.accept_lengths, trees))
+                assert isinstance(proposer.cache, StaticRows) == (graphs and not sampled)
+                assert bool(graphs and not sampled and proposer.static.graphs) == (graphs and not sampled)
+            assert runs[1] == runs[0], (temperature, sampled, prompt)
+            assert len(runs[0][2]) > 1 and any(len(tree) for tree in runs[0][2])
+            accepted += runs[0][1]
+    assert max(accepted) > 2  # steps commit several pairs (the padded rows are real rows there)
+
+
+def recorded(trees: list, proposal: Proposal) -> Proposal:
+    trees.append(proposal.tree)
+    return proposal

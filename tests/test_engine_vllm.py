@@ -134,7 +134,8 @@ def test_a_run_in_the_engine_writes_answers_sweeps_and_the_cross_check(capsys, t
     questions.write_text("".join(json.dumps({"id": i, "turns": [t, "And then?"]}) + "\n"
                                  for i, t in enumerate(["Name a colour.", "Count to three."])))  # fmt: skip
     common = ["run", "--model", str(target), "--draft", str(draft), "--tasks", str(questions),
-              "--max-new-tokens", "6", "--no-noise-floor", "--no-report", "--methods", "vanilla,sps"]  # fmt: skip
+              "--max-new-tokens", "6", "--no-noise-floor", "--no-report", "--methods", "vanilla,sps",
+              "--device", "cpu"]  # fmt: skip (on a GPU, auto would pick float16 there)
     engine_run, loop_run = tmp_path / "engine", tmp_path / "loop"
     assert main([*common, "--engine", "vllm", "--concurrency", "2", "--out", str(engine_run)]) == 0
     assert main([*common, "--out", str(loop_run)]) == 0

@@ -7,7 +7,9 @@ loop."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from transformers import DynamicCache
@@ -19,6 +21,7 @@ from .tree import Tree, attention_mask, position_ids
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows of a verification (root, tree, side branch), padded up to one
 SPAN = 256  # the keys a forward attends over come in multiples of this (only the live rows, not the whole cache)
 MAX_CACHE = 4096  # cached tokens at most (the model's own context if shorter): prompt and answer must fit
+T = TypeVar("T")
 
 
 class StaticRows(DynamicCache):
@@ -46,6 +49,21 @@ class StaticRows(DynamicCache):
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
         return self.length
+
+
+def capture(fn: Callable[[], T], device: torch.device, pool=None) -> tuple[torch.cuda.CUDAGraph, T]:
+    """`fn` (tensor work on static inputs, no host syncs) run twice on a side stream to warm up, then captured as a
+    CUDA graph in `pool`: the graph and the outputs each replay writes."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
 
 
 @dataclass
@@ -120,19 +138,13 @@ class StaticCachedLM(CachedLM):
         return Forward(out.logits[rows].clone(), None if out.features is None else out.features[:n].clone())
 
     def _capture(self, key: tuple, ids, positions, mask, at) -> Graph:
-        """The bucket's forward captured after two warm-up runs on a side stream (they write only rows past the
-        committed ones, which the replay then overwrites)."""
+        """The bucket's forward captured (its warm-up runs write only rows past the committed ones, which the replay
+        then overwrites)."""
         graph = Graph(ids.clone(), positions.clone(), mask.clone(), at.clone())
         self.cache.at, self.cache.span = graph.at, key[1]
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                call(self.model, self.cache, graph.ids, graph.mask, graph.positions, key[2])
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph.graph, pool=self.pool):
-            graph.out = call(self.model, self.cache, graph.ids, graph.mask, graph.positions, key[2])
+        graph.graph, graph.out = capture(
+            lambda: call(self.model, self.cache, graph.ids, graph.mask, graph.positions, key[2]), self.device, self.pool
+        )
         self.pool = graph.graph.pool()
         self.graphs[key] = graph
         return graph

@@ -47,6 +47,15 @@ def needs(name: str) -> list[Need]:
     return parse_needs(name, preset(name).needs)
 
 
+def eager_drafting(name: str) -> bool:
+    """Whether the method drafts with a head outside static caches and CUDA graphs under --graphs."""
+    spec = preset(name)
+    graphed = registry.IMPLEMENTATIONS[spec.implementation].graphed
+    if graphed is not None and graphed(spec.params):
+        return False
+    return any(need.kind == "head" and not registry.HEADS[need.family].static for need in needs(name))
+
+
 def variant(name: str) -> tuple[str, dict]:
     """'eagle2[top_k=6,depth=4]' -> ('eagle2', {'top_k': 6, 'depth': 4}); values are read as YAML scalars."""
     match = _VARIANT.match(name)

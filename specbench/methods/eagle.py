@@ -23,7 +23,8 @@ keeps the first `total_tokens - 1` candidates in the order they were drawn (leve
 The candidates live in tensors on the head's device (`Draft`), a whole level at a time: no Python runs per node,
 and the host waits on the device only for a count that depends on the draft (how many children a static or
 sampled level admits, how many nodes of a static level grow) and once at the end, for the tree handed to the
-target. The last proposal's candidates stay on the proposer as `drafted`.
+target. The last proposal's candidates stay on the proposer as `drafted`. Under --graphs a dynamic tree of top-k
+candidates drafts on a static cache, captured on a GPU (`StaticDrafting`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from transformers import DynamicCache
 from ..core import choices
 from ..core.proposer import NO_PROPOSAL, Feedback, Nested, Proposal, Proposer, Turn, tree_prefix
 from ..core.sampling import draw_distinct_padded, probabilities
+from ..core.static_lm import MAX_CACHE, SPAN, StaticRows, capture
 from ..core.tree import Tree, additive_mask
 from ..heads import frequencies
 from ..heads.eagle import EagleHead
@@ -173,6 +175,7 @@ class Eagle(Proposer):
         target_ids: Callable[[torch.Tensor], torch.Tensor] | None = None,  # draft ids -> target ids; None: equal
         target_vocab: int | None = None,  # the target's vocabulary size when the draft's differs
         sampled: bool = False,  # at T > 0, draw children from the draft without replacement (module docstring)
+        graphs: bool = False,  # a dynamic tree of top-k candidates drafts on a static cache (`StaticDrafting`)
     ) -> None:
         self.head = head
         self.lm_head = lm_head
@@ -183,18 +186,24 @@ class Eagle(Proposer):
         self.sampled = sampled
         self.device = head.fc.weight.device
         self.drafted = Draft.empty(self.device)  # the last proposal's candidates, kept or not
+        self.static = StaticDrafting(self) if graphs and isinstance(expansion, DynamicTree) else None
 
     def start(self, turn: Turn) -> None:
         super().start(turn)
         self.sampling = self.sampled and turn.temperature > 0
-        self.cache = DynamicCache(config=self.head.config)  # pairs of committed tokens only
         self.pending = turn.features if turn.features is not None else torch.empty(0, self.head.feature_size)
         self.root: torch.Tensor | None = None  # [H]: the head's output at the root's position
+        if self.static is not None and not self.sampling:  # the prompt's pairs are fed with the first draft
+            self.cache = self.static.cache
+            self.cache.length = 0
+            return
+        self.cache = DynamicCache(config=self.head.config)  # pairs of committed tokens only
         self._extend(turn.prompt)
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
         self.pending = torch.cat([self.pending.to(feedback.features), feedback.features])
-        self._extend(tokens)
+        if not isinstance(self.cache, StaticRows):
+            self._extend(tokens)
 
     @torch.inference_mode()
     def _extend(self, tokens: list[int]) -> None:
@@ -214,13 +223,29 @@ class Eagle(Proposer):
     @torch.inference_mode()
     def propose(self, tokens: list[int], max_depth: int) -> Proposal:
         depths = min(self.expansion.max_depth, max_depth)
-        self.drafted = draft = Draft.empty(self.device)
+        self.drafted = Draft.empty(self.device)
+        if isinstance(self.cache, StaticRows):
+            found = self.static.propose(tokens, depths)
+            if found is None:
+                return NO_PROPOSAL
+            self.drafted, keep = found
+            return Proposal(self.drafted.tree(keep))
         if self.root is None or depths < 1:
             return NO_PROPOSAL
-        position = self.cache.get_seq_length()  # the root's
+        draft, fed = self._grow(self.root, depths, self.cache.get_seq_length())
+        if fed:  # tree keys are discarded, the committed prefix stays
+            self.cache.crop(-fed)  # (transformers 5 crops by minus the count)
+        self.drafted = draft
+        keep = self.expansion.select(draft)
+        return Proposal(draft.tree(keep), None if draft.laws is None else draft.laws[keep])
+
+    def _grow(self, root: torch.Tensor, depths: int, position: int | torch.Tensor) -> tuple[Draft, int]:
+        """The draft of `depths` levels from the head's output at the root [H], whose position (the committed
+        pairs in the cache) is `position`; and how many tree rows went into the cache."""
+        draft = Draft.empty(self.device)
         frontier = torch.full((1,), -1, device=self.device)  # the growing nodes [F]; -1 is the root
         reached = torch.zeros(1, dtype=torch.float64, device=self.device)  # [F]: their scores
-        hidden = self.root[None]  # [F, H]: the head's outputs at their positions
+        hidden = root[None]  # [F, H]: the head's outputs at their positions
         seen = torch.zeros(1, 0, dtype=torch.bool, device=self.device)  # [F, fed]: their fed ancestors-or-self
         laws = []  # per level [n, V] when sampled
         for depth in range(1, depths + 1):
@@ -252,15 +277,11 @@ class Eagle(Proposer):
                 break
             above = rows[grown - start]  # each grown node's parent's row in the frontier
             seen = torch.cat([seen[above], torch.eye(len(grown), dtype=torch.bool, device=self.device)], dim=1)
-            hidden = self._feed(hidden[above], draft.tokens[grown], seen, position + depth - 1)
+            hidden = self._feed(hidden[above], draft.tokens[grown], seen, position, depth)
             frontier, reached = grown, draft.scores[grown]
-        if fed := seen.shape[1]:  # tree keys are discarded, the committed prefix stays
-            self.cache.crop(-fed)  # (transformers 5 crops by minus the count)
         if laws:
             draft.laws = torch.cat(laws)
-        self.drafted = draft
-        keep = self.expansion.select(draft)
-        return Proposal(draft.tree(keep), None if draft.laws is None else draft.laws[keep])
+        return draft, seen.shape[1]
 
     def _children(self, logits: torch.Tensor) -> Children:
         """The candidate children of each growing node from its row of logits [F, V']: the draft's top k, or
@@ -281,18 +302,128 @@ class Eagle(Proposer):
         valid = torch.arange(drawn.shape[1], device=drawn.device) < real[:, None]
         return Children(to_target[drawn], torch.log(q.gather(1, drawn)), valid, laws)
 
-    def _feed(self, features: torch.Tensor, tokens: torch.Tensor, seen: torch.Tensor, position: int) -> torch.Tensor:
-        """One draft forward over a level's growing nodes [n] from their parents' outputs features [n, H]; each
-        row sees the committed prefix and what `seen` [n, fed + n] marks among the fed nodes and the level's own
-        rows (its ancestors and itself). Returns the head's outputs [n, H]."""
+    def _feed(self, features: torch.Tensor, tokens: torch.Tensor, seen: torch.Tensor, root: int | torch.Tensor,
+              depth: int) -> torch.Tensor:  # fmt: skip
+        """One draft forward over a level's growing nodes [n] from their parents' outputs features [n, H], at the
+        position of the root (`root`, the committed pairs) + depth - 1; each row sees the committed prefix and what
+        `seen` [n, fed + n] marks among the fed nodes and the level's own rows (its ancestors and itself). Returns
+        the head's outputs [n, H]."""
         n = len(tokens)
-        committed = self.cache.get_seq_length() - (seen.shape[1] - n)
-        allowed = torch.cat([seen.new_ones(n, committed), seen], dim=1)  # [n, committed + fed + n]
+        if isinstance(self.cache, StaticRows):  # tree rows after the committed ones; every key row is masked
+            allowed, positions = self.static.tree_rows(seen, root, n), (root + depth - 1).expand(1, n)
+        else:
+            allowed = torch.cat([seen.new_ones(n, root), seen], dim=1)  # [n, committed + fed + n]
+            positions = torch.full((1, n), root + depth - 1, device=self.device)
+        return self.head(features[None], tokens[None], positions, self._mask(allowed), self.cache)[0]
+
+    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        """Bool [rows, keys] on the head's device -> additive [1, 1, rows, keys]: 0 where allowed."""
         dtype = self.head.fc.weight.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
-        mask.masked_fill_(~allowed, torch.finfo(dtype).min)  # additive: 0 where allowed
-        positions = torch.full((1, n), position, device=self.device)
-        return self.head(features[None], tokens[None], positions, mask[None, None], self.cache)[0]
+        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+@dataclass
+class DraftGraph:
+    """One key span's drafting: its static inputs, and once captured (on a GPU) its graph and the outputs each
+    replay writes."""
+
+    features: torch.Tensor  # [P, F]: the committed pairs' target features, padded
+    ids: torch.Tensor  # [P]: the token after each
+    count: torch.Tensor  # 0-d long: how many of the P rows are real
+    committed: torch.Tensor  # 0-d long: the pairs already in the cache
+    graph: torch.cuda.CUDAGraph | None = None
+    out: tuple[Draft, torch.Tensor] | None = None  # the draft and the nodes verified
+
+
+class StaticDrafting:
+    """EAGLE-2/3 drafting under --graphs: the head's keys live in preallocated rows (`StaticRows`), and a step's
+    drafting (feed the pairs the last verification committed, padded to the most a step commits, then grow the
+    whole tree and pick the nodes to verify) is one function of device tensors with fixed shapes, captured on a GPU
+    as one CUDA graph per key span and replayed: no Python per level and one host transfer (the tree). A step with
+    more pairs (the prompt's) or a shallower tree (the token budget's last steps) runs the same function uncaptured.
+    Drafting sampled children (T > 0 with `sampled`) keeps the eager cache."""
+
+    def __init__(self, eagle: Eagle) -> None:
+        self.eagle = eagle
+        tree = eagle.expansion
+        self.pad = tree.max_depth + 1  # the pairs a step commits at most: the accepted path and the root
+        self.fed = (tree.max_depth - 1) * tree.branch  # the tree rows a draft feeds at most
+        self.cache = StaticRows(eagle.head.config, -(-(MAX_CACHE + self.pad + self.fed) // SPAN) * SPAN)
+        self.capture = eagle.device.type == "cuda"
+        self.graphs: dict[int, DraftGraph] = {}
+        self.pool = None  # one memory pool for every captured draft
+
+    def propose(self, tokens: list[int], depths: int) -> tuple[Draft, torch.Tensor] | None:
+        """Feed the pending pairs, then the draft and the nodes to verify; None when there is nothing to draft
+        from (no new pairs, no depth left, or features missing for some committed token, as in the eager cache)."""
+        eagle, cache = self.eagle, self.cache
+        past = cache.length
+        n = min(len(eagle.pending), len(tokens) - 1 - past)
+        if n <= 0:
+            return None
+        features, eagle.pending = eagle.pending[:n], eagle.pending[n:]
+        ids = torch.tensor(tokens[past + 1 : past + 1 + n], device=eagle.device)
+        cache.length = past + n
+        if past + n != len(tokens) - 1 or depths < 1:  # feed them; nothing to draft from
+            cache.span = self._span(past + n, 0)
+            self._pairs(features, ids, torch.tensor(past, device=eagle.device))
+            return None
+        if n > self.pad or depths < eagle.expansion.max_depth:  # off the captured shapes: run once, uncaptured
+            cache.span = self._span(past + n, depths)
+            count, committed = (torch.tensor(v, device=eagle.device) for v in (n, past))
+            return self._draft(features, ids, count, committed, depths)
+        span = self._span(past + self.pad, depths)
+        graph = self.graphs.get(span)
+        if graph is None:
+            inputs = features.new_zeros(self.pad, features.shape[1]), ids.new_zeros(self.pad)
+            graph = self.graphs[span] = DraftGraph(*inputs, ids.new_ones(()), ids.new_zeros(()))
+        graph.features[:n] = features
+        graph.ids[:n] = ids
+        graph.count.fill_(n)
+        graph.committed.fill_(past)  # (capture's warm-up runs write past the committed rows only)
+        cache.span = span
+
+        def draft() -> tuple[Draft, torch.Tensor]:
+            return self._draft(graph.features, graph.ids, graph.count, graph.committed, depths)
+
+        if not self.capture:
+            return draft()
+        if graph.graph is None:
+            graph.graph, graph.out = capture(draft, eagle.device, self.pool)
+            self.pool = graph.graph.pool()
+        graph.graph.replay()
+        found, keep = graph.out
+        return found._map(torch.clone), keep.clone()
+
+    def _span(self, end: int, depths: int) -> int:
+        """The key rows a draft attends over: the pairs up to `end`, then its tree rows, rounded up to SPAN."""
+        return min(-(-(end + max(depths - 1, 0) * self.eagle.expansion.branch) // SPAN) * SPAN, self.cache.capacity)
+
+    def _draft(self, features: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, committed: torch.Tensor,
+               depths: int) -> tuple[Draft, torch.Tensor]:  # fmt: skip
+        """Feed the first `count` pairs (features [P, F], ids [P]) after `committed`, then grow from the last one's
+        output: the draft and the nodes to verify."""
+        root = self._pairs(features, ids, committed).index_select(0, (count - 1).view(1))[0]  # [H]
+        draft, _ = self.eagle._grow(root, depths, committed + count)
+        return draft, self.eagle.expansion.select(draft)
+
+    def _pairs(self, features: torch.Tensor, ids: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
+        """The head over pairs at rows committed, committed + 1, ... (causal over the cache): outputs [P, H]."""
+        rows = committed + torch.arange(len(ids), device=ids.device)  # [P]
+        allowed = torch.arange(self.cache.span, device=ids.device)[None] <= rows[:, None]  # [P, span]
+        self.cache.at = rows
+        return self.eagle.head(features[None], ids[None], rows[None], self.eagle._mask(allowed), self.cache)[0]
+
+    def tree_rows(self, seen: torch.Tensor, root: torch.Tensor, n: int) -> torch.Tensor:
+        """Where a level's n rows go (after the committed pairs, the tree rows fed so far) and which keys they see
+        [n, span]: the committed pairs, and those tree rows `seen` [n, fed + n] marks."""
+        fed = seen.shape[1]
+        cols = torch.arange(self.cache.span, device=seen.device)
+        allowed = (cols < root).expand(n, -1).clone()
+        allowed.scatter_(1, (root + torch.arange(fed, device=seen.device)).expand(n, -1), seen)
+        self.cache.at = root + torch.arange(fed - n, fed, device=seen.device)
+        return allowed
 
 
 def _nested_tree(snapshot: tuple[Draft, int], params: dict) -> Tree:
@@ -345,9 +476,9 @@ def _on_target_head(
     vocab = head.config.vocab_size
     ids = _shortlist(res, "eagle", draft_vocab, torch.arange(vocab, device=res.device), "the vocabulary's")
     if ids is None:
-        return Eagle(head, res.readout(dtype), expansion, sampled=sampled)
+        return Eagle(head, res.readout(dtype), expansion, sampled=sampled, graphs=res.graphs)
     return Eagle(head, res.readout(dtype, ids), expansion, target_ids=lambda drafted: ids[drafted],
-                 target_vocab=vocab, sampled=sampled)  # fmt: skip
+                 target_vocab=vocab, sampled=sampled, graphs=res.graphs)  # fmt: skip
 
 
 def _draft_params(params: dict) -> dict:
@@ -361,13 +492,18 @@ def build_eagle(params: dict, res: Resources) -> Proposer:
     return _on_target_head(res, StaticTree(listed, **params), sampled, **draft)
 
 
-@implementation("eagle2", color="#d62728", nested=DYNAMIC)
+def _graphed(params: dict) -> bool:
+    """Under --graphs the dynamic tree's drafting is captured (`StaticDrafting`), unless it samples children."""
+    return not params.get("sampled")
+
+
+@implementation("eagle2", color="#d62728", nested=DYNAMIC, graphed=_graphed)
 def build_eagle2(params: dict, res: Resources) -> Proposer:
     sampled, draft = params.pop("sampled", False), _draft_params(params)
     return _on_target_head(res, DynamicTree(**params), sampled, **draft)
 
 
-@implementation("eagle3", color="#9467bd", nested=DYNAMIC)
+@implementation("eagle3", color="#9467bd", nested=DYNAMIC, graphed=_graphed)
 def build_eagle3(params: dict, res: Resources) -> Proposer:
     sampled, draft = params.pop("sampled", False), _draft_params(params)
     head = res.head("eagle3", res.draft_dtype(draft["draft_dtype"]))
@@ -384,4 +520,5 @@ def build_eagle3(params: dict, res: Resources) -> Proposer:
         target_ids=head.target_ids,
         target_vocab=text.vocab_size,
         sampled=sampled,
+        graphs=res.graphs,
     )

@@ -19,7 +19,6 @@ from ..engines import concurrency
 from ..errors import SpecbenchError
 from ..machine import too_busy, warn_if_busy
 from ..progress import Progress
-from ..registry import HEADS
 from ..results import Answer, append, read_file
 from . import plan as planning
 from .session import prepare
@@ -172,8 +171,7 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
     if cfg.graphs:  # which forwards ran on static caches, captured or not, and which drafting stayed eager
         manifest["graphs"] = {
             "captured": infos[0]["device"] == "cuda", "buckets": list(BUCKETS),
-            "eager_drafting": [m for m in names if any(need.kind == "head" and not HEADS[need.family].static
-                                                       for need in methods.needs(m))],
+            "eager_drafting": [m for m in names if methods.eager_drafting(m)],
         }  # fmt: skip
     for info in infos:
         warn_if_busy(info["machine"])
