@@ -6,6 +6,10 @@
     python scripts/gpu_check.py summary RUN --roofline roofline.json
         the table a closing note quotes: roofline, T(n) of the target's forward, each method's tokens/s, τ and step
         cost split into target forward, drafting and the rest (host: Python, launches, sampling), the A/A floor
+    python scripts/gpu_check.py drafting [--like vicuna-7b] [--method eagle2|eagle3] [--profile FILE]
+        one EAGLE-2/3 draft step at the model's real shapes (random head, a 256-token prompt, two pairs committed a
+        step), timed on the eager cache, on --graphs' static cache uncaptured, and captured; with --profile, each
+        regime's kernels by device time (torch.profiler) written to FILE
 """
 
 from __future__ import annotations
@@ -105,6 +109,74 @@ def summary(args) -> None:
         print(f"\nA/A floor (vanilla timed twice): {metrics.format_ratio(s.value, s.low, s.high)}, {verdict}.")
 
 
+def _draft_step(proposer, tokens: list[int], vocab: int) -> list[int]:
+    """One propose, then one draft accepted and the target's token committed (two pairs, random features)."""
+    from specbench.core.proposer import Feedback
+
+    proposer.propose(tokens, 100)
+    tokens = tokens + torch.randint(vocab, (2,)).tolist()
+    features = torch.randn(2, proposer.head.feature_size, device=proposer.device, dtype=proposer.head.fc.weight.dtype)
+    proposer.update(tokens, None, Feedback(None, features))
+    return tokens
+
+
+def drafting(args) -> None:
+    from random_checkpoints import EAGLE3_DRAFT_VOCAB, SHAPES, _config
+
+    from specbench.core.proposer import Turn
+    from specbench.heads import eagle, eagle3
+    from specbench.methods.eagle import DynamicTree, Eagle
+    from specbench.models.aliases import TINY_DIR
+
+    device = torch.device(args.device)
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    config = _config(SHAPES[args.like]["target"], TINY_DIR / "target")
+    raw, vocab = eagle.config_from_target(config), config.vocab_size
+    with torch.device(device):
+        if args.method == "eagle2":
+            head = eagle.build(raw)
+            readout = torch.nn.Linear(config.hidden_size, vocab, bias=False).to(dtype)
+            options = dict(lm_head=readout, expansion=DynamicTree(60, 5, 10))
+        else:
+            head = eagle3.build({**raw, "draft_vocab_size": min(EAGLE3_DRAFT_VOCAB, vocab)})
+            if head.d2t is not None:
+                head.d2t, head.t2d = eagle3.vocabulary_maps(torch.arange(EAGLE3_DRAFT_VOCAB, device=device), vocab)
+            options = dict(lm_head=head.logits, expansion=DynamicTree(60, 7, 10), target_ids=head.target_ids,
+                           target_vocab=vocab)  # fmt: skip
+    head = head.to(dtype).eval()
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if
+                                                          device.type == "cuda" else [])  # fmt: skip
+    tables = []
+    print(f"| {args.method} at {args.like}'s shapes, {dtype} | ms per draft step (median of {args.steps}) |")
+    print("|---|---|")
+    for regime in ("eager", "static", "captured"):
+        proposer = Eagle(head, graphs=regime != "eager", **options)
+        if regime == "static":
+            proposer.static.capture = False
+        tokens = torch.randint(vocab, (args.prompt,)).tolist()
+        proposer.start(Turn(tokens, 0.0, None, torch.randn(len(tokens) - 1, head.feature_size, device=device,
+                                                           dtype=dtype)))  # fmt: skip
+        times = []
+        for _ in range(args.steps + 3):  # the first steps feed the prompt and capture
+            sync()
+            start = time.perf_counter()
+            tokens = _draft_step(proposer, tokens, vocab)
+            sync()
+            times.append(time.perf_counter() - start)
+        print(f"| {regime} | {_ms(sorted(times[3:])[len(times[3:]) // 2])} |")
+        if args.profile:
+            with torch.profiler.profile(activities=activities) as prof:
+                for _ in range(5):
+                    tokens = _draft_step(proposer, tokens, vocab)
+                sync()
+            key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+            tables.append(f"## {regime} (5 steps)\n\n{prof.key_averages().table(sort_by=key, row_limit=25)}\n")
+    if args.profile:
+        args.profile.write_text("\n".join(tables))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="gpu_check.sh's roofline and summary table")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -114,8 +186,15 @@ def main() -> int:
     s = sub.add_parser("summary")
     s.add_argument("run", type=Path)
     s.add_argument("--roofline", type=Path, required=True)
+    d = sub.add_parser("drafting")
+    d.add_argument("--like", default="vicuna-7b")
+    d.add_argument("--method", choices=["eagle2", "eagle3"], default="eagle2")
+    d.add_argument("--device", default="cuda")
+    d.add_argument("--prompt", type=int, default=256)
+    d.add_argument("--steps", type=int, default=30)
+    d.add_argument("--profile", type=Path)
     args = parser.parse_args()
-    (roofline if args.command == "roofline" else summary)(args)
+    {"roofline": roofline, "summary": summary, "drafting": drafting}[args.command](args)
     return 0
 
 
