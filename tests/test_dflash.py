@@ -1,3 +1,4 @@
+import copy
 import json
 
 import pytest
@@ -8,6 +9,7 @@ from specbench.cli.main import main
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
 from specbench.core.losslessness import sampling_test
+from specbench.core.proposer import Feedback, Turn
 from specbench.engines.translate import speculative_config
 from specbench.errors import SpecbenchError
 from specbench.heads import dflash
@@ -188,3 +190,29 @@ def test_the_block_must_fit_the_training_window():
     with pytest.raises(SpecbenchError, match="--block-size must be from 2 to half of --seq-len"):
         train_config("dflash", seq_len=16, block_size=16)
     assert train_config("eagle", seq_len=16, block_size=16).seq_len == 16  # other kinds ignore the block
+
+
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="captures on a GPU"))
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_the_static_context_drafts_what_the_cached_one_does(target, device):
+    """--graphs' block forward on preallocated slots (the new context rows padded to the most a step commits, the
+    prompt's rows and a step past the padding run at their own count; captured on a GPU) gives the eager proposer's
+    drafts and laws, step by step, for steps committing 1 to 4 rows."""
+    model, draft = copy.deepcopy(target).to(device), random_draft(target).to(device)
+    features = torch.randn(40, draft.feature_size, generator=torch.Generator().manual_seed(5)).to(device)
+    tokens = torch.randint(0, 47, (40,), generator=torch.Generator().manual_seed(6)).tolist()
+    made = []
+    for graphs in (False, True):
+        made.append(DFlash(draft, model.get_input_embeddings(), model.get_output_embeddings(), 3, graphs=graphs))
+        made[-1].start(Turn(tokens[:9], 1.0, torch.Generator(device).manual_seed(0), features[:8]))
+    end = 9
+    for step in [1, 4, 2, 3, 1, 1, 4, 7, 2]:  # rows committed (7: past the padding of 4)
+        drafts = [p.propose(tokens[:end], 10) for p in made]
+        assert drafts[1].tree == drafts[0].tree
+        torch.testing.assert_close(drafts[1].draft_probs, drafts[0].draft_probs, rtol=1e-4, atol=1e-5)
+        for p in made:
+            p.update(tokens[: end + step], drafts[0], Feedback(None, features[end - 1 : end - 1 + step]))
+        end += step
+    assert made[1].graphs and made[1].slots is not None

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from specbench.core import choices
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
 from specbench.core.proposer import Proposal, Turn
@@ -174,7 +175,9 @@ CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-@pytest.mark.parametrize("expansion", [DynamicTree(60, 5, 3), DynamicTree(8, 2, 2)], ids=["deep", "shallow"])
+@pytest.mark.parametrize("expansion", [DynamicTree(60, 5, 3), DynamicTree(8, 2, 2), StaticTree(HAND),
+                                       StaticTree(choices.resolve("eagle_mc_sim_7b_63"))],
+                         ids=["deep", "shallow", "static", "static_eagle1"])  # fmt: skip
 def test_static_drafting_proposes_the_eager_trees_step_by_step(model, head, expansion, device):
     """--graphs' drafting (the pairs padded to the most a step commits, the prompt's pairs and the budget's shallow
     last steps off those shapes; captured on a GPU) proposes the eager cache's tree at every step, greedy and at
@@ -204,3 +207,14 @@ def test_static_drafting_proposes_the_eager_trees_step_by_step(model, head, expa
 def recorded(trees: list, proposal: Proposal) -> Proposal:
     trees.append(proposal.tree)
     return proposal
+
+
+def test_a_static_trees_fixed_levels_are_what_its_template_admits_and_grows(model, head):
+    """The levels `StaticTree.fixed` reads from the template are those the host-synced path finds in a draft."""
+    tree = StaticTree(HAND)
+    proposer = started(model, head, tree, PROMPTS[0])
+    proposer.propose(PROMPTS[0], 20)
+    depths = proposer.drafted.depths
+    assert [len(admitted) for admitted, _ in tree.levels] == [int((depths == d).sum()) for d in range(1, 5)]
+    assert [grown.tolist() for _, grown in tree.levels] == [[0, 1], [0, 2], [0, 1], []]
+    assert tree.fed == 6 and tree.fixed(1, 2, torch.device("cpu")) is None  # a vocabulary below the branch

@@ -18,6 +18,7 @@ hidden_norm.weight, norm.weight and per layer i `layers.{i}.self_attn.{q,k,v,o}_
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,6 +34,24 @@ from .checkpoint import check, config_shape, read_config, read_weights, save_saf
 
 FILES = ("model.safetensors",)
 Context = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys and values [B, kv heads, committed, d]
+
+
+@dataclass
+class Slots:
+    """One layer's preallocated keys and values [1, kv heads, capacity, d] (--graphs): a forward writes its context
+    and block rows at the rows `at` holds and attends over the first `span` rows, under its mask."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    at: torch.Tensor | None = None
+    span: int = 0
+
+
+def slots(draft: DFlashDraft, capacity: int) -> list[Slots]:
+    """Every layer's `Slots`, on the drafter's device and in its dtype."""
+    config, weight = draft.config, draft.fc.weight
+    shape = (1, config.num_key_value_heads, capacity, config.head_dim)
+    return [Slots(weight.new_zeros(shape), weight.new_zeros(shape)) for _ in draft.layers]
 
 
 def target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -69,10 +88,11 @@ class DFlashAttention(nn.Module):
         x: torch.Tensor,  # [B, n, H]: the block's rows
         context: torch.Tensor,  # [B, c, H]: new context rows
         rope: tuple[torch.Tensor, torch.Tensor],  # [B, c + n, d] each: the context's positions, then the block's
-        mask: torch.Tensor | None,  # bool [B, 1, n, past + c + n], True = attend; None: everything
-        past: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """The attention output [B, n, H] and the context's keys and values, past ones included."""
+        mask: torch.Tensor | None,  # bool [B, 1, n or 1, keys], True = attend; None: everything
+        past: tuple[torch.Tensor, torch.Tensor] | Slots | None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | Slots]:
+        """The attention output [B, n, H] and the context's keys and values, past ones included (or the slots they
+        were written to)."""
         batch, n, _ = x.shape
         both = torch.cat([context, x], dim=1)  # [B, c + n, H]
         q = self.q_norm(self.q_proj(x).view(batch, n, -1, self.head_dim)).transpose(1, 2)
@@ -80,10 +100,16 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(both).view(batch, both.shape[1], -1, self.head_dim).transpose(1, 2)
         cos, sin = rope
         q, k = _rotate(q, cos[:, -n:], sin[:, -n:]), _rotate(k, cos, sin)
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        if isinstance(past, Slots):  # written in place; the block's rows are overwritten by the next context
+            past.keys.index_copy_(2, past.at, k)
+            past.values.index_copy_(2, past.at, v)
+            k, v, kept = past.keys[:, :, : past.span], past.values[:, :, : past.span], past
+        else:
+            if past is not None:
+                k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+            kept = (k[:, :, :-n], v[:, :, :-n])
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # [B, h, n, d]
-        return self.o_proj(out.transpose(1, 2).reshape(batch, n, -1)), (k[:, :, :-n], v[:, :, :-n])
+        return self.o_proj(out.transpose(1, 2).reshape(batch, n, -1)), kept
 
 
 class DFlashLayer(nn.Module):
@@ -121,10 +147,11 @@ class DFlashDraft(nn.Module):
         block: torch.Tensor,  # [B, n, H]: the block's embeddings
         features: torch.Tensor,  # [B, c, F]: the target's states of the new context rows
         positions: torch.Tensor,  # [B, c + n]
-        mask: torch.Tensor | None = None,  # bool [B, 1, n, past + c + n]; None: everything visible
-        past: Context | None = None,
-    ) -> tuple[torch.Tensor, Context]:
-        """The block's final states [B, n, H] (normed, for the target's lm_head) and the context's keys and values."""
+        mask: torch.Tensor | None = None,  # bool [B, 1, n or 1, keys]; None: everything visible
+        past: Context | list[Slots] | None = None,
+    ) -> tuple[torch.Tensor, Context | list[Slots]]:
+        """The block's final states [B, n, H] (normed, for the target's lm_head) and the context's keys and values
+        (or the slots they were written to)."""
         context = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
         x = block.to(self.fc.weight.dtype)
         rope = self.rotary(x, positions)

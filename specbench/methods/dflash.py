@@ -3,23 +3,43 @@ conditioned on the target's states of everything committed before it; its rows a
 
 At T > 0 each row is drawn from the drafter's distribution at the run's temperature and verified against it by
 the shared rejection rule (the official code does the same); at T = 0 the rows are the drafter's argmax.
+
+Under --graphs the context's keys and values live in preallocated rows (`heads.dflash.Slots`), and a step's forward
+(the newly committed context rows, padded to the most a step commits, and the block) has fixed shapes: captured on
+a GPU as one CUDA graph per key span and replayed. The prompt's first block runs it uncaptured.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_prefix
 from ..core.sampling import probabilities
+from ..core.static_lm import MAX_CACHE, SPAN, capture
 from ..core.tree import chain
-from ..heads.dflash import Context, DFlashDraft
+from ..heads.dflash import Context, DFlashDraft, slots
 from ..registry import implementation
 from .resources import Resources
 
 
+@dataclass
+class BlockGraph:
+    """One key span's block forward: its static inputs, and once captured (on a GPU) its graph and the logits each
+    replay writes."""
+
+    features: torch.Tensor  # [P, F]: the newly committed rows' target states, padded
+    count: torch.Tensor  # 0-d long: how many of the P rows are real
+    read: torch.Tensor  # 0-d long: the context rows already in the slots
+    token: torch.Tensor  # 0-d long: the last committed token, the block's first
+    graph: torch.cuda.CUDAGraph | None = None
+    logits: torch.Tensor | None = None  # [num_draft_tokens, V]
+
+
 class DFlash(Proposer):
     def __init__(self, draft: DFlashDraft, embedding: torch.nn.Module, readout: torch.nn.Module,
-                 num_draft_tokens: int, block_size: int | None = None) -> None:  # fmt: skip
+                 num_draft_tokens: int, block_size: int | None = None, graphs: bool = False) -> None:  # fmt: skip
         self.block = draft.block_size if block_size is None else block_size
         if not isinstance(self.block, int) or self.block < 2:
             raise ValueError("dflash needs block_size >= 2 (the root and at least one mask)")
@@ -32,6 +52,12 @@ class DFlash(Proposer):
         self.k = num_draft_tokens
         self.feature_layers = draft.feature_layers
         self.device = draft.fc.weight.device
+        self.pad = self.k + 1  # the context rows a step commits at most: the accepted drafts and the root
+        self.room = -(-(MAX_CACHE + self.block) // SPAN) * SPAN  # rows attended at most; padding is written past it
+        self.slots = slots(draft, self.room + self.pad) if graphs else None
+        self.capture = self.device.type == "cuda"
+        self.graphs: dict[int, BlockGraph] = {}
+        self.pool = None
 
     def start(self, turn: Turn) -> None:
         super().start(turn)
@@ -49,22 +75,71 @@ class DFlash(Proposer):
         new = root - self.read
         if k < 1 or len(self.pending) < new:
             return NO_PROPOSAL
-        ids = torch.full((1, self.block), self.draft.mask_token_id, device=self.device)
-        ids[0, 0] = tokens[-1]
-        block = self.draft.embed(ids, self.embedding)  # [1, n, H]
-        positions = torch.arange(self.read, root + self.block, device=self.device)[None]
-        hidden, self.context = self.draft(block, self.pending[None, :new], positions, None, self.context)
-        self.pending, self.read = self.pending[new:], root
-        logits = self.draft.logits(hidden[0, 1 : 1 + k], self.readout)  # [k, V]: row i guesses token root + i
+        features, self.pending, read, self.read = self.pending[:new], self.pending[new:], self.read, root
+        if self.slots is not None:
+            logits = self._static(features, read, tokens[-1])[:k]
+        else:
+            ids = torch.full((1, self.block), self.draft.mask_token_id, device=self.device)
+            ids[0, 0] = tokens[-1]
+            block = self.draft.embed(ids, self.embedding)  # [1, n, H]
+            positions = torch.arange(read, root + self.block, device=self.device)[None]
+            hidden, self.context = self.draft(block, features[None], positions, None, self.context)
+            logits = self.draft.logits(hidden[0, 1 : 1 + k], self.readout)  # [k, V]: row i guesses token root + i
         if self.temperature == 0:
             return Proposal(chain(logits.argmax(-1).tolist()))
         q = probabilities(logits, self.temperature)
         drafted = torch.multinomial(q, 1, generator=self.generator).squeeze(1)
         return Proposal(chain(drafted.tolist()), q)
 
+    def _static(self, features: torch.Tensor, read: int, token: int) -> torch.Tensor:
+        """Logits [num_draft_tokens, V] of the block after `read` context rows and the new ones `features` [c, F],
+        on the slots: the padded, captured forward where c fits the padding, else the same forward at c rows."""
+        span = min(-(-(read + len(features) + self.block) // SPAN) * SPAN, self.room)
+        if len(features) > self.pad:
+            return self._block(features, *(torch.tensor(v, device=self.device) for v in (len(features), read, token)),
+                               span)  # fmt: skip
+        graph = self.graphs.get(span)
+        if graph is None:
+            counts = torch.zeros(3, dtype=torch.long, device=self.device)
+            graph = self.graphs[span] = BlockGraph(features.new_zeros(self.pad, features.shape[1]), *counts)
+        graph.features[: len(features)] = features
+        graph.count.fill_(len(features))
+        graph.read.fill_(read)  # (capture's warm-up runs write past the context's rows only)
+        graph.token.fill_(token)
 
-@implementation("dflash", color="#e377c2", nested=chain_prefix("num_draft_tokens"))
+        def forward() -> torch.Tensor:
+            return self._block(graph.features, graph.count, graph.read, graph.token, span)
+
+        if not self.capture:
+            return forward()
+        if graph.graph is None:
+            graph.graph, graph.logits = capture(forward, self.device, self.pool)
+            self.pool = graph.graph.pool()
+        graph.graph.replay()
+        return graph.logits.clone()
+
+    def _block(self, features: torch.Tensor, count: torch.Tensor, read: torch.Tensor, token: torch.Tensor,
+               span: int) -> torch.Tensor:  # fmt: skip
+        """The block forward on the slots: context rows `count` of `features` [P, F] written after `read` (the rest
+        into scratch rows past `room`), the block after them; attention over the first `span` rows up to the
+        block's end. Logits [num_draft_tokens, V]."""
+        rows, cells = torch.arange(len(features), device=self.device), torch.arange(self.block, device=self.device)
+        root = read + count
+        context = torch.where(rows < count, read + rows, self.room + rows)  # [P]: padding goes to scratch rows
+        at = torch.cat([context, root + cells])
+        for layer in self.slots:
+            layer.at, layer.span = at, span
+        ids = torch.full((1, self.block), self.draft.mask_token_id, device=self.device)
+        ids[0, :1] = token
+        block = self.draft.embed(ids, self.embedding)  # [1, n, H]
+        positions = torch.cat([read + rows, root + cells])[None]
+        mask = (torch.arange(span, device=self.device) < root + self.block)[None, None, None]  # [1, 1, 1, span]
+        hidden, _ = self.draft(block, features[None], positions, mask, self.slots)
+        return self.draft.logits(hidden[0, 1 : 1 + self.k], self.readout)
+
+
+@implementation("dflash", color="#e377c2", nested=chain_prefix("num_draft_tokens"), graphed=lambda params: True)
 def build(params: dict, res: Resources) -> Proposer:
     dtype = res.draft_dtype(params.pop("draft_dtype", None))
     draft = res.head("dflash", dtype)
-    return DFlash(draft, res.target_model.get_input_embeddings(), res.readout(dtype), **params)
+    return DFlash(draft, res.target_model.get_input_embeddings(), res.readout(dtype), **params, graphs=res.graphs)

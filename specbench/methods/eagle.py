@@ -23,8 +23,9 @@ keeps the first `total_tokens - 1` candidates in the order they were drawn (leve
 The candidates live in tensors on the head's device (`Draft`), a whole level at a time: no Python runs per node,
 and the host waits on the device only for a count that depends on the draft (how many children a static or
 sampled level admits, how many nodes of a static level grow) and once at the end, for the tree handed to the
-target. The last proposal's candidates stay on the proposer as `drafted`. Under --graphs a dynamic tree of top-k
-candidates drafts on a static cache, captured on a GPU (`StaticDrafting`).
+target. The last proposal's candidates stay on the proposer as `drafted`. Under --graphs, top-k candidates draft on
+a static cache, captured on a GPU (`StaticDrafting`): a static tree's levels then come from its template
+(`StaticTree.fixed`), with no host wait.
 """
 
 from __future__ import annotations
@@ -110,6 +111,30 @@ class StaticTree:
                 self.child[slot[p[:-1]] + 1, p[-1]] = slot[p]
         self.paths = list(slot)[1:]  # [slots]: each slot's path of ranks
         self.inner = (self.child[1:] >= 0).any(dim=1)  # [slots]: the slot has children in the tree
+        self.fed = int(self.inner.sum())  # the tree rows a draft feeds at most: every slot with children
+        self.levels = self._levels()  # per depth: the admitted of the frontier's [F, branch] candidates, and the
+        # level's nodes that grow; with top-k candidates the template alone decides both (no host sync per level)
+
+    def _levels(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        levels, frontier = [], torch.full((1,), -1)  # the growing nodes' slots; -1 is the root
+        while len(frontier):
+            slots = self.child[frontier + 1]  # [F, branch]
+            picked = (slots >= 0).flatten().nonzero().squeeze(1)
+            level = slots.flatten()[picked]
+            grown = self.inner[level].nonzero().squeeze(1)
+            levels.append((picked, grown))
+            frontier = level[grown]
+        return levels
+
+    def fixed(self, depth: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Level `depth`'s admitted candidates (flat positions in the frontier's [F, k]) and growing nodes
+        (positions in the level), on `device`; None where k is not the template's branch (a vocabulary smaller than
+        it)."""
+        if k != self.branch:
+            return None
+        if self.levels[0][0].device != device:  # moved once, with the first draft
+            self.levels = [(a.to(device), g.to(device)) for a, g in self.levels]
+        return self.levels[depth - 1]
 
     def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self.child.device != device:  # moved once, with the first draft
@@ -139,6 +164,10 @@ class DynamicTree:
         self.drafts = total_tokens - 1  # total_tokens counts the root, as EAGLE's total_token does
         self.branch = top_k
         self.max_depth = depth + 1  # EAGLE's `depth` counts the expansions after the first level
+        self.fed = depth * top_k  # the tree rows a draft feeds at most: top_k grown at each level but the last
+
+    def fixed(self, depth: int, k: int, device: torch.device) -> None:
+        return None  # every candidate is a node, and the best grow
 
     def admits(self, frontier: torch.Tensor, draft: Draft, k: int) -> torch.Tensor | None:
         return None  # every candidate is a node
@@ -175,7 +204,7 @@ class Eagle(Proposer):
         target_ids: Callable[[torch.Tensor], torch.Tensor] | None = None,  # draft ids -> target ids; None: equal
         target_vocab: int | None = None,  # the target's vocabulary size when the draft's differs
         sampled: bool = False,  # at T > 0, draw children from the draft without replacement (module docstring)
-        graphs: bool = False,  # a dynamic tree of top-k candidates drafts on a static cache (`StaticDrafting`)
+        graphs: bool = False,  # top-k candidates draft on a static cache, captured on a GPU (`StaticDrafting`)
     ) -> None:
         self.head = head
         self.lm_head = lm_head
@@ -186,7 +215,7 @@ class Eagle(Proposer):
         self.sampled = sampled
         self.device = head.fc.weight.device
         self.drafted = Draft.empty(self.device)  # the last proposal's candidates, kept or not
-        self.static = StaticDrafting(self) if graphs and isinstance(expansion, DynamicTree) else None
+        self.static = StaticDrafting(self) if graphs else None
 
     def start(self, turn: Turn) -> None:
         super().start(turn)
@@ -253,10 +282,13 @@ class Eagle(Proposer):
             k = children.tokens.shape[1]
             slots = self.expansion.admits(frontier, draft, k)  # [F, k] or None
             admitted = children.valid  # [F, k] or None (all): which candidates become nodes
+            fixed = None if children.valid is not None else self.expansion.fixed(depth, k, self.device)
             if slots is not None:
                 admitted = slots >= 0 if admitted is None else admitted & (slots >= 0)
             if admitted is None:
                 picked = torch.arange(len(frontier) * k, device=self.device)  # [n]: the level's nodes of F * k
+            elif fixed is not None:
+                picked = fixed[0]
             else:
                 picked = admitted.flatten().nonzero().squeeze(1)
             rows = picked // k  # each node's parent's row in the frontier
@@ -272,7 +304,10 @@ class Eagle(Proposer):
             start, draft = len(draft), draft.then(level)
             if depth == depths:
                 break
-            grown = self.expansion.grow(torch.arange(start, len(draft), device=self.device), draft)  # [F']
+            if fixed is not None:
+                grown = start + fixed[1]  # [F']
+            else:
+                grown = self.expansion.grow(torch.arange(start, len(draft), device=self.device), draft)  # [F']
             if not len(grown):
                 break
             above = rows[grown - start]  # each grown node's parent's row in the frontier
@@ -337,7 +372,7 @@ class DraftGraph:
 
 
 class StaticDrafting:
-    """EAGLE-2/3 drafting under --graphs: the head's keys live in preallocated rows (`StaticRows`), and a step's
+    """EAGLE drafting under --graphs: the head's keys live in preallocated rows (`StaticRows`), and a step's
     drafting (feed the pairs the last verification committed, padded to the most a step commits, then grow the
     whole tree and pick the nodes to verify) is one function of device tensors with fixed shapes, captured on a GPU
     as one CUDA graph per key span and replayed: no Python per level and one host transfer (the tree). A step with
@@ -348,8 +383,7 @@ class StaticDrafting:
         self.eagle = eagle
         tree = eagle.expansion
         self.pad = tree.max_depth + 1  # the pairs a step commits at most: the accepted path and the root
-        self.fed = (tree.max_depth - 1) * tree.branch  # the tree rows a draft feeds at most
-        self.cache = StaticRows(eagle.head.config, -(-(MAX_CACHE + self.pad + self.fed) // SPAN) * SPAN)
+        self.cache = StaticRows(eagle.head.config, -(-(MAX_CACHE + self.pad + tree.fed) // SPAN) * SPAN)
         self.capture = eagle.device.type == "cuda"
         self.graphs: dict[int, DraftGraph] = {}
         self.pool = None  # one memory pool for every captured draft
@@ -398,7 +432,7 @@ class StaticDrafting:
 
     def _span(self, end: int, depths: int) -> int:
         """The key rows a draft attends over: the pairs up to `end`, then its tree rows, rounded up to SPAN."""
-        return min(-(-(end + max(depths - 1, 0) * self.eagle.expansion.branch) // SPAN) * SPAN, self.cache.capacity)
+        return min(-(-(end + (self.eagle.expansion.fed if depths > 1 else 0)) // SPAN) * SPAN, self.cache.capacity)
 
     def _draft(self, features: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, committed: torch.Tensor,
                depths: int) -> tuple[Draft, torch.Tensor]:  # fmt: skip
@@ -485,25 +519,25 @@ def _draft_params(params: dict) -> dict:
     return {k: params.pop(k, None) for k in ("draft_dtype", "draft_vocab")}
 
 
-@implementation("eagle", color="#2ca02c", nested=tree_prefix("nodes", _static_paths))
+def unless_sampled(params: dict) -> bool:
+    """Under --graphs the drafting is captured (`StaticDrafting`), unless it samples children."""
+    return not params.get("sampled")
+
+
+@implementation("eagle", color="#2ca02c", nested=tree_prefix("nodes", _static_paths), graphed=unless_sampled)
 def build_eagle(params: dict, res: Resources) -> Proposer:
     sampled, draft = params.pop("sampled", False), _draft_params(params)
     listed = choices.first(choices.resolve(params.pop("tree", "eagle_mc_sim_7b_63")), params.pop("nodes", None))
     return _on_target_head(res, StaticTree(listed, **params), sampled, **draft)
 
 
-def _graphed(params: dict) -> bool:
-    """Under --graphs the dynamic tree's drafting is captured (`StaticDrafting`), unless it samples children."""
-    return not params.get("sampled")
-
-
-@implementation("eagle2", color="#d62728", nested=DYNAMIC, graphed=_graphed)
+@implementation("eagle2", color="#d62728", nested=DYNAMIC, graphed=unless_sampled)
 def build_eagle2(params: dict, res: Resources) -> Proposer:
     sampled, draft = params.pop("sampled", False), _draft_params(params)
     return _on_target_head(res, DynamicTree(**params), sampled, **draft)
 
 
-@implementation("eagle3", color="#9467bd", nested=DYNAMIC, graphed=_graphed)
+@implementation("eagle3", color="#9467bd", nested=DYNAMIC, graphed=unless_sampled)
 def build_eagle3(params: dict, res: Resources) -> Proposer:
     sampled, draft = params.pop("sampled", False), _draft_params(params)
     head = res.head("eagle3", res.draft_dtype(draft["draft_dtype"]))

@@ -6,11 +6,11 @@ from __future__ import annotations
 from ..core.proposer import Proposer, chain_prefix
 from ..heads.mtp import MtpHead
 from ..registry import implementation
-from .eagle import DynamicTree, Eagle
+from .eagle import DynamicTree, Eagle, unless_sampled
 from .resources import Resources
 
 
-@implementation("mtp", color="#393b79", nested=chain_prefix("num_draft_tokens"))
+@implementation("mtp", color="#393b79", nested=chain_prefix("num_draft_tokens"), graphed=unless_sampled)
 def build(params: dict, res: Resources) -> Proposer:
     drafts = params.pop("num_draft_tokens", 3)
     sampled = params.pop("sampled", False)
@@ -19,4 +19,5 @@ def build(params: dict, res: Resources) -> Proposer:
     if not isinstance(drafts, int) or drafts < 1:
         raise ValueError("mtp needs num_draft_tokens >= 1")
     head: MtpHead = res.head("mtp")  # importing heads.mtp registers the family
-    return Eagle(head, head.logits, DynamicTree(total_tokens=drafts + 1, depth=drafts - 1, top_k=1), sampled=sampled)
+    return Eagle(head, head.logits, DynamicTree(total_tokens=drafts + 1, depth=drafts - 1, top_k=1), sampled=sampled,
+                 graphs=res.graphs)
