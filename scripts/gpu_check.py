@@ -154,7 +154,7 @@ def drafting(args) -> None:
     for regime in ("eager", "static", "captured"):
         proposer = Eagle(head, graphs=regime != "eager", **options)
         if regime == "static":
-            proposer.static.capture = False
+            proposer.static.replays.capture = False
         tokens = torch.randint(vocab, (args.prompt,)).tolist()
         proposer.start(Turn(tokens, 0.0, None, torch.randn(len(tokens) - 1, head.feature_size, device=device,
                                                            dtype=dtype)))  # fmt: skip

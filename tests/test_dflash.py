@@ -215,4 +215,4 @@ def test_the_static_context_drafts_what_the_cached_one_does(target, device):
         for p in made:
             p.update(tokens[: end + step], drafts[0], Feedback(None, features[end - 1 : end - 1 + step]))
         end += step
-    assert made[1].graphs and made[1].slots is not None
+    assert made[1].inputs and made[1].slots is not None

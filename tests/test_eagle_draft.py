@@ -197,7 +197,7 @@ def test_static_drafting_proposes_the_eager_trees_step_by_step(model, head, expa
                              stop_ids=set(), generator=torch.Generator(device).manual_seed(1))  # fmt: skip
                 runs.append((gen.tokens, gen.accept_lengths, trees))
                 assert isinstance(proposer.cache, StaticRows) == (graphs and not sampled)
-                assert bool(graphs and not sampled and proposer.static.graphs) == (graphs and not sampled)
+                assert bool(graphs and not sampled and proposer.static.inputs) == (graphs and not sampled)
             assert runs[1] == runs[0], (temperature, sampled, prompt)
             assert len(runs[0][2]) > 1 and any(len(tree) for tree in runs[0][2])
             accepted += runs[0][1]

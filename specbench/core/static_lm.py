@@ -7,9 +7,9 @@ loop."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from transformers import DynamicCache
@@ -66,16 +66,37 @@ def capture(fn: Callable[[], T], device: torch.device, pool=None) -> tuple[torch
     return graph, out
 
 
+class Replays:
+    """Functions of static inputs captured as CUDA graphs by key, in one memory pool: `run(key, fn)` captures `fn`
+    the first time `key` is met and replays it after, returning the outputs each replay writes; on a CPU (or with
+    `capture` off) it calls `fn`."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.capture = device.type == "cuda"
+        self.pool = None
+        self.graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Any]] = {}
+
+    def run(self, key: Hashable, fn: Callable[[], T]) -> T:
+        if not self.capture:
+            return fn()
+        if key not in self.graphs:
+            graph, out = capture(fn, self.device, self.pool)
+            self.pool = graph.pool()
+            self.graphs[key] = graph, out
+        graph, out = self.graphs[key]
+        graph.replay()
+        return out
+
+
 @dataclass
-class Graph:
-    """One bucket's static inputs and outputs, and its CUDA graph once captured."""
+class Inputs:
+    """One bucket's captured forward reads these."""
 
     ids: torch.Tensor  # [1, b]
     positions: torch.Tensor  # [1, b]
     mask: torch.Tensor  # [1, 1, b, span]
     at: torch.Tensor  # [b]: the cache rows the forward writes
-    graph: torch.cuda.CUDAGraph | None = None
-    out: Forward | None = None  # logits [b, V] and features [b, F], written by each replay
 
 
 class StaticCachedLM(CachedLM):
@@ -85,9 +106,9 @@ class StaticCachedLM(CachedLM):
         super().__init__(model)
         self.capacity = min(self.context_length, MAX_CACHE) + BUCKETS[-1]
         self.context_length = self.capacity - BUCKETS[-1]
-        self.capture = self.device.type == "cuda" if capture is None else capture
-        self.graphs: dict[tuple, Graph] = {}
-        self.pool = None  # one memory pool for every captured graph
+        self.replays = Replays(self.device)
+        self.replays.capture = self.replays.capture if capture is None else capture
+        self.inputs: dict[tuple, Inputs] = {}  # by (bucket, span, layers)
         self.cache = StaticRows(model.config, self.capacity)
         self.floor = torch.finfo(self.dtype).min
 
@@ -122,32 +143,21 @@ class StaticCachedLM(CachedLM):
         positions = torch.cat([positions, torch.full((1, bucket - n), past, device=self.device)], 1)  # padding: any
         at = torch.arange(past, past + bucket, device=self.device)
         key = (bucket, span, layers)
-        if self.capture and bucket in BUCKETS:
-            graph = self.graphs.get(key) or self._capture(key, ids, positions, full, at)
-            graph.ids.copy_(ids)
-            graph.positions.copy_(positions)
-            graph.mask.copy_(full)
-            graph.at.copy_(at)
-            graph.graph.replay()
-            out = graph.out
+        if self.replays.capture and bucket in BUCKETS:  # (capture's warm-up runs write past the committed rows only)
+            inputs = self.inputs.get(key)
+            if inputs is None:
+                inputs = self.inputs[key] = Inputs(ids.clone(), positions.clone(), full.clone(), at.clone())
+            for static, now in ((inputs.ids, ids), (inputs.positions, positions), (inputs.mask, full), (inputs.at, at)):
+                static.copy_(now)
+            self.cache.at, self.cache.span = inputs.at, span
+            out = self.replays.run(key, lambda: call(self.model, self.cache, inputs.ids, inputs.mask, inputs.positions,
+                                                     layers))  # fmt: skip
         else:
             self.cache.at, self.cache.span = at, span
             out = call(self.model, self.cache, ids, full, positions, layers)
         self.cache.length = past + n  # the rows of this forward, until commit keeps some
         rows = slice(n - 1, n) if last_only else slice(0, n)  # `last_only` spares logits; features are every row's
         return Forward(out.logits[rows].clone(), None if out.features is None else out.features[:n].clone())
-
-    def _capture(self, key: tuple, ids, positions, mask, at) -> Graph:
-        """The bucket's forward captured (its warm-up runs write only rows past the committed ones, which the replay
-        then overwrites)."""
-        graph = Graph(ids.clone(), positions.clone(), mask.clone(), at.clone())
-        self.cache.at, self.cache.span = graph.at, key[1]
-        graph.graph, graph.out = capture(
-            lambda: call(self.model, self.cache, graph.ids, graph.mask, graph.positions, key[2]), self.device, self.pool
-        )
-        self.pool = graph.graph.pool()
-        self.graphs[key] = graph
-        return graph
 
     @torch.inference_mode()
     def commit(self, start: int, keep: list[int]) -> None:

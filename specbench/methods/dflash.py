@@ -17,7 +17,7 @@ import torch
 
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_prefix
 from ..core.sampling import probabilities
-from ..core.static_lm import MAX_CACHE, SPAN, capture
+from ..core.static_lm import MAX_CACHE, SPAN, Replays
 from ..core.tree import chain
 from ..heads.dflash import Context, DFlashDraft, slots
 from ..registry import implementation
@@ -25,16 +25,13 @@ from .resources import Resources
 
 
 @dataclass
-class BlockGraph:
-    """One key span's block forward: its static inputs, and once captured (on a GPU) its graph and the logits each
-    replay writes."""
+class BlockInputs:
+    """One key span's captured block forward reads these."""
 
     features: torch.Tensor  # [P, F]: the newly committed rows' target states, padded
     count: torch.Tensor  # 0-d long: how many of the P rows are real
     read: torch.Tensor  # 0-d long: the context rows already in the slots
     token: torch.Tensor  # 0-d long: the last committed token, the block's first
-    graph: torch.cuda.CUDAGraph | None = None
-    logits: torch.Tensor | None = None  # [num_draft_tokens, V]
 
 
 class DFlash(Proposer):
@@ -55,9 +52,8 @@ class DFlash(Proposer):
         self.pad = self.k + 1  # the context rows a step commits at most: the accepted drafts and the root
         self.room = -(-(MAX_CACHE + self.block) // SPAN) * SPAN  # rows attended at most; padding is written past it
         self.slots = slots(draft, self.room + self.pad) if graphs else None
-        self.capture = self.device.type == "cuda"
-        self.graphs: dict[int, BlockGraph] = {}
-        self.pool = None
+        self.inputs: dict[int, BlockInputs] = {}  # by key span
+        self.replays = Replays(self.device)
 
     def start(self, turn: Turn) -> None:
         super().start(turn)
@@ -98,25 +94,16 @@ class DFlash(Proposer):
         if len(features) > self.pad:
             return self._block(features, *(torch.tensor(v, device=self.device) for v in (len(features), read, token)),
                                span)  # fmt: skip
-        graph = self.graphs.get(span)
-        if graph is None:
+        inputs = self.inputs.get(span)
+        if inputs is None:
             counts = torch.zeros(3, dtype=torch.long, device=self.device)
-            graph = self.graphs[span] = BlockGraph(features.new_zeros(self.pad, features.shape[1]), *counts)
-        graph.features[: len(features)] = features
-        graph.count.fill_(len(features))
-        graph.read.fill_(read)  # (capture's warm-up runs write past the context's rows only)
-        graph.token.fill_(token)
-
-        def forward() -> torch.Tensor:
-            return self._block(graph.features, graph.count, graph.read, graph.token, span)
-
-        if not self.capture:
-            return forward()
-        if graph.graph is None:
-            graph.graph, graph.logits = capture(forward, self.device, self.pool)
-            self.pool = graph.graph.pool()
-        graph.graph.replay()
-        return graph.logits.clone()
+            inputs = self.inputs[span] = BlockInputs(features.new_zeros(self.pad, features.shape[1]), *counts)
+        inputs.features[: len(features)] = features
+        inputs.count.fill_(len(features))
+        inputs.read.fill_(read)  # (capture's warm-up runs write past the context's rows only)
+        inputs.token.fill_(token)
+        return self.replays.run(span, lambda: self._block(inputs.features, inputs.count, inputs.read, inputs.token,
+                                                          span)).clone()  # fmt: skip
 
     def _block(self, features: torch.Tensor, count: torch.Tensor, read: torch.Tensor, token: torch.Tensor,
                span: int) -> torch.Tensor:  # fmt: skip

@@ -40,7 +40,7 @@ from transformers import DynamicCache
 from ..core import choices
 from ..core.proposer import NO_PROPOSAL, Feedback, Nested, Proposal, Proposer, Turn, tree_prefix
 from ..core.sampling import draw_distinct_padded, probabilities
-from ..core.static_lm import MAX_CACHE, SPAN, StaticRows, capture
+from ..core.static_lm import MAX_CACHE, SPAN, Replays, StaticRows
 from ..core.tree import Tree, additive_mask
 from ..heads import frequencies
 from ..heads.eagle import EagleHead
@@ -359,16 +359,13 @@ class Eagle(Proposer):
 
 
 @dataclass
-class DraftGraph:
-    """One key span's drafting: its static inputs, and once captured (on a GPU) its graph and the outputs each
-    replay writes."""
+class DraftInputs:
+    """One key span's captured drafting reads these."""
 
     features: torch.Tensor  # [P, F]: the committed pairs' target features, padded
     ids: torch.Tensor  # [P]: the token after each
     count: torch.Tensor  # 0-d long: how many of the P rows are real
     committed: torch.Tensor  # 0-d long: the pairs already in the cache
-    graph: torch.cuda.CUDAGraph | None = None
-    out: tuple[Draft, torch.Tensor] | None = None  # the draft and the nodes verified
 
 
 class StaticDrafting:
@@ -384,9 +381,8 @@ class StaticDrafting:
         tree = eagle.expansion
         self.pad = tree.max_depth + 1  # the pairs a step commits at most: the accepted path and the root
         self.cache = StaticRows(eagle.head.config, -(-(MAX_CACHE + self.pad + tree.fed) // SPAN) * SPAN)
-        self.capture = eagle.device.type == "cuda"
-        self.graphs: dict[int, DraftGraph] = {}
-        self.pool = None  # one memory pool for every captured draft
+        self.inputs: dict[int, DraftInputs] = {}  # by key span
+        self.replays = Replays(eagle.device)
 
     def propose(self, tokens: list[int], depths: int) -> tuple[Draft, torch.Tensor] | None:
         """Feed the pending pairs, then the draft and the nodes to verify; None when there is nothing to draft
@@ -408,26 +404,17 @@ class StaticDrafting:
             count, committed = (torch.tensor(v, device=eagle.device) for v in (n, past))
             return self._draft(features, ids, count, committed, depths)
         span = self._span(past + self.pad, depths)
-        graph = self.graphs.get(span)
-        if graph is None:
-            inputs = features.new_zeros(self.pad, features.shape[1]), ids.new_zeros(self.pad)
-            graph = self.graphs[span] = DraftGraph(*inputs, ids.new_ones(()), ids.new_zeros(()))
-        graph.features[:n] = features
-        graph.ids[:n] = ids
-        graph.count.fill_(n)
-        graph.committed.fill_(past)  # (capture's warm-up runs write past the committed rows only)
+        inputs = self.inputs.get(span)
+        if inputs is None:
+            padded = features.new_zeros(self.pad, features.shape[1]), ids.new_zeros(self.pad)
+            inputs = self.inputs[span] = DraftInputs(*padded, ids.new_ones(()), ids.new_zeros(()))
+        inputs.features[:n] = features
+        inputs.ids[:n] = ids
+        inputs.count.fill_(n)
+        inputs.committed.fill_(past)  # (capture's warm-up runs write past the committed rows only)
         cache.span = span
-
-        def draft() -> tuple[Draft, torch.Tensor]:
-            return self._draft(graph.features, graph.ids, graph.count, graph.committed, depths)
-
-        if not self.capture:
-            return draft()
-        if graph.graph is None:
-            graph.graph, graph.out = capture(draft, eagle.device, self.pool)
-            self.pool = graph.graph.pool()
-        graph.graph.replay()
-        found, keep = graph.out
+        found, keep = self.replays.run(span, lambda: self._draft(inputs.features, inputs.ids, inputs.count,
+                                                                 inputs.committed, depths))  # fmt: skip
         return found._map(torch.clone), keep.clone()
 
     def _span(self, end: int, depths: int) -> int:
