@@ -215,6 +215,7 @@ def test_a_static_trees_fixed_levels_are_what_its_template_admits_and_grows(mode
     proposer = started(model, head, tree, PROMPTS[0])
     proposer.propose(PROMPTS[0], 20)
     depths = proposer.drafted.depths
-    assert [len(admitted) for admitted, _ in tree.levels] == [int((depths == d).sum()) for d in range(1, 5)]
-    assert [grown.tolist() for _, grown in tree.levels] == [[0, 1], [0, 2], [0, 1], []]
-    assert tree.fed == 6 and tree.fixed(1, 2, torch.device("cpu")) is None  # a vocabulary below the branch
+    levels = [tree.fixed(d, tree.branch, torch.device("cpu")) for d in range(1, 5)]
+    assert [len(admitted) for admitted, _ in levels] == [int((depths == d).sum()) for d in range(1, 5)]
+    assert [grown.tolist() for _, grown in levels] == [[0, 1], [0, 2], [0, 1], []]
+    assert tree.fed == 6 and tree.fixed(1, 2, torch.device("cpu"))[0].tolist() == [0, 1]  # top-2 of 3 ranks

@@ -11,7 +11,8 @@ import torch
 from .acceptance import Accepted
 from .cached_lm import SideBranch
 from .choices import first
-from .tree import EMPTY, Tree
+from .sampling import probabilities
+from .tree import EMPTY, Tree, chain
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,19 @@ class Proposal:
 
 
 NO_PROPOSAL = Proposal(EMPTY)
+
+
+def chain_of_rows(logits: torch.Tensor, temperature: float, generator: torch.Generator | None,
+                  vocab: int | None = None) -> Proposal:  # fmt: skip
+    """A chain whose tokens a drafter guessed in parallel, one per row of logits [k, V']: the argmax at T = 0, else
+    one draw per row at the temperature, verified against its row's law (zero past V', up to the target's `vocab`)."""
+    if temperature == 0:
+        return Proposal(chain(logits.argmax(-1).tolist()))
+    q = probabilities(logits, temperature)
+    drafted = torch.multinomial(q, 1, generator=generator).squeeze(1)
+    if vocab is not None and q.shape[1] < vocab:
+        q = torch.nn.functional.pad(q, (0, vocab - q.shape[1]))
+    return Proposal(chain(drafted.tolist()), q)
 
 
 @dataclass(frozen=True)
@@ -110,4 +124,5 @@ class Proposer:
         """`tokens` now include the accepted path and the target's own token."""
 
 
-__all__ = ["NO_PROPOSAL", "Feedback", "Nested", "Proposal", "Proposer", "Turn", "chain_prefix", "tree_prefix"]
+__all__ = ["NO_PROPOSAL", "Feedback", "Nested", "Proposal", "Proposer", "Turn", "chain_of_rows", "chain_prefix",
+           "tree_prefix"]

@@ -15,10 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_prefix
-from ..core.sampling import probabilities
+from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_of_rows, chain_prefix
 from ..core.static_lm import MAX_CACHE, SPAN, Replays
-from ..core.tree import chain
 from ..heads.dflash import Context, DFlashDraft, slots
 from ..registry import implementation
 from .resources import Resources
@@ -81,11 +79,7 @@ class DFlash(Proposer):
             positions = torch.arange(read, root + self.block, device=self.device)[None]
             hidden, self.context = self.draft(block, features[None], positions, None, self.context)
             logits = self.draft.logits(hidden[0, 1 : 1 + k], self.readout)  # [k, V]: row i guesses token root + i
-        if self.temperature == 0:
-            return Proposal(chain(logits.argmax(-1).tolist()))
-        q = probabilities(logits, self.temperature)
-        drafted = torch.multinomial(q, 1, generator=self.generator).squeeze(1)
-        return Proposal(chain(drafted.tolist()), q)
+        return chain_of_rows(logits, self.temperature, self.generator)
 
     def _static(self, features: torch.Tensor, read: int, token: int) -> torch.Tensor:
         """Logits [num_draft_tokens, V] of the block after `read` context rows and the new ones `features` [c, F],

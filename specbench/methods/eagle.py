@@ -21,11 +21,10 @@ score, but EAGLE-2's final pick of the best-scoring nodes would bias the draws, 
 keeps the first `total_tokens - 1` candidates in the order they were drawn (level by level) instead.
 
 The candidates live in tensors on the head's device (`Draft`), a whole level at a time: no Python runs per node,
-and the host waits on the device only for a count that depends on the draft (how many children a static or
-sampled level admits, how many nodes of a static level grow) and once at the end, for the tree handed to the
-target. The last proposal's candidates stay on the proposer as `drafted`. Under --graphs, top-k candidates draft on
-a static cache, captured on a GPU (`StaticDrafting`): a static tree's levels then come from its template
-(`StaticTree.fixed`), with no host wait.
+and the host waits on the device only for a count that depends on the draft (how many children a sampled level
+admits and grows; a static tree of top-k candidates reads its levels from the template, `StaticTree.fixed`) and
+once at the end, for the tree handed to the target. The last proposal's candidates stay on the proposer as
+`drafted`. Under --graphs, top-k candidates draft on a static cache, captured on a GPU (`StaticDrafting`).
 """
 
 from __future__ import annotations
@@ -112,29 +111,24 @@ class StaticTree:
         self.paths = list(slot)[1:]  # [slots]: each slot's path of ranks
         self.inner = (self.child[1:] >= 0).any(dim=1)  # [slots]: the slot has children in the tree
         self.fed = int(self.inner.sum())  # the tree rows a draft feeds at most: every slot with children
-        self.levels = self._levels()  # per depth: the admitted of the frontier's [F, branch] candidates, and the
-        # level's nodes that grow; with top-k candidates the template alone decides both (no host sync per level)
+        self.levels: dict[tuple[int, torch.device], list[tuple[torch.Tensor, torch.Tensor]]] = {}  # by (k, device)
 
-    def _levels(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        levels, frontier = [], torch.full((1,), -1)  # the growing nodes' slots; -1 is the root
-        while len(frontier):
-            slots = self.child[frontier + 1]  # [F, branch]
-            picked = (slots >= 0).flatten().nonzero().squeeze(1)
-            level = slots.flatten()[picked]
-            grown = self.inner[level].nonzero().squeeze(1)
-            levels.append((picked, grown))
-            frontier = level[grown]
-        return levels
-
-    def fixed(self, depth: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Level `depth`'s admitted candidates (flat positions in the frontier's [F, k]) and growing nodes
-        (positions in the level), on `device`; None where k is not the template's branch (a vocabulary smaller than
-        it)."""
-        if k != self.branch:
-            return None
-        if self.levels[0][0].device != device:  # moved once, with the first draft
-            self.levels = [(a.to(device), g.to(device)) for a, g in self.levels]
-        return self.levels[depth - 1]
+    def fixed(self, depth: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Level `depth`'s admitted candidates (flat positions in the frontier's [F, k] top-k) and growing nodes
+        (positions in the level), on `device`: with top-k candidates the template alone decides both, so a level
+        needs no host wait."""
+        if (k, device) not in self.levels:  # read from the template once
+            levels, frontier = [], torch.full((1,), -1)  # the growing nodes' slots; -1 is the root
+            child, inner = self.child.cpu(), self.inner.cpu()
+            while len(frontier):
+                slots = child[frontier + 1, :k]  # [F, k]
+                picked = (slots >= 0).flatten().nonzero().squeeze(1)
+                level = slots.flatten()[picked]
+                grown = inner[level].nonzero().squeeze(1)
+                levels.append((picked.to(device), grown.to(device)))
+                frontier = level[grown]
+            self.levels[k, device] = levels
+        return self.levels[k, device][depth - 1]
 
     def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self.child.device != device:  # moved once, with the first draft

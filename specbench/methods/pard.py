@@ -10,10 +10,8 @@ from __future__ import annotations
 import torch
 
 from ..core.cached_lm import CachedLM
-from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_prefix
-from ..core.sampling import probabilities
+from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_of_rows, chain_prefix
 from ..core.static_lm import StaticCachedLM
-from ..core.tree import chain
 from ..heads.pard import FAMILY
 from ..registry import implementation
 from .resources import Resources
@@ -39,13 +37,7 @@ class Pard(Proposer):
             return NO_PROPOSAL
         logits = self.drafter.forward(tokens[self.drafter.cached :] + [self.mask] * (k - 1))[-k:]  # [k, V']
         self.drafter.crop(len(tokens))  # the masks' rows go; the committed tokens' stay
-        if self.temperature == 0:
-            return Proposal(chain(logits.argmax(-1).tolist()))
-        q = probabilities(logits, self.temperature)
-        drafted = torch.multinomial(q, 1, generator=self.generator).squeeze(1)
-        if q.shape[1] < self.vocab:
-            q = torch.nn.functional.pad(q, (0, self.vocab - q.shape[1]))
-        return Proposal(chain(drafted.tolist()), q)
+        return chain_of_rows(logits, self.temperature, self.generator, self.vocab)
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
         self.drafter.follow(tokens)
