@@ -40,6 +40,12 @@ class HeadFamily:
     static: bool = False  # a causal LM its method runs on a static cache under --graphs (else it drafts eagerly)
 
 
+def unless_sampled(params: dict) -> bool:
+    """`graphed` for a method whose top-k drafting is captured under --graphs and whose sampled drafting
+    (`sampled: true`, at T > 0) is not."""
+    return not params.get("sampled")
+
+
 IMPLEMENTATIONS: dict[str, Implementation] = {}
 HEADS: dict[str, HeadFamily] = {}
 

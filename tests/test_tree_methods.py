@@ -12,6 +12,7 @@ from specbench.core.cached_lm import CachedLM
 from specbench.core.choices import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63
 from specbench.core.decode import decode
 from specbench.core.losslessness import sampling_test
+from specbench.core.proposer import Proposal
 from specbench.core.tree import Tree, from_choices
 from specbench.errors import SpecbenchError
 from specbench.heads.eagle import build, config_from_target
@@ -61,6 +62,7 @@ def random_medusa(model, num_heads=5, seed=1, **kw):
     heads = MedusaHeads(num_heads, 1, hidden, vocab)
     for head in heads:
         torch.nn.init.normal_(head[0].linear.weight, std=0.05)
+    heads.to(model.get_output_embeddings().weight.device)
     tree = kw.pop("tree", MEDUSA_MC_SIM_7B_63)
     return Medusa(heads, model.get_output_embeddings(), tree, **kw)
 
@@ -257,3 +259,26 @@ def test_typical_acceptance_is_labelled_lossy(small_vocab, tmp_path, monkeypatch
         rule=rule,
     )
     assert len(gen.tokens) == 12
+
+
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="captures on a GPU"))
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_medusa_under_graphs_proposes_the_eager_trees(device):
+    """The heads' forward and the pick of each node's candidate as one function (captured on a GPU) give the eager
+    proposer's trees, step by step."""
+    model = random_llama(64, seed=0).to(device)
+    runs = []
+    for graphs in (False, True):
+        medusa = random_medusa(model, graphs=graphs)
+        trees, propose = [], medusa.propose
+
+        def recorded(tokens, depth, propose=propose, trees=trees):
+            trees.append(propose(tokens, depth).tree)
+            return Proposal(trees[-1])
+
+        medusa.propose = recorded
+        gen = decode(CachedLM(model), medusa, PROMPTS[0], max_new_tokens=20, temperature=0.0, stop_ids=set())
+        runs.append((gen.tokens, trees))
+    assert runs[1] == runs[0] and len(runs[0][1]) > 1

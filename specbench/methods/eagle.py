@@ -44,7 +44,7 @@ from ..core.tree import Tree, additive_mask
 from ..heads import frequencies
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head, feature_layers
-from ..registry import implementation
+from ..registry import implementation, unless_sampled
 from .resources import Resources
 
 
@@ -498,11 +498,6 @@ def _on_target_head(
 
 def _draft_params(params: dict) -> dict:
     return {k: params.pop(k, None) for k in ("draft_dtype", "draft_vocab")}
-
-
-def unless_sampled(params: dict) -> bool:
-    """Under --graphs the drafting is captured (`StaticDrafting`), unless it samples children."""
-    return not params.get("sampled")
 
 
 @implementation("eagle", color="#2ca02c", nested=tree_prefix("nodes", _static_paths), graphed=unless_sampled)

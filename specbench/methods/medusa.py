@@ -5,7 +5,9 @@ With `sampled` (T > 0 only), a node's children are instead drawn without replace
 of the head at their depth (at the run's temperature), the k-th draw taking the place of the k-th guess,
 and each is verified against the law it was drawn from (recursive rejection sampling), as the sampled EAGLE
 trees are. Every parent's children must then have ranks 0..k-1: a skipped draw would change its later
-siblings' laws."""
+siblings' laws.
+
+Under --graphs the heads' forward and the pick of each node's candidate run as one CUDA graph on a GPU."""
 
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ from torch import nn
 from ..core import choices
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, tree_prefix
 from ..core.sampling import draw_distinct, probabilities
+from ..core.static_lm import Replays
 from ..core.tree import Tree, from_choices
 from ..errors import SpecbenchError
 from ..heads.medusa import MedusaHeads
-from ..registry import implementation
+from ..registry import implementation, unless_sampled
 from .resources import Resources
 
 
@@ -31,6 +34,7 @@ class Medusa(Proposer):
         lm_head: nn.Module,
         choices: list[list[int]],
         sampled: bool = False,
+        graphs: bool = False,  # top-k candidates picked in a captured graph (on a GPU)
     ) -> None:
         vocab, hidden = lm_head.weight.shape
         own = None if heads.shared_lm_head else heads[0][-1].out_features
@@ -60,11 +64,14 @@ class Medusa(Proposer):
         self.family_depth = torch.tensor([depths[p] if p >= 0 else 0 for p, _ in self.families])  # children's head
         if sampled and any([ranks[c] for c in kids] != list(range(len(kids))) for _, kids in self.families):
             raise ValueError("a sampled Medusa tree needs each node's children to have ranks 0..k-1")
+        device = lm_head.weight.device
         self.slot = (
-            torch.tensor([d - 1 for d in self.template.depths()]),  # which head
-            torch.tensor(self.template.tokens),  # which of its candidates
+            torch.tensor([d - 1 for d in self.template.depths()], device=device),  # which head
+            torch.tensor(self.template.tokens, device=device),  # which of its candidates
         )
         self.hidden: torch.Tensor | None = None  # [H]: the target's last state, the one that produced the root
+        self.replays = Replays(device) if graphs else None
+        self.static: torch.Tensor | None = None  # [H]: the captured graph's input
 
     def start(self, turn: Turn) -> None:
         super().start(turn)
@@ -74,11 +81,24 @@ class Medusa(Proposer):
     def propose(self, tokens: list[int], max_depth: int) -> Proposal:
         if self.hidden is None:
             return NO_PROPOSAL
-        logits = self.heads(self.hidden.to(self.lm_head.weight.dtype), self.lm_head)[: self.depth]  # [depth, V]
         if self.sampled and self.temperature > 0:
-            return self._sampled(probabilities(logits, self.temperature))
-        top = logits.topk(max(self.template.tokens) + 1, dim=-1).indices.cpu()  # [depth, k]
-        return Proposal(Tree(top[self.slot].tolist(), self.template.parents))
+            return self._sampled(probabilities(self._logits(self.hidden), self.temperature))
+        if self.replays is None:
+            picked = self._picked(self.hidden)
+        else:
+            if self.static is None:
+                self.static = self.hidden.clone()
+            self.static.copy_(self.hidden)
+            picked = self.replays.run("tree", lambda: self._picked(self.static))
+        return Proposal(Tree(picked.tolist(), self.template.parents))
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.heads(hidden.to(self.lm_head.weight.dtype), self.lm_head)[: self.depth]  # [depth, V]
+
+    def _picked(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Each template node's token [n]: the candidate of its rank among its head's top-k."""
+        top = self._logits(hidden).topk(max(self.template.tokens) + 1, dim=-1).indices  # [depth, k]
+        return top[self.slot]
 
     def _sampled(self, q: torch.Tensor) -> Proposal:
         """Every family's children drawn at once from q [depth, V] of the head at their depth. A row with less
@@ -105,7 +125,7 @@ def _paths(proposer: Medusa, proposal: Proposal) -> tuple[list[tuple], list[list
     return proposer.paths if len(proposal.tree) else [], proposer.choices
 
 
-@implementation("medusa", color="#e377c2", nested=tree_prefix("nodes", _paths))
+@implementation("medusa", color="#e377c2", nested=tree_prefix("nodes", _paths), graphed=unless_sampled)
 def build(params: dict, res: Resources) -> Proposer:
     tree = choices.first(choices.resolve(params.pop("tree", "medusa_mc_sim_7b_63")), params.pop("nodes", None))
-    return Medusa(res.head("medusa"), res.target_model.get_output_embeddings(), tree, **params)
+    return Medusa(res.head("medusa"), res.target_model.get_output_embeddings(), tree, **params, graphs=res.graphs)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ..core.proposer import Proposer, chain_prefix
 from ..heads.mtp import MtpHead
-from ..registry import implementation
-from .eagle import DynamicTree, Eagle, unless_sampled
+from ..registry import implementation, unless_sampled
+from .eagle import DynamicTree, Eagle
 from .resources import Resources
 
 

@@ -13,8 +13,7 @@ Each regime is comparable with something else, so numbers are read down a column
   kernel launch at a time from Python. Compare its speedups with papers.
 - **graphs** (`run --graphs`): the same loop on static KV caches with each forward replayed as a CUDA graph (on a
   CPU: the same cache, nothing captured): what a method gives once the host's overhead is gone, the regime of
-  gpt-fast-style stacks. The drafters' forwards are captured too (Medusa's heads excepted; the manifest lists
-  what drafted eagerly).
+  gpt-fast-style stacks. The drafters' forwards are captured too (the manifest lists any that drafted eagerly).
 - **an engine** (`run --engine vllm`): what a server gets, with its own kernels, batching and chains for trees.
 
 A step's milliseconds: verification (the target's forward over the proposal, acceptance and commit), drafting, and
