@@ -10,6 +10,10 @@
         one EAGLE-2/3 draft step at the model's real shapes (random head, a 256-token prompt, two pairs committed a
         step), timed on the eager cache, on --graphs' static cache uncaptured, and captured; with --profile, each
         regime's kernels by device time (torch.profiler) written to FILE
+    python scripts/gpu_check.py forward [--like vicuna-7b] [--variants loop,fused-norm,compiled-norm-mlp]
+        T(n) of the target's --graphs forward (random weights built in memory), as the loop runs it and with each
+        experimental variant: torch's fused RMSNorm kernel in place of transformers' elementwise chain, or the norms
+        and MLPs compiled by torch.compile inside the captured buckets (what fusion could give toward the roofline)
 """
 
 from __future__ import annotations
@@ -177,6 +181,53 @@ def drafting(args) -> None:
         args.profile.write_text("\n".join(tables))
 
 
+def _fused_norm(norm, hidden: torch.Tensor) -> torch.Tensor:
+    """LlamaRMSNorm's forward as torch's one rms_norm kernel (float32 inside, rounded once: not bit-identical)."""
+    return torch.nn.functional.rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
+
+
+def forward(args) -> None:
+    from random_checkpoints import SHAPES, _config
+    from transformers import LlamaForCausalLM
+    from transformers.models.llama import modeling_llama
+
+    from specbench.core.static_lm import StaticCachedLM
+    from specbench.models.aliases import TINY_DIR
+    from specbench.run.worker import forward_profile
+
+    device = torch.device(args.device)
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    shape = {**SHAPES[args.like]["target"], **({"num_hidden_layers": args.layers} if args.layers else {})}
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM._from_config(_config(shape, TINY_DIR / "target"), dtype=dtype).eval()
+    sizes = (1, 8, 64)
+    print(f"| {args.like} ({shape['num_hidden_layers']} layers), {dtype}, --graphs forward after 256 cached | "
+          + " | ".join(f"T({n}) ms" for n in sizes) + " | seconds in all (compiling included) |")
+    print("|---|" + "---|" * (len(sizes) + 1))
+    original = modeling_llama.LlamaRMSNorm.forward
+    for variant in args.variants.split(","):
+        layers = model.model.layers
+        kept = [(layer.input_layernorm, layer.post_attention_layernorm, layer.mlp) for layer in layers]
+        if variant == "fused-norm":
+            modeling_llama.LlamaRMSNorm.forward = _fused_norm
+        elif variant == "compiled-norm-mlp":
+            for layer in layers:
+                for name in ("input_layernorm", "post_attention_layernorm", "mlp"):
+                    setattr(layer, name, torch.compile(getattr(layer, name), dynamic=False, fullgraph=True))
+        elif variant != "loop":
+            raise SystemExit(f"unknown variant '{variant}': use loop, fused-norm or compiled-norm-mlp")
+        try:
+            start = time.perf_counter()
+            profile = forward_profile(StaticCachedLM(model), sizes=sizes)
+            took = time.perf_counter() - start
+            print(f"| {variant} | " + " | ".join(_ms(profile[n]) for n in sizes) + f" | {took:.0f} |")
+        finally:
+            modeling_llama.LlamaRMSNorm.forward = original
+            for layer, (first, second, mlp) in zip(layers, kept, strict=True):
+                layer.input_layernorm, layer.post_attention_layernorm, layer.mlp = first, second, mlp
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="gpu_check.sh's roofline and summary table")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -193,8 +244,13 @@ def main() -> int:
     d.add_argument("--prompt", type=int, default=256)
     d.add_argument("--steps", type=int, default=30)
     d.add_argument("--profile", type=Path)
+    f = sub.add_parser("forward")
+    f.add_argument("--like", default="vicuna-7b")
+    f.add_argument("--device", default="cuda")
+    f.add_argument("--layers", type=int, help="fewer layers than the model's (a rehearsal on a CPU)")
+    f.add_argument("--variants", default="loop,fused-norm,compiled-norm-mlp")
     args = parser.parse_args()
-    {"roofline": roofline, "summary": summary, "drafting": drafting}[args.command](args)
+    {"roofline": roofline, "summary": summary, "drafting": drafting, "forward": forward}[args.command](args)
     return 0
 
 
