@@ -180,8 +180,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--graphs",
         action="store_true",
-        help="the target and draft model on static KV caches, forwards padded to buckets of rows and, on a GPU, "
-        "captured once per bucket as CUDA graphs: what a method gives at the hardware limit (heads draft eagerly)",
+        help="the target and every drafter on static KV caches, forwards padded to buckets of rows and, on a GPU, "
+        "captured once per bucket as CUDA graphs: what a method gives at the hardware limit (sampled tree drafting "
+        "stays eager)",
     )
     run.add_argument(
         "--tuned",
