@@ -23,8 +23,9 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]] && "$py" -c "import pytest" 2> /dev/null; 
     -k "cuda and (static or graphs)" | tail -3 || echo "gpu_check: a captured drafter differs from its eager self" \
     "on this GPU (the tests above): read the --graphs numbers below with care"
 fi
+written=$SECONDS
 options=$("$py" scripts/random_checkpoints.py --like "$like" --out "$checkpoints" --device cuda --dtype float16)
-echo "checkpoints written in $((SECONDS - start)) s: $options"
+echo "checkpoints written in $((SECONDS - written)) s: $options"
 "$py" scripts/gpu_check.py roofline --weights "$checkpoints/target" --out "$out/roofline.json" > /dev/null
 for regime in ${GPU_CHECK_REGIMES:-eager graphs}; do  # the eager loop (comparable with papers), then --graphs
   flag=$([ "$regime" = graphs ] && echo --graphs || true)
