@@ -3,7 +3,9 @@ untrustworthy (other processes' CPU work, Python's cyclic collector)."""
 
 from __future__ import annotations
 
+import functools
 import gc
+import hashlib
 import os
 import platform
 import subprocess
@@ -17,6 +19,7 @@ import torch
 
 from . import __version__
 from .models import few_rows
+from .presets import preset_dir
 
 BUSY_SHARE = 0.25  # other processes using more than this share of the CPUs make a timing untrustworthy
 
@@ -32,6 +35,24 @@ def _git_revision() -> str | None:
         return None
     revision = head.stdout.strip()
     return (revision + ("-dirty" if edits.stdout.strip() else "")) or None
+
+
+def files_digest(code: Path, presets: Path) -> str:
+    """sha256 (first 16 hex digits) of the Python files under `code` and the YAML files under `presets`, by relative
+    path and content."""
+    digest = hashlib.sha256()
+    for folder, pattern in ((code, "*.py"), (presets, "*.yaml")):
+        for path in sorted(folder.rglob(pattern)):
+            digest.update(f"{path.relative_to(folder).as_posix()}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def source_digest() -> str:
+    """The package's code and method presets (`files_digest`): what code ran, where a checkout's commit is stale or
+    missing (a copy without its history)."""
+    return files_digest(Path(__file__).parent, preset_dir("methods"))
 
 
 def _cpu_name() -> str:
@@ -63,6 +84,7 @@ def machine(device: torch.device) -> dict:
         "transformers": transformers.__version__,
         "specbench": __version__,
         "git_revision": _git_revision(),
+        "source_digest": source_digest(),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "busy_cpus": busy_cpus(),
         "few_rows": few_rows.describe() if device.type == "cpu" else None,  # row counts the (W @ x.T).T layout takes

@@ -4,6 +4,7 @@ import pytest
 
 from specbench.config import RunConfig
 from specbench.errors import SpecbenchError
+from specbench.machine import files_digest, source_digest
 from specbench.results import read_file
 from specbench.run.runner import answer_path, run
 
@@ -160,3 +161,20 @@ def test_cross_request_methods_never_see_their_own_earlier_answer(tiny_models, t
     assert len(steps) == 6 and sum(len(calls) for calls in steps.values()) == 6 * 2 + 1  # one warm-up
     for calls in steps.values():
         assert all(call == calls[0] for call in calls), calls
+
+
+def test_the_manifest_names_the_code_that_ran(greedy_run, tmp_path):
+    """The source digest identifies the package's code and presets where a checkout's commit is stale or missing: it
+    changes with any file's content or name."""
+    machine = json.loads((greedy_run / "manifest.json").read_text())["machine"]
+    assert machine["source_digest"] == source_digest() and len(machine["source_digest"]) == 16
+    code, presets = tmp_path / "code", tmp_path / "presets"
+    (code / "sub").mkdir(parents=True)
+    presets.mkdir()
+    (code / "sub" / "a.py").write_text("x = 1\n")
+    (presets / "m.yaml").write_text("implementation: m\n")
+    first = files_digest(code, presets)
+    (code / "sub" / "a.py").write_text("x = 2\n")
+    second = files_digest(code, presets)
+    (code / "sub" / "a.py").rename(code / "sub" / "b.py")
+    assert len({first, second, files_digest(code, presets)}) == 3

@@ -21,7 +21,8 @@ from .sources import Source, load_sources
 from .tables import md_table
 
 MACHINE_KEYS = (("config", "dtype"), ("machine", "device"), ("machine", "device_name"), ("machine", "cpu_count"))
-SOFTWARE_KEYS = (("machine", "torch"), ("machine", "transformers"), ("machine", "python"), ("machine", "git_revision"))
+SOFTWARE_KEYS = (("machine", "torch"), ("machine", "transformers"), ("machine", "python"), ("machine", "git_revision"),
+                 ("machine", "source_digest"))  # fmt: skip
 DOWN, UP = "▼", "▲"  # the 95% interval lies below / above 1
 MIN_PAIRS = 5  # fewer shared questions: the bootstrap interval says nothing about noise, so speed is not judged
 
