@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The first thing to run on any GPU (about 6 minutes on one H200): random-weight checkpoints at a named alias's
-# real shapes in the official layouts (nothing downloaded), the bandwidth roofline after a warm-up, then every
+# The first thing to run on any GPU (about 8 minutes on one H200: both regimes with every method took 474 s before
+# dflash, pard and the tests joined): random-weight checkpoints at a named alias's real shapes in the official
+# layouts (nothing downloaded), the bandwidth roofline after a warm-up, then every
 # method in the eager loop and under --graphs ($GPU_CHECK_REGIMES, default both), each with the A/A noise floor and
 # T(n) of the target's forward, a report each, and the summary tables a closing note quotes (summary.md).
 #   bash scripts/gpu_check.sh [vicuna-7b|llama3.1-8b]
