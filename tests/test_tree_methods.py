@@ -281,4 +281,8 @@ def test_medusa_under_graphs_proposes_the_eager_trees(device):
         medusa.propose = recorded
         gen = decode(CachedLM(model), medusa, PROMPTS[0], max_new_tokens=20, temperature=0.0, stop_ids=set())
         runs.append((gen.tokens, trees))
+        top = medusa._logits(medusa.hidden).topk(10, dim=-1).indices.tolist()  # the last state's, by hand:
+        tree = propose(gen.tokens, 20).tree  # node i is the rank-r guess of head d, r and d from its template path
+        assert tree.tokens == [top[d - 1][r] for d, r in zip(medusa.template.depths(), medusa.template.tokens,
+                                                             strict=True)]  # fmt: skip
     assert runs[1] == runs[0] and len(runs[0][1]) > 1
