@@ -50,6 +50,22 @@ def random_qwen2(vocab: int, *, layers: int = 2, hidden: int = 64, seed: int = 0
     return Qwen2ForCausalLM(config).eval()
 
 
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="captures on a GPU"))
+
+
+def recording(proposer) -> list:
+    """The trees `proposer` proposes from now on, in order (its propose wrapped; proposals pass through)."""
+    trees, propose = [], proposer.propose
+
+    def recorded(tokens: list[int], max_depth: int):
+        proposal = propose(tokens, max_depth)
+        trees.append(proposal.tree)
+        return proposal
+
+    proposer.propose = recorded
+    return trees
+
+
 class ClaimsUniform:
     """A planted mistake to mix into a proposer that samples its drafts: rows drawn from its own law but verified
     as if drawn uniformly (the sampling audit must fail it)."""

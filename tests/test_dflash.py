@@ -19,7 +19,7 @@ from specbench.methods.dflash import DFlash
 from specbench.methods.vanilla import Vanilla
 
 from . import conftest
-from .conftest import random_llama
+from .conftest import CUDA, random_llama
 
 
 @pytest.fixture(scope="module")
@@ -190,9 +190,6 @@ def test_the_block_must_fit_the_training_window():
     with pytest.raises(SpecbenchError, match="--block-size must be from 2 to half of --seq-len"):
         train_config("dflash", seq_len=16, block_size=16)
     assert train_config("eagle", seq_len=16, block_size=16).seq_len == 16  # other kinds ignore the block
-
-
-CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="captures on a GPU"))
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])

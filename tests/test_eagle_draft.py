@@ -10,12 +10,12 @@ import torch
 from specbench.core import choices
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
-from specbench.core.proposer import Proposal, Turn
+from specbench.core.proposer import Turn
 from specbench.core.static_lm import StaticRows
 from specbench.heads.eagle import build, config_from_target
 from specbench.methods.eagle import DYNAMIC, Draft, DynamicTree, Eagle, StaticTree
 
-from .conftest import random_llama
+from .conftest import CUDA, random_llama, recording
 
 PROMPTS = [[1, 5, 7, 9, 5, 7, 9, 11, 3], [1, 40, 41, 7], [7, 8]]
 
@@ -171,9 +171,6 @@ def test_ties_go_to_the_earlier_node():
             assert DynamicTree(50, 3, k).grow(level, draft).tolist() == expected
 
 
-CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="captures on a GPU"))
-
-
 @pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("expansion", [DynamicTree(60, 5, 3), DynamicTree(8, 2, 2), StaticTree(HAND),
                                        StaticTree(choices.resolve("eagle_mc_sim_7b_63"))],
@@ -190,9 +187,7 @@ def test_static_drafting_proposes_the_eager_trees_step_by_step(model, head, expa
             runs = []
             for graphs in (False, True):
                 proposer = Eagle(head, model.get_output_embeddings(), expansion, sampled=sampled, graphs=graphs)
-                trees, propose = [], proposer.propose
-                proposer.propose = lambda tokens, depth, propose=propose, trees=trees: recorded(
-                    trees, propose(tokens, depth))  # fmt: skip
+                trees = recording(proposer)
                 gen = decode(CachedLM(model), proposer, prompt, max_new_tokens=30, temperature=temperature,
                              stop_ids=set(), generator=torch.Generator(device).manual_seed(1))  # fmt: skip
                 runs.append((gen.tokens, gen.accept_lengths, trees))
@@ -202,11 +197,6 @@ def test_static_drafting_proposes_the_eager_trees_step_by_step(model, head, expa
             assert len(runs[0][2]) > 1 and any(len(tree) for tree in runs[0][2])
             accepted += runs[0][1]
     assert max(accepted) > 2  # steps commit several pairs (the padded rows are real rows there)
-
-
-def recorded(trees: list, proposal: Proposal) -> Proposal:
-    trees.append(proposal.tree)
-    return proposal
 
 
 def test_a_static_trees_fixed_levels_are_what_its_template_admits_and_grows(model, head):

@@ -12,7 +12,6 @@ from specbench.core.cached_lm import CachedLM
 from specbench.core.choices import EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63
 from specbench.core.decode import decode
 from specbench.core.losslessness import sampling_test
-from specbench.core.proposer import Proposal
 from specbench.core.tree import Tree, from_choices
 from specbench.errors import SpecbenchError
 from specbench.heads.eagle import build, config_from_target
@@ -22,7 +21,7 @@ from specbench.methods.eagle import DynamicTree, Eagle, StaticTree
 from specbench.methods.medusa import Medusa
 from specbench.methods.vanilla import Vanilla
 
-from .conftest import random_llama, random_qwen2
+from .conftest import CUDA, random_llama, random_qwen2, recording
 
 PROMPTS = [[1, 5, 7, 9, 5, 7, 9, 11, 3], [1, 20, 21, 22, 23, 20, 21], [1, 40], [7]]
 
@@ -261,8 +260,6 @@ def test_typical_acceptance_is_labelled_lossy(small_vocab, tmp_path, monkeypatch
     assert len(gen.tokens) == 12
 
 
-CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="captures on a GPU"))
-
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
 def test_medusa_under_graphs_proposes_the_eager_trees(device):
@@ -272,13 +269,8 @@ def test_medusa_under_graphs_proposes_the_eager_trees(device):
     runs = []
     for graphs in (False, True):
         medusa = random_medusa(model, graphs=graphs)
-        trees, propose = [], medusa.propose
-
-        def recorded(tokens, depth, propose=propose, trees=trees):
-            trees.append(propose(tokens, depth).tree)
-            return Proposal(trees[-1])
-
-        medusa.propose = recorded
+        propose = medusa.propose
+        trees = recording(medusa)
         gen = decode(CachedLM(model), medusa, PROMPTS[0], max_new_tokens=20, temperature=0.0, stop_ids=set())
         runs.append((gen.tokens, trees))
         top = medusa._logits(medusa.hidden).topk(10, dim=-1).indices.tolist()  # the last state's, by hand:
