@@ -7,12 +7,14 @@ import json
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from specbench.cli.main import main
 from specbench.core.cached_lm import CachedLM
 from specbench.core.static_lm import StaticCachedLM
 from specbench.core.tree import Tree
 from specbench.models.loading import load_causal_lm
+from specbench.run import session
 from specbench.zoo import TINY_DIR
 
 PROMPT = [5, 17, 99, 230, 11, 42, 7, 301, 64, 12]
@@ -55,12 +57,57 @@ def test_a_prompt_longer_than_the_largest_bucket_and_a_full_cache(target):
         static.forward(list(range(static.context_length)))
 
 
-def test_every_method_under_graphs_gives_the_eager_tokens(tmp_path):
-    common = ["run", "--methods", "vanilla,sps,lookahead,ouroboros,medusa,eagle2,eagle3,mtp,dflash,pard",
+READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero", "unique", "masked_select",
+         "numpy", "any", "all", "equal"}  # what makes the host wait for a device's values  # fmt: skip
+
+
+class HostReads(TorchFunctionMode):
+    """Counts reads of tensor values on the host per decode step (from a propose to the update after it), by method:
+    on a GPU each is a wait for the device's queue to drain."""
+
+    def __init__(self, monkeypatch) -> None:
+        super().__init__()
+        self.steps: dict[str, list[int]] = {}
+        self.counting: list[int] | None = None
+        decode = session.decode
+
+        def counted(target, proposer, *args, **kwargs):
+            name, propose, update = type(proposer).__name__, proposer.propose, proposer.update
+
+            def step_begins(*a, **k):
+                self.counting = self.steps.setdefault(name, [])
+                self.counting.append(0)
+                return propose(*a, **k)
+
+            def step_ends(*a, **k):
+                update(*a, **k)
+                self.counting = None
+
+            proposer.propose, proposer.update = step_begins, step_ends
+            try:
+                return decode(target, proposer, *args, **kwargs)
+            finally:
+                proposer.propose, proposer.update, self.counting = propose, update, None
+
+        monkeypatch.setattr(session, "decode", counted)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.counting is not None and getattr(func, "__name__", "") in READS:
+            self.counting[-1] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_every_method_under_graphs_gives_the_eager_tokens_waiting_once_a_step(tmp_path, monkeypatch):
+    """The same tokens and accepted lengths as the eager loop, and at T = 0 one read of the device per step: the
+    accepted path, which brings a tree still on the device with it (`DeviceTree`)."""
+    common = ["run", "--methods", "vanilla,sps,lookahead,ouroboros,medusa,eagle,eagle2,eagle3,mtp,dflash,pard",
               "--limit", "1", "--tasks", "quick", "--max-new-tokens", "16", "--no-report", "--no-noise-floor",
               "--device", "cpu"]  # fmt: skip
     assert main([*common, "--out", str(tmp_path / "eager")]) == 0
-    assert main([*common, "--graphs", "--out", str(tmp_path / "graphs")]) == 0
+    with HostReads(monkeypatch) as reads:
+        assert main([*common, "--graphs", "--out", str(tmp_path / "graphs")]) == 0
+    drafting_on_the_device = ("Vanilla", "DraftModel", "Medusa", "Eagle", "DFlash", "Pard")  # EAGLE-1/2/3 and MTP
+    assert {name: max(reads.steps[name]) for name in drafting_on_the_device} == dict.fromkeys(drafting_on_the_device, 1)
     manifest = json.loads((tmp_path / "graphs" / "manifest.json").read_text())
     assert manifest["config"]["graphs"] and manifest["graphs"]["captured"] is False
     assert manifest["graphs"]["eager_drafting"] == []  # every drafter here on static caches, captured on a GPU

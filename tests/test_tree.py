@@ -1,6 +1,6 @@
 import torch
 
-from specbench.core.tree import Tree, ancestor_matrix, attention_mask, chain, position_ids
+from specbench.core.tree import DeviceTree, Tree, ancestor_matrix, attention_mask, chain, position_ids
 
 # root -> a(0) -> b(1); root -> c(2) -> d(3); a -> e(4)
 TREE = Tree([10, 11, 12, 13, 14], [-1, 0, -1, 2, 0])
@@ -68,3 +68,51 @@ def test_parents_must_precede_children():
 
     with pytest.raises(ValueError):
         Tree([1, 2], [1, -1])
+
+
+class CountsReads(torch.overrides.TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.reads += getattr(func, "__name__", "") in ("tolist", "item", "__int__", "__bool__", "__index__")
+        return func(*args, **(kwargs or {}))
+
+
+def on_device(tree: Tree, host_parents: bool = False) -> DeviceTree:
+    parents = tree.parents if host_parents else torch.tensor(tree.parents)
+    return DeviceTree(torch.tensor(tree.tokens), parents, max(tree.max_depth(), 1) + 1)  # a loose bound
+
+
+def test_a_device_tree_is_read_once_with_the_targets_picks():
+    tree = on_device(TREE)
+    with CountsReads() as counter:
+        assert len(tree) == 5 and not tree.is_chain and tree.depth_bound() == 3  # known without reading
+        assert torch.equal(tree.rows(7), torch.tensor([7, 10, 11, 12, 13, 14]))
+        assert tree.read_along(torch.tensor([4, 5, 6])) == [4, 5, 6]
+        assert tree == TREE and TREE == tree and tree.depth_bound() == 2  # noqa: SIM300 (read: exact now)
+        assert tree.read_along(torch.tensor([1])) == [1] and tree.rows(7) == [7, *TREE.tokens]
+    assert counter.reads == 2  # the tree with the picks, then the second picks alone
+    chain_tree = on_device(chain([3, 4, 5]), host_parents=True)
+    assert chain_tree.is_chain and chain_tree.depth_bound() == 3  # its shape is on the host
+
+
+def test_masks_and_positions_of_a_device_tree_match_the_hosts():
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(30):
+        n = int(torch.randint(1, 12, (), generator=gen))
+        tree = Tree(list(range(n)), [int(torch.randint(-1, i, (), generator=gen)) if i else -1 for i in range(n)])
+        device_tree = on_device(tree)
+        assert torch.equal(ancestor_matrix(device_tree), brute_force_allowed(tree))
+        assert torch.equal(attention_mask(device_tree, 4, torch.float32), attention_mask(tree, 4, torch.float32))
+        assert torch.equal(position_ids(device_tree, 4, side=[1, 2]), position_ids(tree, 4, side=[1, 2]))
+        assert device_tree.read is None  # none of it read the tree
+
+
+def test_pruning_a_device_tree_whose_shape_is_on_the_host_keeps_it_there():
+    tree = on_device(TREE, host_parents=True)
+    sub = tree.subtree([0, 2, 4])
+    assert isinstance(sub, DeviceTree) and tree.read is None and sub.read is None
+    assert sub == TREE.subtree([0, 2, 4])
+    assert not isinstance(on_device(TREE).subtree([0, 2, 4]), DeviceTree)  # a drafted shape: read to prune

@@ -25,8 +25,9 @@ class Accepted:
 
 
 def greedy(tree: Tree, logits: torch.Tensor) -> Accepted:
-    """Longest path whose every token is the target's argmax at its parent. logits: [n+1, V]."""
-    best = logits.argmax(dim=-1).tolist()
+    """Longest path whose every token is the target's argmax at its parent. logits: [n+1, V]. The argmax comes to
+    the host with the tree, if that is still on the device: the step's one wait."""
+    best = tree.read_along(logits.argmax(dim=-1))
     children = tree.children()
     rows: list[int] = []
     row = 0

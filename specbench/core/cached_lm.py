@@ -58,6 +58,11 @@ def call(model, cache, ids: torch.Tensor, mask: torch.Tensor | None, positions: 
     return Forward(model.get_output_embeddings()(final[-1:] if last_only else final), hidden_features(out, layers)[0])
 
 
+def as_ids(tokens: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Token ids [n] on `device`, from the host's list or already a tensor (no host wait)."""
+    return tokens.to(device) if isinstance(tokens, torch.Tensor) else torch.tensor(tokens, device=device)
+
+
 RECURRENT = ("linear", "mamba", "conv", "recurrent", "ssm")  # config layer types whose state is not a KV cache
 
 
@@ -113,14 +118,15 @@ class CachedLM:
     @torch.inference_mode()
     def run(
         self,
-        tokens: list[int],
+        tokens: list[int] | torch.Tensor,
         tree: Tree | None = None,
         *,
         last_only: bool = False,
         layers: tuple[int, ...] | None = None,
         side: SideBranch | None = None,
     ) -> Forward:
-        """One forward appending `tokens` (with `tree`: [root] + tree tokens + side tokens) to the cache.
+        """One forward appending `tokens` (with `tree`: [root] + tree tokens + side tokens; a list, or ids [n] on
+        the device) to the cache.
 
         `layers` asks for hidden states as features: indices into the model's hidden-state list (0 = the
         embeddings, i = the output of layer i) and -1 for the final normalised state the LM head reads.
@@ -128,7 +134,7 @@ class CachedLM:
         if self.cache is None:
             self.reset()
         past = self.cached
-        ids = torch.tensor([tokens], device=self.device)
+        ids = as_ids(tokens, self.device)[None]
         if tree is None or (tree.is_chain and side is None):
             positions = torch.arange(past, past + len(tokens), device=self.device)[None]
             mask = None  # plain causal attention: the model builds it (and sdpa takes its fast path)

@@ -45,6 +45,33 @@ def clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+class Marks:
+    """Moments within a turn, marked without waiting on the device: CUDA events on the device's own timeline on a GPU
+    (read when the turn ends), the host's clock elsewhere (where an op's work is done when it returns). A step's
+    draft and verification times come from these, so timing them adds no wait to the step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.events = device.type == "cuda"
+        self.marks: list = []
+
+    def __call__(self) -> int:
+        """Mark now; the mark's index."""
+        if self.events:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+        return len(self.marks) - 1
+
+    def seconds(self) -> list[float]:
+        """Each mark's time after the first, once the device has reached the last."""
+        if not self.events:
+            return [t - self.marks[0] for t in self.marks]
+        self.marks[-1].synchronize()
+        return [self.marks[0].elapsed_time(event) / 1000 for event in self.marks]
+
+
 def decode(
     target: CachedLM,
     proposer: Proposer,
@@ -79,12 +106,14 @@ def decode(
     tokens = list(prompt)
     gen = Generation([], prefill_draft_time=clock(device) - t0)
     picked: list[tuple[torch.Tensor, torch.Tensor]] = []  # T=0: the target's picks per step, on the device
+    mark = Marks(device)
+    steps: list[tuple[int, int, int, tuple[int, int, int, int]]] = []  # (accepted, tested, tree size, marks)
     while len(gen.tokens) < budget:
         remaining = budget - len(gen.tokens)
         depth = remaining - 1  # drafted tokens the budget has room for after the target's own token
-        t0 = clock(device)
+        t0 = mark()
         proposal = proposer.propose(tokens, depth).pruned(depth)
-        t1 = clock(device)
+        t1 = mark()
         step = verify(target, tokens[-1], proposal, rule, temperature, generator, layers)
         new = step.new
         stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
@@ -95,7 +124,7 @@ def decode(
             picked.append((step.picks[0][: len(new)], step.picks[1][: len(new)]))
         tokens.extend(new)
         gen.tokens.extend(new)
-        t2 = clock(device)
+        t2 = mark()
         n = len(proposal.tree) + 1
         out = step.output
         feedback = Feedback(
@@ -104,11 +133,13 @@ def decode(
             out.logits[n:] if proposal.side else None,
         )
         proposer.update(tokens, proposal, feedback)
-        t3 = clock(device)
-        gen.steps.append(Step(len(new), step.accepted.tested, len(out.logits), t1 - t0 + t3 - t2, t2 - t1))
+        steps.append((len(new), step.accepted.tested, len(out.logits), (t0, t1, t2, mark())))
         if stop_at is not None:
             break
     gen.wall_time = clock(device) - start
+    at = mark.seconds() if steps else []
+    for new_tokens, tested, size, (t0, t1, t2, t3) in steps:
+        gen.steps.append(Step(new_tokens, tested, size, at[t1] - at[t0] + at[t3] - at[t2], at[t2] - at[t1]))
     if picked:  # read after the clock stops
         gen.target_top1 = torch.cat([p[0] for p in picked]).tolist()
         gen.target_margin = torch.cat([p[1] for p in picked]).tolist()

@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from ..errors import SpecbenchError
-from .cached_lm import CachedLM, Forward, SideBranch, call
+from .cached_lm import CachedLM, Forward, SideBranch, as_ids, call
 from .tree import Tree, attention_mask, position_ids
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows of a verification (root, tree, side branch), padded up to one
@@ -121,13 +121,14 @@ class StaticCachedLM(CachedLM):
         self.prefilled = None
 
     @torch.inference_mode()
-    def run(self, tokens: list[int], tree: Tree | None = None, *, last_only: bool = False,
+    def run(self, tokens: list[int] | torch.Tensor, tree: Tree | None = None, *, last_only: bool = False,
             layers: tuple[int, ...] | None = None, side: SideBranch | None = None) -> Forward:  # fmt: skip
         past, n = self.cached, len(tokens)
         if past + n > self.context_length:
             raise SpecbenchError(f"{past + n} tokens do not fit the static cache of {self.context_length} (--graphs)")
         bucket = next((b for b in BUCKETS if b >= n), n)  # longer (a prefill): its own length, never captured
-        ids = torch.tensor(tokens + [tokens[-1]] * (bucket - n), device=self.device)[None]
+        ids = as_ids(tokens, self.device)
+        ids = torch.cat([ids, ids[-1:].expand(bucket - n)])[None]  # padding: the last token again
         span = min(-(-(past + bucket) // SPAN) * SPAN, self.capacity)  # keys attended: the live rows, rounded up
         full = torch.full((1, 1, bucket, span), self.floor, dtype=self.dtype, device=self.device)
         if tree is None or (tree.is_chain and side is None):

@@ -40,7 +40,8 @@ def verify(
     committed into the cache (the rest dropped)."""
     past = model.cached
     tree, side = proposal.tree, proposal.side
-    out = model.run([root, *tree.tokens, *(side.tokens if side else [])], tree, layers=layers, side=side)
+    tokens = tree.rows(root) if side is None else [root, *tree.tokens, *side.tokens]
+    out = model.run(tokens, tree, layers=layers, side=side)
     accepted = rule(tree, out.logits[: len(tree) + 1], proposal.draft_probs, temperature, generator)
     kept = [0, *accepted.rows]
     model.commit(past, kept)

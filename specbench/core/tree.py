@@ -4,6 +4,9 @@ Indexing: the verification input is [root] + tree tokens, where the root is the 
 (not yet in the target's KV cache). Node i of the tree is input row i + 1; `parents[i]` is the parent's
 tree index, or -1 for a child of the root. Parents always come before their children.
 A chain is a tree whose node i has parent i - 1.
+
+A proposer that drafts on the device may hand over a `DeviceTree`: the target verifies it from there and the host
+reads it once, with the target's picks (`Tree.read_along`), so a greedy step waits on the device only once.
 """
 
 from __future__ import annotations
@@ -42,6 +45,26 @@ class Tree:
     def max_depth(self) -> int:
         return max(self.depths(), default=0)
 
+    def depth_bound(self) -> int:
+        """No node is deeper than this (exact here; a `DeviceTree` whose shape is on the device knows a bound)."""
+        return self.max_depth()
+
+    @property
+    def home(self) -> torch.device:
+        """Where the tree's shape lives: the mask and positions derived from it are built there."""
+        return torch.device("cpu")
+
+    def parents_tensor(self) -> torch.Tensor:
+        return torch.tensor(self.parents, dtype=torch.long)
+
+    def rows(self, root: int) -> list[int] | torch.Tensor:
+        """The verification input's tokens: [root] + the tree's."""
+        return [root, *self.tokens]
+
+    def read_along(self, values: torch.Tensor) -> list[int]:
+        """`values` (integers) on the host; a tree still on the device comes with them, in the same transfer."""
+        return values.tolist()
+
     def children(self) -> list[list[int]]:
         """Input-row indices of the children of every input row (row 0 = root)."""
         kids: list[list[int]] = [[] for _ in range(len(self) + 1)]
@@ -59,11 +82,83 @@ class Tree:
 
     def subtree(self, keep: list[int]) -> Tree:
         """The tree of nodes `keep` (ascending, closed under parents), re-indexed."""
-        new_index = {old: new for new, old in enumerate(keep)}
-        return Tree(
-            [self.tokens[i] for i in keep],
-            [new_index[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep],
-        )
+        return Tree([self.tokens[i] for i in keep], reindexed(self.parents, keep))
+
+
+class DeviceTree(Tree):
+    """A tree whose tokens (and, when they depend on the draft, parents) are still tensors on the device. Its size
+    and a depth bound are known on the host; reading `tokens` or `parents` costs one transfer, made once."""
+
+    def __init__(self, tokens: torch.Tensor, parents: torch.Tensor | list[int], depth: int) -> None:
+        object.__setattr__(self, "ids", tokens)  # [n] long
+        object.__setattr__(self, "links", parents)  # [n] long on the device, or the host's list
+        object.__setattr__(self, "bound", depth)
+        object.__setattr__(self, "read", None)  # (tokens, parents) once read
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tree) and (self.tokens, self.parents) == (other.tokens, other.parents)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._host()[0]
+
+    @property
+    def parents(self) -> list[int]:
+        return self.links if isinstance(self.links, list) else self._host()[1]
+
+    @property
+    def shape_on_device(self) -> bool:
+        return isinstance(self.links, torch.Tensor) and self.read is None
+
+    @property
+    def is_chain(self) -> bool:
+        """Whether the tree is known to be a chain without reading it (a drafted shape is not assumed one)."""
+        return not self.shape_on_device and Tree.is_chain.fget(self)
+
+    def depth_bound(self) -> int:
+        return self.bound if self.shape_on_device else self.max_depth()
+
+    @property
+    def home(self) -> torch.device:
+        return self.links.device if self.shape_on_device else torch.device("cpu")
+
+    def parents_tensor(self) -> torch.Tensor:
+        return self.links if self.shape_on_device else Tree.parents_tensor(self)
+
+    def rows(self, root: int) -> list[int] | torch.Tensor:
+        if self.read is not None:
+            return Tree.rows(self, root)
+        return torch.cat([self.ids.new_full((1,), root), self.ids])
+
+    def read_along(self, values: torch.Tensor) -> list[int]:
+        if self.read is not None:
+            return values.tolist()
+        n, m = len(self.ids), len(values)
+        parts = [self.ids, values.to(self.ids.device, torch.long)]
+        flat = torch.cat(parts + [self.links] if isinstance(self.links, torch.Tensor) else parts).tolist()
+        object.__setattr__(self, "read", (flat[:n], flat[n + m :] if isinstance(self.links, torch.Tensor) else
+                                          self.links))  # fmt: skip
+        return flat[n : n + m]
+
+    def subtree(self, keep: list[int]) -> Tree:
+        if not isinstance(self.links, list) or self.read is not None:
+            return Tree.subtree(self, keep)
+        ids = self.ids[torch.tensor(keep, dtype=torch.long, device=self.ids.device)]
+        return DeviceTree(ids, reindexed(self.links, keep), self.bound)  # the shape known here: no read
+
+    def _host(self) -> tuple[list[int], list[int]]:
+        if self.read is None:
+            self.read_along(self.ids[:0])
+        return self.read
+
+
+def reindexed(parents: list[int], keep: list[int]) -> list[int]:
+    """The parents of nodes `keep` (ascending, closed under parents) as indices into `keep`."""
+    new_index = {old: new for new, old in enumerate(keep)}
+    return [new_index[parents[i]] if parents[i] >= 0 else -1 for i in keep]
 
 
 def chain(tokens: list[int]) -> Tree:
@@ -91,12 +186,13 @@ EMPTY = Tree([], [])
 
 
 def ancestor_matrix(tree: Tree) -> torch.Tensor:
-    """Bool [n+1, n+1]: entry (i, j) says input row i may attend to row j (j is i or an ancestor)."""
-    n = len(tree) + 1
-    parent = torch.tensor([0, *(p + 1 for p in tree.parents)])  # each row's parent row; the root's is itself
-    rows, node = torch.arange(n), torch.arange(n)
-    allowed = torch.eye(n, dtype=torch.bool)
-    for _ in range(tree.max_depth()):  # climb one level at a time: whole rows at once, not node by node
+    """Bool [n+1, n+1] on the tree's home: entry (i, j) says input row i may attend to row j (j is i or an
+    ancestor)."""
+    n, home = len(tree) + 1, tree.home
+    parent = torch.cat([tree.parents_tensor().new_full((1,), -1), tree.parents_tensor()]) + 1  # the root's: itself
+    rows, node = torch.arange(n, device=home), torch.arange(n, device=home)
+    allowed = torch.eye(n, dtype=torch.bool, device=home)
+    for _ in range(tree.depth_bound()):  # climb one level at a time: whole rows at once, not node by node
         node = parent[node]
         allowed[rows, node] = True
     return allowed
@@ -116,17 +212,17 @@ def attention_mask(
     """
     n = len(tree) + 1
     m = 0 if side is None else side.shape[0]
-    allowed = torch.ones(n + m, past_len + n + m, dtype=torch.bool)
+    allowed = torch.ones(n + m, past_len + n + m, dtype=torch.bool, device=tree.home)
     allowed[:n, past_len:] = False
     allowed[:n, past_len : past_len + n] = ancestor_matrix(tree)
     if side is not None:
-        allowed[n:, past_len:] = side
+        allowed[n:, past_len:] = side.to(tree.home)
     return additive_mask(allowed, dtype, device)
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     """Bool [rows, keys] -> additive [1, 1, rows, keys]: 0 where allowed, the dtype's min elsewhere."""
-    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask.to(device)[None, None]
 
@@ -134,6 +230,9 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.devic
 def position_ids(tree: Tree, past_len: int, device: torch.device | str = "cpu", side: list[int] | None = None):
     """Positions [1, n+1+m]: the root sits at past_len, a node at past_len + its depth, a side token at
     past_len + its given offset."""
+    if isinstance(tree, DeviceTree) and tree.shape_on_device:  # a row's depth: its ancestors, the root's 0
+        depths = ancestor_matrix(tree).sum(-1) - 1
+        return (torch.cat([depths, depths.new_tensor(side or [])]) + past_len).to(device)[None]
     offsets = [0, *tree.depths(), *(side or [])]
     return torch.tensor([[past_len + d for d in offsets]], device=device)
 
@@ -160,5 +259,5 @@ def from_choices(choices: list[list[int]], max_rank: int | None = None) -> Tree:
     return Tree([p[-1] for p in paths], parents)
 
 
-__all__ = ["EMPTY", "Tree", "additive_mask", "ancestor_matrix", "attention_mask", "chain", "from_choices",
+__all__ = ["EMPTY", "DeviceTree", "Tree", "additive_mask", "ancestor_matrix", "attention_mask", "chain", "from_choices",
            "position_ids", "trie"]

@@ -24,7 +24,8 @@ The candidates live in tensors on the head's device (`Draft`), a whole level at 
 and the host waits on the device only for a count that depends on the draft (how many children a sampled level
 admits and grows; a static tree of top-k candidates reads its levels from the template, `StaticTree.fixed`) and
 once at the end, for the tree handed to the target. The last proposal's candidates stay on the proposer as
-`drafted`. Under --graphs, top-k candidates draft on a static cache, captured on a GPU (`StaticDrafting`).
+`drafted`. Under --graphs, top-k candidates draft on a static cache, captured on a GPU (`StaticDrafting`), and the
+tree stays on the device for the target to verify and read with its picks (`DeviceTree`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from ..core import choices
 from ..core.proposer import NO_PROPOSAL, Feedback, Nested, Proposal, Proposer, Turn, tree_prefix
 from ..core.sampling import draw_distinct_padded, probabilities
 from ..core.static_lm import MAX_CACHE, SPAN, Replays, StaticRows
-from ..core.tree import Tree, additive_mask
+from ..core.tree import DeviceTree, Tree, additive_mask
 from ..heads import frequencies
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head, feature_layers
@@ -83,11 +84,15 @@ class Draft:
         return Draft(*(None if (t := getattr(self, f.name)) is None else torch.cat([t, getattr(level, f.name)])
                        for f in fields(self)))  # fmt: skip
 
-    def tree(self, keep: torch.Tensor) -> Tree:
-        """The tree of the nodes `keep` (ascending, closed under parents), re-indexed: one host transfer."""
+    def tree(self, keep: torch.Tensor, depth: int | None = None) -> Tree:
+        """The tree of the nodes `keep` (ascending, closed under parents), re-indexed: read in one host transfer, or
+        with `depth` (no node is deeper) left on the device for the target's verification to read (`DeviceTree`)."""
         index = torch.full((len(self) + 1,), -1, device=self.parents.device)  # old index + 1 -> new index
         index[keep + 1] = torch.arange(len(keep), device=keep.device)
-        tokens, parents = torch.stack([self.tokens[keep], index[self.parents[keep] + 1]]).tolist()
+        tokens, parents = self.tokens[keep], index[self.parents[keep] + 1]
+        if depth is not None:
+            return DeviceTree(tokens, parents, depth)
+        tokens, parents = torch.stack([tokens, parents]).tolist()
         return Tree(tokens, parents)
 
 
@@ -111,29 +116,35 @@ class StaticTree:
         self.paths = list(slot)[1:]  # [slots]: each slot's path of ranks
         self.inner = (self.child[1:] >= 0).any(dim=1)  # [slots]: the slot has children in the tree
         self.fed = int(self.inner.sum())  # the tree rows a draft feeds at most: every slot with children
-        self.levels: dict[tuple[int, torch.device], list[tuple[torch.Tensor, torch.Tensor]]] = {}  # by (k, device)
+        self.on: tuple[torch.Tensor, torch.Tensor] | None = None  # child and inner on the drafting device
+        self.levels = {self.branch: self._levels(self.branch)}  # by k: read from the template on the host
+        self.moved: dict[tuple[int, torch.device], list[tuple[torch.Tensor, torch.Tensor]]] = {}  # by (k, device)
+
+    def _levels(self, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        levels, frontier = [], torch.full((1,), -1)  # the growing nodes' slots; -1 is the root
+        while len(frontier):
+            slots = self.child[frontier + 1, :k]  # [F, k]
+            picked = (slots >= 0).flatten().nonzero().squeeze(1)
+            level = slots.flatten()[picked]
+            grown = self.inner[level].nonzero().squeeze(1)
+            levels.append((picked, grown))
+            frontier = level[grown]
+        return levels
 
     def fixed(self, depth: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Level `depth`'s admitted candidates (flat positions in the frontier's [F, k] top-k) and growing nodes
         (positions in the level), on `device`: with top-k candidates the template alone decides both, so a level
         needs no host wait."""
-        if (k, device) not in self.levels:  # read from the template once
-            levels, frontier = [], torch.full((1,), -1)  # the growing nodes' slots; -1 is the root
-            child, inner = self.child.cpu(), self.inner.cpu()
-            while len(frontier):
-                slots = child[frontier + 1, :k]  # [F, k]
-                picked = (slots >= 0).flatten().nonzero().squeeze(1)
-                level = slots.flatten()[picked]
-                grown = inner[level].nonzero().squeeze(1)
-                levels.append((picked.to(device), grown.to(device)))
-                frontier = level[grown]
-            self.levels[k, device] = levels
-        return self.levels[k, device][depth - 1]
+        if k not in self.levels:  # a vocabulary narrower than the tree's branching
+            self.levels[k] = self._levels(k)
+        if (k, device) not in self.moved:
+            self.moved[k, device] = [(picked.to(device), grown.to(device)) for picked, grown in self.levels[k]]
+        return self.moved[k, device][depth - 1]
 
     def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.child.device != device:  # moved once, with the first draft
-            self.child, self.inner = self.child.to(device), self.inner.to(device)
-        return self.child, self.inner
+        if self.on is None or self.on[0].device != device:  # moved once, with the first draft
+            self.on = self.child.to(device), self.inner.to(device)
+        return self.on
 
     def admits(self, frontier: torch.Tensor, draft: Draft, k: int) -> torch.Tensor | None:
         """The template slots [F, k] of the top-k children of the growing nodes [F] (-1: the root), -1 where
@@ -252,7 +263,7 @@ class Eagle(Proposer):
             if found is None:
                 return NO_PROPOSAL
             self.drafted, keep = found
-            return Proposal(self.drafted.tree(keep))
+            return Proposal(self.drafted.tree(keep, depths))
         if self.root is None or depths < 1:
             return NO_PROPOSAL
         draft, fed = self._grow(self.root, depths, self.cache.get_seq_length())
@@ -366,7 +377,7 @@ class StaticDrafting:
     """EAGLE drafting under --graphs: the head's keys live in preallocated rows (`StaticRows`), and a step's
     drafting (feed the pairs the last verification committed, padded to the most a step commits, then grow the
     whole tree and pick the nodes to verify) is one function of device tensors with fixed shapes, captured on a GPU
-    as one CUDA graph per key span and replayed: no Python per level and one host transfer (the tree). A step with
+    as one CUDA graph per key span and replayed: no Python per level and no host wait. A step with
     more pairs (the prompt's) or a shallower tree (the token budget's last steps) runs the same function uncaptured.
     Drafting sampled children (T > 0 with `sampled`) keeps the eager cache."""
 

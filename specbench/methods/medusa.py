@@ -18,7 +18,7 @@ from ..core import choices
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, tree_prefix
 from ..core.sampling import draw_distinct, probabilities
 from ..core.static_lm import Replays
-from ..core.tree import Tree, from_choices
+from ..core.tree import DeviceTree, Tree, from_choices
 from ..errors import SpecbenchError
 from ..heads.medusa import MedusaHeads
 from ..registry import implementation, unless_sampled
@@ -89,8 +89,8 @@ class Medusa(Proposer):
             if self.static is None:
                 self.static = self.hidden.clone()
             self.static.copy_(self.hidden)
-            picked = self.replays.run("tree", lambda: self._picked(self.static))
-        return Proposal(Tree(picked.tolist(), self.template.parents))
+            picked = self.replays.run("tree", lambda: self._picked(self.static)).clone()  # the next replay rewrites it
+        return Proposal(DeviceTree(picked, self.template.parents, self.depth))
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.heads(hidden.to(self.lm_head.weight.dtype), self.lm_head)[: self.depth]  # [depth, V]

@@ -7,7 +7,7 @@ import torch
 from ..core.cached_lm import CachedLM
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_prefix
 from ..core.sampling import probabilities, sample
-from ..core.tree import chain
+from ..core.tree import DeviceTree, chain
 from ..registry import implementation
 from .resources import Resources
 
@@ -29,18 +29,20 @@ class DraftModel(Proposer):
         if k < 1 or len(tokens) + k > self.draft.context_length:
             return NO_PROPOSAL
         logits = self.draft.forward(tokens[self.draft.cached :])[-1]
-        drafted: list[int] = []
+        if self.temperature == 0:  # each argmax feeds the next forward on the device: the host never waits
+            drafted = [logits.argmax(-1, keepdim=True)]
+            for _ in range(k - 1):
+                drafted.append(self.draft.forward(drafted[-1])[-1].argmax(-1, keepdim=True))
+            return Proposal(DeviceTree(torch.cat(drafted), list(range(-1, k - 1)), k))
+        sampled: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(k):
-            if self.temperature == 0:
-                drafted.append(int(logits.argmax()))
-            else:
-                q = probabilities(logits, self.temperature)
-                rows.append(q)
-                drafted.append(sample(q, self.generator))
+            q = probabilities(logits, self.temperature)
+            rows.append(q)
+            sampled.append(sample(q, self.generator))
             if i < k - 1:
-                logits = self.draft.forward(drafted[-1:])[-1]
-        return Proposal(chain(drafted), torch.stack(rows) if rows else None)
+                logits = self.draft.forward(sampled[-1:])[-1]
+        return Proposal(chain(sampled), torch.stack(rows))
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
         self.draft.follow(tokens)
