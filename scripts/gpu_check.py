@@ -94,17 +94,22 @@ def summary(args) -> None:
     print("T(n), the target's forward over n new tokens after 256 cached (ms): "
           + ", ".join(f"T({n}) {_ms(t)}" for n, t in sorted(profile.items())) + "\n")
     base = turns[turns.method == "vanilla"]
-    rows = ["| method | tokens/s | share of roofline | speedup [95% CI] | τ | ms/step | target forward | drafting | "
-            "rest (host) |", "|---|---|---|---|---|---|---|---|---|"]
+    steps = frames.steps_frame([args.run])
+    steps = steps[steps.temperature == 0]
+    rows = ["| method | tokens/s | share of roofline | speedup [95% CI] | τ | ms/step (× vanilla's) | target forward "
+            "(rows) | drafting | rest (host) |", "|---|---|---|---|---|---|---|---|---|"]
     order = ["vanilla", "vanilla-aa", *sorted(set(turns.method) - {"vanilla", "vanilla-aa"})]
+    vanilla_step = regimes.step_split(base)[0]
     for method in [m for m in order if m in set(turns.method)]:
         own = turns[turns.method == method]
         step, verify, draft, rest = regimes.step_split(own)
         rate = own.new_tokens.sum() / own.wall_time.sum()
         s = metrics.paired_speedup(own, base) if method != "vanilla" else None
         speedup = metrics.format_ratio(s.value, s.low, s.high) if s else "1.00×"
+        verified = steps[steps.method == method].tree_size.mean()
         rows.append(f"| {method} | {rate:.1f} | {rate / limit:.0%} | {speedup} | {metrics.tau(own):.2f} | "
-                    f"{_ms(step)} | {_ms(verify)} | {_ms(draft)} | {_ms(rest)} |")
+                    f"{_ms(step)} ({step / vanilla_step:.2f}×) | {_ms(verify)} ({verified:.0f}) | {_ms(draft)} | "
+                    f"{_ms(rest)} |")
     print("\n".join(rows))
     aa = turns[turns.method == "vanilla-aa"]
     if not aa.empty:

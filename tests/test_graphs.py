@@ -4,6 +4,9 @@ row for row; the capture itself needs a GPU (scripts/gpu_check.sh runs it)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,6 +127,24 @@ def test_every_method_under_graphs_gives_the_eager_tokens_waiting_once_a_step(tm
     assert "gpt-fast-style" in section  # what each regime is comparable with
     vanilla = next(line for line in section.splitlines() if line.startswith("| vanilla "))
     assert vanilla.count("1.00×") == 2 and vanilla.count("1.00 ") >= 2  # its own baseline in each regime, τ 1
+    assert vanilla.count(" at 1 rows / 0.0 / ") == 2  # verification over the root alone, no drafting
+    check_summary(tmp_path / "graphs", tmp_path / "roofline.json")
+
+
+def check_summary(run, roofline):
+    """scripts/gpu_check.py's summary (what a closing note quotes) reads a run: here, a CPU run and a made-up
+    roofline of 1,000 tokens/s."""
+    roofline.write_text(json.dumps({"device": "a CPU", "roofline_tokens_per_s": 1000.0, "copy_bytes_per_s": 1e11,
+                                    "weight_bytes": 1e8, "clocks_idle": None, "clocks_warm": None}))  # fmt: skip
+    script = Path(__file__).parents[1] / "scripts" / "gpu_check.py"
+    done = subprocess.run([sys.executable, str(script), "summary", str(run), "--roofline", str(roofline)],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    table = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in done.stdout.splitlines()
+             if line.startswith("| ") and not line.startswith("| method")}  # fmt: skip
+    assert {"vanilla", "sps", "eagle2", "medusa"} <= set(table), done.stdout
+    assert table["vanilla"][5].endswith("(1.00×)") and table["vanilla"][6].endswith("(1)")  # its own step; 1 row
+    rows = float(table["eagle2"][6].split("(")[1].rstrip(")"))
+    assert 1 < rows <= 60, "eagle2 verifies its tree of up to 59 drafts and the root"
 
 
 def test_graphs_is_one_regime(capsys):

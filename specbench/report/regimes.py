@@ -4,7 +4,7 @@ verification, drafting and the rest. Ratios are never taken across regimes."""
 
 from __future__ import annotations
 
-from .cells import BASELINE, MISSING, OVERALL, Cell
+from .cells import BASELINE, MISSING, OVERALL, Cell, mean_tree_size
 from .tables import fmt_speedup, md_table
 
 NOTES = """\
@@ -16,8 +16,9 @@ Each regime is comparable with something else, so numbers are read down a column
   gpt-fast-style stacks. The drafters' forwards are captured too (the manifest lists any that drafted eagerly).
 - **an engine** (`run --engine vllm`): what a server gets, with its own kernels, batching and chains for trees.
 
-A step's milliseconds: verification (the target's forward over the proposal, acceptance and commit), drafting, and
-the rest of the wall time (prefill, the loop itself), each summed over the cell and divided by its steps."""
+A step's milliseconds: verification (the target's forward over the proposal, acceptance and commit) at the mean rows
+it verified (root, tree and any side branch), drafting, and the rest of the wall time (prefill, the loop itself),
+each summed over the cell and divided by its steps."""
 
 
 def groups(cells: list[Cell]) -> list[list[Cell]]:
@@ -43,11 +44,14 @@ def step_split(turns) -> tuple[float, float, float, float] | None:
 
 
 def _step(cell: Cell, method: str) -> str:
-    split = step_split(cell.by_method[method][0])
+    turns, steps = cell.by_method[method]
+    split = step_split(turns)
     if split is None:
         return MISSING
     ms = [1e3 * x for x in split]
-    return f"{ms[0]:.1f} ({ms[1]:.1f} / {ms[2]:.1f} / {ms[3]:.1f})"
+    rows = mean_tree_size(steps)
+    at = "" if rows is None else f" at {rows:.0f} rows"
+    return f"{ms[0]:.1f} ({ms[1]:.1f}{at} / {ms[2]:.1f} / {ms[3]:.1f})"
 
 
 def table(group: list[Cell]) -> str:
@@ -56,7 +60,7 @@ def table(group: list[Cell]) -> str:
     header = ["method"]
     for c in group:
         tag = f"{c.source.regime} ({c.source.name})"
-        header += [f"{tag} tokens/s", "× vanilla", "τ", "ms/step (verify / draft / rest)"]
+        header += [f"{tag} tokens/s", "× vanilla", "τ", "ms/step (verify at its rows / draft / rest)"]
     rows = []
     for method in methods:
         row = [method]
