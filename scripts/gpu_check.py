@@ -10,10 +10,11 @@
         one EAGLE-2/3 draft step at the model's real shapes (random head, a 256-token prompt, two pairs committed a
         step), timed on the eager cache, on --graphs' static cache uncaptured, and captured; with --profile, each
         regime's kernels by device time (torch.profiler) written to FILE
-    python scripts/gpu_check.py forward [--like vicuna-7b] [--variants loop,fused-norm,compiled-norm-mlp]
+    python scripts/gpu_check.py forward [--like vicuna-7b] [--variants loop,fused-norm,compiled-norm-mlp,...]
         T(n) of the target's --graphs forward (random weights built in memory), as the loop runs it and with each
-        experimental variant: torch's fused RMSNorm kernel in place of transformers' elementwise chain, or the norms
-        and MLPs compiled by torch.compile inside the captured buckets (what fusion could give toward the roofline)
+        experimental variant: torch's fused RMSNorm kernel in place of transformers' elementwise chain, the norms
+        and MLPs compiled by torch.compile inside the captured buckets, or whole decoder layers compiled
+        (compiled-layers: attention and the cache's writes too): what fusion could give toward the roofline
 """
 
 from __future__ import annotations
@@ -220,8 +221,11 @@ def forward(args) -> None:
             for layer in layers:
                 for name in ("input_layernorm", "post_attention_layernorm", "mlp"):
                     setattr(layer, name, torch.compile(getattr(layer, name), dynamic=False, fullgraph=True))
+        elif variant == "compiled-layers":  # whole decoder layers, attention and the static cache's writes included
+            for layer in layers:
+                layer.forward = torch.compile(layer.forward, dynamic=False)
         elif variant != "loop":
-            raise SystemExit(f"unknown variant '{variant}': use loop, fused-norm or compiled-norm-mlp")
+            raise SystemExit(f"unknown variant '{variant}': use loop, fused-norm, compiled-norm-mlp or compiled-layers")
         try:
             start = time.perf_counter()
             profile = forward_profile(StaticCachedLM(model), sizes=sizes)
@@ -231,6 +235,7 @@ def forward(args) -> None:
             modeling_llama.LlamaRMSNorm.forward = original
             for layer, (first, second, mlp) in zip(layers, kept, strict=True):
                 layer.input_layernorm, layer.post_attention_layernorm, layer.mlp = first, second, mlp
+                layer.__dict__.pop("forward", None)
 
 
 def main() -> int:
@@ -253,7 +258,7 @@ def main() -> int:
     f.add_argument("--like", default="vicuna-7b")
     f.add_argument("--device", default="cuda")
     f.add_argument("--layers", type=int, help="fewer layers than the model's (a rehearsal on a CPU)")
-    f.add_argument("--variants", default="loop,fused-norm,compiled-norm-mlp")
+    f.add_argument("--variants", default="loop,fused-norm,compiled-norm-mlp,compiled-layers")
     args = parser.parse_args()
     {"roofline": roofline, "summary": summary, "drafting": drafting, "forward": forward}[args.command](args)
     return 0

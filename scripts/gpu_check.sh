@@ -7,8 +7,8 @@
 #   bash scripts/gpu_check.sh [vicuna-7b|llama3.1-8b]
 # Writes under $GPU_CHECK_OUT (default results/gpu-check-<alias>); checkpoints under $GPU_CHECK_CHECKPOINTS;
 # $GPU_CHECK_METHODS narrows `--methods all` (which now includes dflash and pard, 474 s on an H200 without them).
-# First, where pytest is installed, the captured drafters are checked against their eager selves on this GPU (the
-# CUDA variants of the static-drafting tests, ~30 s; GPU_CHECK_TESTS=0 skips them).
+# First, where pytest is installed, the captured drafters and commits are checked against their eager selves on this
+# GPU (the CUDA variants of the static-cache tests, ~30 s; GPU_CHECK_TESTS=0 skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1  # runs from a checkout, installed or not
@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 start=$SECONDS
 if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]] && "$py" -c "import pytest" 2> /dev/null; then
   "$py" -m pytest -q -p no:cacheprovider tests/test_eagle_draft.py tests/test_dflash.py tests/test_tree_methods.py \
-    -k "cuda and (static or graphs)" | tail -3 || echo "gpu_check: a captured drafter differs from its eager self" \
+    tests/test_graphs.py -k "cuda and (static or graphs)" | tail -3 || echo "gpu_check: a captured drafter differs from its eager self" \
     "on this GPU (the tests above): read the --graphs numbers below with care"
 fi
 written=$SECONDS

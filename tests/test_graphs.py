@@ -14,11 +14,15 @@ from torch.overrides import TorchFunctionMode
 
 from specbench.cli.main import main
 from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
 from specbench.core.static_lm import StaticCachedLM
-from specbench.core.tree import Tree
+from specbench.core.tree import DeviceTree, Tree
+from specbench.methods.sps import DraftModel
+from specbench.methods.vanilla import Vanilla
 from specbench.models.loading import load_causal_lm
 from specbench.run import session
 from specbench.zoo import TINY_DIR
+from tests.conftest import CUDA
 
 PROMPT = [5, 17, 99, 230, 11, 42, 7, 301, 64, 12]
 
@@ -28,24 +32,32 @@ def target():
     return load_causal_lm(TINY_DIR / "target", torch.device("cpu"), torch.float32, "target")
 
 
-def test_a_tree_forward_and_commit_match_the_eager_cache(target):
-    """The same prefill, tree forward (logits and features) and commit of rows 0, 2 and 3; the next forward sees the
-    same cache in both."""
-    eager, static = CachedLM(target), StaticCachedLM(target, capture=False)
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_a_tree_forward_and_commit_match_the_eager_cache(target, device):
+    """The same prefill, tree forwards (logits and features) and commits (moves padded to a bucket, captured on a GPU,
+    the second commit replaying the first's graph) from a tree on the host and the same tree on the device; the
+    next forward sees the same cache in both."""
+    model = target.to(device)
+    eager, static = CachedLM(model), StaticCachedLM(model)
     tree = Tree([40, 41, 42, 43], [-1, -1, 1, 2])  # two children of the root, the second with a chain of two
     for lm in (eager, static):
         lm.prefill(PROMPT)
-    outs = [lm.run([PROMPT[-1], *tree.tokens], tree, layers=(2, -1)) for lm in (eager, static)]
-    assert outs[1].logits.shape == (5, target.config.vocab_size)  # padding rows (5 -> 8) are not returned
-    torch.testing.assert_close(outs[1].logits, outs[0].logits, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(outs[1].features, outs[0].features, rtol=1e-4, atol=1e-4)
-    for lm in (eager, static):
-        lm.commit(len(PROMPT) - 1, [0, 2, 3])
-    assert static.cached == eager.cached == len(PROMPT) + 2
-    nxt = [lm.forward([7, 8]) for lm in (eager, static)]
-    torch.testing.assert_close(nxt[1], nxt[0], rtol=1e-4, atol=1e-4)
+    for root, keep in ((PROMPT[-1], [0, 2, 3]), (9, [0, 1, 4])):
+        start = eager.cached
+        drafted = DeviceTree(torch.tensor(tree.tokens, device=device), torch.tensor(tree.parents, device=device), 3)
+        outs = [lm.run(t.rows(root), t, layers=(2, -1)) for lm, t in ((eager, tree), (static, drafted))]
+        assert outs[1].logits.shape == (5, target.config.vocab_size)  # padding rows (5 -> 8) are not returned
+        assert drafted.read is None  # verified from the device
+        torch.testing.assert_close(outs[1].logits, outs[0].logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(outs[1].features, outs[0].features, rtol=1e-4, atol=1e-4)
+        for lm in (eager, static):
+            lm.commit(start, keep)
+        assert static.cached == eager.cached == start + 3
+        nxt = [lm.forward([7, 8]) for lm in (eager, static)]
+        torch.testing.assert_close(nxt[1], nxt[0], rtol=1e-4, atol=1e-4)
     static.crop(len(PROMPT))
     assert static.cached == len(PROMPT)
+    target.to("cpu")
 
 
 def test_a_prompt_longer_than_the_largest_bucket_and_a_full_cache(target):
@@ -152,3 +164,18 @@ def test_graphs_is_one_regime(capsys):
     assert "--graphs captures our loop's own forwards: drop --engine vllm" in capsys.readouterr().err
     assert main(["run", "--graphs", "--compile", "--methods", "vanilla", "--limit", "1"]) == 2
     assert "--graphs captures our loop's own forwards: drop --compile" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_sps_on_static_caches_gives_vanillas_tokens_with_step_times_inside_the_wall_time(target, device):
+    """The drafted chain stays on the device (each argmax fed to the draft's next forward), is verified from there
+    and read once a step; on a GPU the step times are CUDA events, and they fit inside the turn's wall time."""
+    model = target.to(device)
+    draft = load_causal_lm(TINY_DIR / "draft", torch.device(device), torch.float32, "draft")
+    plain = decode(StaticCachedLM(model), Vanilla(), PROMPT, max_new_tokens=24, temperature=0.0, stop_ids=set())
+    gen = decode(StaticCachedLM(model), DraftModel(StaticCachedLM(draft), 4), PROMPT, max_new_tokens=24,
+                 temperature=0.0, stop_ids=set())  # fmt: skip
+    target.to("cpu")
+    assert gen.tokens == plain.tokens and max(gen.accept_lengths) > 1
+    assert all(s.draft_time > 0 and s.verify_time > 0 for s in gen.steps)
+    assert sum(s.draft_time + s.verify_time for s in gen.steps) <= gen.wall_time

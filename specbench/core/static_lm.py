@@ -109,6 +109,7 @@ class StaticCachedLM(CachedLM):
         self.replays = Replays(self.device)
         self.replays.capture = self.replays.capture if capture is None else capture
         self.inputs: dict[tuple, Inputs] = {}  # by (bucket, span, layers)
+        self.moves: dict[int, torch.Tensor] = {}  # a commit's captured moves [2, bucket], by bucket
         self.cache = StaticRows(model.config, self.capacity)
         self.floor = torch.finfo(self.dtype).min
 
@@ -162,14 +163,30 @@ class StaticCachedLM(CachedLM):
 
     @torch.inference_mode()
     def commit(self, start: int, keep: list[int]) -> None:
-        """Keep rows start + keep[i] as rows start + i, moved in place; the rest are past the length, ignored."""
+        """Keep rows start + keep[i] as rows start + i, moved in place; the rest are past the length, ignored. The
+        moves are padded to a bucket with moves of the last row onto itself (past every committed row), so on a GPU
+        each bucket's moves through every layer are one captured graph, not four kernels a layer."""
         if keep != list(range(len(keep))):
-            src = torch.tensor([start + k for k in keep], device=self.device)
-            dst = torch.arange(start, start + len(keep), device=self.device)
-            for keys, values in self.cache.kv:
-                keys.index_copy_(2, dst, keys.index_select(2, src))
-                values.index_copy_(2, dst, values.index_select(2, src))
+            bucket = next(b for b in BUCKETS if b >= len(keep))
+            spare = [self.capacity - 1] * (bucket - len(keep))
+            moves = torch.tensor([[start + k for k in keep] + spare, list(range(start, start + len(keep))) + spare],
+                                 device=self.device)  # fmt: skip
+            if not self.replays.capture:
+                self._move(moves)
+            else:
+                static = self.moves.get(bucket)
+                if static is None:  # captured on moves of nothing (its warm-up runs would move rows twice)
+                    static = self.moves[bucket] = torch.full_like(moves, self.capacity - 1)
+                    self.replays.run(("commit", bucket), lambda: self._move(static))
+                static.copy_(moves)
+                self.replays.run(("commit", bucket), lambda: self._move(static))
         self.cache.length = start + len(keep)
+
+    def _move(self, moves: torch.Tensor) -> None:
+        """Rows moves[0] of every layer's keys and values copied to rows moves[1]. moves: [2, m]."""
+        for keys, values in self.cache.kv:
+            keys.index_copy_(2, moves[1], keys.index_select(2, moves[0]))
+            values.index_copy_(2, moves[1], values.index_select(2, moves[0]))
 
     def crop(self, length: int) -> None:
         self.cache.length = min(self.cache.length, length)
