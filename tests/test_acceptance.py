@@ -10,33 +10,26 @@ from specbench.core.sampling import draw_distinct
 from specbench.core.tree import Tree, chain
 
 
-def one_hot_logits(rows: list[int], vocab: int = 6) -> torch.Tensor:
-    logits = torch.zeros(len(rows), vocab)
-    for i, t in enumerate(rows):
-        logits[i, t] = 5.0
-    return logits
-
-
 def test_greedy_chain_hand_worked():
     # draft 3, 4, 5; the target's argmax after root, 3, 4, 5 is 3, 4, 1, 2 -> accept 3, 4 then correct to 1
-    out = greedy(chain([3, 4, 5]), one_hot_logits([3, 4, 1, 2]))
+    out = greedy(chain([3, 4, 5]), [3, 4, 1, 2])
     assert out.rows == [1, 2] and out.token == 1 and out.tested == 3
 
 
 def test_greedy_all_accepted_gives_bonus():
-    out = greedy(chain([3, 4]), one_hot_logits([3, 4, 5]))
+    out = greedy(chain([3, 4]), [3, 4, 5])
     assert out.rows == [1, 2] and out.token == 5 and out.tested == 2
 
 
 def test_greedy_empty_tree_is_vanilla():
-    out = greedy(chain([]), one_hot_logits([4]))
+    out = greedy(chain([]), [4])
     assert out.rows == [] and out.token == 4 and out.tested == 0
 
 
 def test_greedy_tree_follows_matching_branch():
     # root -> 1 (row1) -> 2 (row2); root -> 3 (row3) -> 4 (row4). Target argmax: root 3, row3 4, row4 0.
     tree = Tree([1, 2, 3, 4], [-1, 0, -1, 2])
-    out = greedy(tree, one_hot_logits([3, 0, 0, 4, 0]))
+    out = greedy(tree, [3, 0, 0, 4, 0])
     assert out.rows == [3, 4] and out.token == 0 and out.tested == 2
 
 

@@ -121,8 +121,8 @@ def test_every_method_under_graphs_gives_the_eager_tokens_waiting_once_a_step(tm
     assert main([*common, "--out", str(tmp_path / "eager")]) == 0
     with HostReads(monkeypatch) as reads:
         assert main([*common, "--graphs", "--out", str(tmp_path / "graphs")]) == 0
-    drafting_on_the_device = ("Vanilla", "DraftModel", "Medusa", "Eagle", "DFlash", "Pard")  # EAGLE-1/2/3 and MTP
-    assert {name: max(reads.steps[name]) for name in drafting_on_the_device} == dict.fromkeys(drafting_on_the_device, 1)
+    once = ("Vanilla", "DraftModel", "Lookahead", "Medusa", "Eagle", "DFlash", "Pard")  # Eagle: EAGLE-1/2/3 and MTP
+    assert {name: max(reads.steps[name]) for name in once} == dict.fromkeys(once, 1)  # Ouroboros: its draft's checks
     manifest = json.loads((tmp_path / "graphs" / "manifest.json").read_text())
     assert manifest["config"]["graphs"] and manifest["graphs"]["captured"] is False
     assert manifest["graphs"]["eager_drafting"] == []  # every drafter here on static caches, captured on a GPU

@@ -50,9 +50,8 @@ def test_reference_layout_matches_a_hand_built_example():
             [1, 1, 0, 0, 1, 0],  # b1
             [1, 1, 1, 0, 0, 1]]  # b2
     assert torch.equal(side.allowed, torch.tensor(sees, dtype=torch.bool))
-    logits = torch.zeros(5, 40)
-    logits[[2, 3, 4], [30, 31, 32]] = 1.0  # the target's argmax at b0, b1, b2
-    assert window.advance(logits, root=10) == [[10, 20, 30], [11, 21, 31], [12, 22, 32]]  # column 0 keyed on r
+    picks = [0, 0, 30, 31, 32]  # the target's argmax at a1, a2, b0, b1, b2
+    assert window.advance(picks, root=10) == [[10, 20, 30], [11, 21, 31], [12, 22, 32]]  # column 0 keyed on r
     assert window.rows == [[21, 22], [30, 31, 32]]  # level 0 <- level 1 minus the next root's column
 
 
@@ -84,11 +83,9 @@ def test_window_rows_see_exactly_their_column_sequence(layout):
         torch.testing.assert_close(out[len(tree) + 1 + r], brute, atol=1e-4, rtol=1e-4)
 
 
-def one_hot_rows(rows: int, outputs: list[int]) -> torch.Tensor:
-    """Side logits whose last len(outputs) rows have those argmaxes."""
-    out = torch.zeros(rows, 64)
-    out[range(rows - len(outputs), rows), outputs] = 1.0
-    return out
+def side_picks(rows: int, outputs: list[int]) -> list[int]:
+    """The target's argmax at `rows` side tokens, the last len(outputs) of them `outputs`."""
+    return [0] * (rows - len(outputs)) + outputs
 
 
 def test_reference_window_warms_up_from_seeded_prompt_tokens():
@@ -103,12 +100,12 @@ def test_reference_window_warms_up_from_seeded_prompt_tokens():
     assert window.rows == first  # seeded: runs repeat
     assert window.side(0).positions == [1, 2, 3, 4]  # one causal run after the root
     assert not window.ready and window.reach == 4
-    assert window.advance(one_hot_rows(4, [40, 41, 42, 43]), root=9) == []
+    assert window.advance(side_picks(4, [40, 41, 42, 43]), root=9) == []
     assert window.rows == [first[0][1:], [40, 41, 42, 43]]
     assert window.side(0).positions == [1, 2, 3, 1, 2, 3, 4]
-    assert window.advance(one_hot_rows(7, [50, 51, 52, 53]), root=9) == []
+    assert window.advance(side_picks(7, [50, 51, 52, 53]), root=9) == []
     assert window.rows == [first[0][2:], [41, 42, 43], [51, 52, 53]] and window.ready
-    ngrams = window.advance(one_hot_rows(8, [60, 61, 62]), root=9)
+    ngrams = window.advance(side_picks(8, [60, 61, 62]), root=9)
     assert ngrams == [[9, 41, 51, 60], [first[0][2], 42, 52, 61], [first[0][3], 43, 53, 62]]
     assert window.rows == [[42, 43], [51, 52, 53], [60, 61, 62]]
 
@@ -118,9 +115,9 @@ def test_shifted_window_warms_up_then_harvests_one_ngram_per_column():
     window.reset([4, 5, 6, 7])
     assert window.rows == [[5, 6, 7]]
     assert window.side(2).allowed.shape == (3, 1 + 2 + 3)
-    assert window.advance(one_hot_rows(3, [8, 9, 10]), root=0) == []  # warm-up: a second level, nothing harvested
+    assert window.advance(side_picks(3, [8, 9, 10]), root=0) == []  # warm-up: a second level, nothing harvested
     assert window.rows == [[5, 6, 7], [8, 9, 10]]
-    assert window.advance(one_hot_rows(6, [11, 12, 13]), root=0) == [[5, 8, 11], [6, 9, 12], [7, 10, 13]]
+    assert window.advance(side_picks(6, [11, 12, 13]), root=0) == [[5, 8, 11], [6, 9, 12], [7, 10, 13]]
     assert window.rows == [[8, 9, 10], [11, 12, 13]]
     window.reset([3])
     assert window.rows == [[3, 3, 3]]  # a prompt shorter than the window is cycled

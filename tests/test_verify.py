@@ -124,24 +124,23 @@ def test_two_ways_agree_to_rounding_in_float32(small_vocab):
     assert float((one - many).abs().max()) < 1e-4
 
 
-def _greedy_run(target, proposer, rule=None):
-    gen = decode(CachedLM(target), proposer, PROMPT, max_new_tokens=12, temperature=0.0, stop_ids=set(),
-                 rule=rule or acceptance.EXACT)  # fmt: skip
-    return gen
+def _greedy_run(target, proposer):
+    return decode(CachedLM(target), proposer, PROMPT, max_new_tokens=12, temperature=0.0, stop_ids=set())
 
 
-def test_a_planted_real_bug_is_still_caught(small_vocab):
-    """A rule that emits the target's runner-up as its own token: its verification forward picked another token,
-    so the mismatch is a bug however close the margins."""
+def test_a_planted_real_bug_is_still_caught(small_vocab, monkeypatch):
+    """A greedy rule that emits another token than the target's argmax as its own: its verification forward picked
+    another token, so the mismatch is a bug however close the margins."""
     target = small_vocab[0]
     reference = _greedy_run(target, Vanilla())
+    greedy = acceptance.greedy
 
-    def runner_up(tree, logits, draft_probs, temperature, generator):
-        accepted = acceptance.EXACT(tree, logits, draft_probs, temperature, generator)
-        row = accepted.rows[-1] if accepted.rows else 0
-        return replace(accepted, token=int(torch.topk(logits[row], 2).indices[1]))
+    def off_by_one(tree, best):
+        accepted = greedy(tree, best)
+        return replace(accepted, token=(accepted.token + 1) % target.config.vocab_size)
 
-    ours = _greedy_run(target, Vanilla(), runner_up)
+    monkeypatch.setattr(acceptance, "greedy", off_by_one)
+    ours = _greedy_run(target, Vanilla())
     assert ours.target_top1 is not None and ours.tokens != reference.tokens
     check = greedy_check(target, [ours.tokens], [reference.tokens], [PROMPT], [ours.target_top1],
                          [ours.target_margin], [reference.target_margin])  # fmt: skip

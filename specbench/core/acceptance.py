@@ -24,10 +24,9 @@ class Accepted:
     tested: int  # draft depth examined along the path: len(rows), plus 1 if a drafted child was rejected
 
 
-def greedy(tree: Tree, logits: torch.Tensor) -> Accepted:
-    """Longest path whose every token is the target's argmax at its parent. logits: [n+1, V]. The argmax comes to
-    the host with the tree, if that is still on the device: the step's one wait."""
-    best = tree.read_along(logits.argmax(dim=-1))
+def greedy(tree: Tree, best: list[int]) -> Accepted:
+    """Longest path whose every token is the target's argmax at its parent. best: [n+1] the argmax of each input
+    row ([root] + nodes)."""
     children = tree.children()
     rows: list[int] = []
     row = 0
@@ -109,8 +108,9 @@ def typical(
 
 @dataclass(frozen=True)
 class Rule:
-    """An acceptance rule as the decode loop applies it: greedy longest match at T = 0, `sampled` at T > 0.
-    A method's preset names it (`acceptance:`); the registry resolves it once and hands it to the loop."""
+    """An acceptance rule as the decode loop applies it at T > 0 (at T = 0 every rule is `greedy`, applied by
+    `core.step.verify`). A method's preset names it (`acceptance:`); the registry resolves it once and hands it to
+    the loop."""
 
     name: str
     lossless: bool
@@ -122,11 +122,9 @@ class Rule:
         tree: Tree,
         logits: torch.Tensor,  # [n+1, V]: the target's rows for [root] + nodes
         draft_probs: torch.Tensor | None,
-        temperature: float,
+        temperature: float,  # > 0
         generator: torch.Generator | None,
     ) -> Accepted:
-        if temperature == 0:
-            return greedy(tree, logits)
         return self.sampled(tree, probabilities(logits, temperature), draft_probs, generator, **self.params)
 
 

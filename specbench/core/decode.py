@@ -131,6 +131,7 @@ def decode(
             step.accepted,
             out.features[step.kept] if out.features is not None else None,
             out.logits[n:] if proposal.side else None,
+            step.side_picks if proposal.side else None,
         )
         proposer.update(tokens, proposal, feedback)
         steps.append((len(new), step.accepted.tested, len(out.logits), (t0, t1, t2, mark())))

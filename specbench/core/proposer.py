@@ -87,6 +87,7 @@ class Feedback:
     accepted: Accepted
     features: torch.Tensor | None = None  # [1 + len(accepted.rows), F]: the root's and the accepted nodes' features
     side_logits: torch.Tensor | None = None  # [m, V]: the target's logits at the side-branch tokens
+    side_picks: list[int] | None = None  # [m]: their argmax, when the verification read it (T = 0)
 
 
 @dataclass(frozen=True)

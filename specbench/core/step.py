@@ -25,6 +25,7 @@ class Verified:
     kept: list[int]  # input rows now in the cache: the root and the accepted nodes
     picks: tuple[torch.Tensor, torch.Tensor] | None = None  # T=0: the target's top-1 [k] and top-1/2 margin [k]
     # at the kept rows, i.e. for each token of `new`, on the device (read once per turn: no extra host sync)
+    side_picks: list[int] | None = None  # T=0: the target's argmax at each side-branch token
 
 
 def verify(
@@ -36,17 +37,23 @@ def verify(
     generator: torch.Generator | None,
     layers: tuple[int, ...] | None = None,
 ) -> Verified:
-    """One forward of `model` over [root] + tree (+ side branch), acceptance by `rule`, and the accepted path
-    committed into the cache (the rest dropped)."""
+    """One forward of `model` over [root] + tree (+ side branch), acceptance by `rule` (greedy at T = 0), and the
+    accepted path committed into the cache (the rest dropped). At T = 0 the host reads the device once: every row's
+    argmax, the side branch's too, with the tree if it is still on the device."""
     past = model.cached
     tree, side = proposal.tree, proposal.side
     tokens = tree.rows(root) if side is None else [root, *tree.tokens, *side.tokens]
     out = model.run(tokens, tree, layers=layers, side=side)
-    accepted = rule(tree, out.logits[: len(tree) + 1], proposal.draft_probs, temperature, generator)
+    n = len(tree) + 1
+    if temperature == 0:
+        best = tree.read_along(out.logits.argmax(dim=-1))
+        accepted, side_picks = acceptance.greedy(tree, best[:n]), best[n:]
+    else:
+        accepted, side_picks = rule(tree, out.logits[:n], proposal.draft_probs, temperature, generator), None
     kept = [0, *accepted.rows]
     model.commit(past, kept)
     new = [tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
-    return Verified(accepted, new, out, kept, picks(out.logits[kept]) if temperature == 0 else None)
+    return Verified(accepted, new, out, kept, picks(out.logits[kept]) if temperature == 0 else None, side_picks)
 
 
 def picks(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

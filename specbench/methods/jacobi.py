@@ -90,10 +90,10 @@ class JacobiWindow:
         allowed[:, 1 + tree_size :] = lookahead_mask(levels, width, self.root_column)
         return SideBranch(tokens, lookahead_offsets(levels, width, self.root_column), allowed)
 
-    def advance(self, side_logits: torch.Tensor, root: int) -> list[list[int]]:
-        """One Jacobi iteration from the logits at the side tokens [m, V] of a step verified from `root`;
+    def advance(self, side_picks: list[int], root: int) -> list[list[int]]:
+        """One Jacobi iteration from the target's argmax at the side tokens [m] of a step verified from `root`;
         returns the finished n-grams."""
-        outputs = side_logits[-len(self.rows[-1]) :].argmax(dim=-1).tolist()  # the newest level's predictions
+        outputs = side_picks[-len(self.rows[-1]) :]  # the newest level's predictions
         if not self.ready:
             if not self.root_column:
                 self.rows.append(outputs)

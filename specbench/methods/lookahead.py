@@ -59,7 +59,10 @@ class Lookahead(Proposer):
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
         if feedback.side_logits is None:  # the loop dropped the window (token budget nearly spent)
             return
-        for ngram in self.window.advance(feedback.side_logits, self.root):
+        picks = feedback.side_picks
+        if picks is None:  # sampling: the verification did not read them
+            picks = feedback.side_logits.argmax(dim=-1).tolist()
+        for ngram in self.window.advance(picks, self.root):
             self.pool.add(ngram)
 
 

@@ -88,7 +88,8 @@ class Ouroboros(Proposer):
         n = len(proposal.tree) + 1
         q_rows = [] if self.temperature == 0 else list(probabilities(step.output.logits[step.kept], self.temperature))
         new = step.new
-        self.drafter.update([*seq, *new], proposal, Feedback(step.accepted, side_logits=step.output.logits[n:]))
+        self.drafter.update([*seq, *new], proposal, Feedback(step.accepted, side_logits=step.output.logits[n:],
+                                                                    side_picks=step.side_picks))
         return new, q_rows
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
