@@ -87,6 +87,8 @@ class HostReads(TorchFunctionMode):
         decode = session.decode
 
         def counted(target, proposer, *args, **kwargs):
+            if kwargs["temperature"] > 0:  # sampling reads the drafts' laws
+                return decode(target, proposer, *args, **kwargs)
             name, propose, update = type(proposer).__name__, proposer.propose, proposer.update
 
             def step_begins(*a, **k):
@@ -113,11 +115,12 @@ class HostReads(TorchFunctionMode):
 
 
 def test_every_method_under_graphs_gives_the_eager_tokens_waiting_once_a_step(tmp_path, monkeypatch):
-    """The same tokens and accepted lengths as the eager loop, and at T = 0 one read of the device per step: the
-    accepted path, which brings a tree still on the device with it (`DeviceTree`)."""
+    """The same tokens and accepted lengths as the eager loop, greedy and sampled (the same draws from the same
+    laws), and at T = 0 one read of the device per step: the accepted path, which brings a tree still on the device
+    with it (`DeviceTree`)."""
     common = ["run", "--methods", "vanilla,sps,lookahead,ouroboros,medusa,eagle,eagle2,eagle3,mtp,dflash,pard",
               "--limit", "1", "--tasks", "quick", "--max-new-tokens", "16", "--no-report", "--no-noise-floor",
-              "--device", "cpu"]  # fmt: skip
+              "--device", "cpu", "--temperatures", "0,1"]  # fmt: skip
     assert main([*common, "--out", str(tmp_path / "eager")]) == 0
     with HostReads(monkeypatch) as reads:
         assert main([*common, "--graphs", "--out", str(tmp_path / "graphs")]) == 0
@@ -126,7 +129,9 @@ def test_every_method_under_graphs_gives_the_eager_tokens_waiting_once_a_step(tm
     manifest = json.loads((tmp_path / "graphs" / "manifest.json").read_text())
     assert manifest["config"]["graphs"] and manifest["graphs"]["captured"] is False
     assert manifest["graphs"]["eager_drafting"] == []  # every drafter here on static caches, captured on a GPU
-    for path in sorted((tmp_path / "eager" / "answers" / "quick").glob("*.jsonl")):
+    files = sorted((tmp_path / "eager" / "answers" / "quick").glob("*.jsonl"))
+    assert len(files) == 2 * 11  # every method at both temperatures
+    for path in files:
         answers = [[json.loads(line) for line in (run / "answers" / "quick" / path.name).open()]
                    for run in (tmp_path / "eager", tmp_path / "graphs")]  # fmt: skip
         for eager, graphs in zip(*answers, strict=True):  # the same tokens, and accepted step by step alike
