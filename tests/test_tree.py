@@ -94,8 +94,9 @@ def test_a_device_tree_is_read_once_with_the_targets_picks():
         assert tree == TREE and TREE == tree and tree.depth_bound() == 2  # noqa: SIM300 (read: exact now)
         assert tree.read_along(torch.tensor([1])) == [1] and tree.rows(7) == [7, *TREE.tokens]
     assert counter.reads == 2  # the tree with the picks, then the second picks alone
-    chain_tree = on_device(chain([3, 4, 5]), host_parents=True)
-    assert chain_tree.is_chain and chain_tree.depth_bound() == 3  # its shape is on the host
+    chain_tree = chain(torch.tensor([3, 4, 5]))  # drafted on the device, its shape known on the host
+    assert isinstance(chain_tree, DeviceTree) and chain_tree.is_chain and chain_tree.depth_bound() == 3
+    assert chain_tree.read is None and chain_tree == chain([3, 4, 5])
 
 
 def test_masks_and_positions_of_a_device_tree_match_the_hosts():

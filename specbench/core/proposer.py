@@ -12,7 +12,7 @@ from .acceptance import Accepted
 from .cached_lm import SideBranch
 from .choices import first
 from .sampling import probabilities
-from .tree import EMPTY, DeviceTree, Tree, chain
+from .tree import EMPTY, Tree, chain
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def chain_of_rows(logits: torch.Tensor, temperature: float, generator: torch.Gen
     """A chain whose tokens a drafter guessed in parallel, one per row of logits [k, V']: the argmax at T = 0, else
     one draw per row at the temperature, verified against its row's law (zero past V', up to the target's `vocab`)."""
     if temperature == 0:
-        return Proposal(DeviceTree(logits.argmax(-1), list(range(-1, len(logits) - 1)), len(logits)))
+        return Proposal(chain(logits.argmax(-1)))
     q = probabilities(logits, temperature)
     drafted = torch.multinomial(q, 1, generator=generator).squeeze(1)
     if vocab is not None and q.shape[1] < vocab:

@@ -136,11 +136,11 @@ class DeviceTree(Tree):
     def read_along(self, values: torch.Tensor) -> list[int]:
         if self.read is not None:
             return values.tolist()
+        drafted = isinstance(self.links, torch.Tensor)  # the shape comes too
         n, m = len(self.ids), len(values)
-        parts = [self.ids, values.to(self.ids.device, torch.long)]
-        flat = torch.cat(parts + [self.links] if isinstance(self.links, torch.Tensor) else parts).tolist()
-        object.__setattr__(self, "read", (flat[:n], flat[n + m :] if isinstance(self.links, torch.Tensor) else
-                                          self.links))  # fmt: skip
+        flat = torch.cat([self.ids, values.to(self.ids.device, torch.long), *([self.links] if drafted else [])])
+        flat = flat.tolist()
+        object.__setattr__(self, "read", (flat[:n], flat[n + m :] if drafted else self.links))
         return flat[n : n + m]
 
     def subtree(self, keep: list[int]) -> Tree:
@@ -161,8 +161,10 @@ def reindexed(parents: list[int], keep: list[int]) -> list[int]:
     return [new_index[parents[i]] if parents[i] >= 0 else -1 for i in keep]
 
 
-def chain(tokens: list[int]) -> Tree:
-    return Tree(list(tokens), list(range(-1, len(tokens) - 1)))
+def chain(tokens: list[int] | torch.Tensor) -> Tree:
+    """A chain of the tokens: a host list, or ids [n] on the device (a `DeviceTree` whose shape the host knows)."""
+    parents = list(range(-1, len(tokens) - 1))
+    return DeviceTree(tokens, parents, len(tokens)) if isinstance(tokens, torch.Tensor) else Tree(list(tokens), parents)
 
 
 def trie(sequences: list[list[int]]) -> Tree:
@@ -188,8 +190,8 @@ EMPTY = Tree([], [])
 def ancestor_matrix(tree: Tree) -> torch.Tensor:
     """Bool [n+1, n+1] on the tree's home: entry (i, j) says input row i may attend to row j (j is i or an
     ancestor)."""
-    n, home = len(tree) + 1, tree.home
-    parent = torch.cat([tree.parents_tensor().new_full((1,), -1), tree.parents_tensor()]) + 1  # the root's: itself
+    n, home, parents = len(tree) + 1, tree.home, tree.parents_tensor()
+    parent = torch.cat([parents.new_full((1,), -1), parents]) + 1  # each row's parent row; the root's is itself
     rows, node = torch.arange(n, device=home), torch.arange(n, device=home)
     allowed = torch.eye(n, dtype=torch.bool, device=home)
     for _ in range(tree.depth_bound()):  # climb one level at a time: whole rows at once, not node by node

@@ -7,7 +7,7 @@ import torch
 from ..core.cached_lm import CachedLM
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_prefix
 from ..core.sampling import probabilities, sample
-from ..core.tree import DeviceTree, chain
+from ..core.tree import chain
 from ..registry import implementation
 from .resources import Resources
 
@@ -33,7 +33,7 @@ class DraftModel(Proposer):
             drafted = [logits.argmax(-1, keepdim=True)]
             for _ in range(k - 1):
                 drafted.append(self.draft.forward(drafted[-1])[-1].argmax(-1, keepdim=True))
-            return Proposal(DeviceTree(torch.cat(drafted), list(range(-1, k - 1)), k))
+            return Proposal(chain(torch.cat(drafted)))
         sampled: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(k):
