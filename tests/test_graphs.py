@@ -3,6 +3,8 @@ row for row; the capture itself needs a GPU (scripts/gpu_check.sh runs it)."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -10,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from specbench.cli.main import main
 from specbench.core.cached_lm import CachedLM
@@ -20,7 +21,6 @@ from specbench.core.tree import DeviceTree, Tree
 from specbench.methods.sps import DraftModel
 from specbench.methods.vanilla import Vanilla
 from specbench.models.loading import load_causal_lm
-from specbench.run import session
 from specbench.zoo import TINY_DIR
 from tests.conftest import CUDA
 
@@ -72,71 +72,48 @@ def test_a_prompt_longer_than_the_largest_bucket_and_a_full_cache(target):
         static.forward(list(range(static.context_length)))
 
 
-READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero", "unique", "masked_select",
-         "numpy", "any", "all", "equal"}  # what makes the host wait for a device's values  # fmt: skip
+def step_ops():
+    """scripts/step_ops.py, which counts what a --graphs step asks of the host."""
+    spec = importlib.util.spec_from_file_location("step_ops", Path(__file__).parents[1] / "scripts" / "step_ops.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class HostReads(TorchFunctionMode):
-    """Counts reads of tensor values on the host per decode step (from a propose to the update after it), by method:
-    on a GPU each is a wait for the device's queue to drain."""
-
-    def __init__(self, monkeypatch) -> None:
-        super().__init__()
-        self.steps: dict[str, list[int]] = {}
-        self.counting: list[int] | None = None
-        decode = session.decode
-
-        def counted(target, proposer, *args, **kwargs):
-            if kwargs["temperature"] > 0:  # sampling reads the drafts' laws
-                return decode(target, proposer, *args, **kwargs)
-            name, propose, update = type(proposer).__name__, proposer.propose, proposer.update
-
-            def step_begins(*a, **k):
-                self.counting = self.steps.setdefault(name, [])
-                self.counting.append(0)
-                return propose(*a, **k)
-
-            def step_ends(*a, **k):
-                update(*a, **k)
-                self.counting = None
-
-            proposer.propose, proposer.update = step_begins, step_ends
-            try:
-                return decode(target, proposer, *args, **kwargs)
-            finally:
-                proposer.propose, proposer.update, self.counting = propose, update, None
-
-        monkeypatch.setattr(session, "decode", counted)
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if self.counting is not None and getattr(func, "__name__", "") in READS:
-            self.counting[-1] += 1
-        return func(*args, **(kwargs or {}))
+METHODS = ("vanilla", "sps", "lookahead", "ouroboros", "medusa", "eagle", "eagle2", "eagle3", "mtp", "dflash", "pard")
 
 
-def test_every_method_under_graphs_gives_the_eager_tokens_waiting_once_a_step(tmp_path, monkeypatch):
-    """The same tokens and accepted lengths as the eager loop, greedy and sampled (the same draws from the same
-    laws), and at T = 0 one read of the device per step: the accepted path, which brings a tree still on the device
-    with it (`DeviceTree`)."""
-    common = ["run", "--methods", "vanilla,sps,lookahead,ouroboros,medusa,eagle,eagle2,eagle3,mtp,dflash,pard",
-              "--limit", "1", "--tasks", "quick", "--max-new-tokens", "16", "--no-report", "--no-noise-floor",
-              "--device", "cpu", "--temperatures", "0,1"]  # fmt: skip
-    assert main([*common, "--out", str(tmp_path / "eager")]) == 0
-    with HostReads(monkeypatch) as reads:
-        assert main([*common, "--graphs", "--out", str(tmp_path / "graphs")]) == 0
-    once = ("Vanilla", "DraftModel", "Lookahead", "Medusa", "Eagle", "DFlash", "Pard")  # Eagle: EAGLE-1/2/3 and MTP
-    assert {name: max(reads.steps[name]) for name in once} == dict.fromkeys(once, 1)  # Ouroboros: its draft's checks
-    manifest = json.loads((tmp_path / "graphs" / "manifest.json").read_text())
+def eager_and_graphs(out, temperature: float, counting=None) -> None:
+    """Every method answers the quick questions in the eager loop and under --graphs (on the CPU: static caches and
+    padding, nothing captured), within `counting` (a context) if given; both give the same tokens and accepted
+    lengths, step by step, and every drafter drafted on its static cache."""
+    common = ["run", "--methods", ",".join(METHODS), "--limit", "1", "--tasks", "quick", "--max-new-tokens", "16",
+              "--no-report", "--no-noise-floor", "--device", "cpu", "--temperatures", f"{temperature:g}",
+              "--no-warmup"]  # fmt: skip
+    assert main([*common, "--out", str(out / "eager")]) == 0
+    with counting or contextlib.nullcontext():
+        assert main([*common, "--graphs", "--out", str(out / "graphs")]) == 0
+    manifest = json.loads((out / "graphs" / "manifest.json").read_text())
     assert manifest["config"]["graphs"] and manifest["graphs"]["captured"] is False
     assert manifest["graphs"]["eager_drafting"] == []  # every drafter here on static caches, captured on a GPU
-    files = sorted((tmp_path / "eager" / "answers" / "quick").glob("*.jsonl"))
-    assert len(files) == 2 * 11  # every method at both temperatures
+    files = sorted((out / "eager" / "answers" / "quick").glob("*.jsonl"))
+    assert len(files) == len(METHODS)
     for path in files:
         answers = [[json.loads(line) for line in (run / "answers" / "quick" / path.name).open()]
-                   for run in (tmp_path / "eager", tmp_path / "graphs")]  # fmt: skip
-        for eager, graphs in zip(*answers, strict=True):  # the same tokens, and accepted step by step alike
+                   for run in (out / "eager", out / "graphs")]  # fmt: skip
+        for eager, graphs in zip(*answers, strict=True):
             assert eager["specbench"]["output_ids"] == graphs["specbench"]["output_ids"], path.name
             assert eager["choices"][0]["accept_lengths"] == graphs["choices"][0]["accept_lengths"], path.name
+
+
+def test_every_method_under_graphs_gives_the_eager_tokens_waiting_once_a_step(tmp_path):
+    """The eager loop's greedy tokens, and one read of the device per step: the accepted path, which brings a tree
+    still on the device with it (`DeviceTree`). The report sets the regimes side by side. (Sampled:
+    test_graphs_sampled.py.)"""
+    counter = step_ops().StepCounter(ops=False)
+    eager_and_graphs(tmp_path, 0, counter.counting())
+    once = [name for name in METHODS if name != "ouroboros"]  # ouroboros also waits at its draft's own checks
+    assert {name: max(counter.reads[name]) for name in once} == dict.fromkeys(once, 1)
     assert main(["report", str(tmp_path / "eager"), str(tmp_path / "graphs"), "--out", str(tmp_path / "report")]) == 0
     report = (tmp_path / "report" / "report.md").read_text()
     section = report.split("## Regimes side by side")[1].split("\n## ")[0]

@@ -1,0 +1,142 @@
+"""What a `--graphs` step asks of the host, method by method, on this machine's CPU (tiny family, nothing timed): how
+often it reads tensor values back (on a GPU, each read waits for the device's queue to drain) and how many ops it
+runs outside the functions `--graphs` captures (on a GPU, each is a kernel launched from Python). Steps run at T = 0.
+
+    python scripts/step_ops.py [--methods vanilla,sps,eagle2] [--max-new-tokens 32]
+
+prints, per method, the median and the most of each over its steps. tests/test_graphs.py holds the reads to one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from contextlib import ExitStack, contextmanager
+from unittest import mock
+
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from specbench import methods
+from specbench.cli.main import main as specbench
+from specbench.core import static_lm
+from specbench.run import session
+
+READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero", "unique", "masked_select",
+         "numpy", "any", "all", "equal"}  # fmt: skip
+VIEWS = {"view", "_unsafe_view", "slice", "select", "unsqueeze", "squeeze", "transpose", "t", "expand", "permute",
+         "alias", "detach", "as_strided", "split", "unbind", "lift_fresh", "_reshape_alias"}  # no kernel  # fmt: skip
+CAPTURED = ((static_lm.Replays, "run"), (static_lm, "call"), (static_lm.StaticCachedLM, "_move"))
+
+
+class StepCounter:
+    """Per decode step at T = 0 (from a propose to the update after it), by method: host reads of tensor values
+    and, unless `ops` is off, ops outside the captured functions. Install it with `counting()`."""
+
+    def __init__(self, ops: bool = True) -> None:
+        self.reads: dict[str, list[int]] = {}
+        self.ops: dict[str, list[int]] = {}
+        self.count_ops = ops
+        self.step: tuple[list[int], list[int]] | None = None
+        self.captured = 0  # inside a function --graphs captures
+
+    @contextmanager
+    def counting(self):
+        """Counts while the block runs (decode and the captured functions wrapped until it ends)."""
+        decode, build, names = session.decode, methods.build, {}
+
+        def named(name, *args, **kwargs):
+            proposer = build(name, *args, **kwargs)
+            names[id(proposer)] = name
+            return proposer
+
+        def counted(target, proposer, *args, **kwargs):
+            if kwargs["temperature"] > 0:  # sampling reads the drafts' laws
+                return decode(target, proposer, *args, **kwargs)
+            name, propose, update = names.get(id(proposer), type(proposer).__name__), proposer.propose, proposer.update
+
+            def step_begins(*a, **k):
+                self.step = (self.reads.setdefault(name, []), self.ops.setdefault(name, []))
+                for counts in self.step:
+                    counts.append(0)
+                return propose(*a, **k)
+
+            def step_ends(*a, **k):
+                update(*a, **k)
+                self.step = None
+
+            proposer.propose, proposer.update = step_begins, step_ends
+            try:
+                return decode(target, proposer, *args, **kwargs)
+            finally:
+                proposer.propose, proposer.update, self.step = propose, update, None
+
+        with ExitStack() as stack:
+            stack.enter_context(mock.patch.object(session, "decode", counted))
+            stack.enter_context(mock.patch.object(methods, "build", named))
+            for owner, name in CAPTURED:
+                stack.enter_context(mock.patch.object(owner, name, self._inside(getattr(owner, name))))
+            stack.enter_context(_Reads(self))
+            if self.count_ops:
+                stack.enter_context(_Ops(self))
+            yield self
+
+    def _inside(self, fn):
+        def captured(*args, **kwargs):
+            self.captured += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.captured -= 1
+
+        return captured
+
+
+class _Reads(TorchFunctionMode):
+    def __init__(self, counter: StepCounter) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.counter.step is not None and getattr(func, "__name__", "") in READS:
+            self.counter.step[0][-1] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self, counter: StepCounter) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        c = self.counter
+        if c.step is not None and not c.captured and func.overloadpacket.__name__ not in VIEWS:
+            c.step[1][-1] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", default="vanilla,sps,lookahead,medusa,eagle,eagle2,eagle3,mtp,dflash,pard")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    args = parser.parse_args()
+    counter = StepCounter()
+    with tempfile.TemporaryDirectory() as out, counter.counting():
+        code = specbench(["run", "--methods", args.methods, "--limit", "1", "--tasks", "quick", "--max-new-tokens",
+                          str(args.max_new_tokens), "--no-report", "--no-noise-floor", "--device", "cpu", "--graphs",
+                          "--temperatures", "0", "--out", out])  # fmt: skip
+    if code:
+        return code
+    print("| method | steps | host reads a step (median, most) | ops outside captured graphs a step (median, most) |")
+    print("|---|---|---|---|")
+    for name in counter.reads:
+        reads, ops = counter.reads[name], counter.ops[name]
+        print(f"| {name} | {len(reads)} | {statistics.median(reads):g}, {max(reads)} | "
+              f"{statistics.median(ops):g}, {max(ops)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
