@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from specbench.machine import gpu_clocks
-from specbench.report import frames, metrics, regimes
+from specbench.report import cells, frames, metrics, regimes
 
 WARM_SECONDS = 5.0  # of matrix products before timing: the SM clock settles under sustained load
 COPY_BYTES = 2 << 30
@@ -107,7 +107,7 @@ def summary(args) -> None:
         rate = own.new_tokens.sum() / own.wall_time.sum()
         s = metrics.paired_speedup(own, base) if method != "vanilla" else None
         speedup = metrics.format_ratio(s.value, s.low, s.high) if s else "1.00×"
-        verified = steps[steps.method == method].tree_size.mean()
+        verified = cells.mean_tree_size(steps[steps.method == method])
         rows.append(f"| {method} | {rate:.1f} | {rate / limit:.0%} | {speedup} | {metrics.tau(own):.2f} | "
                     f"{_ms(step)} ({step / vanilla_step:.2f}×) | {_ms(verify)} ({verified:.0f}) | {_ms(draft)} | "
                     f"{_ms(rest)} |")

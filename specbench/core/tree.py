@@ -11,6 +11,7 @@ reads it once, with the target's picks (`Tree.read_along`), so a greedy step wai
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -149,6 +150,11 @@ class DeviceTree(Tree):
         ids = self.ids[torch.tensor(keep, dtype=torch.long, device=self.ids.device)]
         return DeviceTree(ids, reindexed(self.links, keep), self.bound)  # the shape known here: no read
 
+    @functools.cached_property
+    def ancestors(self) -> torch.Tensor:
+        """Its ancestor matrix, built on the device once: the verification's mask and positions both read it."""
+        return climb(self)
+
     def _host(self) -> tuple[list[int], list[int]]:
         if self.read is None:
             self.read_along(self.ids[:0])
@@ -190,6 +196,13 @@ EMPTY = Tree([], [])
 def ancestor_matrix(tree: Tree) -> torch.Tensor:
     """Bool [n+1, n+1] on the tree's home: entry (i, j) says input row i may attend to row j (j is i or an
     ancestor)."""
+    if isinstance(tree, DeviceTree) and tree.shape_on_device:
+        return tree.ancestors
+    return climb(tree)
+
+
+def climb(tree: Tree) -> torch.Tensor:
+    """`ancestor_matrix`, built from the parents."""
     n, home, parents = len(tree) + 1, tree.home, tree.parents_tensor()
     parent = torch.cat([parents.new_full((1,), -1), parents]) + 1  # each row's parent row; the root's is itself
     rows, node = torch.arange(n, device=home), torch.arange(n, device=home)
