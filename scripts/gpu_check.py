@@ -10,11 +10,12 @@
         one EAGLE-2/3 draft step at the model's real shapes (random head, a 256-token prompt, two pairs committed a
         step), timed on the eager cache, on --graphs' static cache uncaptured, and captured; with --profile, each
         regime's kernels by device time (torch.profiler) written to FILE
-    python scripts/gpu_check.py forward [--like vicuna-7b] [--variants loop,fused-norm,compiled-norm-mlp,...]
+    python scripts/gpu_check.py forward [--like vicuna-7b] [--variants loop,fused-norm,compiled-norm-mlp,compiled]
         T(n) of the target's --graphs forward (random weights built in memory), as the loop runs it and with each
-        experimental variant: torch's fused RMSNorm kernel in place of transformers' elementwise chain, the norms
-        and MLPs compiled by torch.compile inside the captured buckets, or the whole decoder stack compiled
-        (compiled-model: attention and the cache's writes too): what fusion could give toward the roofline
+        variant: torch's fused RMSNorm kernel in place of transformers' elementwise chain, the norms and MLPs
+        compiled by torch.compile inside the captured buckets, or the whole decoder stack compiled as
+        `run --graphs --compile` does (compiled: attention and the cache's writes too, the key span a symbol;
+        compiled-static: the same with a graph per shape, which shows what dynamic shapes cost)
 """
 
 from __future__ import annotations
@@ -199,6 +200,7 @@ def forward(args) -> None:
 
     from specbench.core.static_lm import StaticCachedLM
     from specbench.models.aliases import TINY_DIR
+    from specbench.models.loading import compile_forward
     from specbench.run.worker import forward_profile
 
     device = torch.device(args.device)
@@ -221,10 +223,13 @@ def forward(args) -> None:
             for layer in layers:
                 for name in ("input_layernorm", "post_attention_layernorm", "mlp"):
                     setattr(layer, name, torch.compile(getattr(layer, name), dynamic=False, fullgraph=True))
-        elif variant == "compiled-model":  # the whole decoder stack, attention and the cache's writes included: one
-            model.model.forward = torch.compile(model.model.forward, dynamic=False)  # graph (per layer: 32 recompiles)
+        elif variant == "compiled":  # `run --graphs --compile`: the whole decoder stack, attention and the cache's
+            compile_forward(model)  # writes included, one graph for all layers (per layer: 32 recompiles)
+        elif variant == "compiled-static":  # the same with static shapes: a graph per rows bucket and key span (what
+            model.model.forward = torch.compile(model.model.forward, dynamic=False)  # dynamic shapes may cost)
         elif variant != "loop":
-            raise SystemExit(f"unknown variant '{variant}': use loop, fused-norm, compiled-norm-mlp or compiled-model")
+            raise SystemExit(f"unknown variant '{variant}': use loop, fused-norm, compiled-norm-mlp, compiled or "
+                             "compiled-static")  # fmt: skip
         try:
             start = time.perf_counter()
             profile = forward_profile(StaticCachedLM(model), sizes=sizes)
@@ -257,7 +262,7 @@ def main() -> int:
     f.add_argument("--like", default="vicuna-7b")
     f.add_argument("--device", default="cuda")
     f.add_argument("--layers", type=int, help="fewer layers than the model's (a rehearsal on a CPU)")
-    f.add_argument("--variants", default="loop,fused-norm,compiled-norm-mlp,compiled-model")
+    f.add_argument("--variants", default="loop,fused-norm,compiled-norm-mlp,compiled,compiled-static")
     args = parser.parse_args()
     {"roofline": roofline, "summary": summary, "drafting": drafting, "forward": forward}[args.command](args)
     return 0

@@ -2,8 +2,10 @@
 # The first thing to run on any GPU (about 8 minutes on one H200: both regimes with every method took 474 s before
 # dflash, pard and the tests joined): random-weight checkpoints at a named alias's real shapes in the official
 # layouts (nothing downloaded), the bandwidth roofline after a warm-up, then every
-# method in the eager loop and under --graphs ($GPU_CHECK_REGIMES, default both), each with the A/A noise floor and
-# T(n) of the target's forward, a report each, and the summary tables a closing note quotes (summary.md).
+# method in the eager loop and under --graphs, and the goal methods under --graphs --compile (the captured
+# forwards and EAGLE drafting fused by torch.compile first; $GPU_CHECK_COMPILED_METHODS), each regime with the A/A
+# noise floor and T(n) of the target's forward, a report each, and the summary tables a closing note quotes
+# (summary.md). $GPU_CHECK_REGIMES picks among eager, graphs and compiled (default all three).
 #   bash scripts/gpu_check.sh [vicuna-7b|llama3.1-8b]
 # Writes under $GPU_CHECK_OUT (default results/gpu-check-<alias>); checkpoints under $GPU_CHECK_CHECKPOINTS;
 # $GPU_CHECK_METHODS narrows `--methods all` (which now includes dflash and pard, 474 s on an H200 without them).
@@ -21,17 +23,23 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 start=$SECONDS
 if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]] && "$py" -c "import pytest" 2> /dev/null; then
   "$py" -m pytest -q -p no:cacheprovider tests/test_eagle_draft.py tests/test_dflash.py tests/test_tree_methods.py \
-    tests/test_graphs.py -k "cuda and (static or graphs)" | tail -3 || echo "gpu_check: a captured drafter differs from its eager self" \
+    tests/test_graphs.py tests/test_graphs_compile.py -k "cuda and (static or graphs)" | tail -3 || echo "gpu_check: a captured drafter differs from its eager self" \
     "on this GPU (the tests above): read the --graphs numbers below with care"
 fi
 written=$SECONDS
 options=$("$py" scripts/random_checkpoints.py --like "$like" --out "$checkpoints" --device cuda --dtype float16)
 echo "checkpoints written in $((SECONDS - written)) s: $options"
 "$py" scripts/gpu_check.py roofline --weights "$checkpoints/target" --out "$out/roofline.json" > /dev/null
-for regime in ${GPU_CHECK_REGIMES:-eager graphs}; do  # the eager loop (comparable with papers), then --graphs
-  flag=$([ "$regime" = graphs ] && echo --graphs || true)
-  # shellcheck disable=SC2086  # $options and $flag are lists of options
-  "$py" -m specbench.cli run $options $flag --methods "${GPU_CHECK_METHODS:-all}" --device cuda --dtype float16 --tasks quick --limit 1 \
+for regime in ${GPU_CHECK_REGIMES:-eager graphs compiled}; do  # the eager loop (comparable with papers), --graphs
+  methods=${GPU_CHECK_METHODS:-all}
+  case $regime in
+    eager) flags= ;;
+    graphs) flags=--graphs ;;
+    compiled) flags="--graphs --compile" methods=${GPU_CHECK_COMPILED_METHODS:-vanilla,sps,eagle2,eagle3} ;;
+    *) echo "gpu_check: unknown regime '$regime' in GPU_CHECK_REGIMES: use eager, graphs or compiled" >&2; exit 2 ;;
+  esac
+  # shellcheck disable=SC2086  # $options and $flags are lists of options
+  "$py" -m specbench.cli run $options $flags --methods "$methods" --device cuda --dtype float16 --tasks quick --limit 1 \
     --max-new-tokens 48 --out "$out/$regime" --no-report
   "$py" -m specbench.cli report "$out/$regime" --out "$out/report-$regime" > /dev/null
   "$py" scripts/gpu_check.py summary "$out/$regime" --roofline "$out/roofline.json" | tee -a "$out/summary.md"

@@ -29,6 +29,27 @@ def test_compile_flag_reaches_target_draft_and_manifest(capsys, tiny_models, tmp
     assert json.loads((out / "manifest.json").read_text())["config"]["compile"] is True
 
 
+def test_graphs_with_compile_compiles_what_it_captures(capsys, tmp_path, monkeypatch):
+    """`--graphs --compile`: the target's and the draft's decoder stacks and EAGLE-2's drafting step go through
+    torch.compile (dynamic shapes) before they are captured."""
+    compiled = []
+
+    def record(fn, **kwargs):
+        compiled.append((getattr(fn, "__self__", None), getattr(fn, "__name__", None), kwargs))
+        return fn
+
+    monkeypatch.setattr(torch, "compile", record)
+    out = tmp_path / "run"
+    args = ["--methods", "sps,eagle2", "--limit", "1", "--max-new-tokens", "4", "--no-report", "--no-noise-floor"]
+    assert main(["run", *args, "--graphs", "--compile", "--out", str(out)]) == 0, capsys.readouterr().err
+    names = [(type(owner).__name__, name) for owner, name, _ in compiled]
+    assert names[:2] == [("LlamaModel", "forward"), ("LlamaModel", "forward")]  # the target's, then the draft's
+    assert ("StaticDrafting", "_draft") in names
+    assert all(kwargs == {"dynamic": True} for _, _, kwargs in compiled)
+    config = json.loads((out / "manifest.json").read_text())["config"]
+    assert config["compile"] is True and config["graphs"] is True
+
+
 def test_compile_forward_wraps_a_head_without_a_decoder(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: ("compiled", fn))
     head = torch.nn.Linear(2, 2)

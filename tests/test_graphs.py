@@ -144,8 +144,6 @@ def check_summary(run, roofline):
 def test_graphs_is_one_regime(capsys):
     assert main(["run", "--graphs", "--engine", "vllm", "--methods", "vanilla", "--limit", "1"]) == 2
     assert "--graphs captures our loop's own forwards: drop --engine vllm" in capsys.readouterr().err
-    assert main(["run", "--graphs", "--compile", "--methods", "vanilla", "--limit", "1"]) == 2
-    assert "--graphs captures our loop's own forwards: drop --compile" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])

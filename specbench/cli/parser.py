@@ -175,7 +175,8 @@ def parser() -> argparse.ArgumentParser:
         "--compile",
         action="store_true",
         help="torch.compile the target, draft and heads (dynamic shapes; minutes of compiling in the warm-up; a "
-        "timed decode that compiled runs again); recorded in the manifest",
+        "timed decode that compiled runs again), with --graphs also EAGLE's drafting step, before capture; recorded "
+        "in the manifest",
     )
     run.add_argument(
         "--graphs",

@@ -115,6 +115,7 @@ class MtpHead(nn.Module):
         self.hnorm = norm(hidden, config.rms_norm_eps)
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)
         self.block = type(decoder.layers[0])(config, 0)
+        self.cache_keyword = cache_argument(type(self.block))  # looked up once: torch.compile warns at a cached call
         self.norm = norm(hidden, config.rms_norm_eps)
         self.head = nn.Linear(hidden, vocab, bias=False)
         self.rotary = type(decoder.rotary_emb)(config=config)
@@ -137,7 +138,7 @@ class MtpHead(nn.Module):
             attention_mask=mask,
             position_ids=positions,
             use_cache=cache is not None,
-            **{cache_argument(type(self.block)): cache},
+            **{self.cache_keyword: cache},
             position_embeddings=self.rotary(x, positions),
         )
         return self.norm(x) if self.layout.normed_output else x

@@ -45,6 +45,7 @@ from ..core.tree import DeviceTree, Tree, additive_mask
 from ..heads import frequencies
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head, feature_layers
+from ..models.loading import compile_function
 from ..registry import implementation, unless_sampled
 from .resources import Resources
 
@@ -210,6 +211,7 @@ class Eagle(Proposer):
         target_vocab: int | None = None,  # the target's vocabulary size when the draft's differs
         sampled: bool = False,  # at T > 0, draw children from the draft without replacement (module docstring)
         graphs: bool = False,  # top-k candidates draft on a static cache, captured on a GPU (`StaticDrafting`)
+        compile: bool = False,  # with graphs: that drafting through torch.compile before it is captured
     ) -> None:
         self.head = head
         self.lm_head = lm_head
@@ -220,7 +222,7 @@ class Eagle(Proposer):
         self.sampled = sampled
         self.device = head.fc.weight.device
         self.drafted = Draft.empty(self.device)  # the last proposal's candidates, kept or not
-        self.static = StaticDrafting(self) if graphs else None
+        self.static = StaticDrafting(self, compile) if graphs else None
 
     def start(self, turn: Turn) -> None:
         super().start(turn)
@@ -381,8 +383,9 @@ class StaticDrafting:
     more pairs (the prompt's) or a shallower tree (the token budget's last steps) runs the same function uncaptured.
     Drafting sampled children (T > 0 with `sampled`) keeps the eager cache."""
 
-    def __init__(self, eagle: Eagle) -> None:
+    def __init__(self, eagle: Eagle, compile: bool = False) -> None:
         self.eagle = eagle
+        self.draft = compile_function(self._draft) if compile else self._draft  # the captured shapes' drafting
         tree = eagle.expansion
         self.pad = tree.max_depth + 1  # the pairs a step commits at most: the accepted path and the root
         self.cache = StaticRows(eagle.head.config, -(-(MAX_CACHE + self.pad + tree.fed) // SPAN) * SPAN)
@@ -418,7 +421,7 @@ class StaticDrafting:
         inputs.count.fill_(n)
         inputs.committed.fill_(past)  # (capture's warm-up runs write past the committed rows only)
         cache.span = span
-        found, keep = self.replays.run(span, lambda: self._draft(inputs.features, inputs.ids, inputs.count,
+        found, keep = self.replays.run(span, lambda: self.draft(inputs.features, inputs.ids, inputs.count,
                                                                  inputs.committed, depths))  # fmt: skip
         return found._map(torch.clone), keep.clone()
 
@@ -502,9 +505,9 @@ def _on_target_head(
     vocab = head.config.vocab_size
     ids = _shortlist(res, "eagle", draft_vocab, torch.arange(vocab, device=res.device), "the vocabulary's")
     if ids is None:
-        return Eagle(head, res.readout(dtype), expansion, sampled=sampled, graphs=res.graphs)
+        return Eagle(head, res.readout(dtype), expansion, sampled=sampled, graphs=res.graphs, compile=res.compile)
     return Eagle(head, res.readout(dtype, ids), expansion, target_ids=lambda drafted: ids[drafted],
-                 target_vocab=vocab, sampled=sampled, graphs=res.graphs)  # fmt: skip
+                 target_vocab=vocab, sampled=sampled, graphs=res.graphs, compile=res.compile)  # fmt: skip
 
 
 def _draft_params(params: dict) -> dict:
@@ -542,4 +545,5 @@ def build_eagle3(params: dict, res: Resources) -> Proposer:
         target_vocab=text.vocab_size,
         sampled=sampled,
         graphs=res.graphs,
+        compile=res.compile,
     )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -69,16 +71,22 @@ def load_causal_lm(
     return use_few_row_layout(model.to(device).eval())
 
 
+T = TypeVar("T")
 RECOMPILE_LIMIT = 64  # graphs per function: one token, a chain, a tree with its mask, a prefill, ... (default 8)
 
 
-def compile_forward(module: torch.nn.Module) -> torch.nn.Module:
-    """`--compile`: the module's forward through torch.compile with dynamic shapes (one graph for every
-    sequence and tree length; the first calls compile, which a run's warm-up absorbs). For a causal LM, its
-    decoder stack: the lm_head stays eager, as the loop reads logits row by row."""
+def compile_function(fn: Callable[..., T]) -> Callable[..., T]:
+    """`--compile`: `fn` through torch.compile with dynamic shapes (one graph for every sequence and tree length
+    and key span; the first calls compile, which a run's warm-up absorbs)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(fn, dynamic=True)
+
+
+def compile_forward(module: torch.nn.Module) -> torch.nn.Module:
+    """`--compile`: the module's forward through `compile_function`. For a causal LM, its decoder stack: the
+    lm_head stays eager, as the loop reads logits row by row."""
     owner = module.get_decoder() if hasattr(module, "get_decoder") else module
-    owner.forward = torch.compile(owner.forward, dynamic=True)
+    owner.forward = compile_function(owner.forward)
     return module
 
 

@@ -118,6 +118,8 @@ class Worker:
         at T=0 each carries its greedy check against vanilla."""
         if self.cfg.warmup:  # one discarded question per method before its first timed one
             for name in [n for n in unit.methods if base_method(n) not in self.warmed]:
+                if self.cfg.compile:  # minutes of compiling, silent otherwise
+                    print(f"specbench: warming up {name} (torch.compile compiles it now)", file=sys.stderr, flush=True)
                 self._decode(name, unit, 0)
                 self.warmed.add(base_method(name))
         seed = question_seed(self.cfg.seed, unit.question.id, unit.temperature)

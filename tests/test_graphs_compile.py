@@ -1,0 +1,81 @@
+"""`--graphs --compile`: the target's decoder and EAGLE's static drafting go through torch.compile (dynamic shapes)
+before they are captured. They give the uncompiled static path's outputs, and a forward past a new key span
+(256 rows more) builds no new graph: the span is a symbol, not a constant, so a long answer never recompiles."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
+from specbench.core.static_lm import SPAN, StaticCachedLM
+from specbench.core.tree import Tree
+from specbench.heads.eagle import build, config_from_target
+from specbench.methods.eagle import DynamicTree, Eagle
+from specbench.models.loading import compile_forward
+
+from .conftest import CUDA, random_llama, recording
+
+TREE = Tree([40, 41, 42, 43], [-1, -1, 1, 2])
+
+
+def graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def steps(lm: StaticCachedLM) -> list[torch.Tensor]:
+    """One of each kind of step a decode takes: a one-token forward, a chain of 3, a tree with its mask; commits."""
+    outs = [lm.forward([7])]
+    start = lm.cached
+    outs.append(lm.forward([8, 9, 10]))
+    lm.commit(start - 1, [0, 1])
+    start = lm.cached
+    outs.append(lm.forward(TREE.rows(11), TREE))
+    lm.commit(start, [0, 2, 3])
+    return outs
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_a_compiled_static_forward_gives_the_uncompiled_logits_and_no_graph_per_span(device):
+    model = random_llama(64, layers=1, seed=3).to(device)
+    plain, compiled = StaticCachedLM(model), StaticCachedLM(compile_forward(copy.deepcopy(model)))
+    prompt = [int(t) for t in torch.randint(3, 64, (SPAN - 12,), generator=torch.Generator().manual_seed(0))]
+    for lm in (plain, compiled):
+        lm.prefill(prompt)
+    for lm in (plain, compiled):  # the first span's shapes: compiled (and captured on a GPU) here
+        lm.forward([5])
+    torch.testing.assert_close(compiled.forward([5]), plain.forward([5]), rtol=1e-4, atol=1e-4)
+    built = None
+    for _ in range(4):  # 4 x 7 rows: from the first span of keys into the second
+        for ours, theirs in zip(steps(compiled), steps(plain), strict=True):
+            torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+        built = graphs() if built is None else built
+    assert compiled.cached == plain.cached > SPAN
+    assert graphs() == built, "a new key span recompiled the forward"
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_compiled_static_drafting_proposes_the_uncompiled_trees(device):
+    """EAGLE-2's drafting compiled proposes the trees of the uncompiled static drafting step by step, through a
+    prompt that takes the head's cache past one key span, and builds no graph for the second span."""
+    model = random_llama(64, layers=1, seed=0, init=0.3).to(device)
+    torch.manual_seed(2)
+    head = build(config_from_target(model.config)).eval().to(device)
+    head.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight)
+    prompt = [int(t) for t in torch.randint(3, 64, (SPAN - 40,), generator=torch.Generator().manual_seed(1))]
+    runs, built = [], []
+    for compiled in (False, True):
+        proposer = Eagle(head, model.get_output_embeddings(), DynamicTree(16, 3, 3), graphs=True, compile=compiled)
+        trees = recording(proposer)
+        for tokens, spans in ((8, {SPAN}), (40, {SPAN, 2 * SPAN})):  # the first key span, then into the second
+            gen = decode(CachedLM(model), proposer, prompt, max_new_tokens=tokens, temperature=0.0, stop_ids=set())
+            assert set(proposer.static.inputs) == spans
+            built.append(graphs())
+        runs.append((gen.tokens, gen.accept_lengths, trees))
+    assert runs[1] == runs[0]
+    assert len(runs[0][2]) > 3 and any(len(tree) for tree in runs[0][2])
+    assert built[3] == built[2], "a new key span recompiled the drafting"
