@@ -44,8 +44,9 @@ def test_a_compiled_static_forward_gives_the_uncompiled_logits_and_no_graph_per_
     model = random_llama(64, layers=1, seed=3).to(device)
     plain, compiled = StaticCachedLM(model), StaticCachedLM(compile_forward(copy.deepcopy(model)))
     prompt = [int(t) for t in torch.randint(3, 64, (SPAN - 12,), generator=torch.Generator().manual_seed(0))]
+    before = graphs()
     for lm in (plain, compiled):
-        lm.prefill(prompt)
+        lm.prefill(prompt)  # (the compiled one's allocates the cache, uncompiled)
     for lm in (plain, compiled):  # the first span's shapes: compiled (and captured on a GPU) here
         lm.forward([5])
     torch.testing.assert_close(compiled.forward([5]), plain.forward([5]), rtol=1e-4, atol=1e-4)
@@ -56,6 +57,7 @@ def test_a_compiled_static_forward_gives_the_uncompiled_logits_and_no_graph_per_
         built = graphs() if built is None else built
     assert compiled.cached == plain.cached > SPAN
     assert graphs() == built, "a new key span recompiled the forward"
+    assert built - before == 2  # one for a single row, one for more: a prefill, chain or tree
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
@@ -78,4 +80,5 @@ def test_compiled_static_drafting_proposes_the_uncompiled_trees(device):
         runs.append((gen.tokens, gen.accept_lengths, trees))
     assert runs[1] == runs[0]
     assert len(runs[0][2]) > 3 and any(len(tree) for tree in runs[0][2])
+    assert built[2] - built[1] == 1, "the drafting step is one graph (no graph breaks)"
     assert built[3] == built[2], "a new key span recompiled the drafting"

@@ -7,6 +7,7 @@ loop."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -49,6 +50,17 @@ class StaticRows(DynamicCache):
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
         return self.length
+
+
+def uncompiled() -> contextlib.AbstractContextManager:
+    """A context in which torch.compile'd functions run eagerly: for calls too rare to be worth a graph."""
+    return torch.compiler.set_stance("force_eager")  # (sets it now: use it in a `with` at once)
+
+
+def allocating(cache: StaticRows) -> contextlib.AbstractContextManager:
+    """Around an uncaptured forward into `cache`: the one that allocates its rows runs uncompiled (under --compile,
+    tracing the allocation would compile a whole graph for one call)."""
+    return uncompiled() if not cache.kv else contextlib.nullcontext()
 
 
 def capture(fn: Callable[[], T], device: torch.device, pool=None) -> tuple[torch.cuda.CUDAGraph, T]:
@@ -156,7 +168,8 @@ class StaticCachedLM(CachedLM):
                                                      layers))  # fmt: skip
         else:
             self.cache.at, self.cache.span = at, span
-            out = call(self.model, self.cache, ids, full, positions, layers)
+            with allocating(self.cache):
+                out = call(self.model, self.cache, ids, full, positions, layers)
         self.cache.length = past + n  # the rows of this forward, until commit keeps some
         rows = slice(n - 1, n) if last_only else slice(0, n)  # `last_only` spares logits; features are every row's
         return Forward(out.logits[rows].clone(), None if out.features is None else out.features[:n].clone())

@@ -40,7 +40,7 @@ from transformers import DynamicCache
 from ..core import choices
 from ..core.proposer import NO_PROPOSAL, Feedback, Nested, Proposal, Proposer, Turn, tree_prefix
 from ..core.sampling import draw_distinct_padded, probabilities
-from ..core.static_lm import MAX_CACHE, SPAN, Replays, StaticRows
+from ..core.static_lm import MAX_CACHE, SPAN, Replays, StaticRows, uncompiled
 from ..core.tree import DeviceTree, Tree, additive_mask
 from ..heads import frequencies
 from ..heads.eagle import EagleHead
@@ -405,12 +405,14 @@ class StaticDrafting:
         cache.length = past + n
         if past + n != len(tokens) - 1 or depths < 1:  # feed them; nothing to draft from
             cache.span = self._span(past + n, 0)
-            self._pairs(features, ids, torch.tensor(past, device=eagle.device))
+            with uncompiled():  # (rare: never worth compiling)
+                self._pairs(features, ids, torch.tensor(past, device=eagle.device))
             return None
         if n > self.pad or depths < eagle.expansion.max_depth:  # off the captured shapes: run once, uncaptured
             cache.span = self._span(past + n, depths)
             count, committed = (torch.tensor(v, device=eagle.device) for v in (n, past))
-            return self._draft(features, ids, count, committed, depths)
+            with uncompiled():
+                return self._draft(features, ids, count, committed, depths)
         span = self._span(past + self.pad, depths)
         inputs = self.inputs.get(span)
         if inputs is None:
