@@ -15,12 +15,14 @@
         variant: torch's fused RMSNorm kernel in place of transformers' elementwise chain, the norms and MLPs
         compiled by torch.compile inside the captured buckets, or the whole decoder stack compiled as
         `run --graphs --compile` does (compiled: attention and the cache's writes too, the key span a symbol;
-        compiled-static: the same with a graph per shape, which shows what dynamic shapes cost)
+        compiled-static: the same with a graph per shape, which shows what dynamic shapes cost; compiled-math:
+        attention as two batched products and a fused softmax instead of the memory-efficient kernel)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -195,6 +197,7 @@ def _fused_norm(norm, hidden: torch.Tensor) -> torch.Tensor:
 
 def forward(args) -> None:
     from random_checkpoints import SHAPES, _config
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import LlamaForCausalLM
     from transformers.models.llama import modeling_llama
 
@@ -215,6 +218,7 @@ def forward(args) -> None:
     print("|---|" + "---|" * (len(sizes) + 1))
     original = modeling_llama.LlamaRMSNorm.forward
     for variant in args.variants.split(","):
+        attention = contextlib.nullcontext()
         layers = model.model.layers
         kept = [(layer.input_layernorm, layer.post_attention_layernorm, layer.mlp) for layer in layers]
         if variant == "fused-norm":
@@ -227,12 +231,16 @@ def forward(args) -> None:
             compile_forward(model)  # writes included, one graph for all layers (per layer: 32 recompiles)
         elif variant == "compiled-static":  # the same with static shapes: a graph per rows bucket and key span (what
             model.model.forward = torch.compile(model.model.forward, dynamic=False)  # dynamic shapes may cost)
+        elif variant == "compiled-math":  # compiled, attention traced as SDPA's math (two batched products and a
+            compile_forward(model)  # softmax that inductor fuses) instead of the memory-efficient kernel, which
+            attention = sdpa_kernel(SDPBackend.MATH)  # one query row leaves mostly idle
         elif variant != "loop":
-            raise SystemExit(f"unknown variant '{variant}': use loop, fused-norm, compiled-norm-mlp, compiled or "
-                             "compiled-static")  # fmt: skip
+            raise SystemExit(f"unknown variant '{variant}': use loop, fused-norm, compiled-norm-mlp, compiled, "
+                             "compiled-static or compiled-math")  # fmt: skip
         try:
             start = time.perf_counter()
-            profile = forward_profile(StaticCachedLM(model), sizes=sizes)
+            with attention:
+                profile = forward_profile(StaticCachedLM(model), sizes=sizes)
             took = time.perf_counter() - start
             print(f"| {variant} | " + " | ".join(_ms(profile[n]) for n in sizes) + f" | {took:.0f} |")
         finally:
@@ -240,6 +248,7 @@ def forward(args) -> None:
             for layer, (first, second, mlp) in zip(layers, kept, strict=True):
                 layer.input_layernorm, layer.post_attention_layernorm, layer.mlp = first, second, mlp
             model.model.__dict__.pop("forward", None)
+            torch._dynamo.reset()  # the next variant compiles afresh, never reusing this one's graphs
 
 
 def main() -> int:
@@ -262,7 +271,7 @@ def main() -> int:
     f.add_argument("--like", default="vicuna-7b")
     f.add_argument("--device", default="cuda")
     f.add_argument("--layers", type=int, help="fewer layers than the model's (a rehearsal on a CPU)")
-    f.add_argument("--variants", default="loop,fused-norm,compiled-norm-mlp,compiled,compiled-static")
+    f.add_argument("--variants", default="loop,fused-norm,compiled-norm-mlp,compiled,compiled-static,compiled-math")
     args = parser.parse_args()
     {"roofline": roofline, "summary": summary, "drafting": drafting, "forward": forward}[args.command](args)
     return 0

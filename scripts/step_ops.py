@@ -2,9 +2,10 @@
 often it reads tensor values back (on a GPU, each read waits for the device's queue to drain) and how many ops it
 runs outside the functions `--graphs` captures (on a GPU, each is a kernel launched from Python). Steps run at T = 0.
 
-    python scripts/step_ops.py [--methods vanilla,sps,eagle2] [--max-new-tokens 32]
+    python scripts/step_ops.py [--methods vanilla,sps,eagle2] [--max-new-tokens 32] [--top 12]
 
-prints, per method, the median and the most of each over its steps. tests/test_graphs.py holds the reads to one.
+prints, per method, the median and the most of each over its steps (with --top, the ops it runs most outside the
+captured functions, per step). tests/test_graphs.py holds the reads to one.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+from collections import Counter
 from contextlib import ExitStack, contextmanager
 from unittest import mock
 
@@ -38,6 +40,7 @@ class StepCounter:
     def __init__(self, ops: bool = True) -> None:
         self.reads: dict[str, list[int]] = {}
         self.ops: dict[str, list[int]] = {}
+        self.names: dict[str, Counter] = {}  # ops outside the captured functions by name, over all steps
         self.count_ops = ops
         self.step: tuple[list[int], list[int]] | None = None
         self.captured = 0  # inside a function --graphs captures
@@ -58,8 +61,9 @@ class StepCounter:
             name, propose, update = names.get(id(proposer), type(proposer).__name__), proposer.propose, proposer.update
 
             def step_begins(*a, **k):
-                self.step = (self.reads.setdefault(name, []), self.ops.setdefault(name, []))
-                for counts in self.step:
+                self.step = (self.reads.setdefault(name, []), self.ops.setdefault(name, []),
+                             self.names.setdefault(name, Counter()))  # fmt: skip
+                for counts in self.step[:2]:
                     counts.append(0)
                 return propose(*a, **k)
 
@@ -114,6 +118,7 @@ class _Ops(TorchDispatchMode):
         c = self.counter
         if c.step is not None and not c.captured and func.overloadpacket.__name__ not in VIEWS:
             c.step[1][-1] += 1
+            c.step[2][func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -121,6 +126,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", default="vanilla,sps,lookahead,medusa,eagle,eagle2,eagle3,mtp,dflash,pard")
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--top", type=int, default=0, help="also list each method's N most frequent ops outside")
     args = parser.parse_args()
     counter = StepCounter()
     with tempfile.TemporaryDirectory() as out, counter.counting():
@@ -135,6 +141,9 @@ def main() -> int:
         reads, ops = counter.reads[name], counter.ops[name]
         print(f"| {name} | {len(reads)} | {statistics.median(reads):g}, {max(reads)} | "
               f"{statistics.median(ops):g}, {max(ops)} |")
+    for name, names in counter.names.items() if args.top else ():
+        steps = len(counter.ops[name])
+        print(f"\n{name}, ops a step: " + ", ".join(f"{op} {n / steps:.1f}" for op, n in names.most_common(args.top)))
     return 0
 
 
