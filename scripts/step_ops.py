@@ -1,6 +1,8 @@
 """What a `--graphs` step asks of the host, method by method, on this machine's CPU (tiny family, nothing timed): how
-often it reads tensor values back (on a GPU, each read waits for the device's queue to drain) and how many ops it
-runs outside the functions `--graphs` captures (on a GPU, each is a kernel launched from Python). Steps run at T = 0.
+often it reads tensor values back (on a GPU, each read waits for the device's queue to drain), how often it copies
+host values onto the device from pageable memory (a tensor made from host data with a `device`, or indexed by a host
+list: on a GPU each waits for the queue too; `core.transfer.upload` queues them instead) and how many ops it runs
+outside the functions `--graphs` captures (on a GPU, each is a kernel launched from Python). Steps run at T = 0.
 
     python scripts/step_ops.py [--methods vanilla,sps,eagle2] [--max-new-tokens 32] [--top 12]
 
@@ -40,9 +42,10 @@ class StepCounter:
     def __init__(self, ops: bool = True) -> None:
         self.reads: dict[str, list[int]] = {}
         self.ops: dict[str, list[int]] = {}
+        self.uploads: dict[str, list[int]] = {}
         self.names: dict[str, Counter] = {}  # ops outside the captured functions by name, over all steps
         self.count_ops = ops
-        self.step: tuple[list[int], list[int]] | None = None
+        self.step: tuple[list[int], list[int], Counter, list[int]] | None = None
         self.captured = 0  # inside a function --graphs captures
 
     @contextmanager
@@ -62,8 +65,8 @@ class StepCounter:
 
             def step_begins(*a, **k):
                 self.step = (self.reads.setdefault(name, []), self.ops.setdefault(name, []),
-                             self.names.setdefault(name, Counter()))  # fmt: skip
-                for counts in self.step[:2]:
+                             self.names.setdefault(name, Counter()), self.uploads.setdefault(name, []))  # fmt: skip
+                for counts in (self.step[0], self.step[1], self.step[3]):
                     counts.append(0)
                 return propose(*a, **k)
 
@@ -104,9 +107,24 @@ class _Reads(TorchFunctionMode):
         self.counter = counter
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if self.counter.step is not None and getattr(func, "__name__", "") in READS:
-            self.counter.step[0][-1] += 1
+        if self.counter.step is not None:
+            if getattr(func, "__name__", "") in READS:
+                self.counter.step[0][-1] += 1
+            if _uploads(func, args, kwargs or {}):
+                self.counter.step[3][-1] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _uploads(func, args: tuple, kwargs: dict) -> bool:
+    """Whether a call copies host values onto the device from pageable memory: a tensor made from host data with a
+    device, or a tensor indexed by a host list."""
+    name = getattr(func, "__name__", "")
+    if name in ("tensor", "as_tensor"):
+        return kwargs.get("device") is not None
+    if name in ("__getitem__", "__setitem__") and len(args) > 1:
+        index = args[1]
+        return isinstance(index, list) or (isinstance(index, tuple) and any(isinstance(i, list) for i in index))
+    return False
 
 
 class _Ops(TorchDispatchMode):
@@ -135,12 +153,13 @@ def main() -> int:
                           "--temperatures", "0", "--out", out])  # fmt: skip
     if code:
         return code
-    print("| method | steps | host reads a step (median, most) | ops outside captured graphs a step (median, most) |")
-    print("|---|---|---|---|")
+    print("| method | steps | host reads a step (median, most) | pageable uploads a step (median, most) "
+          "| ops outside captured graphs a step (median, most) |")
+    print("|---|---|---|---|---|")
     for name in counter.reads:
-        reads, ops = counter.reads[name], counter.ops[name]
+        reads, uploads, ops = counter.reads[name], counter.uploads[name], counter.ops[name]
         print(f"| {name} | {len(reads)} | {statistics.median(reads):g}, {max(reads)} | "
-              f"{statistics.median(ops):g}, {max(ops)} |")
+              f"{statistics.median(uploads):g}, {max(uploads)} | {statistics.median(ops):g}, {max(ops)} |")
     for name, names in counter.names.items() if args.top else ():
         steps = len(counter.ops[name])
         print(f"\n{name}, ops a step: " + ", ".join(f"{op} {n / steps:.1f}" for op, n in names.most_common(args.top)))

@@ -17,6 +17,7 @@ from specbench.cli.main import main
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
 from specbench.core.static_lm import StaticCachedLM
+from specbench.core.transfer import upload
 from specbench.core.tree import DeviceTree, Tree
 from specbench.methods.sps import DraftModel
 from specbench.methods.vanilla import Vanilla
@@ -58,6 +59,14 @@ def test_a_tree_forward_and_commit_match_the_eager_cache(target, device):
     static.crop(len(PROMPT))
     assert static.cached == len(PROMPT)
     target.to("cpu")
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_an_upload_queues_host_values_on_the_device(device):
+    ids = upload([3, 1, 2], torch.device(device))
+    assert (ids.device.type, ids.dtype, ids.tolist()) == (device, torch.long, [3, 1, 2])
+    mask = torch.rand(2, 3)
+    assert torch.equal(upload(mask, torch.device(device)).cpu(), mask)
 
 
 def test_a_prompt_longer_than_the_largest_bucket_and_a_full_cache(target):
@@ -108,12 +117,13 @@ def eager_and_graphs(out, temperature: float, counting=None) -> None:
 
 def test_every_method_under_graphs_gives_the_eager_tokens_waiting_once_a_step(tmp_path):
     """The eager loop's greedy tokens, and one read of the device per step: the accepted path, which brings a tree
-    still on the device with it (`DeviceTree`). The report sets the regimes side by side. (Sampled:
-    test_graphs_sampled.py.)"""
+    still on the device with it (`DeviceTree`); no copy onto the device from pageable host memory (on a GPU, a wait
+    too). The report sets the regimes side by side. (Sampled: test_graphs_sampled.py.)"""
     counter = step_ops().StepCounter(ops=False)
     eager_and_graphs(tmp_path, 0, counter.counting())
     once = [name for name in METHODS if name != "ouroboros"]  # ouroboros also waits at its draft's own checks
     assert {name: max(counter.reads[name]) for name in once} == dict.fromkeys(once, 1)
+    assert {name: max(counter.uploads[name]) for name in METHODS} == dict.fromkeys(METHODS, 0)
     assert main(["report", str(tmp_path / "eager"), str(tmp_path / "graphs"), "--out", str(tmp_path / "report")]) == 0
     report = (tmp_path / "report" / "report.md").read_text()
     section = report.split("## Regimes side by side")[1].split("\n## ")[0]

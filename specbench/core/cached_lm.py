@@ -10,6 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from ..errors import SpecbenchError
+from .transfer import upload
 from .tree import Tree, attention_mask, position_ids
 
 
@@ -60,7 +61,7 @@ def call(model, cache, ids: torch.Tensor, mask: torch.Tensor | None, positions: 
 
 def as_ids(tokens: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
     """Token ids [n] on `device`, from the host's list or already a tensor (no host wait)."""
-    return tokens.to(device) if isinstance(tokens, torch.Tensor) else torch.tensor(tokens, device=device)
+    return tokens.to(device) if isinstance(tokens, torch.Tensor) else upload(tokens, device)
 
 
 RECURRENT = ("linear", "mamba", "conv", "recurrent", "ssm")  # config layer types whose state is not a KV cache

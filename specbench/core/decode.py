@@ -129,7 +129,7 @@ def decode(
         out = step.output
         feedback = Feedback(
             step.accepted,
-            out.features[step.kept] if out.features is not None else None,
+            out.features[step.kept_rows] if out.features is not None else None,
             out.logits[n:] if proposal.side else None,
             step.side_picks if proposal.side else None,
         )

@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from ..errors import SpecbenchError
 from .cached_lm import CachedLM, Forward, SideBranch, as_ids, call
+from .transfer import upload
 from .tree import Tree, attention_mask, position_ids
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows of a verification (root, tree, side branch), padded up to one
@@ -182,8 +183,8 @@ class StaticCachedLM(CachedLM):
         if keep != list(range(len(keep))):
             bucket = next(b for b in BUCKETS if b >= len(keep))
             spare = [self.capacity - 1] * (bucket - len(keep))
-            moves = torch.tensor([[start + k for k in keep] + spare, list(range(start, start + len(keep))) + spare],
-                                 device=self.device)  # fmt: skip
+            moves = upload([start + k for k in keep] + spare + list(range(start, start + len(keep))) + spare,
+                           self.device).view(2, bucket)  # fmt: skip
             if not self.replays.capture:
                 self._move(moves)
             else:

@@ -10,6 +10,7 @@ import torch
 
 from . import acceptance
 from .cached_lm import CachedLM, Forward
+from .transfer import upload
 
 if TYPE_CHECKING:
     from .proposer import Proposal
@@ -23,6 +24,7 @@ class Verified:
     new: list[int]  # accepted draft tokens, then the target's own
     output: Forward  # logits (and features) of every input row, side-branch rows included
     kept: list[int]  # input rows now in the cache: the root and the accepted nodes
+    kept_rows: torch.Tensor  # the same [k] on the logits' device
     picks: tuple[torch.Tensor, torch.Tensor] | None = None  # T=0: the target's top-1 [k] and top-1/2 margin [k]
     # at the kept rows, i.e. for each token of `new`, on the device (read once per turn: no extra host sync)
     side_picks: list[int] | None = None  # T=0: the target's argmax at each side-branch token
@@ -53,7 +55,8 @@ def verify(
     kept = [0, *accepted.rows]
     model.commit(past, kept)
     new = [tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
-    return Verified(accepted, new, out, kept, picks(out.logits[kept]) if temperature == 0 else None, side_picks)
+    rows = upload(kept, out.logits.device)
+    return Verified(accepted, new, out, kept, rows, picks(out.logits[rows]) if temperature == 0 else None, side_picks)
 
 
 def picks(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

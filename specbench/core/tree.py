@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .transfer import upload
+
 
 @dataclass(frozen=True)
 class Tree:
@@ -147,7 +149,7 @@ class DeviceTree(Tree):
     def subtree(self, keep: list[int]) -> Tree:
         if not isinstance(self.links, list) or self.read is not None:
             return Tree.subtree(self, keep)
-        ids = self.ids[torch.tensor(keep, dtype=torch.long, device=self.ids.device)]
+        ids = self.ids[upload(keep, self.ids.device)]
         return DeviceTree(ids, reindexed(self.links, keep), self.bound)  # the shape known here: no read
 
     @functools.cached_property
@@ -239,7 +241,7 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.devic
     """Bool [rows, keys] -> additive [1, 1, rows, keys]: 0 where allowed, the dtype's min elsewhere."""
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask.to(device)[None, None]
+    return upload(mask, torch.device(device))[None, None]
 
 
 def position_ids(tree: Tree, past_len: int, device: torch.device | str = "cpu", side: list[int] | None = None):
@@ -249,7 +251,7 @@ def position_ids(tree: Tree, past_len: int, device: torch.device | str = "cpu", 
         depths = ancestor_matrix(tree).sum(-1) - 1
         return (torch.cat([depths, depths.new_tensor(side or [])]) + past_len).to(device)[None]
     offsets = [0, *tree.depths(), *(side or [])]
-    return torch.tensor([[past_len + d for d in offsets]], device=device)
+    return upload([past_len + d for d in offsets], torch.device(device))[None]
 
 
 def from_choices(choices: list[list[int]], max_rank: int | None = None) -> Tree:

@@ -17,6 +17,7 @@ import torch
 
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_of_rows, chain_prefix
 from ..core.static_lm import MAX_CACHE, SPAN, Replays
+from ..core.transfer import upload
 from ..heads.dflash import Context, DFlashDraft, slots
 from ..registry import implementation
 from .resources import Resources
@@ -86,7 +87,7 @@ class DFlash(Proposer):
         on the slots: the padded, captured forward where c fits the padding, else the same forward at c rows."""
         span = min(-(-(read + len(features) + self.block) // SPAN) * SPAN, self.room)
         if len(features) > self.pad:
-            return self._block(features, *(torch.tensor(v, device=self.device) for v in (len(features), read, token)),
+            return self._block(features, *(upload(torch.tensor(v), self.device) for v in (len(features), read, token)),
                                span)  # fmt: skip
         inputs = self.inputs.get(span)
         if inputs is None:

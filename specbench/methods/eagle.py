@@ -41,6 +41,7 @@ from ..core import choices
 from ..core.proposer import NO_PROPOSAL, Feedback, Nested, Proposal, Proposer, Turn, tree_prefix
 from ..core.sampling import draw_distinct_padded, probabilities
 from ..core.static_lm import MAX_CACHE, SPAN, Replays, StaticRows, uncompiled
+from ..core.transfer import upload
 from ..core.tree import DeviceTree, Tree, additive_mask
 from ..heads import frequencies
 from ..heads.eagle import EagleHead
@@ -401,16 +402,16 @@ class StaticDrafting:
         if n <= 0:
             return None
         features, eagle.pending = eagle.pending[:n], eagle.pending[n:]
-        ids = torch.tensor(tokens[past + 1 : past + 1 + n], device=eagle.device)
+        ids = upload(tokens[past + 1 : past + 1 + n], eagle.device)
         cache.length = past + n
         if past + n != len(tokens) - 1 or depths < 1:  # feed them; nothing to draft from
             cache.span = self._span(past + n, 0)
             with uncompiled():  # (rare: never worth compiling)
-                self._pairs(features, ids, torch.tensor(past, device=eagle.device))
+                self._pairs(features, ids, upload(torch.tensor(past), eagle.device))
             return None
         if n > self.pad or depths < eagle.expansion.max_depth:  # off the captured shapes: run once, uncaptured
             cache.span = self._span(past + n, depths)
-            count, committed = (torch.tensor(v, device=eagle.device) for v in (n, past))
+            count, committed = (upload(torch.tensor(v), eagle.device) for v in (n, past))
             with uncompiled():
                 return self._draft(features, ids, count, committed, depths)
         span = self._span(past + self.pad, depths)
