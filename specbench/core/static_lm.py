@@ -1,7 +1,8 @@
 """CachedLM on a preallocated KV cache (`--graphs`): every forward is padded to a bucket of rows (1, 2, 4, ... 128),
 so each bucket has fixed shapes, and on a GPU each bucket's forward is captured once as a CUDA graph and replayed:
 no Python and no per-kernel launch cost per step. Attention reads the live rows only (rounded up to SPAN, a graph
-per span). Padding rows attend to one cached row and are never committed; a commit moves the accepted rows in
+per span). The mask, positions and cache rows are built inside the graph from the ids, two counts and a tree's
+shape (`Inputs`). Padding rows attend to one cached row and are never committed; a commit moves the accepted rows in
 place. On a CPU the same cache and padding run without capture, which is what the tests check against the eager
 loop."""
 
@@ -18,7 +19,7 @@ from transformers import DynamicCache
 from ..errors import SpecbenchError
 from .cached_lm import CachedLM, Forward, SideBranch, as_ids, call
 from .transfer import upload
-from .tree import Tree, attention_mask, position_ids
+from .tree import Tree, new_rows_allowed, position_ids
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows of a verification (root, tree, side branch), padded up to one
 SPAN = 256  # the keys a forward attends over come in multiples of this (only the live rows, not the whole cache)
@@ -104,12 +105,34 @@ class Replays:
 
 @dataclass
 class Inputs:
-    """One bucket's captured forward reads these."""
+    """One key's forward reads these and builds its mask, positions and cache rows from them on the device (inside
+    the captured graph), so a step sets only what changed: the ids, two counts and, for a tree, its shape."""
 
-    ids: torch.Tensor  # [1, b]
-    positions: torch.Tensor  # [1, b]
-    mask: torch.Tensor  # [1, 1, b, span]
-    at: torch.Tensor  # [b]: the cache rows the forward writes
+    ids: torch.Tensor  # [b]
+    past: torch.Tensor  # 0-d long: the rows cached before this forward
+    count: torch.Tensor  # 0-d long: its real rows (the rest pad the bucket)
+    local: torch.Tensor  # bool [b, b]: the forward's rows each row sees (a tree's: its ancestors and itself)
+    offsets: torch.Tensor  # [b]: each row's position after `past` (a tree's: its depth)
+
+    @staticmethod
+    def chain(bucket: int, device: torch.device) -> Inputs:
+        """For a chain of up to `bucket` rows (a tree's `local` and `offsets` are written over at each forward)."""
+        rows = torch.arange(bucket, device=device)
+        local = torch.ones(bucket, bucket, dtype=torch.bool, device=device).tril()
+        return Inputs(torch.zeros_like(rows), rows.new_zeros(()), rows.new_zeros(()), local, rows)
+
+    def built(self, span: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The additive mask [1, 1, b, span], positions [1, b] and cache rows [b] of the forward: real rows see the
+        cache and the rows `local` marks; padding rows see one cached row (a row of -inf gives NaN), sit at `past`
+        and are never kept."""
+        b, device = len(self.ids), self.ids.device
+        rows, cols = torch.arange(b, device=device), torch.arange(span, device=device)
+        rel = cols - self.past  # [span]: each key's row within this forward (negative: cached before it)
+        real = rows < self.count  # [b]
+        seen = (rel < 0) | ((rel < self.count) & self.local[:, rel.clamp(0, b - 1)])  # [b, span]
+        seen = torch.where(real[:, None], seen, cols == 0)
+        mask = torch.where(seen, 0.0, torch.finfo(dtype).min).to(dtype)
+        return mask[None, None], (self.past + torch.where(real, self.offsets, 0))[None], self.past + rows
 
 
 class StaticCachedLM(CachedLM):
@@ -121,10 +144,9 @@ class StaticCachedLM(CachedLM):
         self.context_length = self.capacity - BUCKETS[-1]
         self.replays = Replays(self.device)
         self.replays.capture = self.replays.capture if capture is None else capture
-        self.inputs: dict[tuple, Inputs] = {}  # by (bucket, span, layers)
+        self.inputs: dict[tuple, Inputs] = {}  # by (bucket, span, layers, chain or not)
         self.moves: dict[int, torch.Tensor] = {}  # a commit's captured moves [2, bucket], by bucket
         self.cache = StaticRows(model.config, self.capacity)
-        self.floor = torch.finfo(self.dtype).min
 
     @property
     def cached(self) -> int:
@@ -141,36 +163,29 @@ class StaticCachedLM(CachedLM):
         if past + n > self.context_length:
             raise SpecbenchError(f"{past + n} tokens do not fit the static cache of {self.context_length} (--graphs)")
         bucket = next((b for b in BUCKETS if b >= n), n)  # longer (a prefill): its own length, never captured
-        ids = as_ids(tokens, self.device)
-        ids = torch.cat([ids, ids[-1:].expand(bucket - n)])[None]  # padding: the last token again
         span = min(-(-(past + bucket) // SPAN) * SPAN, self.capacity)  # keys attended: the live rows, rounded up
-        full = torch.full((1, 1, bucket, span), self.floor, dtype=self.dtype, device=self.device)
-        if tree is None or (tree.is_chain and side is None):
-            positions = torch.arange(past, past + n, device=self.device)[None]
-            full[:, :, :n, :past] = 0
-            causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-            full[0, 0, :n, past : past + n].masked_fill_(causal, 0)
-        else:
-            positions = position_ids(tree, past, self.device, side.positions if side else None)
-            full[:, :, :n, : past + n] = attention_mask(tree, past, self.dtype, self.device,
-                                                        side.allowed if side else None)  # fmt: skip
-        full[:, :, n:, 0] = 0  # padding rows see one cached row (a row of -inf would give NaN) and are never kept
-        positions = torch.cat([positions, torch.full((1, bucket - n), past, device=self.device)], 1)  # padding: any
-        at = torch.arange(past, past + bucket, device=self.device)
-        key = (bucket, span, layers)
-        if self.replays.capture and bucket in BUCKETS:  # (capture's warm-up runs write past the committed rows only)
-            inputs = self.inputs.get(key)
-            if inputs is None:
-                inputs = self.inputs[key] = Inputs(ids.clone(), positions.clone(), full.clone(), at.clone())
-            for static, now in ((inputs.ids, ids), (inputs.positions, positions), (inputs.mask, full), (inputs.at, at)):
-                static.copy_(now)
-            self.cache.at, self.cache.span = inputs.at, span
-            out = self.replays.run(key, lambda: call(self.model, self.cache, inputs.ids, inputs.mask, inputs.positions,
-                                                     layers))  # fmt: skip
-        else:
-            self.cache.at, self.cache.span = at, span
+        chained = tree is None or (tree.is_chain and side is None)
+        key = (bucket, span, layers, chained)
+        inputs = self.inputs.get(key) or Inputs.chain(bucket, self.device)
+        if bucket in BUCKETS:
+            self.inputs[key] = inputs
+        inputs.ids[:n] = as_ids(tokens, self.device)
+        inputs.past.fill_(past)  # (capture's warm-up runs write past the committed rows only)
+        inputs.count.fill_(n)
+        if not chained:
+            inputs.local[:n, :n] = upload(new_rows_allowed(tree, side.allowed if side else None), self.device)
+            inputs.offsets[:n] = position_ids(tree, 0, self.device, side.positions if side else None)[0]
+
+        def forward() -> Forward:
+            mask, positions, self.cache.at = inputs.built(span, self.dtype)
+            self.cache.span = span
+            return call(self.model, self.cache, inputs.ids[None], mask, positions, layers)
+
+        if bucket in BUCKETS and self.cache.kv:
+            out = self.replays.run(key, forward)
+        else:  # a prefill longer than any bucket, or the forward that allocates the cache: never captured
             with allocating(self.cache):
-                out = call(self.model, self.cache, ids, full, positions, layers)
+                out = forward()
         self.cache.length = past + n  # the rows of this forward, until commit keeps some
         rows = slice(n - 1, n) if last_only else slice(0, n)  # `last_only` spares logits; features are every row's
         return Forward(out.logits[rows].clone(), None if out.features is None else out.features[:n].clone())

@@ -227,14 +227,22 @@ def attention_mask(
     `side` (bool [m, n+1+m]) appends m side-branch rows that see the cached prefix plus the new rows it marks;
     tree rows never see side rows, so the tree's logits are exactly those of a tree-only forward.
     """
+    local = new_rows_allowed(tree, side)
+    allowed = torch.ones(len(local), past_len + len(local), dtype=torch.bool, device=tree.home)
+    allowed[:, past_len:] = local
+    return additive_mask(allowed, dtype, device)
+
+
+def new_rows_allowed(tree: Tree, side: torch.Tensor | None = None) -> torch.Tensor:
+    """Bool [n+1+m, n+1+m] on the tree's home: which of a verification's new rows each row sees (a tree row: its
+    ancestors and itself; a side row: what `side` marks)."""
     n = len(tree) + 1
     m = 0 if side is None else side.shape[0]
-    allowed = torch.ones(n + m, past_len + n + m, dtype=torch.bool, device=tree.home)
-    allowed[:n, past_len:] = False
-    allowed[:n, past_len : past_len + n] = ancestor_matrix(tree)
+    allowed = torch.zeros(n + m, n + m, dtype=torch.bool, device=tree.home)
+    allowed[:n, :n] = ancestor_matrix(tree)
     if side is not None:
-        allowed[n:, past_len:] = side.to(tree.home)
-    return additive_mask(allowed, dtype, device)
+        allowed[n:] = side.to(tree.home)
+    return allowed
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
