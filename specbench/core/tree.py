@@ -92,11 +92,14 @@ class DeviceTree(Tree):
     """A tree whose tokens (and, when they depend on the draft, parents) are still tensors on the device. Its size
     and a depth bound are known on the host; reading `tokens` or `parents` costs one transfer, made once."""
 
-    def __init__(self, tokens: torch.Tensor, parents: torch.Tensor | list[int], depth: int) -> None:
+    def __init__(self, tokens: torch.Tensor, parents: torch.Tensor | list[int], depth: int,
+                 ancestors: torch.Tensor | None = None) -> None:  # fmt: skip
         object.__setattr__(self, "ids", tokens)  # [n] long
         object.__setattr__(self, "links", parents)  # [n] long on the device, or the host's list
         object.__setattr__(self, "bound", depth)
         object.__setattr__(self, "read", None)  # (tokens, parents) once read
+        if ancestors is not None:  # built with the draft (inside its captured graph)
+            self.__dict__["ancestors"] = ancestors
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -205,11 +208,17 @@ def ancestor_matrix(tree: Tree) -> torch.Tensor:
 
 def climb(tree: Tree) -> torch.Tensor:
     """`ancestor_matrix`, built from the parents."""
-    n, home, parents = len(tree) + 1, tree.home, tree.parents_tensor()
+    return ancestors_from(tree.parents_tensor(), tree.depth_bound())
+
+
+def ancestors_from(parents: torch.Tensor, depth: int) -> torch.Tensor:
+    """The ancestor matrix [n+1, n+1] of the tree whose nodes' parents are `parents` [n] (-1: the root), none
+    deeper than `depth`, on their device."""
+    n, home = len(parents) + 1, parents.device
     parent = torch.cat([parents.new_full((1,), -1), parents]) + 1  # each row's parent row; the root's is itself
     rows, node = torch.arange(n, device=home), torch.arange(n, device=home)
     allowed = torch.eye(n, dtype=torch.bool, device=home)
-    for _ in range(tree.depth_bound()):  # climb one level at a time: whole rows at once, not node by node
+    for _ in range(depth):  # climb one level at a time: whole rows at once, not node by node
         node = parent[node]
         allowed[rows, node] = True
     return allowed

@@ -42,7 +42,7 @@ from ..core.proposer import NO_PROPOSAL, Feedback, Nested, Proposal, Proposer, T
 from ..core.sampling import draw_distinct_padded, probabilities
 from ..core.static_lm import MAX_CACHE, SPAN, Replays, StaticRows, uncompiled
 from ..core.transfer import upload
-from ..core.tree import DeviceTree, Tree, additive_mask
+from ..core.tree import DeviceTree, Tree, additive_mask, ancestors_from
 from ..heads import frequencies
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head, feature_layers
@@ -86,16 +86,17 @@ class Draft:
         return Draft(*(None if (t := getattr(self, f.name)) is None else torch.cat([t, getattr(level, f.name)])
                        for f in fields(self)))  # fmt: skip
 
-    def tree(self, keep: torch.Tensor, depth: int | None = None) -> Tree:
-        """The tree of the nodes `keep` (ascending, closed under parents), re-indexed: read in one host transfer, or
-        with `depth` (no node is deeper) left on the device for the target's verification to read (`DeviceTree`)."""
+    def tree(self, keep: torch.Tensor) -> Tree:
+        """The tree of the nodes `keep` (ascending, closed under parents), re-indexed, read in one host transfer."""
+        tokens, parents = torch.stack(self.kept(keep)).tolist()
+        return Tree(tokens, parents)
+
+    def kept(self, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens [k] and parents [k] (indices into `keep`; -1 the root) of the nodes `keep` (ascending, closed
+        under parents), on the device."""
         index = torch.full((len(self) + 1,), -1, device=self.parents.device)  # old index + 1 -> new index
         index[keep + 1] = torch.arange(len(keep), device=keep.device)
-        tokens, parents = self.tokens[keep], index[self.parents[keep] + 1]
-        if depth is not None:
-            return DeviceTree(tokens, parents, depth)
-        tokens, parents = torch.stack([tokens, parents]).tolist()
-        return Tree(tokens, parents)
+        return self.tokens[keep], index[self.parents[keep] + 1]
 
 
 def best(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -265,8 +266,8 @@ class Eagle(Proposer):
             found = self.static.propose(tokens, depths)
             if found is None:
                 return NO_PROPOSAL
-            self.drafted, keep = found
-            return Proposal(self.drafted.tree(keep, depths))
+            self.drafted, tree = found
+            return Proposal(tree)
         if self.root is None or depths < 1:
             return NO_PROPOSAL
         draft, fed = self._grow(self.root, depths, self.cache.get_seq_length())
@@ -393,9 +394,10 @@ class StaticDrafting:
         self.inputs: dict[int, DraftInputs] = {}  # by key span
         self.replays = Replays(eagle.device)
 
-    def propose(self, tokens: list[int], depths: int) -> tuple[Draft, torch.Tensor] | None:
-        """Feed the pending pairs, then the draft and the nodes to verify; None when there is nothing to draft
-        from (no new pairs, no depth left, or features missing for some committed token, as in the eager cache)."""
+    def propose(self, tokens: list[int], depths: int) -> tuple[Draft, DeviceTree] | None:
+        """Feed the pending pairs, then the draft and the tree to verify, left on the device; None when there is
+        nothing to draft from (no new pairs, no depth left, or features missing for some committed token, as in the
+        eager cache)."""
         eagle, cache = self.eagle, self.cache
         past = cache.length
         n = min(len(eagle.pending), len(tokens) - 1 - past)
@@ -413,7 +415,8 @@ class StaticDrafting:
             cache.span = self._span(past + n, depths)
             count, committed = (upload(torch.tensor(v), eagle.device) for v in (n, past))
             with uncompiled():
-                return self._draft(features, ids, count, committed, depths)
+                draft, *verified = self._draft(features, ids, count, committed, depths)
+            return draft, DeviceTree(*verified[:2], depths, verified[2])
         span = self._span(past + self.pad, depths)
         inputs = self.inputs.get(span)
         if inputs is None:
@@ -424,21 +427,24 @@ class StaticDrafting:
         inputs.count.fill_(n)
         inputs.committed.fill_(past)  # (capture's warm-up runs write past the committed rows only)
         cache.span = span
-        found, keep = self.replays.run(span, lambda: self.draft(inputs.features, inputs.ids, inputs.count,
-                                                                 inputs.committed, depths))  # fmt: skip
-        return found._map(torch.clone), keep.clone()
+        draft, *verified = self.replays.run(span, lambda: self.draft(inputs.features, inputs.ids, inputs.count,
+                                                                         inputs.committed, depths))  # fmt: skip
+        tokens, parents, ancestors = (t.clone() for t in verified)  # (the next replay writes over them)
+        return draft._map(torch.clone), DeviceTree(tokens, parents, depths, ancestors)
 
     def _span(self, end: int, depths: int) -> int:
         """The key rows a draft attends over: the pairs up to `end`, then its tree rows, rounded up to SPAN."""
         return min(-(-(end + (self.eagle.expansion.fed if depths > 1 else 0)) // SPAN) * SPAN, self.cache.capacity)
 
     def _draft(self, features: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, committed: torch.Tensor,
-               depths: int) -> tuple[Draft, torch.Tensor]:  # fmt: skip
+               depths: int) -> tuple[Draft, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
         """Feed the first `count` pairs (features [P, F], ids [P]) after `committed`, then grow from the last one's
-        output: the draft and the nodes to verify."""
+        output: the draft, and the tree to verify as its tokens [k], parents [k] and ancestor matrix [k+1, k+1] (all
+        built here, so a captured step launches none of it)."""
         root = self._pairs(features, ids, committed).index_select(0, (count - 1).view(1))[0]  # [H]
         draft, _ = self.eagle._grow(root, depths, committed + count)
-        return draft, self.eagle.expansion.select(draft)
+        tokens, parents = draft.kept(self.eagle.expansion.select(draft))
+        return draft, tokens, parents, ancestors_from(parents, depths)
 
     def _pairs(self, features: torch.Tensor, ids: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
         """The head over pairs at rows committed, committed + 1, ... (causal over the cache): outputs [P, H]."""
