@@ -89,7 +89,8 @@ def summary(args) -> None:
     turns = turns[turns.temperature == 0]
     profile = {int(k): v for k, v in json.loads((args.run / "forward_profile.json").read_text()).items()}
     limit = roof["roofline_tokens_per_s"]
-    regime = "--graphs" if json.loads((args.run / "manifest.json").read_text())["config"].get("graphs") else "eager"
+    config = json.loads((args.run / "manifest.json").read_text())["config"]
+    regime = " ".join(flag for flag in ("--graphs", "--compile") if config.get(flag[2:])) or "eager"
     print(f"### {roof['device']}: {args.run.name} ({regime})\n")
     copy, weights = roof["copy_bytes_per_s"] / 1e12, roof["weight_bytes"] / 1e9
     print(f"Device copy {copy:.2f} TB/s (read + written) ÷ {weights:.2f} GB of target weights = bandwidth roofline "

@@ -285,3 +285,12 @@ def test_noise_floor_and_busy_machine_notes(tmp_path):
                          .read_text())  # fmt: skip
     assert profile["mean_accept_length"] == 2.0 and profile["marginal_accept_rates"] == [1.0]
     assert not list((tmp_path / "out" / "speculation_profiles").glob("*/vanilla*"))
+
+
+@pytest.mark.parametrize(("manifest", "regime"), [
+    ({"config": {}}, "eager"), ({"config": {"compile": True}}, "eager+compile"),
+    ({"config": {"graphs": True}}, "graphs"), ({"config": {"graphs": True, "compile": True}}, "graphs+compile"),
+    ({"config": {}, "engine": {"name": "vllm", "version": "0.32.0"}}, "vllm 0.32.0"),
+])  # fmt: skip
+def test_a_runs_regime_says_graphs_compile_or_its_engine(manifest, regime):
+    assert sources.Source(Path("run"), "run", [], manifest).regime == regime

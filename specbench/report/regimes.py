@@ -14,6 +14,7 @@ Each regime is comparable with something else, so numbers are read down a column
 - **graphs** (`run --graphs`): the same loop on static KV caches with each forward replayed as a CUDA graph (on a
   CPU: the same cache, nothing captured): what a method gives once the host's overhead is gone, the regime of
   gpt-fast-style stacks. The drafters' forwards are captured too (the manifest lists any that drafted eagerly).
+  With **+compile** (`--compile`) torch.compile fuses what runs (under `--graphs`, before it is captured).
 - **an engine** (`run --engine vllm`): what a server gets, with its own kernels, batching and chains for trees.
 
 A step's milliseconds: verification (the target's forward over the proposal, acceptance and commit) at the mean rows
@@ -23,14 +24,14 @@ each summed over the cell and divided by its steps."""
 
 def groups(cells: list[Cell]) -> list[list[Cell]]:
     """Cells of the same model, task and temperature from sources of different regimes, eager first."""
-    order = {"eager": 0, "graphs": 1}
+    order = {"eager": 0, "eager+compile": 1, "graphs": 2, "graphs+compile": 3}
     by_key: dict[tuple, list[Cell]] = {}
     for c in cells:
         by_key.setdefault((c.model, c.task, c.temperature), []).append(c)
     out = []
     for group in by_key.values():
         if len({c.source.regime for c in group}) > 1:
-            out.append(sorted(group, key=lambda c: (order.get(c.source.regime, 2), c.source.name)))
+            out.append(sorted(group, key=lambda c: (order.get(c.source.regime, len(order)), c.source.name)))
     return out
 
 

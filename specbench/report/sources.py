@@ -37,10 +37,12 @@ class Source:
 
     @property
     def regime(self) -> str:
-        """How its timings were taken: "eager" (our loop, the default), "graphs" (`run --graphs`) or the engine."""
+        """How its timings were taken: "eager" (our loop, the default), "graphs" (`run --graphs`), either with
+        "+compile" (`--compile`), or the engine."""
         if self.engine != "specbench":
             return self.engine
-        return "graphs" if ((self.manifest or {}).get("config") or {}).get("graphs") else "eager"
+        config = (self.manifest or {}).get("config") or {}
+        return ("graphs" if config.get("graphs") else "eager") + ("+compile" if config.get("compile") else "")
 
     @property
     def label(self) -> str:
