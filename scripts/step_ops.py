@@ -121,6 +121,8 @@ def _uploads(func, args: tuple, kwargs: dict) -> bool:
     name = getattr(func, "__name__", "")
     if name in ("tensor", "as_tensor"):
         return kwargs.get("device") is not None
+    if name == "new_tensor":  # host data onto its tensor's device
+        return True
     if name in ("__getitem__", "__setitem__") and len(args) > 1:
         index = args[1]
         return isinstance(index, list) or (isinstance(index, tuple) and any(isinstance(i, list) for i in index))

@@ -245,12 +245,12 @@ def attention_mask(
 def new_rows_allowed(tree: Tree, side: torch.Tensor | None = None) -> torch.Tensor:
     """Bool [n+1+m, n+1+m] on the tree's home: which of a verification's new rows each row sees (a tree row: its
     ancestors and itself; a side row: what `side` marks)."""
-    n = len(tree) + 1
-    m = 0 if side is None else side.shape[0]
+    if side is None:
+        return ancestor_matrix(tree)
+    n, m = len(tree) + 1, side.shape[0]
     allowed = torch.zeros(n + m, n + m, dtype=torch.bool, device=tree.home)
     allowed[:n, :n] = ancestor_matrix(tree)
-    if side is not None:
-        allowed[n:] = side.to(tree.home)
+    allowed[n:] = upload(side, tree.home)
     return allowed
 
 
@@ -266,7 +266,9 @@ def position_ids(tree: Tree, past_len: int, device: torch.device | str = "cpu", 
     past_len + its given offset."""
     if isinstance(tree, DeviceTree) and tree.shape_on_device:  # a row's depth: its ancestors, the root's 0
         depths = ancestor_matrix(tree).sum(-1) - 1
-        return (torch.cat([depths, depths.new_tensor(side or [])]) + past_len).to(device)[None]
+        if side:
+            depths = torch.cat([depths, upload(side, depths.device)])
+        return (depths + past_len).to(device)[None]
     offsets = [0, *tree.depths(), *(side or [])]
     return upload([past_len + d for d in offsets], torch.device(device))[None]
 
