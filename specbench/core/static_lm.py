@@ -166,9 +166,11 @@ class StaticCachedLM(CachedLM):
         span = min(-(-(past + bucket) // SPAN) * SPAN, self.capacity)  # keys attended: the live rows, rounded up
         chained = tree is None or (tree.is_chain and side is None)
         key = (bucket, span, layers, chained)
-        inputs = self.inputs.get(key) or Inputs.chain(bucket, self.device)
-        if bucket in BUCKETS:
-            self.inputs[key] = inputs
+        inputs = self.inputs.get(key)
+        if inputs is None:
+            inputs = Inputs.chain(bucket, self.device)
+            if bucket in BUCKETS:  # (a longer prefill's are never met again)
+                self.inputs[key] = inputs
         inputs.ids[:n] = as_ids(tokens, self.device)
         inputs.past.fill_(past)  # (capture's warm-up runs write past the committed rows only)
         inputs.count.fill_(n)

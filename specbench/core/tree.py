@@ -158,7 +158,7 @@ class DeviceTree(Tree):
     @functools.cached_property
     def ancestors(self) -> torch.Tensor:
         """Its ancestor matrix, built on the device once: the verification's mask and positions both read it."""
-        return climb(self)
+        return ancestors_from(self.parents_tensor(), self.depth_bound())
 
     def _host(self) -> tuple[list[int], list[int]]:
         if self.read is None:
@@ -203,11 +203,6 @@ def ancestor_matrix(tree: Tree) -> torch.Tensor:
     ancestor)."""
     if isinstance(tree, DeviceTree) and tree.shape_on_device:
         return tree.ancestors
-    return climb(tree)
-
-
-def climb(tree: Tree) -> torch.Tensor:
-    """`ancestor_matrix`, built from the parents."""
     return ancestors_from(tree.parents_tensor(), tree.depth_bound())
 
 

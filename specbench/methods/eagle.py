@@ -415,8 +415,8 @@ class StaticDrafting:
             cache.span = self._span(past + n, depths)
             count, committed = (upload(torch.tensor(v), eagle.device) for v in (n, past))
             with uncompiled():
-                draft, *verified = self._draft(features, ids, count, committed, depths)
-            return draft, DeviceTree(*verified[:2], depths, verified[2])
+                draft, tokens, parents, ancestors = self._draft(features, ids, count, committed, depths)
+            return draft, DeviceTree(tokens, parents, depths, ancestors)
         span = self._span(past + self.pad, depths)
         inputs = self.inputs.get(span)
         if inputs is None:
@@ -427,9 +427,9 @@ class StaticDrafting:
         inputs.count.fill_(n)
         inputs.committed.fill_(past)  # (capture's warm-up runs write past the committed rows only)
         cache.span = span
-        draft, *verified = self.replays.run(span, lambda: self.draft(inputs.features, inputs.ids, inputs.count,
-                                                                         inputs.committed, depths))  # fmt: skip
-        tokens, parents, ancestors = (t.clone() for t in verified)  # (the next replay writes over them)
+        draft, *tree = self.replays.run(span, lambda: self.draft(inputs.features, inputs.ids, inputs.count,
+                                                                      inputs.committed, depths))  # fmt: skip
+        tokens, parents, ancestors = (t.clone() for t in tree)  # (the next replay writes over them)
         return draft._map(torch.clone), DeviceTree(tokens, parents, depths, ancestors)
 
     def _span(self, end: int, depths: int) -> int:
