@@ -228,16 +228,18 @@ def forward(args) -> None:
             for layer in layers:
                 for name in ("input_layernorm", "post_attention_layernorm", "mlp"):
                     setattr(layer, name, torch.compile(getattr(layer, name), dynamic=False, fullgraph=True))
-        elif variant == "compiled":  # `run --graphs --compile`: the whole decoder stack, attention and the cache's
-            compile_forward(model)  # writes included, one graph for all layers (per layer: 32 recompiles)
-        elif variant == "compiled-static":  # the same with static shapes: a graph per rows bucket and key span (what
+        elif variant == "compiled":  # `run --graphs --compile`: each decoder layer (attention and the cache's
+            compile_forward(model, by_layer=True)  # writes included), one graph all layers share
+        elif variant == "compiled-stack":  # the whole decoder stack as one graph (fuses across layers; compiling
+            compile_forward(model)  # traces every layer)
+        elif variant == "compiled-static":  # the stack with static shapes: a graph per rows bucket and key span (what
             model.model.forward = torch.compile(model.model.forward, dynamic=False)  # dynamic shapes may cost)
         elif variant == "compiled-math":  # compiled, attention traced as SDPA's math (two batched products and a
-            compile_forward(model)  # softmax that inductor fuses) instead of the memory-efficient kernel, which
-            attention = sdpa_kernel(SDPBackend.MATH)  # one query row leaves mostly idle
+            compile_forward(model, by_layer=True)  # softmax that inductor fuses) instead of the memory-efficient
+            attention = sdpa_kernel(SDPBackend.MATH)  # kernel, which one query row leaves mostly idle
         elif variant != "loop":
             raise SystemExit(f"unknown variant '{variant}': use loop, fused-norm, compiled-norm-mlp, compiled, "
-                             "compiled-static or compiled-math")  # fmt: skip
+                             "compiled-stack, compiled-static or compiled-math")  # fmt: skip
         try:
             start = time.perf_counter()
             with attention:
@@ -248,7 +250,8 @@ def forward(args) -> None:
             modeling_llama.LlamaRMSNorm.forward = original
             for layer, (first, second, mlp) in zip(layers, kept, strict=True):
                 layer.input_layernorm, layer.post_attention_layernorm, layer.mlp = first, second, mlp
-            model.model.__dict__.pop("forward", None)
+            for module in (model.model, *layers):
+                module.__dict__.pop("forward", None)
             torch._dynamo.reset()  # the next variant compiles afresh, never reusing this one's graphs
 
 
@@ -272,7 +275,8 @@ def main() -> int:
     f.add_argument("--like", default="vicuna-7b")
     f.add_argument("--device", default="cuda")
     f.add_argument("--layers", type=int, help="fewer layers than the model's (a rehearsal on a CPU)")
-    f.add_argument("--variants", default="loop,fused-norm,compiled-norm-mlp,compiled,compiled-static,compiled-math")
+    f.add_argument("--variants",
+                   default="loop,fused-norm,compiled-norm-mlp,compiled,compiled-stack,compiled-static,compiled-math")
     args = parser.parse_args()
     {"roofline": roofline, "summary": summary, "drafting": drafting, "forward": forward}[args.command](args)
     return 0

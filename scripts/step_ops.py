@@ -32,7 +32,7 @@ READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "non
          "numpy", "any", "all", "equal"}  # fmt: skip
 VIEWS = {"view", "_unsafe_view", "slice", "select", "unsqueeze", "squeeze", "transpose", "t", "expand", "permute",
          "alias", "detach", "as_strided", "split", "unbind", "lift_fresh", "_reshape_alias"}  # no kernel  # fmt: skip
-CAPTURED = ((static_lm.Replays, "run"), (static_lm, "call"), (static_lm.StaticCachedLM, "_move"))
+CAPTURED = ((static_lm.Replays, "run"), (static_lm, "call"))
 
 
 class StepCounter:

@@ -30,8 +30,8 @@ def test_compile_flag_reaches_target_draft_and_manifest(capsys, tiny_models, tmp
 
 
 def test_graphs_with_compile_compiles_what_it_captures(capsys, tmp_path, monkeypatch):
-    """`--graphs --compile`: the target's and the draft's decoder stacks and EAGLE-2's drafting step go through
-    torch.compile (dynamic shapes) before they are captured."""
+    """`--graphs --compile`: the target's and the draft's decoder stacks (whole on a CPU, where nothing is
+    captured; layer by layer on a GPU) and EAGLE-2's drafting step go through torch.compile (dynamic shapes)."""
     compiled = []
 
     def record(fn, **kwargs):

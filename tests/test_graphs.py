@@ -36,9 +36,8 @@ def target():
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
 def test_a_tree_forward_and_commit_match_the_eager_cache(target, device):
-    """The same prefill, tree forwards (logits and features) and commits (moves padded to a bucket, captured on a GPU,
-    the second commit replaying the first's graph) from a tree on the host and the same tree on the device; the
-    next forward sees the same cache in both."""
+    """The same prefill, tree forwards (logits and features) and commits (every layer's rows moved at once) from a
+    tree on the host and the same tree on the device; the next forward sees the same cache in both."""
     model = target.to(device)
     eager, static = CachedLM(model), StaticCachedLM(model)
     tree = Tree([40, 41, 42, 43], [-1, -1, 1, 2])  # two children of the root, the second with a chain of two

@@ -1,6 +1,7 @@
-"""`--graphs --compile`: the target's decoder and EAGLE's static drafting go through torch.compile (dynamic shapes)
-before they are captured. They give the uncompiled static path's outputs, and a forward past a new key span
-(256 rows more) builds no new graph: the span is a symbol, not a constant, so a long answer never recompiles."""
+"""`--graphs --compile`: the target's decoder layers and EAGLE's static drafting go through torch.compile (dynamic
+shapes) before they are captured. They give the uncompiled static path's outputs, and a forward past a new key span
+(256 rows more) builds no new graph: the span is a symbol, not a constant, so a long answer never recompiles; the
+layer's number is one too, so the layers share their graphs."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from specbench.core.static_lm import SPAN, StaticCachedLM
 from specbench.core.tree import Tree
 from specbench.heads.eagle import build, config_from_target
 from specbench.methods.eagle import DynamicTree, Eagle
-from specbench.models.loading import compile_forward
+from specbench.models.loading import compile_layers
 
 from .conftest import CUDA, random_llama, recording
 
@@ -40,9 +41,11 @@ def steps(lm: StaticCachedLM) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-def test_a_compiled_static_forward_gives_the_uncompiled_logits_and_no_graph_per_span(device):
-    model = random_llama(64, layers=1, seed=3).to(device)
-    plain, compiled = StaticCachedLM(model), StaticCachedLM(compile_forward(copy.deepcopy(model)))
+def test_a_compiled_static_forward_gives_the_uncompiled_logits_and_no_graph_per_span_or_layer(device):
+    model = random_llama(64, layers=4, seed=3).to(device)
+    copied = copy.deepcopy(model)
+    compile_layers(copied.model.layers)  # (what `--graphs --compile` does on a GPU)
+    plain, compiled = StaticCachedLM(model), StaticCachedLM(copied)
     prompt = [int(t) for t in torch.randint(3, 64, (SPAN - 12,), generator=torch.Generator().manual_seed(0))]
     before = graphs()
     for lm in (plain, compiled):
@@ -57,7 +60,7 @@ def test_a_compiled_static_forward_gives_the_uncompiled_logits_and_no_graph_per_
         built = graphs() if built is None else built
     assert compiled.cached == plain.cached > SPAN
     assert graphs() == built, "a new key span recompiled the forward"
-    assert built - before == 2  # one for a single row, one for more: a prefill, chain or tree
+    assert built - before == 2  # one for a single row, one for more, the 4 layers sharing them (a graph a layer: 8)
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])

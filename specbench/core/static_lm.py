@@ -30,25 +30,31 @@ T = TypeVar("T")
 class StaticRows(DynamicCache):
     """A KV cache of `capacity` rows per layer, allocated at the first forward; a forward writes its keys and values
     at the rows `at` holds (a device tensor: a replayed graph writes wherever `at` says now) and attends over the
-    first `span` rows."""
+    first `span` rows. Every layer's rows lie in one tensor, layer after layer, so torch.compile can take the layer's
+    number as a symbol (every layer shares one compiled graph) and still write the rows in place (into a view of a
+    tensor, such as one layer's of a stack, it copies the whole tensor)."""
 
     def __init__(self, config, capacity: int) -> None:
         super().__init__(config=config)
         self.capacity = capacity
+        self.layers_count = config.get_text_config().num_hidden_layers
         self.at: torch.Tensor | None = None
         self.span = capacity
-        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.keys: torch.Tensor | None = None  # [batch, kv heads, layers * capacity, head dim]
+        self.values: torch.Tensor | None = None
         self.length = 0  # rows committed
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        if layer_idx == len(self.kv):
-            keys = key_states.new_zeros((*key_states.shape[:2], self.capacity, key_states.shape[-1]))
-            values = value_states.new_zeros((*value_states.shape[:2], self.capacity, value_states.shape[-1]))
-            self.kv.append((keys, values))
-        keys, values = self.kv[layer_idx]
-        keys.index_copy_(2, self.at, key_states)
-        values.index_copy_(2, self.at, value_states)
-        return keys[:, :, : self.span], values[:, :, : self.span]
+        if self.keys is None:  # (the allocating forward runs uncompiled: `allocating`)
+            self.keys, self.values = (
+                states.new_zeros((*states.shape[:2], self.layers_count * self.capacity, states.shape[-1]))
+                for states in (key_states, value_states)
+            )
+        start = layer_idx * self.capacity
+        rows = self.at + start
+        self.keys.index_copy_(2, rows, key_states)
+        self.values.index_copy_(2, rows, value_states)
+        return self.keys[:, :, start : start + self.span], self.values[:, :, start : start + self.span]
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
         return self.length
@@ -62,7 +68,7 @@ def uncompiled() -> contextlib.AbstractContextManager:
 def allocating(cache: StaticRows) -> contextlib.AbstractContextManager:
     """Around an uncaptured forward into `cache`: the one that allocates its rows runs uncompiled (under --compile,
     tracing the allocation would compile a whole graph for one call)."""
-    return uncompiled() if not cache.kv else contextlib.nullcontext()
+    return uncompiled() if cache.keys is None else contextlib.nullcontext()
 
 
 def capture(fn: Callable[[], T], device: torch.device, pool=None) -> tuple[torch.cuda.CUDAGraph, T]:
@@ -145,7 +151,6 @@ class StaticCachedLM(CachedLM):
         self.replays = Replays(self.device)
         self.replays.capture = self.replays.capture if capture is None else capture
         self.inputs: dict[tuple, Inputs] = {}  # by (bucket, span, layers, chain or not)
-        self.moves: dict[int, torch.Tensor] = {}  # a commit's captured moves [2, bucket], by bucket
         self.cache = StaticRows(model.config, self.capacity)
 
     @property
@@ -183,7 +188,7 @@ class StaticCachedLM(CachedLM):
             self.cache.span = span
             return call(self.model, self.cache, inputs.ids[None], mask, positions, layers)
 
-        if bucket in BUCKETS and self.cache.kv:
+        if bucket in BUCKETS and self.cache.keys is not None:
             out = self.replays.run(key, forward)
         else:  # a prefill longer than any bucket, or the forward that allocates the cache: never captured
             with allocating(self.cache):
@@ -194,30 +199,16 @@ class StaticCachedLM(CachedLM):
 
     @torch.inference_mode()
     def commit(self, start: int, keep: list[int]) -> None:
-        """Keep rows start + keep[i] as rows start + i, moved in place; the rest are past the length, ignored. The
-        moves are padded to a bucket with moves of the last row onto itself (past every committed row), so on a GPU
-        each bucket's moves through every layer are one captured graph, not four kernels a layer."""
+        """Keep rows start + keep[i] as rows start + i, moved in place through every layer at once (four kernels:
+        the layers share one tensor); the rest are past the length, ignored."""
         if keep != list(range(len(keep))):
-            bucket = next(b for b in BUCKETS if b >= len(keep))
-            spare = [self.capacity - 1] * (bucket - len(keep))
-            moves = upload([start + k for k in keep] + spare + list(range(start, start + len(keep))) + spare,
-                           self.device).view(2, bucket)  # fmt: skip
-            if not self.replays.capture:
-                self._move(moves)
-            else:
-                static = self.moves.get(bucket)
-                if static is None:  # captured on moves of nothing (its warm-up runs would move rows twice)
-                    static = self.moves[bucket] = torch.full_like(moves, self.capacity - 1)
-                    self.replays.run(("commit", bucket), lambda: self._move(static))
-                static.copy_(moves)
-                self.replays.run(("commit", bucket), lambda: self._move(static))
+            firsts = range(start, self.cache.layers_count * self.capacity, self.capacity)  # each layer's row `start`
+            source = [first + k for first in firsts for k in keep]
+            moves = upload(source + [first + i for first in firsts for i in range(len(keep))], self.device)
+            moves = moves.view(2, -1)
+            for stored in (self.cache.keys, self.cache.values):
+                stored.index_copy_(2, moves[1], stored.index_select(2, moves[0]))
         self.cache.length = start + len(keep)
-
-    def _move(self, moves: torch.Tensor) -> None:
-        """Rows moves[0] of every layer's keys and values copied to rows moves[1]. moves: [2, m]."""
-        for keys, values in self.cache.kv:
-            keys.index_copy_(2, moves[1], keys.index_select(2, moves[0]))
-            values.index_copy_(2, moves[1], values.index_select(2, moves[0]))
 
     def crop(self, length: int) -> None:
         self.cache.length = min(self.cache.length, length)

@@ -42,7 +42,7 @@ class Resources:
                 self.draft_path, self.device, self.dtype, "draft model", self.trust_remote_code
             )
             if self.compile:
-                compile_forward(self._draft)
+                compile_forward(self._draft, graphs=self.graphs)
         return self._draft
 
     def draft_lm(self) -> CachedLM:

@@ -82,12 +82,28 @@ def compile_function(fn: Callable[..., T]) -> Callable[..., T]:
     return torch.compile(fn, dynamic=True)
 
 
-def compile_forward(module: torch.nn.Module) -> torch.nn.Module:
+def compile_forward(module: torch.nn.Module, graphs: bool = False) -> torch.nn.Module:
     """`--compile`: the module's forward through `compile_function`. For a causal LM, its decoder stack: the
-    lm_head stays eager, as the loop reads logits row by row."""
+    lm_head stays eager, as the loop reads logits row by row. With `graphs` on a GPU, whose forwards are captured
+    once and replayed, each decoder layer apart (`compile_layers`); uncaptured, a call per layer would pay its
+    guards and wrappers at every forward (0.15 ms a layer on a CPU), so the stack stays one graph."""
     owner = module.get_decoder() if hasattr(module, "get_decoder") else module
-    owner.forward = compile_function(owner.forward)
+    layers = getattr(owner, "layers", None)
+    first = next(module.parameters(), None)
+    if graphs and first is not None and first.device.type == "cuda" and isinstance(layers, torch.nn.ModuleList):
+        compile_layers(layers)
+    else:
+        owner.forward = compile_function(owner.forward)
     return module
+
+
+def compile_layers(layers: torch.nn.ModuleList) -> None:
+    """Each layer's forward through `compile_function`, the layer's number a symbol (`StaticRows` writes every
+    layer's rows into one tensor at an offset), so all layers share one graph: compiling does not grow with depth
+    (a graph of the whole stack traces every layer: 88 s at 32 layers on a 2-core CPU against 13 s)."""
+    for layer in layers:
+        shared = torch._dynamo.patch_dynamo_config(allow_unspec_int_on_nn_module=True)  # (while tracing only)
+        layer.forward = compile_function(shared(layer.forward))
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):

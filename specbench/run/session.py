@@ -49,7 +49,7 @@ class Session:
         self.tokenizer = loading.load_tokenizer(paths["target"], cfg.trust_remote_code)
         self.model = loading.load_causal_lm(paths["target"], self.device, self.dtype, "target", cfg.trust_remote_code)
         if cfg.compile:
-            loading.compile_forward(self.model)
+            loading.compile_forward(self.model, graphs=cfg.graphs)
         self.target = (StaticCachedLM if cfg.graphs else CachedLM)(self.model)
         self.stop_ids = loading.stop_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.rules: dict[str, acceptance.Rule] = {}  # method -> its acceptance rule, read from its preset once
