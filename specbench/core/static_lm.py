@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 class StaticRows(DynamicCache):
     """A KV cache of `capacity` rows per layer, allocated at the first forward; a forward writes its keys and values
-    at the rows `at` holds (a device tensor: a replayed graph writes wherever `at` says now) and attends over the
+    at the rows `write_rows` set (a device tensor: a replayed graph writes wherever it says now) and attends over the
     first `span` rows. Every layer's rows lie in one tensor, layer after layer, so torch.compile can take the layer's
     number as a symbol (every layer shares one compiled graph) and still write the rows in place (into a view of a
     tensor, such as one layer's of a stack, it copies the whole tensor)."""
@@ -38,7 +38,8 @@ class StaticRows(DynamicCache):
         super().__init__(config=config)
         self.capacity = capacity
         self.layers_count = config.get_text_config().num_hidden_layers
-        self.at: torch.Tensor | None = None
+        self.at: torch.Tensor | None = None  # [layers, n]: `write_rows`
+        self.starts: torch.Tensor | None = None  # [layers, 1]: each layer's first row in the one tensor
         self.span = capacity
         self.keys: torch.Tensor | None = None  # [batch, kv heads, layers * capacity, head dim]
         self.values: torch.Tensor | None = None
@@ -51,10 +52,18 @@ class StaticRows(DynamicCache):
                 for states in (key_states, value_states)
             )
         start = layer_idx * self.capacity
-        rows = self.at + start
-        self.keys.index_copy_(2, rows, key_states)
-        self.values.index_copy_(2, rows, value_states)
+        self.keys.index_copy_(2, self.at[layer_idx], key_states)
+        self.values.index_copy_(2, self.at[layer_idx], value_states)
         return self.keys[:, :, start : start + self.span], self.values[:, :, start : start + self.span]
+
+    def write_rows(self, rows: torch.Tensor) -> None:
+        """The rows [n] of each layer the next forward writes (offset into the one tensor here, not once a layer)."""
+        if self.layers_count == 1:
+            self.at = rows[None]
+            return
+        if self.starts is None:
+            self.starts = torch.arange(0, self.layers_count * self.capacity, self.capacity, device=rows.device)[:, None]
+        self.at = self.starts + rows
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
         return self.length
@@ -184,7 +193,8 @@ class StaticCachedLM(CachedLM):
             inputs.offsets[:n] = position_ids(tree, 0, self.device, side.positions if side else None)[0]
 
         def forward() -> Forward:
-            mask, positions, self.cache.at = inputs.built(span, self.dtype)
+            mask, positions, rows = inputs.built(span, self.dtype)
+            self.cache.write_rows(rows)
             self.cache.span = span
             return call(self.model, self.cache, inputs.ids[None], mask, positions, layers)
 

@@ -450,7 +450,7 @@ class StaticDrafting:
         """The head over pairs at rows committed, committed + 1, ... (causal over the cache): outputs [P, H]."""
         rows = committed + torch.arange(len(ids), device=ids.device)  # [P]
         allowed = torch.arange(self.cache.span, device=ids.device)[None] <= rows[:, None]  # [P, span]
-        self.cache.at = rows
+        self.cache.write_rows(rows)
         return self.eagle.head(features[None], ids[None], rows[None], self.eagle._mask(allowed), self.cache)[0]
 
     def tree_rows(self, seen: torch.Tensor, root: torch.Tensor, n: int) -> torch.Tensor:
@@ -460,7 +460,7 @@ class StaticDrafting:
         cols = torch.arange(self.cache.span, device=seen.device)
         allowed = (cols < root).expand(n, -1).clone()
         allowed.scatter_(1, (root + torch.arange(fed, device=seen.device)).expand(n, -1), seen)
-        self.cache.at = root + torch.arange(fed - n, fed, device=seen.device)
+        self.cache.write_rows(root + torch.arange(fed - n, fed, device=seen.device))
         return allowed
 
 
