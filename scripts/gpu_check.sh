@@ -5,7 +5,8 @@
 # method in the eager loop and under --graphs, and the goal methods under --graphs --compile (the captured
 # forwards and EAGLE drafting fused by torch.compile first; $GPU_CHECK_COMPILED_METHODS), each regime with the A/A
 # noise floor and T(n) of the target's forward, a report each, and the summary tables a closing note quotes
-# (summary.md). $GPU_CHECK_REGIMES picks among eager, graphs and compiled (default all three).
+# (summary.md). $GPU_CHECK_REGIMES picks among eager, graphs and compiled (default all three). A regime whose run
+# fails is named in summary.md and the next one runs; the script then exits non-zero.
 #   bash scripts/gpu_check.sh [vicuna-7b|llama3.1-8b]
 # Writes under $GPU_CHECK_OUT (default results/gpu-check-<alias>); checkpoints under $GPU_CHECK_CHECKPOINTS;
 # $GPU_CHECK_METHODS narrows `--methods all` (which now includes dflash and pard, 474 s on an H200 without them).
@@ -30,6 +31,7 @@ written=$SECONDS
 options=$("$py" scripts/random_checkpoints.py --like "$like" --out "$checkpoints" --device cuda --dtype float16)
 echo "checkpoints written in $((SECONDS - written)) s: $options"
 "$py" scripts/gpu_check.py roofline --weights "$checkpoints/target" --out "$out/roofline.json" > /dev/null
+failed=
 for regime in ${GPU_CHECK_REGIMES:-eager graphs compiled}; do  # the eager loop (comparable with papers), --graphs
   methods=${GPU_CHECK_METHODS:-all}
   case $regime in
@@ -39,9 +41,14 @@ for regime in ${GPU_CHECK_REGIMES:-eager graphs compiled}; do  # the eager loop 
     *) echo "gpu_check: unknown regime '$regime' in GPU_CHECK_REGIMES: use eager, graphs or compiled" >&2; exit 2 ;;
   esac
   # shellcheck disable=SC2086  # $options and $flags are lists of options
-  "$py" -m specbench.cli run $options $flags --methods "$methods" --device cuda --dtype float16 --tasks quick --limit 1 \
-    --max-new-tokens 48 --out "$out/$regime" --no-report
+  if ! "$py" -m specbench.cli run $options $flags --methods "$methods" --device cuda --dtype float16 --tasks quick \
+    --limit 1 --max-new-tokens 48 --out "$out/$regime" --no-report; then
+    echo "gpu_check: the $regime regime failed (its error above); the next regime runs all the same" | tee -a "$out/summary.md"
+    failed="$failed $regime"
+    continue
+  fi
   "$py" -m specbench.cli report "$out/$regime" --out "$out/report-$regime" > /dev/null
   "$py" scripts/gpu_check.py summary "$out/$regime" --roofline "$out/roofline.json" | tee -a "$out/summary.md"
 done
-echo "gpu_check: $((SECONDS - start)) s; reports in $out/report-*/report.md"
+echo "gpu_check: $((SECONDS - start)) s; reports in $out/report-*/report.md${failed:+; failed:$failed}"
+[[ -z "$failed" ]]
