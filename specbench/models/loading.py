@@ -86,7 +86,7 @@ def compile_forward(module: torch.nn.Module, graphs: bool = False) -> torch.nn.M
     """`--compile`: the module's forward through `compile_function`. For a causal LM, its decoder stack: the
     lm_head stays eager, as the loop reads logits row by row. With `graphs` on a GPU, whose forwards are captured
     once and replayed, each decoder layer apart (`compile_layers`); uncaptured, a call per layer would pay its
-    guards and wrappers at every forward (0.15 ms a layer on a CPU), so the stack stays one graph."""
+    guards and wrappers at every forward, so the stack stays one graph (docs/cpu-notes.md)."""
     owner = module.get_decoder() if hasattr(module, "get_decoder") else module
     layers = getattr(owner, "layers", None)
     first = next(module.parameters(), None)
@@ -99,8 +99,8 @@ def compile_forward(module: torch.nn.Module, graphs: bool = False) -> torch.nn.M
 
 def compile_layers(layers: torch.nn.ModuleList) -> None:
     """Each layer's forward through `compile_function`, the layer's number a symbol (`StaticRows` writes every
-    layer's rows into one tensor at an offset), so all layers share one graph: compiling does not grow with depth
-    (a graph of the whole stack traces every layer: 88 s at 32 layers on a 2-core CPU against 13 s)."""
+    layer's rows into one tensor at an offset), so all layers share one graph: compiling does not grow with depth,
+    as a graph of the whole stack's does (it traces every layer)."""
     for layer in layers:
         shared = torch._dynamo.patch_dynamo_config(allow_unspec_int_on_nn_module=True)  # (while tracing only)
         layer.forward = compile_function(shared(layer.forward))
