@@ -204,7 +204,7 @@ def forward(args) -> None:
 
     from specbench.core.static_lm import StaticCachedLM
     from specbench.models.aliases import TINY_DIR
-    from specbench.models.loading import compile_forward
+    from specbench.models.loading import compile_forward, compile_layers
     from specbench.run.worker import forward_profile
 
     device = torch.device(args.device)
@@ -229,13 +229,13 @@ def forward(args) -> None:
                 for name in ("input_layernorm", "post_attention_layernorm", "mlp"):
                     setattr(layer, name, torch.compile(getattr(layer, name), dynamic=False, fullgraph=True))
         elif variant == "compiled":  # `run --graphs --compile`: each decoder layer (attention and the cache's
-            compile_forward(model, by_layer=True)  # writes included), one graph all layers share
+            compile_layers(layers)  # writes included), one graph all layers share
         elif variant == "compiled-stack":  # the whole decoder stack as one graph (fuses across layers; compiling
             compile_forward(model)  # traces every layer)
         elif variant == "compiled-static":  # the stack with static shapes: a graph per rows bucket and key span (what
             model.model.forward = torch.compile(model.model.forward, dynamic=False)  # dynamic shapes may cost)
         elif variant == "compiled-math":  # compiled, attention traced as SDPA's math (two batched products and a
-            compile_forward(model, by_layer=True)  # softmax that inductor fuses) instead of the memory-efficient
+            compile_layers(layers)  # softmax that inductor fuses) instead of the memory-efficient
             attention = sdpa_kernel(SDPBackend.MATH)  # kernel, which one query row leaves mostly idle
         elif variant != "loop":
             raise SystemExit(f"unknown variant '{variant}': use loop, fused-norm, compiled-norm-mlp, compiled, "
