@@ -223,6 +223,8 @@ class Eagle(Proposer):
         self.target_vocab = target_vocab
         self.sampled = sampled
         self.device = head.fc.weight.device
+        dtype = head.fc.weight.dtype
+        self.mask_values = torch.tensor([0.0, torch.finfo(dtype).min], dtype=dtype, device=self.device)  # seen, not
         self.drafted = Draft.empty(self.device)  # the last proposal's candidates, kept or not
         self.static = StaticDrafting(self, compile) if graphs else None
 
@@ -354,17 +356,16 @@ class Eagle(Proposer):
         the head's outputs [n, H]."""
         n = len(tokens)
         if isinstance(self.cache, StaticRows):  # tree rows after the committed ones; every key row is masked
-            allowed, positions = self.static.tree_rows(seen, root, n), (root + depth - 1).expand(1, n)
+            allowed, positions = self.static.tree_rows(seen, n), (root + (depth - 1)).expand(1, n)
         else:
             allowed = torch.cat([seen.new_ones(n, root), seen], dim=1)  # [n, committed + fed + n]
             positions = torch.full((1, n), root + depth - 1, device=self.device)
         return self.head(features[None], tokens[None], positions, self._mask(allowed), self.cache)[0]
 
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        """Bool [rows, keys] on the head's device -> additive [1, 1, rows, keys]: 0 where allowed."""
-        dtype = self.head.fc.weight.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
-        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+        """Bool [rows, keys] on the head's device -> additive [1, 1, rows, keys]: 0 where allowed, the dtype's min
+        elsewhere (one kernel)."""
+        return torch.where(allowed, self.mask_values[0], self.mask_values[1])[None, None]
 
 
 @dataclass
@@ -393,6 +394,8 @@ class StaticDrafting:
         self.cache = StaticRows(eagle.head.config, -(-(MAX_CACHE + self.pad + tree.fed) // SPAN) * SPAN)
         self.inputs: dict[int, DraftInputs] = {}  # by key span
         self.replays = Replays(eagle.device)
+        self.before: torch.Tensor | None = None  # [span]: the keys every tree row sees (a draft's committed pairs)
+        self.rows: torch.Tensor | None = None  # [fed]: the rows a draft's fed nodes go to, in feeding order
 
     def propose(self, tokens: list[int], depths: int) -> tuple[Draft, DeviceTree] | None:
         """Feed the pending pairs, then the draft and the tree to verify, left on the device; None when there is
@@ -442,7 +445,10 @@ class StaticDrafting:
         output: the draft, and the tree to verify as its tokens [k], parents [k] and ancestor matrix [k+1, k+1] (all
         built here, so a captured step launches none of it)."""
         root = self._pairs(features, ids, committed).index_select(0, (count - 1).view(1))[0]  # [H]
-        draft, _ = self.eagle._grow(root, depths, committed + count)
+        position = committed + count  # the tree's first row
+        self.before = torch.arange(self.cache.span, device=ids.device) < position
+        self.rows = position + torch.arange(self.eagle.expansion.fed, device=ids.device)
+        draft, _ = self.eagle._grow(root, depths, position)
         tokens, parents = draft.kept(self.eagle.expansion.select(draft))
         return draft, tokens, parents, ancestors_from(parents, depths)
 
@@ -453,14 +459,13 @@ class StaticDrafting:
         self.cache.write_rows(rows)
         return self.eagle.head(features[None], ids[None], rows[None], self.eagle._mask(allowed), self.cache)[0]
 
-    def tree_rows(self, seen: torch.Tensor, root: torch.Tensor, n: int) -> torch.Tensor:
+    def tree_rows(self, seen: torch.Tensor, n: int) -> torch.Tensor:
         """Where a level's n rows go (after the committed pairs, the tree rows fed so far) and which keys they see
-        [n, span]: the committed pairs, and those tree rows `seen` [n, fed + n] marks."""
+        [n, span]: the committed pairs, and those tree rows `seen` [n, fed + n] marks (`_draft` set the rows)."""
         fed = seen.shape[1]
-        cols = torch.arange(self.cache.span, device=seen.device)
-        allowed = (cols < root).expand(n, -1).clone()
-        allowed.scatter_(1, (root + torch.arange(fed, device=seen.device)).expand(n, -1), seen)
-        self.cache.write_rows(root + torch.arange(fed - n, fed, device=seen.device))
+        allowed = self.before.expand(n, -1).clone()
+        allowed.scatter_(1, self.rows[:fed].expand(n, -1), seen)
+        self.cache.write_rows(self.rows[fed - n : fed])
         return allowed
 
 
