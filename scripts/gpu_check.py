@@ -165,8 +165,10 @@ def drafting(args) -> None:
     tables = []
     print(f"| {args.method} at {args.like}'s shapes, {dtype} | ms per draft step (median of {args.steps}) |")
     print("|---|---|")
-    for regime in ("eager", "static", "captured"):
-        proposer = Eagle(head, graphs=regime != "eager", **options)
+    for regime in args.regimes.split(","):
+        if regime not in ("eager", "static", "captured", "compiled"):
+            raise SystemExit(f"unknown regime '{regime}': use eager, static, captured or compiled")
+        proposer = Eagle(head, graphs=regime != "eager", compile=regime == "compiled", **options)
         if regime == "static":
             proposer.static.replays.capture = False
         tokens = torch.randint(vocab, (args.prompt,)).tolist()
@@ -271,6 +273,8 @@ def main() -> int:
     d.add_argument("--prompt", type=int, default=256)
     d.add_argument("--steps", type=int, default=30)
     d.add_argument("--profile", type=Path)
+    d.add_argument("--regimes", default="eager,static,captured,compiled",
+                   help="eager cache; static cache uncaptured; captured; captured after torch.compile")
     f = sub.add_parser("forward")
     f.add_argument("--like", default="vicuna-7b")
     f.add_argument("--device", default="cuda")
