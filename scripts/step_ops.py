@@ -6,8 +6,8 @@ outside the functions `--graphs` captures (on a GPU, each is a kernel launched f
 
     python scripts/step_ops.py [--methods vanilla,sps,eagle2] [--max-new-tokens 32] [--top 12]
 
-prints, per method, the median and the most of each over its steps (with --top, the ops it runs most outside the
-captured functions, per step). tests/test_graphs.py holds the reads to one.
+prints, per method, the median and the most of each over its steps (with --top, the ops a typical step runs most
+outside the captured functions). tests/test_graphs.py holds the reads to one.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ class StepCounter:
         self.reads: dict[str, list[int]] = {}
         self.ops: dict[str, list[int]] = {}
         self.uploads: dict[str, list[int]] = {}
-        self.names: dict[str, Counter] = {}  # ops outside the captured functions by name, over all steps
+        self.names: dict[str, list[Counter]] = {}  # ops outside the captured functions by name, step by step
         self.count_ops = ops
-        self.step: tuple[list[int], list[int], Counter, list[int]] | None = None
+        self.step: tuple[list[int], list[int], list[Counter], list[int]] | None = None
         self.captured = 0  # inside a function --graphs captures
 
     @contextmanager
@@ -65,9 +65,10 @@ class StepCounter:
 
             def step_begins(*a, **k):
                 self.step = (self.reads.setdefault(name, []), self.ops.setdefault(name, []),
-                             self.names.setdefault(name, Counter()), self.uploads.setdefault(name, []))  # fmt: skip
+                             self.names.setdefault(name, []), self.uploads.setdefault(name, []))  # fmt: skip
                 for counts in (self.step[0], self.step[1], self.step[3]):
                     counts.append(0)
+                self.step[2].append(Counter())
                 return propose(*a, **k)
 
             def step_ends(*a, **k):
@@ -138,7 +139,7 @@ class _Ops(TorchDispatchMode):
         c = self.counter
         if c.step is not None and not c.captured and func.overloadpacket.__name__ not in VIEWS:
             c.step[1][-1] += 1
-            c.step[2][func.overloadpacket.__name__] += 1
+            c.step[2][-1][func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -146,7 +147,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", default="vanilla,sps,lookahead,medusa,eagle,eagle2,eagle3,mtp,dflash,pard")
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--top", type=int, default=0, help="also list each method's N most frequent ops outside")
+    parser.add_argument("--top", type=int, default=0, help="also list the N most frequent ops outside of a "
+                        "method's typical step (one with the median count)")
     args = parser.parse_args()
     counter = StepCounter()
     with tempfile.TemporaryDirectory() as out, counter.counting():
@@ -162,9 +164,10 @@ def main() -> int:
         reads, uploads, ops = counter.reads[name], counter.uploads[name], counter.ops[name]
         print(f"| {name} | {len(reads)} | {statistics.median(reads):g}, {max(reads)} | "
               f"{statistics.median(uploads):g}, {max(uploads)} | {statistics.median(ops):g}, {max(ops)} |")
-    for name, names in counter.names.items() if args.top else ():
-        steps = len(counter.ops[name])
-        print(f"\n{name}, ops a step: " + ", ".join(f"{op} {n / steps:.1f}" for op, n in names.most_common(args.top)))
+    for name, steps in counter.names.items() if args.top else ():
+        ops = counter.ops[name]
+        typical = steps[ops.index(sorted(ops)[len(ops) // 2])]
+        print(f"\n{name}, ops of a typical step: " + ", ".join(f"{op} {n}" for op, n in typical.most_common(args.top)))
     return 0
 
 
