@@ -99,6 +99,12 @@ class Draft:
         return self.tokens[keep], index[self.parents[keep] + 1]
 
 
+def _nodes(candidates: torch.Tensor, picked: torch.Tensor | None) -> torch.Tensor:
+    """A level's nodes [n] of its candidates [F, k]: those `picked` (flat positions), or all of them (None)."""
+    flat = candidates.flatten()
+    return flat if picked is None else flat[picked]
+
+
 def best(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Positions of the k highest scores [n], ties to the earlier one (a parent before its child), ascending."""
     return torch.sort(scores, descending=True, stable=True).indices[:k].sort().values
@@ -156,10 +162,10 @@ class StaticTree:
         slots = torch.full_like(frontier, -1) if draft.slots is None else draft.slots[frontier]  # depth 1: root
         return child[slots + 1, :k]
 
-    def grow(self, level: torch.Tensor, draft: Draft) -> torch.Tensor:
-        """The nodes of the level [n] that have children in the tree."""
-        _, inner = self._on(level.device)
-        return level[inner[draft.slots[level]]]
+    def grow(self, level: Draft) -> torch.Tensor:
+        """The positions in a level's nodes of those that have children in the tree, ascending."""
+        _, inner = self._on(level.slots.device)
+        return inner[level.slots].nonzero().squeeze(1)
 
     def select(self, draft: Draft) -> torch.Tensor:
         return torch.arange(len(draft), device=draft.tokens.device)
@@ -180,9 +186,9 @@ class DynamicTree:
     def admits(self, frontier: torch.Tensor, draft: Draft, k: int) -> torch.Tensor | None:
         return None  # every candidate is a node
 
-    def grow(self, level: torch.Tensor, draft: Draft) -> torch.Tensor:
-        """The top_k best of the level [n] (node indices), ties to the earlier one, ascending."""
-        return level[best(draft.scores[level], self.branch)]
+    def grow(self, level: Draft) -> torch.Tensor:
+        """The positions in a level's nodes of its top_k best, ties to the earlier one, ascending."""
+        return best(level.scores, self.branch)
 
     def select(self, draft: Draft) -> torch.Tensor:
         """The nodes verified with the root (ascending): the best `total_tokens - 1` of the draft; a smaller
@@ -225,6 +231,7 @@ class Eagle(Proposer):
         self.device = head.fc.weight.device
         dtype = head.fc.weight.dtype
         self.mask_values = torch.tensor([0.0, torch.finfo(dtype).min], dtype=dtype, device=self.device)  # seen, not
+        self.eye = torch.eye(expansion.fed, dtype=torch.bool, device=self.device)  # a level grows at most `fed` nodes
         self.drafted = Draft.empty(self.device)  # the last proposal's candidates, kept or not
         self.static = StaticDrafting(self, compile) if graphs else None
 
@@ -296,35 +303,30 @@ class Eagle(Proposer):
             fixed = None if children.valid is not None else self.expansion.fixed(depth, k, self.device)
             if slots is not None:
                 admitted = slots >= 0 if admitted is None else admitted & (slots >= 0)
-            if admitted is None:
-                picked = torch.arange(len(frontier) * k, device=self.device)  # [n]: the level's nodes of F * k
-            elif fixed is not None:
-                picked = fixed[0]
+            if admitted is None:  # every candidate is a node: the level is the [F, k] top-k as they come
+                picked, rows = None, torch.arange(len(frontier) * k, device=self.device) // k
             else:
-                picked = admitted.flatten().nonzero().squeeze(1)
-            rows = picked // k  # each node's parent's row in the frontier
+                picked = fixed[0] if fixed is not None else admitted.flatten().nonzero().squeeze(1)
+                rows = picked // k  # each node's parent's row in the frontier
             level = Draft(
-                children.tokens.flatten()[picked],
+                _nodes(children.tokens, picked),
                 frontier[rows],
-                reached[rows] + children.logps.flatten()[picked].double(),
+                reached[rows] + _nodes(children.logps, picked).double(),
                 torch.full(rows.shape, depth, device=self.device),
-                None if slots is None else slots.flatten()[picked],
+                None if slots is None else _nodes(slots, picked),
             )
             if children.laws is not None:
                 laws.append(children.laws.flatten(0, 1)[picked])
             start, draft = len(draft), draft.then(level)
             if depth == depths:
                 break
-            if fixed is not None:
-                grown = start + fixed[1]  # [F']
-            else:
-                grown = self.expansion.grow(torch.arange(start, len(draft), device=self.device), draft)  # [F']
+            grown = fixed[1] if fixed is not None else self.expansion.grow(level)  # [F']: positions in the level
             if not len(grown):
                 break
-            above = rows[grown - start]  # each grown node's parent's row in the frontier
-            seen = torch.cat([seen[above], torch.eye(len(grown), dtype=torch.bool, device=self.device)], dim=1)
-            hidden = self._feed(hidden[above], draft.tokens[grown], seen, position, depth)
-            frontier, reached = grown, draft.scores[grown]
+            above = rows[grown]  # each grown node's parent's row in the frontier
+            seen = torch.cat([seen[above], self.eye[: len(grown), : len(grown)]], dim=1)
+            hidden = self._feed(hidden[above], level.tokens[grown], seen, position, depth)
+            frontier, reached = start + grown, level.scores[grown]
         if laws:
             draft.laws = torch.cat(laws)
         return draft, seen.shape[1]
