@@ -49,10 +49,11 @@ class EagleHead(nn.Module):
         positions: torch.Tensor,  # [B, n]
         mask: torch.Tensor | None = None,  # additive [B, 1, n, past + n]; None = causal without a cache
         cache: Cache | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,  # cos, sin at `positions`, when the caller has them
     ) -> torch.Tensor:
         """Predicted features [B, n, H] of the next positions (logits = the target's lm_head of them)."""
         x = self.fc(torch.cat([self.embed_tokens(tokens), features.to(self.fc.weight.dtype)], dim=-1))
-        rope = self.rotary(x, positions)
+        rope = self.rotary(x, positions) if rope is None else rope
         for layer in self.layers:
             x = layer(x, mask, positions, cache, use_cache=cache is not None, position_embeddings=rope)
         return x

@@ -94,12 +94,14 @@ class Eagle3Head(nn.Module):
         positions: torch.Tensor,  # [B, n]
         mask: torch.Tensor | None = None,  # additive [B, 1, n, past + n]; None = causal without a cache
         cache: Cache | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,  # cos, sin at `positions`, when the caller has them
     ) -> torch.Tensor:
         """Hidden states [B, n, H] before the final norm: fed back as the next step's hidden, read by `logits`."""
         hidden = features.to(self.fc.weight.dtype)
         if hidden.shape[-1] != self.config.hidden_size:  # fc fuses target features only, as in EAGLE-3
             hidden = self.fc(hidden)
-        return self.midlayer(self.embed_tokens(tokens), hidden, self.rotary(hidden, positions), mask, cache)
+        rope = self.rotary(hidden, positions) if rope is None else rope
+        return self.midlayer(self.embed_tokens(tokens), hidden, rope, mask, cache)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits [..., V_draft] over the draft vocabulary."""

@@ -127,6 +127,7 @@ class MtpHead(nn.Module):
         positions: torch.Tensor,  # [B, n]
         mask: torch.Tensor | None = None,  # additive [B, 1, n, past + n]; None = causal without a cache
         cache: Cache | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,  # cos, sin at `positions`, when the caller has them
     ) -> torch.Tensor:
         """The module's outputs [B, n, H], fed back as the next step's features and read by `logits`."""
         embedded = self.embed_tokens(tokens)
@@ -139,7 +140,7 @@ class MtpHead(nn.Module):
             position_ids=positions,
             use_cache=cache is not None,
             **{self.cache_keyword: cache},
-            position_embeddings=self.rotary(x, positions),
+            position_embeddings=self.rotary(x, positions) if rope is None else rope,
         )
         return self.norm(x) if self.layout.normed_output else x
 

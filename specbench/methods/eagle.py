@@ -198,6 +198,18 @@ class DynamicTree:
         return best(draft.scores, self.drafts)
 
 
+class Ahead(NamedTuple):
+    """Where a draft's fed levels sit and their rotary embedding, computed once a draft, not once a level."""
+
+    positions: torch.Tensor  # [levels]: level d + 1 is fed at the root's position + d
+    rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin [1, levels, head dim]
+
+    @staticmethod
+    def of(head: torch.nn.Module, hidden: torch.Tensor, position: int | torch.Tensor, levels: int) -> Ahead:
+        positions = torch.arange(levels, device=hidden.device) + position
+        return Ahead(positions, head.rotary(hidden, positions[None]))
+
+
 class Children(NamedTuple):
     """The candidate children of each growing node, in rank order."""
 
@@ -295,6 +307,7 @@ class Eagle(Proposer):
         hidden = root[None]  # [F, H]: the head's outputs at their positions
         seen = torch.zeros(1, 0, dtype=torch.bool, device=self.device)  # [F, fed]: their fed ancestors-or-self
         laws = []  # per level [n, V] when sampled
+        ahead = Ahead.of(self.head, hidden, position, depths - 1)
         for depth in range(1, depths + 1):
             children = self._children(self.lm_head(hidden))  # [F, k] each
             k = children.tokens.shape[1]
@@ -325,7 +338,7 @@ class Eagle(Proposer):
                 break
             above = rows[grown]  # each grown node's parent's row in the frontier
             seen = torch.cat([seen[above], self.eye[: len(grown), : len(grown)]], dim=1)
-            hidden = self._feed(hidden[above], level.tokens[grown], seen, position, depth)
+            hidden = self._feed(hidden[above], level.tokens[grown], seen, position, depth, ahead)
             frontier, reached = start + grown, level.scores[grown]
         if laws:
             draft.laws = torch.cat(laws)
@@ -351,18 +364,19 @@ class Eagle(Proposer):
         return Children(to_target[drawn], torch.log(q.gather(1, drawn)), valid, laws)
 
     def _feed(self, features: torch.Tensor, tokens: torch.Tensor, seen: torch.Tensor, root: int | torch.Tensor,
-              depth: int) -> torch.Tensor:  # fmt: skip
+              depth: int, ahead: Ahead) -> torch.Tensor:  # fmt: skip
         """One draft forward over a level's growing nodes [n] from their parents' outputs features [n, H], at the
         position of the root (`root`, the committed pairs) + depth - 1; each row sees the committed prefix and what
         `seen` [n, fed + n] marks among the fed nodes and the level's own rows (its ancestors and itself). Returns
         the head's outputs [n, H]."""
         n = len(tokens)
+        positions = ahead.positions[depth - 1].expand(1, n)
+        rope = tuple(t[:, depth - 1 : depth].expand(1, n, -1) for t in ahead.rope)
         if isinstance(self.cache, StaticRows):  # tree rows after the committed ones; every key row is masked
-            allowed, positions = self.static.tree_rows(seen, n), (root + (depth - 1)).expand(1, n)
+            allowed = self.static.tree_rows(seen, n)
         else:
             allowed = torch.cat([seen.new_ones(n, root), seen], dim=1)  # [n, committed + fed + n]
-            positions = torch.full((1, n), root + depth - 1, device=self.device)
-        return self.head(features[None], tokens[None], positions, self._mask(allowed), self.cache)[0]
+        return self.head(features[None], tokens[None], positions, self._mask(allowed), self.cache, rope)[0]
 
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
         """Bool [rows, keys] on the head's device -> additive [1, 1, rows, keys]: 0 where allowed, the dtype's min
