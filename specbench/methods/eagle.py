@@ -79,12 +79,13 @@ class Draft:
         n = int((self.depths <= depth).sum())
         return self._map(lambda t: t[:n])
 
-    def then(self, level: Draft) -> Draft:
-        """This draft followed by the next level's nodes (whose parents index this draft)."""
-        if not len(self):
-            return level
-        return Draft(*(None if (t := getattr(self, f.name)) is None else torch.cat([t, getattr(level, f.name)])
-                       for f in fields(self)))  # fmt: skip
+    @staticmethod
+    def joined(levels: list[Draft]) -> Draft:
+        """The levels one after the other (each level's parents index the ones before it), joined once."""
+        if len(levels) == 1:
+            return levels[0]
+        return Draft(*(None if getattr(levels[0], f.name) is None else torch.cat([getattr(x, f.name) for x in levels])
+                       for f in fields(levels[0])))  # fmt: skip (fields of an instance: torch.compile traces it)
 
     def tree(self, keep: torch.Tensor) -> Tree:
         """The tree of the nodes `keep` (ascending, closed under parents), re-indexed, read in one host transfer."""
@@ -155,11 +156,11 @@ class StaticTree:
             self.on = self.child.to(device), self.inner.to(device)
         return self.on
 
-    def admits(self, frontier: torch.Tensor, draft: Draft, k: int) -> torch.Tensor | None:
-        """The template slots [F, k] of the top-k children of the growing nodes [F] (-1: the root), -1 where
-        the tree has no such child."""
-        child, _ = self._on(frontier.device)
-        slots = torch.full_like(frontier, -1) if draft.slots is None else draft.slots[frontier]  # depth 1: root
+    def admits(self, frontier: torch.Tensor | None, k: int, device: torch.device) -> torch.Tensor | None:
+        """The template slots [F, k] of the top-k children of the growing nodes, whose slots are `frontier` [F]
+        (None: the root alone), -1 where the tree has no such child."""
+        child, _ = self._on(device)
+        slots = torch.full((1,), -1, device=device) if frontier is None else frontier
         return child[slots + 1, :k]
 
     def grow(self, level: Draft) -> torch.Tensor:
@@ -183,7 +184,7 @@ class DynamicTree:
     def fixed(self, depth: int, k: int, device: torch.device) -> None:
         return None  # every candidate is a node, and the best grow
 
-    def admits(self, frontier: torch.Tensor, draft: Draft, k: int) -> torch.Tensor | None:
+    def admits(self, frontier: torch.Tensor | None, k: int, device: torch.device) -> torch.Tensor | None:
         return None  # every candidate is a node
 
     def grow(self, level: Draft) -> torch.Tensor:
@@ -301,8 +302,9 @@ class Eagle(Proposer):
     def _grow(self, root: torch.Tensor, depths: int, position: int | torch.Tensor) -> tuple[Draft, int]:
         """The draft of `depths` levels from the head's output at the root [H], whose position (the committed
         pairs in the cache) is `position`; and how many tree rows went into the cache."""
-        draft = Draft.empty(self.device)
+        levels, start = [], 0  # the draft's levels, and the nodes before the newest
         frontier = torch.full((1,), -1, device=self.device)  # the growing nodes [F]; -1 is the root
+        frontier_slots = None  # StaticTree: the growing nodes' template slots [F] (None: the root)
         reached = torch.zeros(1, dtype=torch.float64, device=self.device)  # [F]: their scores
         hidden = root[None]  # [F, H]: the head's outputs at their positions
         seen = torch.zeros(1, 0, dtype=torch.bool, device=self.device)  # [F, fed]: their fed ancestors-or-self
@@ -311,7 +313,7 @@ class Eagle(Proposer):
         for depth in range(1, depths + 1):
             children = self._children(self.lm_head(hidden))  # [F, k] each
             k = children.tokens.shape[1]
-            slots = self.expansion.admits(frontier, draft, k)  # [F, k] or None
+            slots = self.expansion.admits(frontier_slots, k, self.device)  # [F, k] or None
             admitted = children.valid  # [F, k] or None (all): which candidates become nodes
             fixed = None if children.valid is not None else self.expansion.fixed(depth, k, self.device)
             if slots is not None:
@@ -330,7 +332,7 @@ class Eagle(Proposer):
             )
             if children.laws is not None:
                 laws.append(children.laws.flatten(0, 1)[picked])
-            start, draft = len(draft), draft.then(level)
+            levels.append(level)
             if depth == depths:
                 break
             grown = fixed[1] if fixed is not None else self.expansion.grow(level)  # [F']: positions in the level
@@ -340,6 +342,9 @@ class Eagle(Proposer):
             seen = torch.cat([seen[above], self.eye[: len(grown), : len(grown)]], dim=1)
             hidden = self._feed(hidden[above], level.tokens[grown], seen, position, depth, ahead)
             frontier, reached = start + grown, level.scores[grown]
+            frontier_slots = None if level.slots is None else level.slots[grown]
+            start += len(level)
+        draft = Draft.joined(levels)
         if laws:
             draft.laws = torch.cat(laws)
         return draft, seen.shape[1]
