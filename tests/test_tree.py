@@ -1,6 +1,7 @@
+import pytest
 import torch
 
-from specbench.core.tree import DeviceTree, Tree, ancestor_matrix, attention_mask, chain, position_ids
+from specbench.core.tree import DeviceTree, Tree, additive, ancestor_matrix, attention_mask, chain, position_ids
 
 # root -> a(0) -> b(1); root -> c(2) -> d(3); a -> e(4)
 TREE = Tree([10, 11, 12, 13, 14], [-1, 0, -1, 2, 0])
@@ -57,6 +58,14 @@ def test_mask_and_positions():
     assert position_ids(TREE, 3).tolist() == [[3, 4, 5, 4, 5, 5]]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_an_additive_mask_is_zero_where_allowed_and_the_dtypes_min_elsewhere(dtype):
+    allowed = torch.tensor([[True, False, True], [False, False, True]])
+    mask = additive(allowed, dtype)
+    assert mask.dtype == dtype
+    assert mask.tolist() == [[0, torch.finfo(dtype).min, 0], [torch.finfo(dtype).min] * 2 + [0]]
+
+
 def test_subtree_reindexes():
     sub = TREE.subtree([0, 2, 4])
     assert sub.tokens == [10, 12, 14]
@@ -64,8 +73,6 @@ def test_subtree_reindexes():
 
 
 def test_parents_must_precede_children():
-    import pytest
-
     with pytest.raises(ValueError):
         Tree([1, 2], [1, -1])
 

@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from ..errors import SpecbenchError
 from .cached_lm import CachedLM, Forward, SideBranch, as_ids, call
 from .transfer import upload
-from .tree import Tree, new_rows_allowed, position_ids
+from .tree import Tree, additive, new_rows_allowed, position_ids
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows of a verification (root, tree, side branch), padded up to one
 SPAN = 256  # the keys a forward attends over come in multiples of this (only the live rows, not the whole cache)
@@ -146,8 +146,8 @@ class Inputs:
         real = rows < self.count  # [b]
         seen = (rel < 0) | ((rel < self.count) & self.local[:, rel.clamp(0, b - 1)])  # [b, span]
         seen = torch.where(real[:, None], seen, cols == 0)
-        mask = torch.where(seen, 0.0, torch.finfo(dtype).min).to(dtype)
-        return mask[None, None], (self.past + torch.where(real, self.offsets, 0))[None], self.past + rows
+        positions = self.past + torch.where(real, self.offsets, 0)
+        return additive(seen, dtype)[None, None], positions[None], self.past + rows
 
 
 class StaticCachedLM(CachedLM):

@@ -249,11 +249,15 @@ def new_rows_allowed(tree: Tree, side: torch.Tensor | None = None) -> torch.Tens
     return allowed
 
 
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool [..., keys] -> additive, on its device: 0 where allowed, the dtype's min elsewhere (two kernels, no host
+    values: a captured graph builds it)."""
+    return torch.full_like(allowed, torch.finfo(dtype).min, dtype=dtype).masked_fill_(allowed, 0.0)
+
+
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Bool [rows, keys] -> additive [1, 1, rows, keys]: 0 where allowed, the dtype's min elsewhere."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return upload(mask, torch.device(device))[None, None]
+    """Bool [rows, keys] -> additive [1, 1, rows, keys] on `device`."""
+    return upload(additive(allowed, dtype), torch.device(device))[None, None]
 
 
 def position_ids(tree: Tree, past_len: int, device: torch.device | str = "cpu", side: list[int] | None = None):
@@ -290,5 +294,5 @@ def from_choices(choices: list[list[int]], max_rank: int | None = None) -> Tree:
     return Tree([p[-1] for p in paths], parents)
 
 
-__all__ = ["EMPTY", "DeviceTree", "Tree", "additive_mask", "ancestor_matrix", "attention_mask", "chain", "from_choices",
-           "position_ids", "trie"]
+__all__ = ["EMPTY", "DeviceTree", "Tree", "additive", "additive_mask", "ancestor_matrix", "attention_mask", "chain",
+           "from_choices", "position_ids", "trie"]

@@ -42,7 +42,7 @@ from ..core.proposer import NO_PROPOSAL, Feedback, Nested, Proposal, Proposer, T
 from ..core.sampling import draw_distinct_padded, probabilities
 from ..core.static_lm import MAX_CACHE, SPAN, Replays, StaticRows, uncompiled
 from ..core.transfer import upload
-from ..core.tree import DeviceTree, Tree, additive_mask, ancestors_from
+from ..core.tree import DeviceTree, Tree, additive, additive_mask, ancestors_from
 from ..heads import frequencies
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head, feature_layers
@@ -242,8 +242,6 @@ class Eagle(Proposer):
         self.target_vocab = target_vocab
         self.sampled = sampled
         self.device = head.fc.weight.device
-        dtype = head.fc.weight.dtype
-        self.mask_values = torch.tensor([0.0, torch.finfo(dtype).min], dtype=dtype, device=self.device)  # seen, not
         self.eye = torch.eye(expansion.fed, dtype=torch.bool, device=self.device)  # a level grows at most `fed` nodes
         self.drafted = Draft.empty(self.device)  # the last proposal's candidates, kept or not
         self.static = StaticDrafting(self, compile) if graphs else None
@@ -381,12 +379,8 @@ class Eagle(Proposer):
             allowed = self.static.tree_rows(seen, n)
         else:
             allowed = torch.cat([seen.new_ones(n, root), seen], dim=1)  # [n, committed + fed + n]
-        return self.head(features[None], tokens[None], positions, self._mask(allowed), self.cache, rope)[0]
-
-    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        """Bool [rows, keys] on the head's device -> additive [1, 1, rows, keys]: 0 where allowed, the dtype's min
-        elsewhere (one kernel)."""
-        return torch.where(allowed, self.mask_values[0], self.mask_values[1])[None, None]
+        mask = additive(allowed, self.head.fc.weight.dtype)[None, None]
+        return self.head(features[None], tokens[None], positions, mask, self.cache, rope)[0]
 
 
 @dataclass
@@ -477,8 +471,9 @@ class StaticDrafting:
         """The head over pairs at rows committed, committed + 1, ... (causal over the cache): outputs [P, H]."""
         rows = committed + torch.arange(len(ids), device=ids.device)  # [P]
         allowed = torch.arange(self.cache.span, device=ids.device)[None] <= rows[:, None]  # [P, span]
+        mask = additive(allowed, self.eagle.head.fc.weight.dtype)[None, None]
         self.cache.write_rows(rows)
-        return self.eagle.head(features[None], ids[None], rows[None], self.eagle._mask(allowed), self.cache)[0]
+        return self.eagle.head(features[None], ids[None], rows[None], mask, self.cache)[0]
 
     def tree_rows(self, seen: torch.Tensor, n: int) -> torch.Tensor:
         """Where a level's n rows go (after the committed pairs, the tree rows fed so far) and which keys they see
