@@ -6,7 +6,9 @@
 # forwards and EAGLE drafting fused by torch.compile first; $GPU_CHECK_COMPILED_METHODS), each regime with the A/A
 # noise floor and T(n) of the target's forward, a report each, and the summary tables a closing note quotes
 # (summary.md). $GPU_CHECK_REGIMES picks among eager, graphs and compiled (default all three). A regime whose run
-# fails is named in summary.md and the next one runs; the script then exits non-zero.
+# fails is named in summary.md and the next one runs; the script then exits non-zero. $GPU_CHECK_LIMIT (seconds)
+# bounds each regime's run, so that one slow to compile cannot take a whole device call: past it the regime counts
+# as failed ("over its limit").
 #   bash scripts/gpu_check.sh [vicuna-7b|llama3.1-8b]
 # Writes under $GPU_CHECK_OUT (default results/gpu-check-<alias>); checkpoints under $GPU_CHECK_CHECKPOINTS;
 # $GPU_CHECK_METHODS narrows `--methods all` (which now includes dflash and pard, 474 s on an H200 without them).
@@ -41,9 +43,13 @@ for regime in ${GPU_CHECK_REGIMES:-eager graphs compiled}; do  # the eager loop 
     *) echo "gpu_check: unknown regime '$regime' in GPU_CHECK_REGIMES: use eager, graphs or compiled" >&2; exit 2 ;;
   esac
   # shellcheck disable=SC2086  # $options and $flags are lists of options
-  if ! "$py" -m specbench.cli run $options $flags --methods "$methods" --device cuda --dtype float16 --tasks quick \
-    --limit 1 --max-new-tokens 48 --out "$out/$regime" --no-report; then
-    echo "gpu_check: the $regime regime failed (its error above); the next regime runs all the same" | tee -a "$out/summary.md"
+  rc=0
+  timeout "${GPU_CHECK_LIMIT:-0}" "$py" -m specbench.cli run $options $flags --methods "$methods" --device cuda \
+    --dtype float16 --tasks quick --limit 1 --max-new-tokens 48 --out "$out/$regime" --no-report || rc=$?
+  if ((rc)); then
+    why="failed (its error above)"
+    ((rc == 124)) && why="ran over its limit of ${GPU_CHECK_LIMIT} s (GPU_CHECK_LIMIT)"
+    echo "gpu_check: the $regime regime $why; the next regime runs all the same" | tee -a "$out/summary.md"
     failed="$failed $regime"
     continue
   fi
