@@ -13,7 +13,8 @@
 # Writes under $GPU_CHECK_OUT (default results/gpu-check-<alias>); checkpoints under $GPU_CHECK_CHECKPOINTS;
 # $GPU_CHECK_METHODS narrows `--methods all` (which now includes dflash and pard, 474 s on an H200 without them).
 # First, where pytest is installed, the captured drafters and commits are checked against their eager selves on this
-# GPU (the CUDA variants of the static-cache tests, ~30 s; GPU_CHECK_TESTS=0 skips them).
+# GPU (the CUDA variants of the static-cache tests, ~30 s; GPU_CHECK_TESTS=0 skips them), and where `datasets` is
+# installed, engine mode's tests (tests/test_engine_vllm.py: a stand-in vLLM unless vLLM is installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1  # runs from a checkout, installed or not
@@ -28,6 +29,9 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]] && "$py" -c "import pytest" 2> /dev/null; 
   "$py" -m pytest -q -p no:cacheprovider tests/test_eagle_draft.py tests/test_dflash.py tests/test_tree_methods.py \
     tests/test_graphs.py tests/test_graphs_compile.py -k "cuda and (static or graphs)" | tail -3 || echo "gpu_check: a captured drafter differs from its eager self" \
     "on this GPU (the tests above): read the --graphs numbers below with care"
+  if "$py" -c "import datasets" 2> /dev/null; then  # engine mode's runs beside a GPU (their files read via datasets)
+    "$py" -m pytest -q -p no:cacheprovider tests/test_engine_vllm.py | tail -3 || echo "gpu_check: engine mode's tests fail on this machine"
+  fi
 fi
 written=$SECONDS
 options=$("$py" scripts/random_checkpoints.py --like "$like" --out "$checkpoints" --device cuda --dtype float16)
