@@ -10,11 +10,12 @@
         one EAGLE-2/3 draft step at the model's real shapes (random head, a 256-token prompt, two pairs committed a
         step), timed on the eager cache, on --graphs' static cache uncaptured, and captured; with --profile, each
         regime's kernels by device time (torch.profiler) written to FILE
-    python scripts/gpu_check.py forward [--like vicuna-7b] [--variants loop,fused-norm,compiled-norm-mlp,compiled]
-        T(n) of the target's --graphs forward (random weights built in memory), as the loop runs it and with each
-        variant: torch's fused RMSNorm kernel in place of transformers' elementwise chain, the norms and MLPs
-        compiled by torch.compile inside the captured buckets, or the whole decoder stack compiled as
-        `run --graphs --compile` does (compiled: attention and the cache's writes too, the key span a symbol;
+    python scripts/gpu_check.py forward [--like vicuna-7b] [--variants loop,hf-norm,compiled-norm-mlp,compiled]
+        T(n) of the target's --graphs forward (random weights built in memory), as the loop runs it (RMSNorm as
+        torch's rms_norm kernel and a product: models.norms) and with each variant: transformers' own elementwise
+        chain of eight kernels a norm (hf-norm), the norms and MLPs compiled by torch.compile inside the captured
+        buckets, or the decoder layers compiled as `run --graphs --compile` does (compiled: attention and the cache's
+        writes too, the key span a symbol;
         compiled-static: the same with a graph per shape, which shows what dynamic shapes cost; compiled-math:
         attention as two batched products and a fused softmax instead of the memory-efficient kernel)
 """
@@ -123,6 +124,19 @@ def summary(args) -> None:
         print(f"\nA/A floor (vanilla timed twice): {metrics.format_ratio(s.value, s.low, s.high)}, {verdict}.")
 
 
+def _fused_norms(module: torch.nn.Module) -> list[tuple[torch.nn.Module, type]]:
+    """`module`'s norms fused as `run --graphs` fuses them (models.norms): each with its fused class."""
+    from specbench.models.norms import fuse_norms, rms_norm
+
+    return [(norm, type(norm)) for norm in fuse_norms(module).modules() if type(norm).forward is rms_norm]
+
+
+def _norms_fused(norms: list[tuple[torch.nn.Module, type]], fused: bool) -> None:
+    """The norms as `run --graphs` runs them (fused), or as transformers' own classes (the eager loop's)."""
+    for norm, kind in norms:
+        norm.__class__ = kind if fused else kind.__mro__[1]
+
+
 def _draft_step(proposer, tokens: list[int], vocab: int) -> list[int]:
     """One propose, then one draft accepted and the target's token committed (two pairs, random features)."""
     from specbench.core.proposer import Feedback
@@ -159,6 +173,7 @@ def drafting(args) -> None:
             options = dict(lm_head=head.logits, expansion=DynamicTree(60, 7, 10), target_ids=head.target_ids,
                            target_vocab=vocab)  # fmt: skip
     head = head.to(dtype).eval()
+    norms = _fused_norms(head)
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if
                                                           device.type == "cuda" else [])  # fmt: skip
@@ -168,6 +183,7 @@ def drafting(args) -> None:
     for regime in args.regimes.split(","):
         if regime not in ("eager", "static", "captured", "compiled"):
             raise SystemExit(f"unknown regime '{regime}': use eager, static, captured or compiled")
+        _norms_fused(norms, regime != "eager")
         proposer = Eagle(head, graphs=regime != "eager", compile=regime == "compiled", **options)
         if regime == "static":
             proposer.static.replays.capture = False
@@ -193,16 +209,10 @@ def drafting(args) -> None:
         args.profile.write_text("\n".join(tables))
 
 
-def _fused_norm(norm, hidden: torch.Tensor) -> torch.Tensor:
-    """LlamaRMSNorm's forward as torch's one rms_norm kernel (float32 inside, rounded once: not bit-identical)."""
-    return torch.nn.functional.rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
-
-
 def forward(args) -> None:
     from random_checkpoints import SHAPES, _config
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import LlamaForCausalLM
-    from transformers.models.llama import modeling_llama
 
     from specbench.core.static_lm import StaticCachedLM
     from specbench.models.aliases import TINY_DIR
@@ -219,13 +229,13 @@ def forward(args) -> None:
     print(f"| {args.like} ({shape['num_hidden_layers']} layers), {dtype}, --graphs forward after 256 cached | "
           + " | ".join(f"T({n}) ms" for n in sizes) + " | seconds in all (compiling included) |")
     print("|---|" + "---|" * (len(sizes) + 1))
-    original = modeling_llama.LlamaRMSNorm.forward
+    norms = _fused_norms(model)
     for variant in args.variants.split(","):
         attention = contextlib.nullcontext()
         layers = model.model.layers
         kept = [(layer.input_layernorm, layer.post_attention_layernorm, layer.mlp) for layer in layers]
-        if variant == "fused-norm":
-            modeling_llama.LlamaRMSNorm.forward = _fused_norm
+        if variant == "hf-norm":
+            _norms_fused(norms, False)
         elif variant == "compiled-norm-mlp":
             for layer in layers:
                 for name in ("input_layernorm", "post_attention_layernorm", "mlp"):
@@ -240,7 +250,7 @@ def forward(args) -> None:
             compile_layers(layers)  # softmax that inductor fuses) instead of the memory-efficient
             attention = sdpa_kernel(SDPBackend.MATH)  # kernel, which one query row leaves mostly idle
         elif variant != "loop":
-            raise SystemExit(f"unknown variant '{variant}': use loop, fused-norm, compiled-norm-mlp, compiled, "
+            raise SystemExit(f"unknown variant '{variant}': use loop, hf-norm, compiled-norm-mlp, compiled, "
                              "compiled-stack, compiled-static or compiled-math")  # fmt: skip
         try:
             start = time.perf_counter()
@@ -249,7 +259,7 @@ def forward(args) -> None:
             took = time.perf_counter() - start
             print(f"| {variant} | " + " | ".join(_ms(profile[n]) for n in sizes) + f" | {took:.0f} |")
         finally:
-            modeling_llama.LlamaRMSNorm.forward = original
+            _norms_fused(norms, True)
             for layer, (first, second, mlp) in zip(layers, kept, strict=True):
                 layer.input_layernorm, layer.post_attention_layernorm, layer.mlp = first, second, mlp
             for module in (model.model, *layers):
@@ -280,7 +290,7 @@ def main() -> int:
     f.add_argument("--device", default="cuda")
     f.add_argument("--layers", type=int, help="fewer layers than the model's (a rehearsal on a CPU)")
     f.add_argument("--variants",
-                   default="loop,fused-norm,compiled-norm-mlp,compiled,compiled-stack,compiled-static,compiled-math")
+                   default="loop,hf-norm,compiled-norm-mlp,compiled,compiled-stack,compiled-static,compiled-math")
     args = parser.parse_args()
     {"roofline": roofline, "summary": summary, "drafting": drafting, "forward": forward}[args.command](args)
     return 0

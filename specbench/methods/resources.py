@@ -15,6 +15,7 @@ from ..errors import SpecbenchError
 from ..heads.checkpoint import trained_for_other_target
 from ..models.few_rows import use_few_row_layout
 from ..models.loading import DTYPES, compile_forward, load_causal_lm
+from ..models.norms import fuse_norms
 from ..registry import HEADS, train_hint
 
 
@@ -41,6 +42,8 @@ class Resources:
             self._draft = load_causal_lm(
                 self.draft_path, self.device, self.dtype, "draft model", self.trust_remote_code
             )
+            if self.graphs:
+                fuse_norms(self._draft)
             if self.compile:
                 compile_forward(self._draft, graphs=self.graphs)
         return self._draft
@@ -94,4 +97,6 @@ class Resources:
                 file=sys.stderr,
             )
         head = use_few_row_layout(HEADS[family].load(path, self.target_model).to(self.device, dtype or self.dtype))
+        if self.graphs:
+            fuse_norms(head)
         return compile_forward(head) if self.compile else head
