@@ -27,8 +27,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 start=$SECONDS
 if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]] && "$py" -c "import pytest" 2> /dev/null; then
   "$py" -m pytest -q -p no:cacheprovider tests/test_eagle_draft.py tests/test_dflash.py tests/test_tree_methods.py \
-    tests/test_graphs.py tests/test_graphs_compile.py tests/test_norms.py -k "cuda and (static or graphs or norm)" | tail -3 || echo "gpu_check: a captured drafter differs from its eager self" \
-    "on this GPU (the tests above): read the --graphs numbers below with care"
+    tests/test_graphs.py tests/test_graphs_compile.py tests/test_norms.py -k "cuda and (static or graphs or norm)" | tail -3 || echo "gpu_check: a CUDA test failed on this GPU (above: a captured" \
+    "drafter or forward differs from its eager self, or a fused norm is not one kernel): read the --graphs numbers below with care"
   if "$py" -c "import datasets" 2> /dev/null; then  # engine mode's runs beside a GPU (their files read via datasets)
     "$py" -m pytest -q -p no:cacheprovider tests/test_engine_vllm.py | tail -3 || echo "gpu_check: engine mode's tests fail on this machine"
   fi
