@@ -2,7 +2,9 @@
 often it reads tensor values back (on a GPU, each read waits for the device's queue to drain), how often it copies
 host values onto the device from pageable memory (a tensor made from host data with a `device`, or indexed by a host
 list: on a GPU each waits for the queue too; `core.transfer.upload` queues them instead) and how many ops it runs
-outside the functions `--graphs` captures (on a GPU, each is a kernel launched from Python). Steps run at T = 0.
+outside the functions `--graphs` captures (on a GPU, each is a kernel launched from Python), and inside them (on a
+GPU, kernels of the replayed graphs: each a few microseconds however small, which fusing saves; aten ops, so a cast
+to the dtype a tensor has counts here and costs nothing). Steps run at T = 0.
 
     python scripts/step_ops.py [--methods vanilla,sps,eagle2] [--max-new-tokens 32] [--top 12]
 
@@ -44,8 +46,9 @@ class StepCounter:
         self.ops: dict[str, list[int]] = {}
         self.uploads: dict[str, list[int]] = {}
         self.names: dict[str, list[Counter]] = {}  # ops outside the captured functions by name, step by step
+        self.inside: dict[str, list[int]] = {}  # ops inside the captured functions
         self.count_ops = ops
-        self.step: tuple[list[int], list[int], list[Counter], list[int]] | None = None
+        self.step: tuple[list[int], list[int], list[Counter], list[int], list[int]] | None = None
         self.captured = 0  # inside a function --graphs captures
 
     @contextmanager
@@ -65,8 +68,9 @@ class StepCounter:
 
             def step_begins(*a, **k):
                 self.step = (self.reads.setdefault(name, []), self.ops.setdefault(name, []),
-                             self.names.setdefault(name, []), self.uploads.setdefault(name, []))  # fmt: skip
-                for counts in (self.step[0], self.step[1], self.step[3]):
+                             self.names.setdefault(name, []), self.uploads.setdefault(name, []),
+                             self.inside.setdefault(name, []))  # fmt: skip
+                for counts in (self.step[0], self.step[1], self.step[3], self.step[4]):
                     counts.append(0)
                 self.step[2].append(Counter())
                 return propose(*a, **k)
@@ -136,10 +140,13 @@ class _Ops(TorchDispatchMode):
         self.counter = counter
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        c = self.counter
-        if c.step is not None and not c.captured and func.overloadpacket.__name__ not in VIEWS:
-            c.step[1][-1] += 1
-            c.step[2][-1][func.overloadpacket.__name__] += 1
+        c, name = self.counter, func.overloadpacket.__name__
+        if c.step is not None and name not in VIEWS:
+            if c.captured:
+                c.step[4][-1] += 1
+            else:
+                c.step[1][-1] += 1
+                c.step[2][-1][name] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -158,12 +165,12 @@ def main() -> int:
     if code:
         return code
     print("| method | steps | host reads a step (median, most) | pageable uploads a step (median, most) "
-          "| ops outside captured graphs a step (median, most) |")
-    print("|---|---|---|---|---|")
+          "| ops outside captured graphs a step (median, most) | ops inside them (median, most) |")
+    print("|---|---|---|---|---|---|")
     for name in counter.reads:
-        reads, uploads, ops = counter.reads[name], counter.uploads[name], counter.ops[name]
-        print(f"| {name} | {len(reads)} | {statistics.median(reads):g}, {max(reads)} | "
-              f"{statistics.median(uploads):g}, {max(uploads)} | {statistics.median(ops):g}, {max(ops)} |")
+        cells = [counter.reads[name], counter.uploads[name], counter.ops[name], counter.inside[name]]
+        medians = " | ".join(f"{statistics.median(c):g}, {max(c)}" for c in cells)
+        print(f"| {name} | {len(cells[0])} | {medians} |")
     for name, steps in counter.names.items() if args.top else ():
         ops = counter.ops[name]
         typical = steps[ops.index(sorted(ops)[len(ops) // 2])]
