@@ -15,9 +15,9 @@
         torch's rms_norm kernel and a product: models.norms) and with each variant: transformers' own elementwise
         chain of eight kernels a norm (hf-norm), the norms and MLPs compiled by torch.compile inside the captured
         buckets, or the decoder layers compiled as `run --graphs --compile` does (compiled: attention and the cache's
-        writes too, the key span a symbol;
-        compiled-static: the same with a graph per shape, which shows what dynamic shapes cost; compiled-math:
-        attention as two batched products and a fused softmax instead of the memory-efficient kernel)
+        writes too, the key span a symbol; compiled-stack: the whole stack as one graph; compiled-static: the stack
+        with a graph per shape, which shows what dynamic shapes cost; compiled-math: attention as two batched
+        products and a fused softmax instead of the memory-efficient kernel)
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def _fused_norms(module: torch.nn.Module) -> list[tuple[torch.nn.Module, type]]:
     return [(norm, type(norm)) for norm in fuse_norms(module).modules() if type(norm).forward is rms_norm]
 
 
-def _norms_fused(norms: list[tuple[torch.nn.Module, type]], fused: bool) -> None:
+def _set_norms(norms: list[tuple[torch.nn.Module, type]], fused: bool) -> None:
     """The norms as `run --graphs` runs them (fused), or as transformers' own classes (the eager loop's)."""
     for norm, kind in norms:
         norm.__class__ = kind if fused else kind.__mro__[1]
@@ -183,7 +183,7 @@ def drafting(args) -> None:
     for regime in args.regimes.split(","):
         if regime not in ("eager", "static", "captured", "compiled"):
             raise SystemExit(f"unknown regime '{regime}': use eager, static, captured or compiled")
-        _norms_fused(norms, regime != "eager")
+        _set_norms(norms, regime != "eager")
         proposer = Eagle(head, graphs=regime != "eager", compile=regime == "compiled", **options)
         if regime == "static":
             proposer.static.replays.capture = False
@@ -235,7 +235,7 @@ def forward(args) -> None:
         layers = model.model.layers
         kept = [(layer.input_layernorm, layer.post_attention_layernorm, layer.mlp) for layer in layers]
         if variant == "hf-norm":
-            _norms_fused(norms, False)
+            _set_norms(norms, False)
         elif variant == "compiled-norm-mlp":
             for layer in layers:
                 for name in ("input_layernorm", "post_attention_layernorm", "mlp"):
@@ -259,7 +259,7 @@ def forward(args) -> None:
             took = time.perf_counter() - start
             print(f"| {variant} | " + " | ".join(_ms(profile[n]) for n in sizes) + f" | {took:.0f} |")
         finally:
-            _norms_fused(norms, True)
+            _set_norms(norms, True)
             for layer, (first, second, mlp) in zip(layers, kept, strict=True):
                 layer.input_layernorm, layer.post_attention_layernorm, layer.mlp = first, second, mlp
             for module in (model.model, *layers):
