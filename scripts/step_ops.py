@@ -22,6 +22,7 @@ from collections import Counter
 from contextlib import ExitStack, contextmanager
 from unittest import mock
 
+import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -122,15 +123,19 @@ class _Reads(TorchFunctionMode):
 
 def _uploads(func, args: tuple, kwargs: dict) -> bool:
     """Whether a call copies host values onto the device from pageable memory: a tensor made from host data with a
-    device, or a tensor indexed by a host list."""
+    device, a tensor indexed by a host list, or a host number put at a tensor's indices."""
     name = getattr(func, "__name__", "")
     if name in ("tensor", "as_tensor"):
         return kwargs.get("device") is not None
     if name == "new_tensor":  # host data onto its tensor's device
         return True
     if name in ("__getitem__", "__setitem__") and len(args) > 1:
-        index = args[1]
-        return isinstance(index, list) or (isinstance(index, tuple) and any(isinstance(i, list) for i in index))
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        if any(isinstance(i, list) for i in index):
+            return True
+        # `x[tensor] = 1`: the value becomes a host tensor that index_put_ copies (a CUDA graph's capture refuses it)
+        return name == "__setitem__" and not isinstance(args[2], torch.Tensor) and any(
+            isinstance(i, torch.Tensor) for i in index)
     return False
 
 

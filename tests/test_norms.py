@@ -32,7 +32,8 @@ class Ops(TorchDispatchMode):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("kind", [LlamaRMSNorm, Qwen3RMSNorm])
 def test_the_two_kernels_give_transformers_norm(kind, dtype, device):
-    """Bit for bit on a CPU; on a GPU within one unit in the last place (the mean may sum in another order)."""
+    """Bit for bit on a CPU; on a GPU within a few units in the last place (the mean sums in another order, which
+    float32 keeps where float16 rounds it away)."""
     gen = torch.Generator().manual_seed(1)
     norm = kind(4096, eps=1e-5).to(device, dtype)
     norm.weight.data = (torch.randn(4096, generator=gen) * 0.5 + 1).to(device, dtype)
@@ -40,7 +41,7 @@ def test_the_two_kernels_give_transformers_norm(kind, dtype, device):
     with torch.inference_mode(), Ops() as ops:
         fused = rms_norm(norm, hidden)
     assert len(ops.names) == 2 and ops.names[1] == "mul", ops.names  # (on a GPU: a fused kernel, not a chain)
-    ulp = 0 if device == "cpu" else torch.finfo(dtype).eps
+    ulp = 0 if device == "cpu" else 4 * torch.finfo(dtype).eps
     torch.testing.assert_close(fused, norm(hidden), rtol=ulp, atol=ulp)
 
 

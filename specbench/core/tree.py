@@ -211,12 +211,12 @@ def ancestors_from(parents: torch.Tensor, depth: int) -> torch.Tensor:
     deeper than `depth`, on their device."""
     n, home = len(parents) + 1, parents.device
     parent = torch.cat([parents.new_full((1,), -1), parents]) + 1  # each row's parent row; the root's is itself
-    rows, node = torch.arange(n, device=home), torch.arange(n, device=home)
+    node = torch.arange(n, device=home)
     allowed = torch.eye(n, dtype=torch.bool, device=home)
     for _ in range(depth):  # climb one level at a time: whole rows at once, not node by node
         node = parent[node]
-        allowed[rows, node] = True
-    return allowed
+        allowed.scatter_(1, node[:, None], True)  # not `allowed[rows, node] = True`: its value is a host tensor,
+    return allowed  # which a CUDA graph's capture refuses to copy
 
 
 def attention_mask(
