@@ -76,7 +76,7 @@ def test_sampling_run_records_seeds(tiny_models, tmp_path):
 
 def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path, monkeypatch):
     """Each question runs every method back to back, the order rotating by one per question; the A/A column
-    (vanilla timed again) is part of the rotation and matches vanilla token for token."""
+    (vanilla timed again) is part of the rotation, matches vanilla token for token and shares its warm-up."""
     from specbench.run import runner, session
 
     calls = []
@@ -87,11 +87,13 @@ def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path,
         return answer(self, method, proposer, question, *args)
 
     monkeypatch.setattr(session.Session, "answer", spy)
-    out = run(config(tiny_models, tmp_path, warmup=False))
+    out = run(config(tiny_models, tmp_path))
     by_question: dict = {}
     for qid, method in calls:
         by_question.setdefault(qid, []).append(method)
-    orders = list(by_question.values())
+    first, *rest = by_question.values()
+    assert sorted(first[:3]) == ["pld", "sps", "vanilla"]  # the first question's warm-ups, one a proposer
+    orders = [first[3:], *rest]
     assert all(sorted(o) == ["pld", "sps", "vanilla", "vanilla"] for o in orders)  # vanilla twice: the A/A column
     assert len({tuple(o) for o in orders}) == 4, "the order rotates per question"
     aa = read_file(answer_path(out, "quick", runner.AA, 0.0))
