@@ -31,20 +31,10 @@ from pathlib import Path
 
 import torch
 
-from specbench.machine import gpu_clocks
+from specbench.machine import gpu_clocks, warm_gpu
 from specbench.report import cells, frames, metrics, regimes
 
-WARM_SECONDS = 5.0  # of matrix products before timing: the SM clock settles under sustained load
 COPY_BYTES = 2 << 30
-
-
-def warm(device: torch.device, seconds: float = WARM_SECONDS) -> None:
-    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(10):
-            a @ a
-        torch.cuda.synchronize(device)
 
 
 def copy_bandwidth(device: torch.device, repeats: int = 20) -> float:
@@ -71,7 +61,7 @@ def weight_bytes(folder: Path) -> int:
 def roofline(args) -> None:
     device = torch.device("cuda")
     before = gpu_clocks(device)
-    warm(device)
+    warm_gpu(device)
     bandwidth = copy_bandwidth(device)
     weights = weight_bytes(args.weights)
     result = {"device": torch.cuda.get_device_name(device), "copy_bytes_per_s": bandwidth, "weight_bytes": weights,

@@ -22,6 +22,7 @@ from .models import few_rows
 from .presets import preset_dir
 
 BUSY_SHARE = 0.25  # other processes using more than this share of the CPUs make a timing untrustworthy
+WARM_SECONDS = 5.0  # of matrix products before a GPU timing: the SM clock settles under sustained load
 
 def _git_revision() -> str | None:
     """The checkout's commit, with "-dirty" when the package's tracked files differ from it (a run from edited code
@@ -104,6 +105,19 @@ def gpu_clocks(device: torch.device) -> dict | None:
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
     return {"sm_mhz": sm, "mem_mhz": mem, "sm_max_mhz": sm_max, "power_w": power, "temperature_c": temperature}
+
+
+def warm_gpu(device: torch.device, seconds: float = WARM_SECONDS) -> None:
+    """Sustained matrix products for `seconds` on a CUDA device (nothing elsewhere): an idle GPU runs at a low clock
+    and raises it under load, so a timing taken first after loading or compiling reads slower than the card is."""
+    if device.type != "cuda":
+        return
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize(device)
 
 
 def busy_cpus(seconds: float = 0.5) -> float | None:

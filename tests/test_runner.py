@@ -1,12 +1,16 @@
 import json
+import time
 
 import pytest
+import torch
 
 from specbench.config import RunConfig
 from specbench.errors import SpecbenchError
-from specbench.machine import files_digest, source_digest
+from specbench.machine import files_digest, source_digest, warm_gpu
 from specbench.results import read_file
 from specbench.run.runner import answer_path, run
+
+from .conftest import CUDA
 
 
 def config(tiny_models, out, **kw) -> RunConfig:
@@ -76,8 +80,9 @@ def test_sampling_run_records_seeds(tiny_models, tmp_path):
 
 def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path, monkeypatch):
     """Each question runs every method back to back, the order rotating by one per question; the A/A column
-    (vanilla timed again) is part of the rotation, matches vanilla token for token and shares its warm-up."""
-    from specbench.run import runner, session
+    (vanilla timed again) is part of the rotation, matches vanilla token for token and shares its warm-up. The GPU's
+    clock is brought up before the forward profile and again before the first timed answer."""
+    from specbench.run import runner, session, worker
 
     calls = []
     answer = session.Session.answer
@@ -87,7 +92,10 @@ def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path,
         return answer(self, method, proposer, question, *args)
 
     monkeypatch.setattr(session.Session, "answer", spy)
+    monkeypatch.setattr(worker, "warm_gpu", lambda device: calls.append(("warm", device.type)))
     out = run(config(tiny_models, tmp_path))
+    assert [i for i, call in enumerate(calls) if call[0] == "warm"] == [0, 4]  # profile, 3 warm-ups, first timed
+    calls = [call for call in calls if call[0] != "warm"]
     by_question: dict = {}
     for qid, method in calls:
         by_question.setdefault(qid, []).append(method)
@@ -180,3 +188,11 @@ def test_the_manifest_names_the_code_that_ran(greedy_run, tmp_path):
     second = files_digest(code, presets)
     (code / "sub" / "a.py").rename(code / "sub" / "b.py")
     assert len({first, second, files_digest(code, presets)}) == 3
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_warming_keeps_a_gpu_busy_and_leaves_a_cpu_alone(device):
+    start = time.perf_counter()
+    warm_gpu(torch.device(device), seconds=0.3)
+    took = time.perf_counter() - start
+    assert took >= 0.3 if device == "cuda" else took < 0.05

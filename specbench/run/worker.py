@@ -15,7 +15,7 @@ import torch
 from .. import methods
 from ..config import Plan, RunConfig, Unit, base_method, question_seed
 from ..core.cached_lm import CachedLM
-from ..machine import OtherLoad, machine, without_gc
+from ..machine import OtherLoad, machine, warm_gpu, without_gc
 from ..results import Answer, TurnSteps, answer, check_greedy
 from .plan import fetch
 from .session import Session
@@ -80,6 +80,7 @@ class Worker:
         self.neighbours = cpus
 
     def profile(self) -> dict[int, float]:
+        warm_gpu(self.session.device)  # (it runs right after loading, on a GPU still at its idle clock)
         return forward_profile(self.session.target)
 
     def check(self, units: list[Unit]) -> None:
@@ -117,13 +118,14 @@ class Worker:
         """The unit's answers, one per method in its order, each the median-time of `repeats` back-to-back rounds;
         at T=0 each carries its greedy check against vanilla."""
         if self.cfg.warmup:  # one discarded question per method before its first timed one
-            for name in unit.methods:
-                if base_method(name) in self.warmed:  # (the A/A column shares vanilla's warm-up)
-                    continue
+            cold = [name for name in unit.methods if name in self.proposers and name not in self.warmed]
+            for name in cold:  # (the A/A column shares vanilla's warm-up)
                 if self.cfg.compile:  # minutes of compiling, silent otherwise
                     print(f"specbench: warming up {name} (torch.compile compiles it now)", file=sys.stderr, flush=True)
                 self._decode(name, unit, 0)
-                self.warmed.add(base_method(name))
+                self.warmed.add(name)
+            if cold:  # after loading or compiling, the GPU's clock settles before a timed question
+                warm_gpu(self.session.device)
         seed = question_seed(self.cfg.seed, unit.question.id, unit.temperature)
         timed: dict[str, list] = {name: [] for name in unit.methods}
         for _ in range(self.cfg.repeats):  # rounds: every method back to back on this question, in the rotated order
