@@ -10,14 +10,16 @@
         one EAGLE-2/3 draft step at the model's real shapes (random head, a 256-token prompt, two pairs committed a
         step), timed on the eager cache, on --graphs' static cache uncaptured, and captured; with --profile, each
         regime's kernels by device time (torch.profiler) written to FILE
-    python scripts/gpu_check.py forward [--like vicuna-7b] [--variants loop,hf-norm,compiled-norm-mlp,compiled]
+    python scripts/gpu_check.py forward [--like vicuna-7b] [--variants loop,hf-norm,compiled] [--profile FILE]
         T(n) of the target's --graphs forward (random weights built in memory), as the loop runs it (RMSNorm as
         torch's rms_norm kernel and a product: models.norms) and with each variant: transformers' own elementwise
         chain of eight kernels a norm (hf-norm), the norms and MLPs compiled by torch.compile inside the captured
         buckets, or the decoder layers compiled as `run --graphs --compile` does (compiled: attention and the cache's
         writes too, the key span a symbol; compiled-stack: the whole stack as one graph; compiled-static: the stack
         with a graph per shape, which shows what dynamic shapes cost; compiled-math: attention as two batched
-        products and a fused softmax instead of the memory-efficient kernel)
+        products and a fused softmax instead of the memory-efficient kernel); with --profile, each variant's
+        kernels in one-token forwards by device time, written to FILE (where a forward that streams 3.2 ms of
+        weights spends the rest: matrix-vector products short of the bandwidth, or small kernels)
 """
 
 from __future__ import annotations
@@ -127,14 +129,17 @@ def _set_norms(norms: list[tuple[torch.nn.Module, type]], fused: bool) -> None:
         norm.__class__ = kind if fused else kind.__mro__[1]
 
 
-def _draft_step(proposer, tokens: list[int], vocab: int) -> list[int]:
-    """One propose, then one draft accepted and the target's token committed (two pairs, random features)."""
+def _draft_steps(proposer, tokens: list[int], vocab: int, count: int = 1) -> list[int]:
+    """`count` steps of a propose, then one draft accepted and the target's token committed (two pairs, random
+    features); returns the tokens after them."""
     from specbench.core.proposer import Feedback
 
-    proposer.propose(tokens, 100)
-    tokens = tokens + torch.randint(vocab, (2,)).tolist()
-    features = torch.randn(2, proposer.head.feature_size, device=proposer.device, dtype=proposer.head.fc.weight.dtype)
-    proposer.update(tokens, None, Feedback(None, features))
+    for _ in range(count):
+        proposer.propose(tokens, 100)
+        tokens = tokens + torch.randint(vocab, (2,)).tolist()
+        features = torch.randn(2, proposer.head.feature_size, device=proposer.device,
+                               dtype=proposer.head.fc.weight.dtype)  # fmt: skip
+        proposer.update(tokens, None, Feedback(None, features))
     return tokens
 
 
@@ -165,8 +170,6 @@ def drafting(args) -> None:
     head = head.to(dtype).eval()
     norms = _fused_norms(head)
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if
-                                                          device.type == "cuda" else [])  # fmt: skip
     tables = []
     print(f"| {args.method} at {args.like}'s shapes, {dtype} | ms per draft step (median of {args.steps}) |")
     print("|---|---|")
@@ -184,17 +187,12 @@ def drafting(args) -> None:
         for _ in range(args.steps + 3):  # the first steps feed the prompt and capture
             sync()
             start = time.perf_counter()
-            tokens = _draft_step(proposer, tokens, vocab)
+            tokens = _draft_steps(proposer, tokens, vocab)
             sync()
             times.append(time.perf_counter() - start)
         print(f"| {regime} | {_ms(sorted(times[3:])[len(times[3:]) // 2])} |")
         if args.profile:
-            with torch.profiler.profile(activities=activities) as prof:
-                for _ in range(5):
-                    tokens = _draft_step(proposer, tokens, vocab)
-                sync()
-            key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-            tables.append(f"## {regime} (5 steps)\n\n{prof.key_averages().table(sort_by=key, row_limit=25)}\n")
+            tables.append(f"## {regime} (5 steps)\n\n{_kernels(device, _draft_steps, proposer, tokens, vocab, 5)}")
     if args.profile:
         args.profile.write_text("\n".join(tables))
 
@@ -219,7 +217,7 @@ def forward(args) -> None:
     print(f"| {args.like} ({shape['num_hidden_layers']} layers), {dtype}, --graphs forward after 256 cached | "
           + " | ".join(f"T({n}) ms" for n in sizes) + " | seconds in all (compiling included) |")
     print("|---|" + "---|" * (len(sizes) + 1))
-    norms = _fused_norms(model)
+    norms, tables = _fused_norms(model), []
     for variant in args.variants.split(","):
         attention = contextlib.nullcontext()
         layers = model.model.layers
@@ -245,8 +243,12 @@ def forward(args) -> None:
         try:
             start = time.perf_counter()
             with attention:
-                profile = forward_profile(StaticCachedLM(model), sizes=sizes)
-            took = time.perf_counter() - start
+                lm = StaticCachedLM(model)
+                profile = forward_profile(lm, sizes=sizes)
+                took = time.perf_counter() - start
+                if args.profile:
+                    tables.append(f"## {variant}, 10 one-token forwards after 256 cached\n\n"
+                                  f"{_kernels(device, _one_token_forwards, lm, 10)}")
             print(f"| {variant} | " + " | ".join(_ms(profile[n]) for n in sizes) + f" | {took:.0f} |")
         finally:
             _set_norms(norms, True)
@@ -255,6 +257,33 @@ def forward(args) -> None:
             for module in (model.model, *layers):
                 module.__dict__.pop("forward", None)
             torch._dynamo.reset()  # the next variant compiles afresh, never reusing this one's graphs
+    if args.profile:
+        args.profile.write_text("\n".join(tables))
+
+
+def _one_token_forwards(lm, count: int, context: int = 256) -> None:
+    """`count` one-token forwards after `context` cached tokens (the prefill before the first is the caller's if
+    the cache already holds `context` rows; each forward's row is dropped again)."""
+    if lm.cached != context:
+        lm.reset()
+        lm.forward(list(range(context)), last_only=True)
+    for _ in range(count):
+        lm.forward([context])
+        lm.crop(context)
+
+
+def _kernels(device: torch.device, run, *args) -> str:
+    """What `run(*args)` launched, by self device time (CPU time off a GPU), with the number of calls:
+    torch.profiler's table."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        run(*args)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return f"{prof.key_averages().table(sort_by=key, row_limit=30)}\n"
 
 
 def main() -> int:
@@ -279,6 +308,7 @@ def main() -> int:
     f.add_argument("--like", default="vicuna-7b")
     f.add_argument("--device", default="cuda")
     f.add_argument("--layers", type=int, help="fewer layers than the model's (a rehearsal on a CPU)")
+    f.add_argument("--profile", type=Path, help="write each variant's kernels by device time here")
     f.add_argument("--variants",
                    default="loop,hf-norm,compiled-norm-mlp,compiled,compiled-stack,compiled-static,compiled-math")
     args = parser.parse_args()
