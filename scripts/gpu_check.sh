@@ -27,11 +27,15 @@ py=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader
 start=$SECONDS
 if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]] && "$py" -c "import pytest" 2> /dev/null; then
-  "$py" -m pytest -q -p no:cacheprovider tests/test_eagle_draft.py tests/test_dflash.py tests/test_tree_methods.py \
-    tests/test_graphs.py tests/test_graphs_compile.py tests/test_norms.py -k "cuda and (static or graphs or norm)" | tail -3 || echo "gpu_check: a CUDA test failed on this GPU (above: a captured" \
-    "drafter or forward differs from its eager self, or a fused norm is not one kernel): read the --graphs numbers below with care"
+  # each failure with its reason (-rf), the counts; the whole output in $out/tests-*.log
+  "$py" -m pytest -q -rf --tb=line -p no:cacheprovider tests/test_eagle_draft.py tests/test_dflash.py \
+    tests/test_tree_methods.py tests/test_graphs.py tests/test_graphs_compile.py tests/test_norms.py \
+    -k "cuda and (static or graphs or norm)" 2>&1 | tee "$out/tests-cuda.log" | grep -E "^(FAILED|ERROR)|[0-9] (passed|failed|skipped)" \
+    || echo "gpu_check: a CUDA test failed on this GPU (above: a captured drafter or forward differs from its eager" \
+      "self, or a fused norm is not one kernel): read the --graphs numbers below with care"
   if "$py" -c "import datasets" 2> /dev/null; then  # engine mode's runs beside a GPU (their files read via datasets)
-    "$py" -m pytest -q -p no:cacheprovider tests/test_engine_vllm.py | tail -3 || echo "gpu_check: engine mode's tests fail on this machine"
+    "$py" -m pytest -q -rf --tb=line -p no:cacheprovider tests/test_engine_vllm.py 2>&1 | tee "$out/tests-engine.log" \
+      | grep -E "^(FAILED|ERROR)|[0-9] (passed|failed|skipped)" || echo "gpu_check: engine mode's tests fail on this machine"
   fi
 fi
 written=$SECONDS
