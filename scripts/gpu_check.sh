@@ -14,8 +14,9 @@
 # Writes under $GPU_CHECK_OUT (default results/gpu-check-<alias>); checkpoints under $GPU_CHECK_CHECKPOINTS;
 # $GPU_CHECK_METHODS narrows `--methods all` (which now includes dflash and pard, 474 s on an H200 without them).
 # First, where pytest is installed, the captured drafters and commits are checked against their eager selves on this
-# GPU (the CUDA variants of the static-cache tests, ~30 s; GPU_CHECK_TESTS=0 skips them), and where `datasets` is
-# installed, engine mode's tests (tests/test_engine_vllm.py: a stand-in vLLM unless vLLM is installed).
+# GPU (the CUDA variants of the static-cache tests, ~45 s; GPU_CHECK_TESTS=0 skips them and the next), and last,
+# where `datasets` is installed, engine mode's tests (tests/test_engine_vllm.py: a stand-in vLLM unless vLLM is
+# installed; 105 s on an H200's machine, after the timings so that they never wait for it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1  # runs from a checkout, installed or not
@@ -30,13 +31,9 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]] && "$py" -c "import pytest" 2> /dev/null; 
   # each failure with its reason (-rf), the counts; the whole output in $out/tests-*.log
   "$py" -m pytest -q -rf --tb=line -p no:cacheprovider tests/test_eagle_draft.py tests/test_dflash.py \
     tests/test_tree_methods.py tests/test_graphs.py tests/test_graphs_compile.py tests/test_norms.py \
-    -k "cuda and (static or graphs or norm)" 2>&1 | tee "$out/tests-cuda.log" | grep -E "^(FAILED|ERROR)|[0-9] (passed|failed|skipped)" \
-    || echo "gpu_check: a CUDA test failed on this GPU (above: a captured drafter or forward differs from its eager" \
+    -k "cuda and (static or graphs or norm)" 2>&1 | tee "$out/tests-cuda.log" \
+    | grep -E "^(FAILED|ERROR)|[0-9] (passed|failed|skipped)" || echo "gpu_check: a CUDA test failed on this GPU (above: a captured drafter or forward differs from its eager" \
       "self, or a fused norm is not one kernel): read the --graphs numbers below with care"
-  if "$py" -c "import datasets" 2> /dev/null; then  # engine mode's runs beside a GPU (their files read via datasets)
-    "$py" -m pytest -q -rf --tb=line -p no:cacheprovider tests/test_engine_vllm.py 2>&1 | tee "$out/tests-engine.log" \
-      | grep -E "^(FAILED|ERROR)|[0-9] (passed|failed|skipped)" || echo "gpu_check: engine mode's tests fail on this machine"
-  fi
 fi
 written=$SECONDS
 options=$("$py" scripts/random_checkpoints.py --like "$like" --out "$checkpoints" --device cuda --dtype float16)
@@ -65,5 +62,9 @@ for regime in ${GPU_CHECK_REGIMES:-eager graphs}; do  # the eager loop (comparab
   "$py" -m specbench.cli report "$out/$regime" --out "$out/report-$regime" > /dev/null
   "$py" scripts/gpu_check.py summary "$out/$regime" --roofline "$out/roofline.json" | tee -a "$out/summary.md"
 done
+if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]] && "$py" -c "import pytest, datasets" 2> /dev/null; then  # engine mode's
+  "$py" -m pytest -q -rf --tb=line -p no:cacheprovider tests/test_engine_vllm.py 2>&1 | tee "$out/tests-engine.log" \
+    | grep -E "^(FAILED|ERROR)|[0-9] (passed|failed|skipped)" || echo "gpu_check: engine mode's tests fail on this machine"
+fi  # (runs beside a GPU; their task files are read via datasets)
 echo "gpu_check: $((SECONDS - start)) s; reports in $out/report-*/report.md${failed:+; failed:$failed}"
 [[ -z "$failed" ]]
