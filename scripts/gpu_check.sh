@@ -32,8 +32,9 @@ if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]] && "$py" -c "import pytest" 2> /dev/null; 
   "$py" -m pytest -q -rf --tb=line -p no:cacheprovider tests/test_eagle_draft.py tests/test_dflash.py \
     tests/test_tree_methods.py tests/test_graphs.py tests/test_graphs_compile.py tests/test_norms.py \
     -k "cuda and (static or graphs or norm)" 2>&1 | tee "$out/tests-cuda.log" \
-    | grep -E "^(FAILED|ERROR)|[0-9] (passed|failed|skipped)" || echo "gpu_check: a CUDA test failed on this GPU (above: a captured drafter or forward differs from its eager" \
-      "self, or a fused norm is not one kernel): read the --graphs numbers below with care"
+    | grep -E "^(FAILED|ERROR)|[0-9] (passed|failed|skipped)" || echo "gpu_check: a CUDA test failed on this GPU" \
+      "(above: a captured drafter or forward differs from its eager self, or a fused norm is not one kernel): read" \
+      "the --graphs numbers below with care"
 fi
 written=$SECONDS
 options=$("$py" scripts/random_checkpoints.py --like "$like" --out "$checkpoints" --device cuda --dtype float16)
@@ -64,7 +65,7 @@ for regime in ${GPU_CHECK_REGIMES:-eager graphs}; do  # the eager loop (comparab
 done
 if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]] && "$py" -c "import pytest, datasets" 2> /dev/null; then  # engine mode's
   "$py" -m pytest -q -rf --tb=line -p no:cacheprovider tests/test_engine_vllm.py 2>&1 | tee "$out/tests-engine.log" \
-    | grep -E "^(FAILED|ERROR)|[0-9] (passed|failed|skipped)" || echo "gpu_check: engine mode's tests fail on this machine"
+    | grep -E "^(FAILED|ERROR)|[0-9] (passed|failed|skipped)" || echo "gpu_check: engine mode's tests fail here"
 fi  # (runs beside a GPU; their task files are read via datasets)
 echo "gpu_check: $((SECONDS - start)) s; reports in $out/report-*/report.md${failed:+; failed:$failed}"
 [[ -z "$failed" ]]
