@@ -114,11 +114,20 @@ class _Reads(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if self.counter.step is not None:
-            if getattr(func, "__name__", "") in READS:
+            if getattr(func, "__name__", "") in READS or _masked(func, args):
                 self.counter.step[0][-1] += 1
             if _uploads(func, args, kwargs or {}):
                 self.counter.step[3][-1] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _masked(func, args: tuple) -> bool:
+    """Whether a call indexes by a boolean mask (`x[mask]`, `x[mask] = v`): its result's size is the mask's count,
+    which the host reads (a wait on a GPU, and refused inside a CUDA graph's capture)."""
+    if getattr(func, "__name__", "") not in ("__getitem__", "__setitem__") or len(args) < 2:
+        return False
+    index = args[1] if isinstance(args[1], tuple) else (args[1],)
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in index)
 
 
 def _uploads(func, args: tuple, kwargs: dict) -> bool:

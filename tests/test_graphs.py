@@ -89,6 +89,22 @@ def step_ops():
     return module
 
 
+def test_the_step_counter_flags_what_a_capture_refuses():
+    """A host number put at tensor indices is a copy from pageable memory; a boolean mask's count is a host read:
+    on a GPU each waits, and a CUDA graph's capture refuses it (the CPU tests' only guard against either)."""
+    ops = step_ops()
+    counter = ops.StepCounter(ops=False)
+    counter.step = ([0], [0], [], [0], [0])
+    x, at = torch.zeros(4), torch.tensor([1, 2])
+    with ops._Reads(counter):
+        x[at] = 1.0  # uploaded
+        _ = x[x > 0]  # read
+        x[at] = torch.ones(2)  # neither: the values are a tensor,
+        x[1:3] = 2.0  # and a slice takes a number in place
+        x.masked_fill_(x > 1, 0.0)
+    assert (counter.step[0], counter.step[3]) == ([1], [1])
+
+
 METHODS = ("vanilla", "sps", "lookahead", "ouroboros", "medusa", "eagle", "eagle2", "eagle3", "mtp", "dflash", "pard")
 
 
