@@ -17,7 +17,7 @@ import torch
 from specbench.cli.main import main
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
-from specbench.core.static_lm import StaticCachedLM
+from specbench.core.static_lm import Replays, StaticCachedLM
 from specbench.core.transfer import upload
 from specbench.core.tree import DeviceTree, Tree
 from specbench.methods.sps import DraftModel
@@ -87,6 +87,23 @@ def step_ops():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_uncaptured_replays_keep_a_graphs_contract():
+    """On a CPU a key's later calls run the function first met there, over its inputs, and write the first call's
+    output tensors: a caller that hands a replay new inputs, or keeps an output past the next replay, fails here as
+    it would on a GPU."""
+    replays, inputs = Replays(torch.device("cpu")), torch.zeros(2)
+    out = replays.run("k", lambda: inputs + 1)
+    assert replays.run("k", lambda: torch.full((2,), 9.0)) is out and out.tolist() == [1, 1]  # what was captured
+    inputs.fill_(5)
+    replays.run("k", lambda: None)
+    assert out.tolist() == [6, 6]  # the earlier output, written over
+    growing = [1]
+    replays.run("g", lambda: torch.ones(len(growing)))
+    growing.append(2)
+    with pytest.raises(RuntimeError, match="changed shape, \\(1,\\) -> \\(2,\\)"):
+        replays.run("g", lambda: None)
 
 
 def test_the_step_counter_flags_what_a_capture_refuses():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -97,18 +97,27 @@ def capture(fn: Callable[[], T], device: torch.device, pool=None) -> tuple[torch
 
 class Replays:
     """Functions of static inputs captured as CUDA graphs by key, in one memory pool: `run(key, fn)` captures `fn`
-    the first time `key` is met and replays it after, returning the outputs each replay writes; on a CPU (or with
-    `capture` off) it calls `fn`."""
+    the first time `key` is met and replays it after, returning the outputs each replay writes. With `capture` off
+    (on a CPU) it keeps a replay's contract all the same: each later call of a key runs the function first met there
+    (what a graph replays: its inputs are the tensors that one read) and writes its outputs over the first call's
+    tensors, so a caller that keeps an output past the next replay, or hands a replay new input tensors, fails on a
+    CPU as it would on a GPU."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.capture = device.type == "cuda"
         self.pool = None
         self.graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Any]] = {}
+        self.uncaptured: dict[Hashable, tuple[Callable[[], Any], Any]] = {}  # by key: the first function, its outputs
 
     def run(self, key: Hashable, fn: Callable[[], T]) -> T:
         if not self.capture:
-            return fn()
+            if key not in self.uncaptured:
+                self.uncaptured[key] = fn, fn()
+                return self.uncaptured[key][1]
+            first, out = self.uncaptured[key]
+            _write_over(out, first())
+            return out
         if key not in self.graphs:
             graph, out = capture(fn, self.device, self.pool)
             self.pool = graph.pool()
@@ -116,6 +125,24 @@ class Replays:
         graph, out = self.graphs[key]
         graph.replay()
         return out
+
+
+def _write_over(old: Any, new: Any) -> None:
+    """A replay's outputs `new` written into the tensors `old` of the same structure (tensors, tuples, lists,
+    dataclasses, None), which must keep their shapes, as a graph's outputs do."""
+    if isinstance(old, torch.Tensor):
+        if old.shape != new.shape:
+            raise RuntimeError(f"a replayed output changed shape, {tuple(old.shape)} -> {tuple(new.shape)}: a CUDA "
+                               "graph cannot")  # fmt: skip
+        old.copy_(new)
+    elif isinstance(old, (tuple, list)):
+        for a, b in zip(old, new, strict=True):
+            _write_over(a, b)
+    elif is_dataclass(old):
+        for field in fields(old):
+            _write_over(getattr(old, field.name), getattr(new, field.name))
+    elif old is not None or new is not None:
+        raise TypeError(f"a replay's output {type(old).__name__} is not tensors")
 
 
 @dataclass
