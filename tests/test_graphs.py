@@ -90,15 +90,17 @@ def step_ops():
 
 
 def test_uncaptured_replays_keep_a_graphs_contract():
-    """On a CPU a key's later calls run the function first met there, over its inputs, and write the first call's
-    output tensors: a caller that hands a replay new inputs, or keeps an output past the next replay, fails here as
-    it would on a GPU."""
-    replays, inputs = Replays(torch.device("cpu")), torch.zeros(2)
-    out = replays.run("k", lambda: inputs + 1)
+    """On a CPU a key's first call runs three times (a capture's warm-ups and the capture) and its later calls run
+    the function first met there, over its inputs, writing the first call's output tensors: a caller that hands a
+    replay new inputs or keeps an output past the next replay, or a function whose effects add up, fails here as it
+    would on a GPU."""
+    replays, inputs, runs = Replays(torch.device("cpu")), torch.zeros(2), []
+    out = replays.run("k", lambda: runs.append(1) or inputs + 1)
+    assert len(runs) == 3
     assert replays.run("k", lambda: torch.full((2,), 9.0)) is out and out.tolist() == [1, 1]  # what was captured
     inputs.fill_(5)
     replays.run("k", lambda: None)
-    assert out.tolist() == [6, 6]  # the earlier output, written over
+    assert out.tolist() == [6, 6] and len(runs) == 5  # the earlier output, written over
     growing = [1]
     replays.run("g", lambda: torch.ones(len(growing)))
     growing.append(2)

@@ -100,8 +100,9 @@ class Replays:
     the first time `key` is met and replays it after, returning the outputs each replay writes. With `capture` off
     (on a CPU) it keeps a replay's contract all the same: each later call of a key runs the function first met there
     (what a graph replays: its inputs are the tensors that one read) and writes its outputs over the first call's
-    tensors, so a caller that keeps an output past the next replay, or hands a replay new input tensors, fails on a
-    CPU as it would on a GPU."""
+    tensors, and the first call runs it three times (a capture's two warm-ups and the capture), so a caller that
+    keeps an output past the next replay or hands a replay new input tensors, or a function whose effects add up
+    when it runs again, fails on a CPU as it would on a GPU."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -113,6 +114,7 @@ class Replays:
     def run(self, key: Hashable, fn: Callable[[], T]) -> T:
         if not self.capture:
             if key not in self.uncaptured:
+                fn(), fn()
                 self.uncaptured[key] = fn, fn()
                 return self.uncaptured[key][1]
             first, out = self.uncaptured[key]
