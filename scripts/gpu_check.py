@@ -17,7 +17,9 @@
         buckets, or the decoder layers compiled as `run --graphs --compile` does (compiled: attention and the cache's
         writes too, the key span a symbol; compiled-stack: the whole stack as one graph; compiled-static: the stack
         with a graph per shape, which shows what dynamic shapes cost; compiled-math: attention as two batched
-        products and a fused softmax instead of the memory-efficient kernel); with --profile, each variant's
+        products and a fused softmax instead of the memory-efficient kernel; compiled-autotune: inductor timing its
+        own matrix kernels against cuBLAS's, as gpt-fast compiles; cublaslt: the loop on cuBLASLt's kernels, which
+        shows how far the one-row products' library is from the bandwidth); with --profile, each variant's
         kernels in one-token forwards by device time, written to FILE (where a forward that streams 3.2 ms of
         weights spends the rest: matrix-vector products short of the bandwidth, or small kernels)
 """
@@ -219,7 +221,7 @@ def forward(args) -> None:
     print("|---|" + "---|" * (len(sizes) + 1))
     norms, tables = _fused_norms(model), []
     for variant in args.variants.split(","):
-        attention = contextlib.nullcontext()
+        around = contextlib.nullcontext()  # what the variant's timing runs inside
         layers = model.model.layers
         kept = [(layer.input_layernorm, layer.post_attention_layernorm, layer.mlp) for layer in layers]
         if variant == "hf-norm":
@@ -236,13 +238,18 @@ def forward(args) -> None:
             model.model.forward = torch.compile(model.model.forward, dynamic=False)  # dynamic shapes may cost)
         elif variant == "compiled-math":  # compiled, attention traced as SDPA's math (two batched products and a
             compile_layers(layers)  # softmax that inductor fuses) instead of the memory-efficient
-            attention = sdpa_kernel(SDPBackend.MATH)  # kernel, which one query row leaves mostly idle
+            around = sdpa_kernel(SDPBackend.MATH)  # kernel, which one query row leaves mostly idle
+        elif variant == "compiled-autotune":  # compiled as gpt-fast does: inductor times its own matrix kernels
+            compile_layers(layers)  # against cuBLAS's for each product (a one-row product is a matrix-vector one)
+            around = torch._inductor.config.patch(max_autotune_gemm=True, coordinate_descent_tuning=True)
+        elif variant == "cublaslt":  # the loop with cuBLASLt's matrix kernels instead of cuBLAS's
+            around = _blas("cublaslt")
         elif variant != "loop":
-            raise SystemExit(f"unknown variant '{variant}': use loop, hf-norm, compiled-norm-mlp, compiled, "
-                             "compiled-stack, compiled-static or compiled-math")  # fmt: skip
+            raise SystemExit(f"unknown variant '{variant}': use loop, hf-norm, compiled-norm-mlp, compiled, compiled-"
+                             "stack, compiled-static, compiled-math, compiled-autotune or cublaslt")  # fmt: skip
         try:
             start = time.perf_counter()
-            with attention:
+            with around:
                 lm = StaticCachedLM(model)
                 profile = forward_profile(lm, sizes=sizes)
                 took = time.perf_counter() - start
@@ -259,6 +266,17 @@ def forward(args) -> None:
             torch._dynamo.reset()  # the next variant compiles afresh, never reusing this one's graphs
     if args.profile:
         args.profile.write_text("\n".join(tables))
+
+
+@contextlib.contextmanager
+def _blas(library: str):
+    """torch's preferred BLAS library on CUDA set to `library` while the block runs."""
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(library)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
 
 
 def _one_token_forwards(lm, count: int, context: int = 256) -> None:
