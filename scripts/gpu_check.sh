@@ -14,9 +14,9 @@
 # Writes under $GPU_CHECK_OUT (default results/gpu-check-<alias>); checkpoints under $GPU_CHECK_CHECKPOINTS;
 # $GPU_CHECK_METHODS narrows `--methods all` (which now includes dflash and pard, 474 s on an H200 without them).
 # First, where pytest is installed, the captured drafters and commits are checked against their eager selves on this
-# GPU (the CUDA variants of the static-cache tests, ~45 s; GPU_CHECK_TESTS=0 skips them and the next), and last,
-# where `datasets` is installed, engine mode's tests (tests/test_engine_vllm.py: a stand-in vLLM unless vLLM is
-# installed; 105 s on an H200's machine, after the timings so that they never wait for it).
+# GPU (the CUDA variants of the static-cache tests, ~45 s; GPU_CHECK_TESTS=0 skips them). With GPU_CHECK_TESTS=all,
+# engine mode's tests run last, where `datasets` is installed (tests/test_engine_vllm.py: a stand-in vLLM unless vLLM
+# is installed; 105 s on an H200's machine, where they passed on 2026-11-27).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1  # runs from a checkout, installed or not
@@ -63,7 +63,7 @@ for regime in ${GPU_CHECK_REGIMES:-eager graphs}; do  # the eager loop (comparab
   "$py" -m specbench.cli report "$out/$regime" --out "$out/report-$regime" > /dev/null
   "$py" scripts/gpu_check.py summary "$out/$regime" --roofline "$out/roofline.json" | tee -a "$out/summary.md"
 done
-if [[ "${GPU_CHECK_TESTS:-1}" != 0 ]] && "$py" -c "import pytest, datasets" 2> /dev/null; then  # engine mode's
+if [[ "${GPU_CHECK_TESTS:-1}" == all ]] && "$py" -c "import pytest, datasets" 2> /dev/null; then  # engine mode's
   "$py" -m pytest -q -rf --tb=line -p no:cacheprovider tests/test_engine_vllm.py 2>&1 | tee "$out/tests-engine.log" \
     | grep -E "^(FAILED|ERROR)|[0-9] (passed|failed|skipped)" || echo "gpu_check: engine mode's tests fail here"
 fi  # (runs beside a GPU; their task files are read via datasets)
