@@ -72,16 +72,18 @@ class Worker:
         self.neighbours = 0.0  # CPUs other workers on this machine may keep busy: not a foreign load
 
     def info(self) -> dict:
-        """What the manifest records of this worker: its machine, device type and dtype."""
+        """What the manifest records of this worker: its machine, device type and dtype. A GPU's clock is brought
+        up first (it idles low after loading), so the clocks recorded, and the forward profile that follows, are
+        those a timing runs at."""
         device, dtype = self.session.device, self.session.dtype
+        warm_gpu(device)
         return {"machine": machine(device), "device": device.type, "dtype": str(dtype).removeprefix("torch.")}
 
     def set_neighbours(self, cpus: float) -> None:
         self.neighbours = cpus
 
     def profile(self) -> dict[int, float]:
-        warm_gpu(self.session.device)  # (it runs right after loading, on a GPU still at its idle clock)
-        return forward_profile(self.session.target)
+        return forward_profile(self.session.target)  # (right after `info`, which brought the GPU's clock up)
 
     def check(self, units: list[Unit]) -> None:
         """Every question's first prompt fits the target's context (a one-line error names the first that does not)."""
