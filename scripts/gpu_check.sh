@@ -16,7 +16,9 @@
 # First, where pytest is installed, the captured drafters and commits are checked against their eager selves on this
 # GPU (the CUDA variants of the static-cache tests, ~45 s; GPU_CHECK_TESTS=0 skips them). With GPU_CHECK_TESTS=all,
 # engine mode's tests run last, where `datasets` is installed (tests/test_engine_vllm.py: a stand-in vLLM unless vLLM
-# is installed; 105 s on an H200's machine, where they passed on 2026-11-27).
+# is installed; 105 s on an H200's machine, where they passed on 2026-11-27). With GPU_CHECK_PROFILES=1, after the
+# timings: `gpu_check.py forward` ($GPU_CHECK_VARIANTS) and `drafting` (eagle2, eagle3; captured and compiled), each
+# with --profile (the kernels by device time in $out/<step>-profile.txt), their tables appended to summary.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1  # runs from a checkout, installed or not
@@ -63,6 +65,17 @@ for regime in ${GPU_CHECK_REGIMES:-eager graphs}; do  # the eager loop (comparab
   "$py" -m specbench.cli report "$out/$regime" --out "$out/report-$regime" > /dev/null
   "$py" scripts/gpu_check.py summary "$out/$regime" --roofline "$out/roofline.json" | tee -a "$out/summary.md"
 done
+if [[ "${GPU_CHECK_PROFILES:-0}" == 1 ]]; then  # where a one-token forward and a draft step spend their time
+  for step in "forward --variants ${GPU_CHECK_VARIANTS:-loop,compiled,cublaslt,compiled-autotune}" \
+    "drafting --method eagle2 --regimes captured,compiled" "drafting --method eagle3 --regimes captured,compiled"; do
+    name=$(echo "$step" | awk '{print $1 ($3 == "eagle2" || $3 == "eagle3" ? "-" $3 : "")}')
+    echo "### $name" | tee -a "$out/summary.md"
+    # shellcheck disable=SC2086  # $step is a subcommand and its options
+    timeout "${GPU_CHECK_LIMIT:-0}" "$py" scripts/gpu_check.py $step --like "$like" --profile "$out/$name-profile.txt" \
+      2> "$out/$name.log" | tee -a "$out/summary.md" || echo "gpu_check: $name failed or ran over its limit" \
+      "(its log: $out/$name.log)" | tee -a "$out/summary.md"
+  done
+fi
 if [[ "${GPU_CHECK_TESTS:-1}" == all ]] && "$py" -c "import pytest, datasets" 2> /dev/null; then  # engine mode's
   "$py" -m pytest -q -rf --tb=line -p no:cacheprovider tests/test_engine_vllm.py 2>&1 | tee "$out/tests-engine.log" \
     | grep -E "^(FAILED|ERROR)|[0-9] (passed|failed|skipped)" || echo "gpu_check: engine mode's tests fail here"
