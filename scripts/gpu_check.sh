@@ -65,16 +65,18 @@ for regime in ${GPU_CHECK_REGIMES:-eager graphs}; do  # the eager loop (comparab
   "$py" -m specbench.cli report "$out/$regime" --out "$out/report-$regime" > /dev/null
   "$py" scripts/gpu_check.py summary "$out/$regime" --roofline "$out/roofline.json" | tee -a "$out/summary.md"
 done
+profile() {  # NAME, then gpu_check.py's subcommand and its options: its table into summary.md, its kernels beside
+  local name=$1
+  shift
+  echo "### $name" | tee -a "$out/summary.md"
+  timeout "${GPU_CHECK_LIMIT:-0}" "$py" scripts/gpu_check.py "$@" --like "$like" --profile "$out/$name-profile.txt" \
+    2> "$out/$name.log" | tee -a "$out/summary.md" || echo "gpu_check: $name failed or ran over its limit" \
+    "(its log: $out/$name.log)" | tee -a "$out/summary.md"
+}
 if [[ "${GPU_CHECK_PROFILES:-0}" == 1 ]]; then  # where a one-token forward and a draft step spend their time
-  for step in "forward --variants ${GPU_CHECK_VARIANTS:-loop,compiled,cublaslt,compiled-autotune}" \
-    "drafting --method eagle2 --regimes captured,compiled" "drafting --method eagle3 --regimes captured,compiled"; do
-    name=$(echo "$step" | awk '{print $1 ($3 == "eagle2" || $3 == "eagle3" ? "-" $3 : "")}')
-    echo "### $name" | tee -a "$out/summary.md"
-    # shellcheck disable=SC2086  # $step is a subcommand and its options
-    timeout "${GPU_CHECK_LIMIT:-0}" "$py" scripts/gpu_check.py $step --like "$like" --profile "$out/$name-profile.txt" \
-      2> "$out/$name.log" | tee -a "$out/summary.md" || echo "gpu_check: $name failed or ran over its limit" \
-      "(its log: $out/$name.log)" | tee -a "$out/summary.md"
-  done
+  profile forward forward --variants "${GPU_CHECK_VARIANTS:-loop,compiled,cublaslt,compiled-autotune}"
+  profile drafting-eagle2 drafting --method eagle2 --regimes captured,compiled
+  profile drafting-eagle3 drafting --method eagle3 --regimes captured,compiled
 fi
 if [[ "${GPU_CHECK_TESTS:-1}" == all ]] && "$py" -c "import pytest, datasets" 2> /dev/null; then  # engine mode's
   "$py" -m pytest -q -rf --tb=line -p no:cacheprovider tests/test_engine_vllm.py 2>&1 | tee "$out/tests-engine.log" \

@@ -121,13 +121,17 @@ class _Reads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def _indices(func, args: tuple) -> tuple:
+    """The indices of `x[...]` or `x[...] = v` as a tuple; () for any other call."""
+    if getattr(func, "__name__", "") not in ("__getitem__", "__setitem__") or len(args) < 2:
+        return ()
+    return args[1] if isinstance(args[1], tuple) else (args[1],)
+
+
 def _masked(func, args: tuple) -> bool:
     """Whether a call indexes by a boolean mask (`x[mask]`, `x[mask] = v`): its result's size is the mask's count,
     which the host reads (a wait on a GPU, and refused inside a CUDA graph's capture)."""
-    if getattr(func, "__name__", "") not in ("__getitem__", "__setitem__") or len(args) < 2:
-        return False
-    index = args[1] if isinstance(args[1], tuple) else (args[1],)
-    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in index)
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in _indices(func, args))
 
 
 def _uploads(func, args: tuple, kwargs: dict) -> bool:
@@ -138,14 +142,12 @@ def _uploads(func, args: tuple, kwargs: dict) -> bool:
         return kwargs.get("device") is not None
     if name == "new_tensor":  # host data onto its tensor's device
         return True
-    if name in ("__getitem__", "__setitem__") and len(args) > 1:
-        index = args[1] if isinstance(args[1], tuple) else (args[1],)
-        if any(isinstance(i, list) for i in index):
-            return True
-        # `x[tensor] = 1`: the value becomes a host tensor that index_put_ copies (a CUDA graph's capture refuses it)
-        return name == "__setitem__" and not isinstance(args[2], torch.Tensor) and any(
-            isinstance(i, torch.Tensor) for i in index)
-    return False
+    index = _indices(func, args)
+    if any(isinstance(i, list) for i in index):
+        return True
+    # `x[tensor] = 1`: the value becomes a host tensor that index_put_ copies (a CUDA graph's capture refuses it)
+    return name == "__setitem__" and not isinstance(args[2], torch.Tensor) and any(
+        isinstance(i, torch.Tensor) for i in index)
 
 
 class _Ops(TorchDispatchMode):
