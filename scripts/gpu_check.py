@@ -10,9 +10,16 @@
         one EAGLE-2/3 draft step at the model's real shapes (random head, a 256-token prompt, two pairs committed a
         step), timed on the eager cache, on --graphs' static cache uncaptured, and captured; with --profile, each
         regime's kernels by device time (torch.profiler) written to FILE
+    python scripts/gpu_check.py products [--like vicuna-7b] [--layers N]
+        the one-row matrix products of a one-token forward alone (every layer's projections and the readout, random
+        weights), captured as one graph and replayed: their time against the copy bandwidth, with q/k/v and gate/up
+        as separate products (transformers' layout) and concatenated (fused, as vLLM and gpt-fast load them), on
+        cuBLAS and on cuBLASLt: how far the products themselves are from the roofline
     python scripts/gpu_check.py forward [--like vicuna-7b] [--variants loop,hf-norm,compiled] [--profile FILE]
         T(n) of the target's --graphs forward (random weights built in memory), as the loop runs it (RMSNorm as
-        torch's rms_norm kernel and a product: models.norms) and with each variant: transformers' own elementwise
+        torch's rms_norm kernel and a product: models.norms; q/k/v and gate/up each one product over concatenated
+        weights: models.projections) and with each variant: q/k/v and gate/up as separate products (separate),
+        transformers' own elementwise
         chain of eight kernels a norm (hf-norm), the norms and MLPs compiled by torch.compile inside the captured
         buckets, or the decoder layers compiled as `run --graphs --compile` does (compiled: attention and the cache's
         writes too, the key span a symbol; compiled-stack: the whole stack as one graph; compiled-static: the stack
@@ -118,17 +125,21 @@ def summary(args) -> None:
         print(f"\nA/A floor (vanilla timed twice): {metrics.format_ratio(s.value, s.low, s.high)}, {verdict}.")
 
 
-def _fused_norms(module: torch.nn.Module) -> list[tuple[torch.nn.Module, type]]:
-    """`module`'s norms fused as `run --graphs` fuses them (models.norms): each with its fused class."""
-    from specbench.models.norms import fuse_norms, rms_norm
+def _fused(module: torch.nn.Module) -> dict[str, list[tuple[torch.nn.Module, type]]]:
+    """`module`'s kernels fused as `run --graphs` fuses them (models.loading.fuse_for_graphs): its norms, and its
+    projections' owners and parts, each with its fused class."""
+    from specbench.models.loading import fuse_for_graphs
+    from specbench.models.norms import rms_norm
 
-    return [(norm, type(norm)) for norm in fuse_norms(module).modules() if type(norm).forward is rms_norm]
+    modules = list(fuse_for_graphs(module).modules())
+    return {"norms": [(m, type(m)) for m in modules if type(m).forward is rms_norm],
+            "projections": [(m, type(m)) for m in modules if "products" in vars(m) or "product" in vars(m)]}
 
 
-def _set_norms(norms: list[tuple[torch.nn.Module, type]], fused: bool) -> None:
-    """The norms as `run --graphs` runs them (fused), or as transformers' own classes (the eager loop's)."""
-    for norm, kind in norms:
-        norm.__class__ = kind if fused else kind.__mro__[1]
+def _set_fused(modules: list[tuple[torch.nn.Module, type]], fused: bool) -> None:
+    """The modules as `run --graphs` runs them (fused), or as transformers' own classes (the eager loop's)."""
+    for module, kind in modules:
+        module.__class__ = kind if fused else kind.__mro__[1]
 
 
 def _draft_steps(proposer, tokens: list[int], vocab: int, count: int = 1) -> list[int]:
@@ -154,6 +165,8 @@ def drafting(args) -> None:
     from specbench.models.aliases import TINY_DIR
 
     device = torch.device(args.device)
+    if device.type == "cuda":  # the attention kernels the run uses (models.loading.load_causal_lm)
+        torch.backends.cuda.enable_cudnn_sdp(False)
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
     config = _config(SHAPES[args.like]["target"], TINY_DIR / "target")
@@ -170,7 +183,7 @@ def drafting(args) -> None:
             options = dict(lm_head=head.logits, expansion=DynamicTree(60, 7, 10), target_ids=head.target_ids,
                            target_vocab=vocab)  # fmt: skip
     head = head.to(dtype).eval()
-    norms = _fused_norms(head)
+    fused = _fused(head)
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     tables = []
     print(f"| {args.method} at {args.like}'s shapes, {dtype} | ms per draft step (median of {args.steps}) |")
@@ -178,7 +191,8 @@ def drafting(args) -> None:
     for regime in args.regimes.split(","):
         if regime not in ("eager", "static", "captured", "compiled"):
             raise SystemExit(f"unknown regime '{regime}': use eager, static, captured or compiled")
-        _set_norms(norms, regime != "eager")
+        for modules in fused.values():
+            _set_fused(modules, regime != "eager")
         proposer = Eagle(head, graphs=regime != "eager", compile=regime == "compiled", **options)
         if regime == "static":
             proposer.static.replays.capture = False
@@ -210,6 +224,8 @@ def forward(args) -> None:
     from specbench.run.worker import forward_profile
 
     device = torch.device(args.device)
+    if device.type == "cuda":  # the attention kernels the run uses (models.loading.load_causal_lm)
+        torch.backends.cuda.enable_cudnn_sdp(False)
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     shape = {**SHAPES[args.like]["target"], **({"num_hidden_layers": args.layers} if args.layers else {})}
     torch.manual_seed(0)
@@ -219,13 +235,15 @@ def forward(args) -> None:
     print(f"| {args.like} ({shape['num_hidden_layers']} layers), {dtype}, --graphs forward after 256 cached | "
           + " | ".join(f"T({n}) ms" for n in sizes) + " | seconds in all (compiling included) |")
     print("|---|" + "---|" * (len(sizes) + 1))
-    norms, tables = _fused_norms(model), []
+    fused, tables = _fused(model), []
     for variant in args.variants.split(","):
         around = contextlib.nullcontext()  # what the variant's timing runs inside
         layers = model.model.layers
         kept = [(layer.input_layernorm, layer.post_attention_layernorm, layer.mlp) for layer in layers]
         if variant == "hf-norm":
-            _set_norms(norms, False)
+            _set_fused(fused["norms"], False)
+        elif variant == "separate":  # q/k/v and gate/up as transformers computes them, one product each
+            _set_fused(fused["projections"], False)
         elif variant == "compiled-norm-mlp":
             for layer in layers:
                 for name in ("input_layernorm", "post_attention_layernorm", "mlp"):
@@ -245,8 +263,8 @@ def forward(args) -> None:
         elif variant == "cublaslt":  # the loop with cuBLASLt's matrix kernels instead of cuBLAS's
             around = _blas("cublaslt")
         elif variant != "loop":
-            raise SystemExit(f"unknown variant '{variant}': use loop, hf-norm, compiled-norm-mlp, compiled, compiled-"
-                             "stack, compiled-static, compiled-math, compiled-autotune or cublaslt")  # fmt: skip
+            raise SystemExit(f"unknown variant '{variant}': use loop, separate, hf-norm, compiled-norm-mlp, compiled, "
+                             "compiled-stack, compiled-static, compiled-math, compiled-autotune or cublaslt")
         try:
             start = time.perf_counter()
             with around:
@@ -258,7 +276,8 @@ def forward(args) -> None:
                                   f"{_kernels(device, _one_token_forwards, lm, 10)}")
             print(f"| {variant} | " + " | ".join(_ms(profile[n]) for n in sizes) + f" | {took:.0f} |")
         finally:
-            _set_norms(norms, True)
+            for modules in fused.values():
+                _set_fused(modules, True)
             for layer, (first, second, mlp) in zip(layers, kept, strict=True):
                 layer.input_layernorm, layer.post_attention_layernorm, layer.mlp = first, second, mlp
             for module in (model.model, *layers):
@@ -266,6 +285,63 @@ def forward(args) -> None:
             torch._dynamo.reset()  # the next variant compiles afresh, never reusing this one's graphs
     if args.profile:
         args.profile.write_text("\n".join(tables))
+
+
+def _layer_products(shape: dict, fused: bool) -> list[tuple[int, int]]:
+    """(outputs, inputs) of one decoder layer's products; `fused`: q/k/v as one, gate/up as one."""
+    hidden, inner = shape["hidden_size"], shape["intermediate_size"]
+    kv = hidden * shape.get("num_key_value_heads", shape["num_attention_heads"]) // shape["num_attention_heads"]
+    attention = [(hidden + 2 * kv, hidden)] if fused else [(hidden, hidden), (kv, hidden), (kv, hidden)]
+    mlp = [(2 * inner, hidden)] if fused else [(inner, hidden), (inner, hidden)]
+    return [*attention, (hidden, hidden), *mlp, (hidden, inner)]
+
+
+def products(args) -> None:
+    from random_checkpoints import SHAPES
+
+    device = torch.device(args.device)
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    shape = SHAPES[args.like]["target"]
+    layers = args.layers or shape["num_hidden_layers"]
+    bandwidth = copy_bandwidth(device) if device.type == "cuda" else None
+    print(f"| {args.like}'s products ({layers} layers and the readout), one row, {dtype} | library | ms | GB | "
+          "TB/s | share of the copy bandwidth |\n|---|---|---|---|---|---|")
+    for fused in (False, True):
+        sizes = [*_layer_products(shape, fused) * layers, (shape["vocab_size"], shape["hidden_size"])]
+        weights = [torch.randn(rows, cols, device=device, dtype=dtype) for rows, cols in sizes]
+        inputs = {cols: torch.randn(1, cols, device=device, dtype=dtype) for _, cols in sizes}
+        gigabytes = sum(w.numel() * w.element_size() for w in weights) / 1e9
+
+        def run(weights=weights, inputs=inputs) -> list[torch.Tensor]:
+            return [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights]
+
+        for library in ("cublas", "cublaslt") if device.type == "cuda" else ("cpu",):
+            with _blas(library) if device.type == "cuda" else contextlib.nullcontext():
+                seconds = _replayed(run, device)
+            rate = gigabytes / seconds / 1e3
+            share = f"{rate * 1e12 / bandwidth:.0%}" if bandwidth else "-"
+            layout = "q/k/v, gate/up fused" if fused else "separate (transformers')"
+            print(f"| {layout} | {library} | {_ms(seconds)} | {gigabytes:.2f} | {rate:.2f} | {share} |")
+        del weights
+
+
+def _replayed(run, device: torch.device, repeats: int = 20) -> float:
+    """Median seconds of `run()`, captured as one CUDA graph and replayed on a GPU (called directly elsewhere)."""
+    if device.type == "cuda":
+        from specbench.core.static_lm import capture
+
+        graph, _ = capture(run, device)
+        run = graph.replay
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    run()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        run()
+        sync()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[repeats // 2]
 
 
 @contextlib.contextmanager
@@ -322,6 +398,10 @@ def main() -> int:
     d.add_argument("--profile", type=Path)
     d.add_argument("--regimes", default="eager,static,captured,compiled",
                    help="eager cache; static cache uncaptured; captured; captured after torch.compile")
+    p = sub.add_parser("products")
+    p.add_argument("--like", default="vicuna-7b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--layers", type=int, help="fewer layers than the model's (a rehearsal on a CPU)")
     f = sub.add_parser("forward")
     f.add_argument("--like", default="vicuna-7b")
     f.add_argument("--device", default="cuda")
@@ -330,7 +410,8 @@ def main() -> int:
     f.add_argument("--variants",
                    default="loop,hf-norm,compiled-norm-mlp,compiled,compiled-stack,compiled-static,compiled-math")
     args = parser.parse_args()
-    {"roofline": roofline, "summary": summary, "drafting": drafting, "forward": forward}[args.command](args)
+    {"roofline": roofline, "summary": summary, "drafting": drafting, "forward": forward,
+     "products": products}[args.command](args)
     return 0
 
 

@@ -8,10 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-from specbench.cli.main import main
-from specbench.methods import resources
 from specbench.models.norms import fuse_norms, rms_norm
-from specbench.run import session
 
 from .conftest import CUDA, random_llama
 
@@ -73,20 +70,3 @@ def test_a_model_keeps_its_state_and_logits_and_a_norm_computing_otherwise_keeps
     assert now.keys() == state.keys() and all(torch.equal(now[k], v) for k, v in state.items())
     fuse_norms(model)  # a second time changes nothing
     assert all(type(m).__mro__[1] is LlamaRMSNorm for m in norms)
-
-
-def test_a_graphs_run_fuses_the_target_the_draft_and_the_heads_norms(tmp_path, monkeypatch):
-    fused = []
-
-    def spy(module):
-        fused.append(type(module).__name__)
-        return fuse_norms(module)
-
-    monkeypatch.setattr(session, "fuse_norms", spy)
-    monkeypatch.setattr(resources, "fuse_norms", spy)
-    args = ["run", "--methods", "sps,eagle3", "--limit", "1", "--tasks", "quick", "--max-new-tokens", "4",
-            "--no-report", "--no-noise-floor", "--no-warmup", "--device", "cpu"]  # fmt: skip
-    assert main([*args, "--out", str(tmp_path / "eager")]) == 0
-    assert fused == []  # the eager loop keeps transformers' norms (comparable with published scripts)
-    assert main([*args, "--graphs", "--out", str(tmp_path / "graphs")]) == 0
-    assert sorted(set(fused)) == ["Eagle3Head", "LlamaForCausalLM"] and len(fused) == 3  # target, draft, head

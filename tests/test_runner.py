@@ -81,8 +81,8 @@ def test_sampling_run_records_seeds(tiny_models, tmp_path):
 def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path, monkeypatch):
     """Each question runs every method back to back, the order rotating by one per question; the A/A column
     (vanilla timed again) is part of the rotation, matches vanilla token for token and shares its warm-up. The GPU's
-    clock is brought up before the manifest reads it (and the forward profile runs) and again before the first
-    timed answer."""
+    clock is brought up before the manifest reads it (and the forward profile runs), after the profile's capturing
+    round, and again before the first timed answer."""
     from specbench.run import runner, session, worker
 
     calls = []
@@ -95,7 +95,7 @@ def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path,
     monkeypatch.setattr(session.Session, "answer", spy)
     monkeypatch.setattr(worker, "warm_gpu", lambda device: calls.append(("warm", device.type)))
     out = run(config(tiny_models, tmp_path))
-    assert [i for i, call in enumerate(calls) if call[0] == "warm"] == [0, 4]  # info, 3 warm-ups, first timed
+    assert [i for i, call in enumerate(calls) if call[0] == "warm"] == [0, 1, 5]  # info, forward profile, 3 warm-ups
     calls = [call for call in calls if call[0] != "warm"]
     by_question: dict = {}
     for qid, method in calls:

@@ -14,8 +14,7 @@ from ..core.static_lm import StaticCachedLM
 from ..errors import SpecbenchError
 from ..heads.checkpoint import trained_for_other_target
 from ..models.few_rows import use_few_row_layout
-from ..models.loading import DTYPES, compile_forward, load_causal_lm
-from ..models.norms import fuse_norms
+from ..models.loading import DTYPES, compile_forward, fuse_for_graphs, load_causal_lm
 from ..registry import HEADS, train_hint
 
 
@@ -43,7 +42,7 @@ class Resources:
                 self.draft_path, self.device, self.dtype, "draft model", self.trust_remote_code
             )
             if self.graphs:
-                fuse_norms(self._draft)
+                fuse_for_graphs(self._draft)
             if self.compile:
                 compile_forward(self._draft, graphs=self.graphs)
         return self._draft
@@ -98,5 +97,5 @@ class Resources:
             )
         head = use_few_row_layout(HEADS[family].load(path, self.target_model).to(self.device, dtype or self.dtype))
         if self.graphs:
-            fuse_norms(head)
+            fuse_for_graphs(head)
         return compile_forward(head) if self.compile else head

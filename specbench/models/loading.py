@@ -11,6 +11,8 @@ import torch
 from ..errors import SpecbenchError
 from .aliases import TINY_DIR
 from .few_rows import use_few_row_layout
+from .norms import fuse_norms
+from .projections import fuse_projections
 
 
 def pick_device(device: str) -> torch.device:
@@ -69,6 +71,12 @@ def load_causal_lm(
         # layer at each decode step (measured on an H100, torch 2.11): keep SDPA on flash/memory-efficient.
         torch.backends.cuda.enable_cudnn_sdp(False)
     return use_few_row_layout(model.to(device).eval())
+
+
+def fuse_for_graphs(module: torch.nn.Module) -> torch.nn.Module:
+    """The kernels `--graphs` runs `module` on (in place; returns it): each RMSNorm in two kernels (models.norms),
+    the projections that read one input as one product (models.projections). The eager loop keeps transformers'."""
+    return fuse_projections(fuse_norms(module))
 
 
 T = TypeVar("T")

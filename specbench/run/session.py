@@ -16,7 +16,6 @@ from ..core.decode import Generation, decode
 from ..core.static_lm import StaticCachedLM
 from ..models import loading
 from ..models.chat import fitting_prompt
-from ..models.norms import fuse_norms
 from . import plan as planning
 from . import tuned
 
@@ -50,7 +49,7 @@ class Session:
         self.tokenizer = loading.load_tokenizer(paths["target"], cfg.trust_remote_code)
         self.model = loading.load_causal_lm(paths["target"], self.device, self.dtype, "target", cfg.trust_remote_code)
         if cfg.graphs:
-            fuse_norms(self.model)
+            loading.fuse_for_graphs(self.model)
         if cfg.compile:
             loading.compile_forward(self.model, graphs=cfg.graphs)
         self.target = (StaticCachedLM if cfg.graphs else CachedLM)(self.model)

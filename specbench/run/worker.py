@@ -36,7 +36,7 @@ def forward_profile(
 ) -> dict[int, float]:
     """Median seconds of one target forward over k new tokens after `context` cached tokens (for roofline and
     tune's cost model). The sizes are timed in interleaved rounds, the first discarded, so a slow spell of a
-    drifting CPU falls on every size alike rather than on some (docs/cpu-notes.md)."""
+    drifting CPU falls on every size alike rather than on some (docs/cpu-notes.md); a GPU is warmed after it."""
     context = min(context, target.context_length - max(sizes) - 1)
     vocab = target.model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
@@ -44,7 +44,9 @@ def forward_profile(
     target.reset()
     target.forward(filler[:context], last_only=True)
     times: dict[int, list[float]] = {k: [] for k in sizes}
-    for _ in range(repeats + 1):
+    for i in range(repeats + 1):
+        if i == 1:  # the first round captures and compiles, the GPU idling meanwhile: bring its clock up again
+            warm_gpu(target.device)
         for k in sizes:
             start = time.perf_counter()
             target.forward(filler[context : context + k])

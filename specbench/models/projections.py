@@ -1,0 +1,134 @@
+"""Projections that read one input as one product (`--graphs`): a decoder layer's q/k/v and its MLP's gate/up are
+separate matrix-vector products in transformers' layout, each a kernel a little short of the memory bandwidth (on an
+H200 at vicuna-7b's shapes, the one-row products of a forward took 4.4 ms apart and 3.8 ms fused: 72% and 84% of
+the copy bandwidth; docs/gpu-notes.md). vLLM and gpt-fast load them concatenated; here the owner (an attention or
+MLP module) computes the concatenated product on its input and each projection returns its columns of it. The
+projections' weights become views of the concatenated one (no memory is added), and a projection called on any
+other tensor computes its own product as before, so outputs are the projections' whatever the owner's code does;
+only owners whose source applies every projection to the forward's first argument are fused (DFlash's attention
+reads its keys from other rows, so it keeps its own). Each output element is the same dot product, summed by the
+library's kernel for the larger matrix: last bits may differ from the separate products', as any two kernels'."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+GROUPS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+class Product:
+    """The concatenated product of one owner's forward: its input (the tensor itself) and output, set while the
+    owner's forward runs, None otherwise."""
+
+    def __init__(self, fused: nn.Linear) -> None:
+        self.fused = fused
+        self.input: torch.Tensor | None = None
+        self.output: torch.Tensor | None = None
+
+
+def fuse_projections(module: nn.Module) -> nn.Module:
+    """Every group of GROUPS in `module` whose owner applies all its projections to the forward's input becomes
+    one product (in place; the state dict gains the concatenated weights, e.g. `self_attn.qkv_proj.weight`).
+    Returns `module`."""
+    for owner in list(module.modules()):
+        for fused_name, names in GROUPS.items():
+            parts = [getattr(owner, name, None) for name in names]
+            if hasattr(owner, fused_name) or not _fusable(owner, names, parts):
+                continue
+            _fuse(owner, fused_name, parts)
+    return module
+
+
+def _fusable(owner: nn.Module, names: tuple[str, ...], parts: list) -> bool:
+    """Linear layers of one class, input size, dtype, device and bias presence, each applied to the owner's first
+    argument in its forward's source."""
+    if not all(isinstance(p, nn.Linear) for p in parts):
+        return False
+    first = parts[0]
+    if any((type(p), p.in_features, p.weight.dtype, p.weight.device, p.bias is None)
+           != (type(first), first.in_features, first.weight.dtype, first.weight.device, first.bias is None)
+           for p in parts):  # fmt: skip
+        return False
+    source, argument = _source_and_input(type(owner))
+    return argument is not None and all(f"self.{name}({argument})" in source for name in names)
+
+
+def _source_and_input(kind: type) -> tuple[str, str | None]:
+    """The source of `kind`'s forward (of the class that defines it, past our own subclasses) and the name of its
+    first argument after self (None where it cannot be read)."""
+    while kind in _subclasses.values():
+        kind = kind.__mro__[1]
+    forward = kind.forward
+    try:
+        source = inspect.getsource(forward)
+        parameters = list(inspect.signature(forward).parameters)
+    except (OSError, TypeError, ValueError):
+        return "", None
+    return source, parameters[1] if len(parameters) > 1 else None
+
+
+@torch.no_grad()
+def _fuse(owner: nn.Module, fused_name: str, parts: list[nn.Linear]) -> None:
+    weight = torch.cat([p.weight for p in parts])
+    bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias is not None, device="meta")
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        fused.bias = nn.Parameter(bias, requires_grad=False)
+    fused.__class__ = type(parts[0])  # (the parts' own: the few-row layout on a CPU)
+    setattr(owner, fused_name, fused)
+    product = Product(fused)
+    start = 0
+    for part in parts:
+        stop = start + part.out_features
+        part.weight = nn.Parameter(weight[start:stop], requires_grad=False)  # views: the separate copies are freed
+        if bias is not None:
+            part.bias = nn.Parameter(bias[start:stop], requires_grad=False)
+        part.product, part.columns = product, slice(start, stop)
+        part.__class__ = _subclass(type(part), _part_forward)
+        start = stop
+    products = owner.__dict__.setdefault("products", [])
+    products.append(product)
+    if len(products) == 1:
+        owner.__class__ = _subclass(type(owner), _owner_forward(type(owner)))
+
+
+_subclasses: dict[tuple[type, Callable], type] = {}
+
+
+def _subclass(kind: type, forward: Callable) -> type:
+    """`kind` with `forward` (one subclass per class and forward, so that modules of a class share it)."""
+    key = (kind, forward.__qualname__)
+    if key not in _subclasses:
+        _subclasses[key] = type(kind.__name__, (kind,), {"forward": forward, "__doc__": kind.__doc__})
+    return _subclasses[key]
+
+
+def _part_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """The projection's columns of its owner's product where `x` is that product's input; its own product else."""
+    product = self.product
+    if product.input is x:
+        return product.output[..., self.columns]
+    return type(self).__mro__[1].forward(self, x)
+
+
+def _owner_forward(kind: type) -> Callable:
+    """`kind`'s forward, with its products computed on its input first and released after."""
+    argument = _source_and_input(kind)[1]
+
+    def forward(self, *args, **kwargs):
+        x = args[0] if args else kwargs[argument]
+        for product in self.products:
+            product.input, product.output = x, product.fused(x)
+        try:
+            return kind.forward(self, *args, **kwargs)
+        finally:
+            for product in self.products:
+                product.input = product.output = None
+
+    forward.__qualname__ = f"fused_{kind.__qualname__}_forward"
+    return forward
