@@ -1,6 +1,9 @@
 """`--graphs` computes the projections that read one input (q/k/v, gate/up) as one product over their concatenated
-weights: the same logits in fewer, larger products; a projection called on another tensor computes its own, and an
-owner that feeds its projections different rows (DFlash's attention) keeps them apart."""
+weights and rotates queries and keys as one tensor: the same logits in fewer kernels; a projection called on
+another tensor computes its own, and an owner that feeds its projections different rows (DFlash's attention) keeps
+them apart."""
+
+from collections import Counter
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -16,22 +19,25 @@ from .conftest import random_llama, random_qwen2
 PRODUCTS = {"mm", "addmm", "bmm", "linear"}
 
 
-class Products(TorchDispatchMode):
-    """How many matrix products run inside it."""
+class Ops(TorchDispatchMode):
+    """How many of each aten op run inside it (on an empty tensor, which launches no kernel, not counted)."""
 
     def __init__(self):
         super().__init__()
-        self.count = 0
+        self.counts = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func.overloadpacket.__name__ in PRODUCTS
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        self.counts[func.overloadpacket.__name__] += not isinstance(out, torch.Tensor) or out.numel() > 0
+        return out
 
 
-def _products(model, ids) -> tuple[torch.Tensor, int]:
-    with torch.inference_mode(), Products() as products:
+def _products(model, ids) -> tuple[torch.Tensor, Counter]:
+    """The logits and the ops of one forward, matrix products counted together as "products"."""
+    with torch.inference_mode(), Ops() as ops:
         logits = model(ids).logits
-    return logits, products.count
+    ops.counts["products"] = sum(ops.counts[name] for name in PRODUCTS)
+    return logits, ops.counts
 
 
 def _stored_bytes(model) -> int:
@@ -48,7 +54,8 @@ def test_fused_projections_give_the_logits_in_four_products_a_layer_and_add_no_m
         after, fused = _products(model, ids)
         torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
         layers = model.model.layers
-        assert separate - fused == 3 * len(layers)  # 7 products a layer -> 4 (q/k/v one, gate/up one)
+        for op, fewer in (("products", 3), ("neg", 1), ("cat", 1)):  # 7 products a layer -> 4; the rotary
+            assert separate[op] - fused[op] == fewer * len(layers), op  # embedding's neg and cat once, not twice
         assert _stored_bytes(model) == stored  # the parts' weights are views of the concatenated ones
         attention = layers[0].self_attn
         fused_weight = attention.qkv_proj.weight
@@ -57,6 +64,7 @@ def test_fused_projections_give_the_logits_in_four_products_a_layer_and_add_no_m
         assert attention.products[0].input is None  # released after each forward
         fuse_projections(model)  # a second time changes nothing
         assert _products(model, ids)[1] == fused
+        torch.testing.assert_close(_products(model, ids)[0], after, rtol=0, atol=0)
 
 
 def test_a_projection_called_on_another_tensor_computes_its_own_product():
