@@ -19,7 +19,7 @@
         T(n) of the target's --graphs forward (random weights built in memory), as the loop runs it (RMSNorm as
         torch's rms_norm kernel and a product: models.norms; q/k/v and gate/up each one product over concatenated
         weights: models.projections) and with each variant: q/k/v and gate/up as separate products (separate),
-        transformers' own elementwise
+        attention on cuDNN's kernel (cudnn: the run keeps it off, models.loading), transformers' own elementwise
         chain of eight kernels a norm (hf-norm), the norms and MLPs compiled by torch.compile inside the captured
         buckets, or the decoder layers compiled as `run --graphs --compile` does (compiled: attention and the cache's
         writes too, the key span a symbol; compiled-stack: the whole stack as one graph; compiled-static: the stack
@@ -260,11 +260,13 @@ def forward(args) -> None:
         elif variant == "compiled-autotune":  # compiled as gpt-fast does: inductor times its own matrix kernels
             compile_layers(layers)  # against cuBLAS's for each product (a one-row product is a matrix-vector one)
             around = torch._inductor.config.patch(max_autotune_gemm=True, coordinate_descent_tuning=True)
+        elif variant == "cudnn":  # attention on cuDNN's kernel, which the run turns off (a plan per key span,
+            around = _cudnn_attention()  # which a captured bucket builds once)
         elif variant == "cublaslt":  # the loop with cuBLASLt's matrix kernels instead of cuBLAS's
             around = _blas("cublaslt")
         elif variant != "loop":
-            raise SystemExit(f"unknown variant '{variant}': use loop, separate, hf-norm, compiled-norm-mlp, compiled, "
-                             "compiled-stack, compiled-static, compiled-math, compiled-autotune or cublaslt")
+            raise SystemExit(f"unknown variant '{variant}': use loop, separate, cudnn, hf-norm, compiled-norm-mlp, "
+                             "compiled, compiled-stack, compiled-static, compiled-math, compiled-autotune or cublaslt")
         try:
             start = time.perf_counter()
             with around:
@@ -342,6 +344,16 @@ def _replayed(run, device: torch.device, repeats: int = 20) -> float:
         sync()
         times.append(time.perf_counter() - start)
     return sorted(times)[repeats // 2]
+
+
+@contextlib.contextmanager
+def _cudnn_attention():
+    """SDPA may pick cuDNN's attention kernel while the block runs."""
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 @contextlib.contextmanager
