@@ -19,7 +19,7 @@
         T(n) of the target's --graphs forward (random weights built in memory), as the loop runs it (RMSNorm as
         torch's rms_norm kernel and a product: models.norms; q/k/v and gate/up each one product over concatenated
         weights: models.projections) and with each variant: q/k/v and gate/up as separate products (separate),
-        attention on cuDNN's kernel (cudnn: the run keeps it off, models.loading), transformers' own elementwise
+        captured attention on the memory-efficient kernel instead of cuDNN's (efficient), transformers' own elementwise
         chain of eight kernels a norm (hf-norm), the norms and MLPs compiled by torch.compile inside the captured
         buckets, or the decoder layers compiled as `run --graphs --compile` does (compiled: attention and the cache's
         writes too, the key span a symbol; compiled-stack: the whole stack as one graph; compiled-static: the stack
@@ -215,7 +215,7 @@ def drafting(args) -> None:
 
 def forward(args) -> None:
     from random_checkpoints import SHAPES, _config
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
     from transformers import LlamaForCausalLM
 
     from specbench.core.static_lm import StaticCachedLM
@@ -256,16 +256,16 @@ def forward(args) -> None:
             model.model.forward = torch.compile(model.model.forward, dynamic=False)  # dynamic shapes may cost)
         elif variant == "compiled-math":  # compiled, attention traced as SDPA's math (two batched products and a
             compile_layers(layers)  # softmax that inductor fuses) instead of the memory-efficient
-            around = sdpa_kernel(SDPBackend.MATH)  # kernel, which one query row leaves mostly idle
+            around = _captured_attention([SDPBackend.MATH])  # kernel, which one query row leaves mostly idle
         elif variant == "compiled-autotune":  # compiled as gpt-fast does: inductor times its own matrix kernels
             compile_layers(layers)  # against cuBLAS's for each product (a one-row product is a matrix-vector one)
             around = torch._inductor.config.patch(max_autotune_gemm=True, coordinate_descent_tuning=True)
-        elif variant == "cudnn":  # attention on cuDNN's kernel, which the run turns off (a plan per key span,
-            around = _cudnn_attention()  # which a captured bucket builds once)
+        elif variant == "efficient":  # captured attention on the memory-efficient kernel rather than cuDNN's
+            around = _captured_attention([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
         elif variant == "cublaslt":  # the loop with cuBLASLt's matrix kernels instead of cuBLAS's
             around = _blas("cublaslt")
         elif variant != "loop":
-            raise SystemExit(f"unknown variant '{variant}': use loop, separate, cudnn, hf-norm, compiled-norm-mlp, "
+            raise SystemExit(f"unknown variant '{variant}': use loop, separate, efficient, hf-norm, compiled-norm-mlp, "
                              "compiled, compiled-stack, compiled-static, compiled-math, compiled-autotune or cublaslt")
         try:
             start = time.perf_counter()
@@ -347,13 +347,15 @@ def _replayed(run, device: torch.device, repeats: int = 20) -> float:
 
 
 @contextlib.contextmanager
-def _cudnn_attention():
-    """SDPA may pick cuDNN's attention kernel while the block runs."""
-    torch.backends.cuda.enable_cudnn_sdp(True)
+def _captured_attention(backends: list):
+    """Captured forwards' attention on `backends` (by priority) while the block runs (core.static_lm)."""
+    from specbench.core import static_lm
+
+    kept, static_lm.CAPTURED_ATTENTION = static_lm.CAPTURED_ATTENTION, backends
     try:
         yield
     finally:
-        torch.backends.cuda.enable_cudnn_sdp(False)
+        static_lm.CAPTURED_ATTENTION = kept
 
 
 @contextlib.contextmanager

@@ -74,7 +74,7 @@ profile() {  # NAME, then gpu_check.py's subcommand and its options: its table i
     "(its log: $out/$name.log)" | tee -a "$out/summary.md"
 }
 if [[ "${GPU_CHECK_PROFILES:-0}" == 1 ]]; then  # where a one-token forward and a draft step spend their time
-  profile forward forward --variants "${GPU_CHECK_VARIANTS:-loop,separate,cudnn,compiled}"
+  profile forward forward --variants "${GPU_CHECK_VARIANTS:-loop,separate,efficient,compiled}"
   profile drafting-eagle2 drafting --method eagle2 --regimes captured,compiled
   profile drafting-eagle3 drafting --method eagle3 --regimes captured,compiled
 fi

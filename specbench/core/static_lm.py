@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, TypeVar
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 
 from ..errors import SpecbenchError
@@ -24,6 +25,12 @@ from .tree import Tree, additive, new_rows_allowed, position_ids
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows of a verification (root, tree, side branch), padded up to one
 SPAN = 256  # the keys a forward attends over come in multiples of this (only the live rows, not the whole cache)
 MAX_CACHE = 4096  # cached tokens at most (the model's own context if shorter): prompt and answer must fit
+# SDPA's kernels in a captured forward, by priority. cuDNN's first: a one-row forward's attention over 256 keys took
+# 9.8 µs a layer there against 24.4 on the memory-efficient kernel (H200, vicuna-7b's shapes; docs/gpu-notes.md).
+# Uncaptured forwards keep it off (models.loading): it builds a plan for every shape it meets, which a captured
+# bucket does once.
+CAPTURED_ATTENTION = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                      SDPBackend.MATH]  # fmt: skip
 T = TypeVar("T")
 
 
@@ -82,16 +89,18 @@ def allocating(cache: StaticRows) -> contextlib.AbstractContextManager:
 
 def capture(fn: Callable[[], T], device: torch.device, pool=None) -> tuple[torch.cuda.CUDAGraph, T]:
     """`fn` (tensor work on static inputs, no host syncs) run twice on a side stream to warm up, then captured as a
-    CUDA graph in `pool`: the graph and the outputs each replay writes."""
+    CUDA graph in `pool`: the graph and the outputs each replay writes. Attention inside prefers cuDNN's kernel
+    (CAPTURED_ATTENTION)."""
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = fn()
+    with sdpa_kernel(CAPTURED_ATTENTION, set_priority=True):
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn()
     return graph, out
 
 

@@ -9,7 +9,7 @@ only owners whose source applies every projection to the forward's first argumen
 reads its keys from other rows, so it keeps its own). Each output element is the same dot product, summed by the
 library's kernel for the larger matrix: last bits may differ from the separate products', as any two kernels'.
 
-Queries and keys then lie side by side in one tensor, and the owner's module rotates them as one (`joint_rotary`):
+Queries and keys then lie side by side in one tensor, and the owner's module rotates them as one (`_rotate_jointly`):
 transformers' rotary position embedding is five elementwise kernels for each of the two (20 µs of a 7B layer's
 captured forward on an H200), the same five over both at once; each element's arithmetic is unchanged."""
 
@@ -104,7 +104,7 @@ def _fuse(owner: nn.Module, fused_name: str, parts: list[nn.Linear]) -> None:
         owner.__class__ = _subclass(type(owner), _owner_forward(type(owner)))
 
 
-_subclasses: dict[tuple[type, Callable], type] = {}
+_subclasses: dict[tuple[type, str], type] = {}  # (class, forward's name) -> the subclass
 
 
 def _subclass(kind: type, forward: Callable) -> type:
