@@ -175,12 +175,13 @@ def test_ties_go_to_the_earlier_node():
                                        StaticTree(choices.resolve("eagle_mc_sim_7b_63"))],
                          ids=["deep", "shallow", "static", "static_eagle1"])  # fmt: skip
 def test_static_drafting_proposes_the_eager_trees_step_by_step(model, head, expansion, device):
-    """--graphs' drafting (the pairs padded to the most a step commits, the prompt's pairs and the budget's shallow
-    last steps off those shapes; captured on a GPU) proposes the eager cache's tree at every step, greedy and at
-    T = 1 (top-k candidates, point masses); sampled children at T = 1 keep the eager cache."""
+    """--graphs' drafting (the pairs padded to the most a step commits, captured on a GPU per key span and tree
+    depth, the budget's shallow last steps too; the prompt's pairs off those shapes) proposes the eager cache's tree
+    at every step, greedy and at T = 1 (top-k candidates, point masses); sampled children at T = 1 keep the eager
+    cache."""
     if device != "cpu":
         model, head = copy.deepcopy(model).to(device), copy.deepcopy(head).to(device)
-    accepted = []
+    accepted, depths = [], set()
     for temperature, sampled in [(0.0, False), (1.0, False), (1.0, True)]:
         for prompt in PROMPTS:
             runs = []
@@ -192,10 +193,14 @@ def test_static_drafting_proposes_the_eager_trees_step_by_step(model, head, expa
                 runs.append((gen.tokens, gen.accept_lengths, trees))
                 assert isinstance(proposer.cache, StaticRows) == (graphs and not sampled)
                 assert bool(graphs and not sampled and proposer.static.inputs) == (graphs and not sampled)
+                if graphs and not sampled:
+                    replays = proposer.static.replays
+                    depths |= {depth for _, depth in (replays.graphs if replays.capture else replays.uncaptured)}
             assert runs[1] == runs[0], (temperature, sampled, prompt)
             assert len(runs[0][2]) > 1 and any(len(tree) for tree in runs[0][2])
             accepted += runs[0][1]
     assert max(accepted) > 2  # steps commit several pairs (the padded rows are real rows there)
+    assert expansion.max_depth in depths and min(depths) < expansion.max_depth  # shallow last steps replayed too
 
 
 def test_a_static_trees_fixed_levels_are_what_its_template_admits_and_grows(model, head):

@@ -30,6 +30,7 @@ tree stays on the device for the target to verify and read with its picks (`Devi
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import NamedTuple
@@ -397,8 +398,8 @@ class StaticDrafting:
     """EAGLE drafting under --graphs: the head's keys live in preallocated rows (`StaticRows`), and a step's
     drafting (feed the pairs the last verification committed, padded to the most a step commits, then grow the
     whole tree and pick the nodes to verify) is one function of device tensors with fixed shapes, captured on a GPU
-    as one CUDA graph per key span and replayed: no Python per level and no host wait. A step with
-    more pairs (the prompt's) or a shallower tree (the token budget's last steps) runs the same function uncaptured.
+    as one CUDA graph per key span and tree depth (a shallower tree: the token budget's last steps) and replayed: no
+    Python per level and no host wait. A step with more pairs (the prompt's) runs the same function uncaptured.
     Drafting sampled children (T > 0 with `sampled`) keeps the eager cache."""
 
     def __init__(self, eagle: Eagle, compile: bool = False) -> None:
@@ -429,7 +430,7 @@ class StaticDrafting:
             with uncompiled():  # (rare: never worth compiling)
                 self._pairs(features, ids, upload(torch.tensor(past), eagle.device))
             return None
-        if n > self.pad or depths < eagle.expansion.max_depth:  # off the captured shapes: run once, uncaptured
+        if n > self.pad:  # more pairs than a captured step feeds (the prompt's): run once, uncaptured
             cache.span = self._span(past + n, depths)
             count, committed = (upload(torch.tensor(v), eagle.device) for v in (n, past))
             with uncompiled():
@@ -445,8 +446,10 @@ class StaticDrafting:
         inputs.count.fill_(n)
         inputs.committed.fill_(past)  # (capture's warm-up runs write past the committed rows only)
         cache.span = span
-        draft, *tree = self.replays.run(span, lambda: self.draft(inputs.features, inputs.ids, inputs.count,
-                                                                      inputs.committed, depths))  # fmt: skip
+        full = depths == eagle.expansion.max_depth  # else a shallower tree (the budget's last steps): never compiled
+        with contextlib.nullcontext() if full else uncompiled():
+            draft, *tree = self.replays.run((span, depths), lambda: self.draft(
+                inputs.features, inputs.ids, inputs.count, inputs.committed, depths))  # fmt: skip
         tokens, parents, ancestors = (t.clone() for t in tree)  # (the next replay writes over them)
         return draft._map(torch.clone), DeviceTree(tokens, parents, depths, ancestors)
 
