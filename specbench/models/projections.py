@@ -49,9 +49,10 @@ def fuse_projections(module: nn.Module) -> nn.Module:
 
 
 def _fusable(owner: nn.Module, names: tuple[str, ...], parts: list) -> bool:
-    """Linear layers of one class, input size, dtype, device and bias presence, each applied to the owner's first
-    argument in its forward's source."""
-    if not all(isinstance(p, nn.Linear) for p in parts):
+    """Linear layers of one class, input size, dtype, device and bias presence, with plain floating weights (not a
+    quantized library's), each applied to the owner's first argument in its forward's source."""
+    if not all(isinstance(p, nn.Linear) and type(p.weight) is nn.Parameter and p.weight.is_floating_point()
+               for p in parts):  # fmt: skip
         return False
     first = parts[0]
     if any((type(p), p.in_features, p.weight.dtype, p.weight.device, p.bias is None)
