@@ -85,7 +85,7 @@ class Worker:
         self.neighbours = cpus
 
     def profile(self) -> dict[int, float]:
-        return forward_profile(self.session.target)  # (right after `info`, which brought the GPU's clock up)
+        return forward_profile(self.session.target)
 
     def check(self, units: list[Unit]) -> None:
         """Every question's first prompt fits the target's context (a one-line error names the first that does not)."""

@@ -22,7 +22,7 @@ from ..core.decode import clock
 from ..core.proposer import Nested, Proposal, Proposer, Turn
 from ..core.tree import Tree
 from ..errors import SpecbenchError
-from ..machine import OtherLoad, too_busy, warm_gpu
+from ..machine import OtherLoad, too_busy
 from ..methods import variant_name
 from ..models.chat import turn_prompts
 from ..report import frames, metrics
@@ -206,7 +206,6 @@ class Tuner:
         state = self._state()
         target = self.session.target
         longest = target.context_length - max(PROFILE_SIZES) - 1
-        warm_gpu(self.session.device)  # (the profile times the forward at the clock the calibration runs at)
         cost = Cost({c: forward_profile(target, context=c, sizes=PROFILE_SIZES)
                      for c in sorted({min(c, longest) for c in PROFILE_CONTEXTS})})  # fmt: skip
         scores: list[Score] = []
