@@ -159,6 +159,7 @@ def _draft_steps(proposer, tokens: list[int], vocab: int, count: int = 1) -> lis
 def drafting(args) -> None:
     from random_checkpoints import EAGLE3_DRAFT_VOCAB, SHAPES, _config
 
+    from specbench.core import kernels
     from specbench.core.proposer import Turn
     from specbench.heads import eagle, eagle3
     from specbench.methods.eagle import DynamicTree, Eagle
@@ -189,8 +190,8 @@ def drafting(args) -> None:
     print(f"| {args.method} at {args.like}'s shapes, {dtype} | ms per draft step (median of {args.steps}) |")
     print("|---|---|")
     for regime in args.regimes.split(","):
-        if regime not in ("eager", "static", "captured", "compiled"):
-            raise SystemExit(f"unknown regime '{regime}': use eager, static, captured or compiled")
+        if regime not in ("eager", "static", "captured", "torch-ops", "compiled"):
+            raise SystemExit(f"unknown regime '{regime}': use eager, static, captured, torch-ops or compiled")
         for modules in fused.values():
             _set_fused(modules, regime != "eager")
         proposer = Eagle(head, graphs=regime != "eager", compile=regime == "compiled", **options)
@@ -200,15 +201,17 @@ def drafting(args) -> None:
         proposer.start(Turn(tokens, 0.0, None, torch.randn(len(tokens) - 1, head.feature_size, device=device,
                                                            dtype=dtype)))  # fmt: skip
         times = []
-        for _ in range(args.steps + 3):  # the first steps feed the prompt and capture
-            sync()
-            start = time.perf_counter()
-            tokens = _draft_steps(proposer, tokens, vocab)
-            sync()
-            times.append(time.perf_counter() - start)
+        with kernels.disabled() if regime == "torch-ops" else contextlib.nullcontext():  # (captured, no Triton)
+            for _ in range(args.steps + 3):  # the first steps feed the prompt and capture
+                sync()
+                start = time.perf_counter()
+                tokens = _draft_steps(proposer, tokens, vocab)
+                sync()
+                times.append(time.perf_counter() - start)
+            if args.profile:
+                steps = _kernels(device, _draft_steps, proposer, tokens, vocab, 5)
+                tables.append(f"## {regime} (5 steps)\n\n{steps}")
         print(f"| {regime} | {_ms(sorted(times[3:])[len(times[3:]) // 2])} |")
-        if args.profile:
-            tables.append(f"## {regime} (5 steps)\n\n{_kernels(device, _draft_steps, proposer, tokens, vocab, 5)}")
     if args.profile:
         args.profile.write_text("\n".join(tables))
 
@@ -218,6 +221,7 @@ def forward(args) -> None:
     from torch.nn.attention import SDPBackend
     from transformers import LlamaForCausalLM
 
+    from specbench.core import kernels
     from specbench.core.static_lm import StaticCachedLM
     from specbench.models.aliases import TINY_DIR
     from specbench.models.loading import compile_forward, compile_layers
@@ -264,9 +268,12 @@ def forward(args) -> None:
             around = _captured_attention([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
         elif variant == "cublaslt":  # the loop with cuBLASLt's matrix kernels instead of cuBLAS's
             around = _blas("cublaslt")
+        elif variant == "torch-ops":  # the loop without core.kernels' Triton kernels: torch's chains of small ones
+            around = kernels.disabled()
         elif variant != "loop":
-            raise SystemExit(f"unknown variant '{variant}': use loop, separate, efficient, hf-norm, compiled-norm-mlp, "
-                             "compiled, compiled-stack, compiled-static, compiled-math, compiled-autotune or cublaslt")
+            raise SystemExit(f"unknown variant '{variant}': use loop, torch-ops, separate, efficient, hf-norm, "
+                             "compiled-norm-mlp, compiled, compiled-stack, compiled-static, compiled-math, "
+                             "compiled-autotune or cublaslt")
         try:
             start = time.perf_counter()
             with around:
@@ -410,8 +417,9 @@ def main() -> int:
     d.add_argument("--prompt", type=int, default=256)
     d.add_argument("--steps", type=int, default=30)
     d.add_argument("--profile", type=Path)
-    d.add_argument("--regimes", default="eager,static,captured,compiled",
-                   help="eager cache; static cache uncaptured; captured; captured after torch.compile")
+    d.add_argument("--regimes", default="eager,static,captured,torch-ops,compiled",
+                   help="eager cache; static cache uncaptured; captured; captured without core.kernels' Triton "
+                   "kernels; captured after torch.compile")
     p = sub.add_parser("products")
     p.add_argument("--like", default="vicuna-7b")
     p.add_argument("--device", default="cuda")

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+
+if not torch.cuda.is_available():  # core.kernels' Triton kernels run on its interpreter (read when Triton is imported)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from specbench import tasks
 from specbench.zoo.tokenizer import train_tokenizer

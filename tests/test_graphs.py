@@ -140,6 +140,7 @@ def eager_and_graphs(out, temperature: float, counting=None) -> None:
     manifest = json.loads((out / "graphs" / "manifest.json").read_text())
     assert manifest["config"]["graphs"] and manifest["graphs"]["captured"] is False
     assert manifest["graphs"]["eager_drafting"] == []  # every drafter here on static caches, captured on a GPU
+    assert manifest["graphs"]["fused_kernels"] is False  # (Triton's kernels serve a GPU)
     files = sorted((out / "eager" / "answers" / "quick").glob("*.jsonl"))
     assert len(files) == len(METHODS)
     for path in files:

@@ -47,15 +47,17 @@ def _stored_bytes(model) -> int:
 
 def test_fused_projections_give_the_logits_in_four_products_a_layer_and_add_no_memory():
     for model in (random_llama(50, layers=2, seed=0, init=0.1), random_qwen2(50, layers=2, seed=1, init=0.1)):
-        ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
-        before, separate = _products(model, ids)
+        ids, one = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]]), torch.tensor([[7]])  # (one row: strides of size-1
+        (before, separate), (before_one, separate_one) = _products(model, ids), _products(model, one)  # dims differ)
         stored = _stored_bytes(model)
         assert fuse_projections(model) is model
-        after, fused = _products(model, ids)
+        (after, fused), (after_one, fused_one) = _products(model, ids), _products(model, one)
         torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(after_one, before_one, rtol=1e-5, atol=1e-5)
         layers = model.model.layers
         for op, fewer in (("products", 3), ("neg", 1), ("cat", 1)):  # 7 products a layer -> 4; the rotary
             assert separate[op] - fused[op] == fewer * len(layers), op  # embedding's neg and cat once, not twice
+            assert separate_one[op] - fused_one[op] == fewer * len(layers), op
         assert _stored_bytes(model) == stored  # the parts' weights are views of the concatenated ones
         attention = layers[0].self_attn
         fused_weight = attention.qkv_proj.weight

@@ -18,6 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 
 from ..errors import SpecbenchError
+from . import kernels
 from .cached_lm import CachedLM, Forward, SideBranch, as_ids, call
 from .transfer import upload
 from .tree import Tree, additive, new_rows_allowed, position_ids
@@ -59,8 +60,11 @@ class StaticRows(DynamicCache):
                 for states in (key_states, value_states)
             )
         start = layer_idx * self.capacity
-        self.keys.index_copy_(2, self.at[layer_idx], key_states)
-        self.values.index_copy_(2, self.at[layer_idx], value_states)
+        if kernels.writes_rows(self.keys, self.values, key_states, value_states):  # (one kernel on a GPU)
+            kernels.write_rows(self.keys, self.values, self.at[layer_idx], key_states, value_states)
+        else:
+            self.keys.index_copy_(2, self.at[layer_idx], key_states)
+            self.values.index_copy_(2, self.at[layer_idx], value_states)
         return self.keys[:, :, start : start + self.span], self.values[:, :, start : start + self.span]
 
     def write_rows(self, rows: torch.Tensor) -> None:

@@ -3,7 +3,8 @@ from them) runs a chain of eight elementwise kernels: casts, square, mean, add, 
 forward each is a launch of a few microseconds, some 500 of a 7B forward's 1,400. torch's rms_norm kernel
 (float32 inside, rounded once to the input's dtype) followed by the weight's product gives the same numbers as
 that chain: rounded where it rounds, multiplied by the weight in the same dtype (bit for bit on a CPU; on a GPU the
-mean's summation order may differ in float32's last bit). Classes whose forward computes something else (Gemma's
+mean's summation order may differ in float32's last bit). On a GPU in float16 or bfloat16 both run as one Triton
+kernel (`core.kernels.rms_norm`). Classes whose forward computes something else (Gemma's
 and Qwen3-Next's `1 + weight`) keep their own: a probe on each class decides. The eager loop, comparable with
 published scripts, keeps transformers' chain."""
 
@@ -13,9 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core import kernels
+
 
 def rms_norm(norm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """`norm`'s forward as torch's rms_norm kernel and the weight's product."""
+    """`norm`'s forward as torch's rms_norm kernel and the weight's product (one kernel where `core.kernels` serves)."""
+    if kernels.norms(hidden, norm.weight):
+        return kernels.rms_norm(hidden, norm.weight, norm.variance_epsilon)
     return F.rms_norm(hidden, norm.weight.shape, None, norm.variance_epsilon) * norm.weight
 
 

@@ -11,7 +11,11 @@ library's kernel for the larger matrix: last bits may differ from the separate p
 
 Queries and keys then lie side by side in one tensor, and the owner's module rotates them as one (`_rotate_jointly`):
 transformers' rotary position embedding is five elementwise kernels for each of the two (20 µs of a 7B layer's
-captured forward on an H200), the same five over both at once; each element's arithmetic is unchanged."""
+captured forward on an H200), the same five over both at once; each element's arithmetic is unchanged. And a gated
+MLP whose forward is Llama's, `down(silu(gate) * up)`, reads its gate and up from the one product's halves.
+
+On a GPU in float16 or bfloat16 the rotation and the gate's `silu(gate) * up` each run as one Triton kernel
+(`core.kernels`), where a probe finds the module's rotation to be Llama's bit for bit."""
 
 from __future__ import annotations
 
@@ -21,6 +25,9 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from transformers import activations
+
+from ..core import kernels
 
 GROUPS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
@@ -102,7 +109,8 @@ def _fuse(owner: nn.Module, fused_name: str, parts: list[nn.Linear]) -> None:
     products = owner.__dict__.setdefault("products", [])
     products.append(product)
     if len(products) == 1:
-        owner.__class__ = _subclass(type(owner), _owner_forward(type(owner)))
+        gated = fused_name == "gate_up_proj" and _silu_gated(owner)
+        owner.__class__ = _subclass(type(owner), _gated_forward if gated else _owner_forward(type(owner)))
 
 
 _subclasses: dict[tuple[type, str], type] = {}  # (class, forward's name) -> the subclass
@@ -154,7 +162,10 @@ def _rotate_jointly(kind: type) -> None:
         joint = None if torch.compiler.is_compiling() else _side_by_side(q, k)  # (inductor fuses them anyway)
         if joint is None:
             return original(q, k, cos, sin, *args, **kwargs)
-        rotated = original(joint, joint[:, :0], cos, sin, *args, **kwargs)[0]  # (an empty tensor launches nothing)
+        if not args and not kwargs and kernels.rotates(joint, cos, sin) and _rotates_alike(original, joint, cos):
+            rotated = kernels.rotate(joint, cos, sin)
+        else:
+            rotated = original(joint, joint[:, :0], cos, sin, *args, **kwargs)[0]  # (an empty one launches nothing)
         return rotated[:, : q.shape[1]], rotated[:, q.shape[1] :]
 
     apply_rotary_pos_emb.joint = True
@@ -164,12 +175,57 @@ def _rotate_jointly(kind: type) -> None:
 
 def _side_by_side(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
     """[batch, q heads + k heads, rows, head dim]: `q` and `k` as one view where both lie in one storage with k's
-    heads right after q's, strided alike (one product's columns, split into heads and transposed); None otherwise."""
+    heads right after q's, strided alike (one product's columns, split into heads and transposed); None otherwise.
+    A dimension of size one may carry any stride (a one-row forward's q and k differ there)."""
     if q.dim() != 4 or k.dim() != 4 or q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr():
         return None
     batch, heads, rows, size = q.shape
-    if (k.shape[0], k.shape[2], k.shape[3]) != (batch, rows, size) or k.stride() != q.stride() or q.stride(1) != size:
+    if (k.shape[0], k.shape[2], k.shape[3]) != (batch, rows, size):
         return None
-    if k.storage_offset() != q.storage_offset() + heads * size or q.stride(3) != 1:
+    if k.storage_offset() != q.storage_offset() + heads * size:
         return None
-    return q.as_strided((batch, heads + k.shape[1], rows, size), q.stride())
+    strides = (q.stride(0), size, q.stride(2), 1)  # the joint view's
+    for tensor in (q, k):
+        if any(n > 1 and got != want for n, got, want in zip(tensor.shape, tensor.stride(), strides, strict=True)):
+            return None
+    return q.as_strided((batch, heads + k.shape[1], rows, size), strides)
+
+
+_alike: dict[tuple, bool] = {}  # (rotation, dtype, device, head dim) -> whether `kernels.rotate` computes it
+
+
+@torch.inference_mode()
+def _rotates_alike(original: Callable, x: torch.Tensor, cos: torch.Tensor) -> bool:
+    """Whether `kernels.rotate` gives `original`'s rotation bit for bit on a probe (random queries, keys and angles
+    of x's dtype, device and head dim), decided once; during a capture, before any verdict, no (nothing may run but
+    the forward)."""
+    key = (original, x.dtype, x.device, x.shape[-1])
+    if key not in _alike:
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False
+        generator = torch.Generator(x.device).manual_seed(0)
+        probe, angles = (torch.randn(shape, generator=generator, device=x.device).mul(4).to(x.dtype)
+                         for shape in ((1, 3, 5, x.shape[-1]), (2, 5, x.shape[-1])))  # fmt: skip
+        cos, sin = angles[:1].to(cos.dtype), angles[1:].to(cos.dtype)
+        _alike[key] = torch.equal(kernels.rotate(probe, cos, sin), original(probe, probe[:, :0], cos, sin)[0])
+    return _alike[key]
+
+
+GATED = "self.down_proj(self.act_fn(self.gate_proj(x))*self.up_proj(x))"  # Llama's MLP, spaces removed
+
+
+def _silu_gated(owner: nn.Module) -> bool:
+    """Whether `owner`'s forward is Llama's gated MLP with a SiLU."""
+    source, _ = _source_and_input(type(owner))
+    silu = (nn.SiLU, getattr(activations, "SiLUActivation", nn.SiLU))
+    return GATED in "".join(source.split()) and isinstance(getattr(owner, "act_fn", None), silu)
+
+
+def _gated_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """Llama's gated MLP over the one product of gate and up (its halves); `silu(gate) * up` in one kernel where
+    `core.kernels` serves."""
+    both = self.gate_up_proj(x)
+    if kernels.gates(both):
+        return self.down_proj(kernels.silu_and_mul(both))
+    gate, up = both.chunk(2, dim=-1)
+    return self.down_proj(self.act_fn(gate) * up)

@@ -14,6 +14,7 @@ import torch
 
 from .. import methods
 from ..config import Plan, RunConfig, Unit, base_method, question_seed
+from ..core import kernels
 from ..core.cached_lm import CachedLM
 from ..machine import OtherLoad, machine, warm_gpu, without_gc
 from ..results import Answer, TurnSteps, answer, check_greedy
@@ -74,12 +75,14 @@ class Worker:
         self.neighbours = 0.0  # CPUs other workers on this machine may keep busy: not a foreign load
 
     def info(self) -> dict:
-        """What the manifest records of this worker: its machine, device type and dtype. A GPU's clock is brought
+        """What the manifest records of this worker: its machine, device type and dtype, and whether `--graphs`
+        runs core.kernels' fused kernels there. A GPU's clock is brought
         up first (it idles low after loading), so the clocks recorded, and the forward profile that follows, are
         those a timing runs at."""
         device, dtype = self.session.device, self.session.dtype
         warm_gpu(device)
-        return {"machine": machine(device), "device": device.type, "dtype": str(dtype).removeprefix("torch.")}
+        return {"machine": machine(device), "device": device.type, "dtype": str(dtype).removeprefix("torch."),
+                "kernels": kernels.serves(device)}  # fmt: skip
 
     def set_neighbours(self, cpus: float) -> None:
         self.neighbours = cpus
