@@ -245,6 +245,7 @@ class Eagle(Proposer):
         self.device = head.fc.weight.device
         self.eye = torch.eye(expansion.fed, dtype=torch.bool, device=self.device)  # a level grows at most `fed` nodes
         self.drafted = Draft.empty(self.device)  # the last proposal's candidates, kept or not
+        self.constants: dict[tuple[str, int, int], torch.Tensor] = {}  # `_constant`'s
         self.static = StaticDrafting(self, compile) if graphs else None
 
     def start(self, turn: Turn) -> None:
@@ -318,7 +319,7 @@ class Eagle(Proposer):
             if slots is not None:
                 admitted = slots >= 0 if admitted is None else admitted & (slots >= 0)
             if admitted is None:  # every candidate is a node: the level is the [F, k] top-k as they come
-                picked, rows = None, torch.arange(len(frontier) * k, device=self.device) // k
+                picked, rows = None, self._constant("rows", len(frontier), k)
             else:
                 picked = fixed[0] if fixed is not None else admitted.flatten().nonzero().squeeze(1)
                 rows = picked // k  # each node's parent's row in the frontier
@@ -326,7 +327,7 @@ class Eagle(Proposer):
                 _nodes(children.tokens, picked),
                 frontier[rows],
                 reached[rows] + _nodes(children.logps, picked).double(),
-                torch.full(rows.shape, depth, device=self.device),
+                self._constant("depths", len(rows), depth),
                 None if slots is None else _nodes(slots, picked),
             )
             if children.laws is not None:
@@ -348,12 +349,22 @@ class Eagle(Proposer):
             draft.laws = torch.cat(laws)
         return draft, seen.shape[1]
 
+    def _constant(self, kind: str, n: int, value: int) -> torch.Tensor:
+        """A level's tensor that depends on its shape only (never written to), made once, so a captured step
+        launches nothing for it: "rows" [n * value], each of n parents' `value` candidates' parent row; "depths"
+        [n], `value` n times."""
+        key = (kind, n, value)
+        if key not in self.constants:
+            self.constants[key] = (torch.arange(n * value, device=self.device) // value if kind == "rows"
+                                   else torch.full((n,), value, device=self.device))  # fmt: skip
+        return self.constants[key]
+
     def _children(self, logits: torch.Tensor) -> Children:
         """The candidate children of each growing node from its row of logits [F, V']: the draft's top k, or
         when sampling k draws without replacement and their laws."""
         k = min(self.expansion.branch, logits.shape[-1])
         if not self.sampling:
-            top = torch.log_softmax(logits.float(), dim=-1).topk(k)
+            top = torch.log_softmax(logits, dim=-1, dtype=torch.float32).topk(k)  # (the cast inside: one kernel)
             ids = top.indices if self.target_ids is None else self.target_ids(top.indices)
             return Children(ids, top.values, None, None)
         draft_ids = torch.arange(logits.shape[-1], device=logits.device)
