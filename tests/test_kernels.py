@@ -6,6 +6,10 @@ apply, with the same logits."""
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -167,3 +171,40 @@ def test_a_graphs_forward_on_the_kernels_gives_the_logits_of_torchs_ops(device, 
             counts[off] = ops.counts
         for op, fewer in (("rms_norm", 5), ("neg", 2), ("index_copy_", 4), ("silu", 2)):  # norms: 2 a layer, final
             assert counts[True][op] - counts[False][op] == fewer, op
+
+
+COMPILE = textwrap.dedent("""
+    import sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from specbench.core import kernels
+    ints = lambda *names: {name: "i32" for name in names}
+    for arch in (80, 90):
+        for dtype in ("fp16", "bf16"):
+            p = "*" + dtype
+            for body, signature, block in (
+                (kernels._rotate_kernel, {"x": p, "cos": p, "sin": p, "out": p, **ints("heads", "rows", "sxb", "sxh",
+                 "sxn", "scb", "scn", "half")}, 64),
+                (kernels._write_rows_kernel, {"keys": p, "values": p, "at": "*i64", "k": p, "v": p, **ints("skb", "skh",
+                 "skn", "svb", "svh", "svn", "scb", "sch", "scn", "size")}, 128),
+                (kernels._rms_norm_kernel, {"x": p, "weight": p, "out": p, **ints("stride", "size"), "eps": "fp32"},
+                 4096),
+                (kernels._silu_and_mul_kernel, {"x": p, "out": p, **ints("stride", "size")}, 1024),
+            ):
+                source = ASTSource(triton.jit(body), {**signature, "BLOCK": "constexpr"}, {"BLOCK": block})
+                ptx = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=kernels.FUSION).asm["ptx"]
+                if body is kernels._rotate_kernel and arch == 90 and "fma." in ptx:  # (sm_80 has no bfloat16
+                    # product or sum: it runs each as a multiply-add with a constant, rounded once all the same)
+                    sys.exit(f"the rotation contracts a product and a sum ({dtype}, sm_{arch})")
+    print("compiled")
+""")
+
+
+def test_the_kernels_compile_for_a_gpu_with_every_operation_rounded_apart():
+    """Triton's NVIDIA backend compiles each kernel for sm_80 and sm_90 without a GPU (a kernel the interpreter runs
+    may still not compile), and the rotation keeps its products and sums apart, as torch rounds them (with the
+    compiler's default it fused them into multiply-adds, rounded once)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # (Triton's own functions compiled)
+    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-2000:]

@@ -1,8 +1,8 @@
 """One Triton kernel each for elementwise work that torch runs as a chain of kernels (`--graphs` on a GPU): inside a
 captured 7B forward every kernel costs a few microseconds however little it does, and these chains were most of
-the ~500 small kernels beside the 200 products (docs/gpu-notes.md). Each kernel rounds where torch's chain rounds,
-so its outputs are torch's bit for bit (the norm's mean up to its summation order, the SiLU's exponential up to the
-device's `exp`):
+the ~500 small kernels beside the 200 products (docs/gpu-notes.md). Each kernel rounds where torch's chain rounds
+(no fused multiply-adds), so its outputs are torch's bit for bit (the norm's mean up to its summation order, the
+SiLU's exponential up to the device's `exp`):
 
 - `rotate`: transformers' rotary embedding, `x * cos + rotate_half(x) * sin` (five kernels), over queries and keys
   side by side (`models.projections`);
@@ -79,7 +79,12 @@ def _compiled(body: Callable):
 
 
 def _launch(body: Callable, grid: tuple[int, ...], *args, **constants) -> None:
-    _compiled(body)[grid](*args, **constants)
+    """`body` over `grid`, each operation rounded apart as torch's kernels round them: the compiler's default would
+    contract a product and a sum into one fused multiply-add, rounded once (`FUSION`)."""
+    _compiled(body)[grid](*args, **constants, **FUSION)
+
+
+FUSION = {"enable_fp_fusion": False}  # (a compile option; tests/test_kernels.py compiles with it for sm_80 and sm_90)
 
 
 def _block(size: int) -> int:
@@ -211,7 +216,7 @@ def _silu_and_mul_kernel(x, out, stride, size, BLOCK: tl.constexpr):
     gate = tl.load(x + row * stride + d, mask=inside).to(tl.float32)
     up = tl.load(x + row * stride + size + d, mask=inside).to(tl.float32)
     kind = out.dtype.element_ty
-    act = (gate / (1.0 + tl.exp(-gate))).to(kind).to(tl.float32)
+    act = tl.div_rn(gate, 1.0 + tl.exp(-gate)).to(kind).to(tl.float32)  # (rounded as torch's division)
     tl.store(out + row * size + d, (act * up).to(kind), mask=inside)
 
 
