@@ -22,7 +22,7 @@ from specbench.core.static_lm import StaticCachedLM
 from specbench.models import projections
 from specbench.models.loading import fuse_for_graphs
 
-from .conftest import CUDA, random_llama
+from .conftest import CUDA, random_llama, random_qwen2
 from .test_projections import Ops
 
 pytestmark = pytest.mark.skipif(kernels.triton is None, reason="Triton is not installed")
@@ -142,10 +142,11 @@ def test_the_gated_mlp_reads_gate_and_up_from_the_one_product():
     assert type(fuse_for_graphs(gelu).model.layers[0].mlp).forward is not projections._gated_forward
 
 
-def test_a_graphs_forward_on_the_kernels_gives_the_logits_of_torchs_ops(device, dtype):
-    """Llama in float16 and bfloat16 through StaticCachedLM: a prefill and three one-token forwards (one captured
-    on a GPU), with the kernels and without; and the kernels cut the ops a layer runs."""
-    model = fuse_for_graphs(random_llama(60, layers=2, seed=0, init=0.1).to(device, dtype))
+@pytest.mark.parametrize("family", [random_llama, random_qwen2], ids=["llama", "qwen2"])
+def test_a_graphs_forward_on_the_kernels_gives_the_logits_of_torchs_ops(device, dtype, family):
+    """Llama and Qwen2 (biased q/k/v) in float16 and bfloat16 through StaticCachedLM: a prefill and three one-token
+    forwards (captured on a GPU), with the kernels and without; and the kernels cut the ops a layer runs."""
+    model = fuse_for_graphs(family(60, layers=2, seed=0, init=0.1).to(device, dtype))
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
 
     def decode(lm) -> list[torch.Tensor]:
