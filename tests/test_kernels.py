@@ -19,7 +19,7 @@ from transformers.models.llama.modeling_llama import rotate_half
 
 from specbench.core import kernels
 from specbench.core.static_lm import StaticCachedLM
-from specbench.models import projections
+from specbench.models import projections, residuals
 from specbench.models.loading import fuse_for_graphs
 
 from .conftest import CUDA, random_llama, random_qwen2
@@ -91,13 +91,17 @@ def test_write_rows_is_two_index_copies(device, dtype):
     _same(stacked[1], values)
 
 
-def test_rms_norm_is_torchs_and_the_weights_product(device, dtype):
+def test_rms_norm_is_torchs_and_the_weights_product_after_a_residual_add_or_not(device, dtype):
     torch.manual_seed(0)
     weight = torch.randn(48, device=device).to(dtype)
     rows = torch.randn(4, 100, device=device).to(dtype)[:, :48]  # (strided rows)
     for x in (torch.randn(3, 5, 48, device=device).mul(3).to(dtype), rows):
         assert kernels.norms(x, weight)
         _same(kernels.rms_norm(x, weight, 1e-6), F.rms_norm(x, weight.shape, None, 1e-6) * weight, ulps=1)
+        residual = torch.randn(x.shape, device=device).to(dtype)
+        total, normed = kernels.add_rms_norm(x, residual, weight, 1e-6)
+        _same(total, residual + x)
+        _same(normed, F.rms_norm(residual + x, weight.shape, None, 1e-6) * weight, ulps=1)
 
 
 def test_silu_and_mul_is_the_gated_product(device, dtype):
@@ -170,8 +174,11 @@ def test_a_graphs_forward_on_the_kernels_gives_the_logits_of_torchs_ops(device, 
                 lm.forward([10])
             lm.crop(lm.cached - 1)
             counts[off] = ops.counts
-        for op, fewer in (("rms_norm", 5), ("neg", 2), ("index_copy_", 4), ("silu", 2)):  # norms: 2 a layer, final
+        # a layer: two norms, the rotation's negation and sum, the cache's two writes, the SiLU, the attention's
+        # residual add (and the final norm)
+        for op, fewer in (("rms_norm", 5), ("neg", 2), ("add", 4), ("index_copy_", 4), ("silu", 2)):
             assert counts[True][op] - counts[False][op] == fewer, op
+    assert all(type(layer) in residuals._plans for layer in model.model.layers)
 
 
 COMPILE = textwrap.dedent("""
@@ -184,16 +191,18 @@ COMPILE = textwrap.dedent("""
     for arch in (80, 90):
         for dtype in ("fp16", "bf16"):
             p = "*" + dtype
-            for body, signature, block in (
+            norm = {"x": p, "residual": p, "weight": p, "total": p, "out": p, **ints("sx", "sr", "size"), "eps": "fp32",
+                    "ADD": "constexpr"}
+            for body, signature, constants in (
                 (kernels._rotate_kernel, {"x": p, "cos": p, "sin": p, "out": p, **ints("heads", "rows", "sxb", "sxh",
-                 "sxn", "scb", "scn", "half")}, 64),
+                 "sxn", "scb", "scn", "half")}, {"BLOCK": 64}),
                 (kernels._write_rows_kernel, {"keys": p, "values": p, "at": "*i64", "k": p, "v": p, **ints("skb", "skh",
-                 "skn", "svb", "svh", "svn", "scb", "sch", "scn", "size")}, 128),
-                (kernels._rms_norm_kernel, {"x": p, "weight": p, "out": p, **ints("stride", "size"), "eps": "fp32"},
-                 4096),
-                (kernels._silu_and_mul_kernel, {"x": p, "out": p, **ints("stride", "size")}, 1024),
+                 "skn", "svb", "svh", "svn", "scb", "sch", "scn", "size")}, {"BLOCK": 128}),
+                (kernels._rms_norm_kernel, norm, {"ADD": False, "BLOCK": 4096}),
+                (kernels._rms_norm_kernel, norm, {"ADD": True, "BLOCK": 4096}),
+                (kernels._silu_and_mul_kernel, {"x": p, "out": p, **ints("stride", "size")}, {"BLOCK": 1024}),
             ):
-                source = ASTSource(triton.jit(body), {**signature, "BLOCK": "constexpr"}, {"BLOCK": block})
+                source = ASTSource(triton.jit(body), {**signature, "BLOCK": "constexpr"}, constants)
                 ptx = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=kernels.FUSION).asm["ptx"]
                 if body is kernels._rotate_kernel and arch == 90 and "fma." in ptx:  # (sm_80 has no bfloat16
                     # product or sum: it runs each as a multiply-add with a constant, rounded once all the same)
@@ -209,3 +218,46 @@ def test_the_kernels_compile_for_a_gpu_with_every_operation_rounded_apart():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # (Triton's own functions compiled)
     done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_layer_written_otherwise_keeps_its_forward():
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+    from specbench.heads.eagle3 import Eagle3Layer
+
+    for kind in (LlamaDecoderLayer, Qwen2DecoderLayer):
+        names, rest = residuals._passed(kind)
+        assert "attention_mask" in names and "position_embeddings" in names and rest == "kwargs"
+
+    class Reordered(LlamaDecoderLayer):  # the norm before the residual add: another computation
+        def forward(self, hidden_states, **kwargs):
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+            hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
+            hidden_states = residual + hidden_states
+            residual = hidden_states
+            hidden_states = self.mlp(hidden_states)
+            hidden_states = self.post_attention_layernorm(hidden_states)
+            hidden_states = residual + hidden_states
+            return hidden_states
+
+    assert residuals._passed(Reordered) is None and residuals._passed(Eagle3Layer) is None
+
+
+def test_an_eagle_head_calling_its_layer_by_position_gives_its_own_outputs():
+    """EAGLE's head calls its decoder layer with positional arguments: the fused layer places them as the layer's
+    own forward does (float16 through the interpreter)."""
+    from specbench.heads import eagle
+
+    target = random_llama(60, layers=2, seed=0)
+    torch.manual_seed(0)
+    head = eagle.build(eagle.config_from_target(target.config)).to(torch.float16).eval()
+    features, tokens = torch.randn(1, 5, head.feature_size).to(torch.float16), torch.tensor([[3, 1, 4, 1, 5]])
+    positions = torch.arange(5)[None]
+    with torch.inference_mode(), kernels.interpreted():
+        own = head(features, tokens, positions)
+        fuse_for_graphs(head)
+        assert type(head.layers[0]) in residuals._plans
+        fused = head(features, tokens, positions)
+    torch.testing.assert_close(fused, own, rtol=2e-2, atol=2e-2)  # (the norm's sum in another order)

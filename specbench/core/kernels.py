@@ -7,7 +7,8 @@ SiLU's exponential up to the device's `exp`):
 - `rotate`: transformers' rotary embedding, `x * cos + rotate_half(x) * sin` (five kernels), over queries and keys
   side by side (`models.projections`);
 - `write_rows`: a forward's keys and values into their cache rows (two `index_copy_`, `StaticRows.update`);
-- `rms_norm`: Llama's RMSNorm and the weight's product (two kernels, `models.norms`);
+- `rms_norm`: Llama's RMSNorm and the weight's product (two kernels, `models.norms`), and `add_rms_norm` with the
+  residual add before it (three, `models.residuals`);
 - `silu_and_mul`: a gated MLP's `silu(gate) * up` (two kernels, `models.projections`).
 
 They serve float16 and bfloat16 tensors on a GPU with Triton installed (torch's CUDA builds bring it; `usable`);
@@ -172,14 +173,19 @@ def writes_rows(keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor, v: to
 # rms_norm -------------------------------------------------------------------------------------------------------
 
 
-def _rms_norm_kernel(x, weight, out, stride, size, eps, BLOCK: tl.constexpr):
-    # one program per row: out = round(round(x * rsqrt(mean(x²) + eps)) * weight), float32 inside
+def _rms_norm_kernel(x, residual, weight, total, out, sx, sr, size, eps, ADD: tl.constexpr, BLOCK: tl.constexpr):
+    # one program per row: out = round(round(x * rsqrt(mean(x²) + eps)) * weight), float32 inside; with ADD, x is
+    # first round(x + residual), stored to `total`
     row = tl.program_id(0)
     d = tl.arange(0, BLOCK)
     inside = d < size
-    values = tl.load(x + row * stride + d, mask=inside, other=0.0).to(tl.float32)
-    scale = tl.rsqrt(tl.sum(values * values, axis=0) / size + eps)
     kind = out.dtype.element_ty
+    values = tl.load(x + row * sx + d, mask=inside, other=0.0).to(tl.float32)
+    if ADD:
+        values = (values + tl.load(residual + row * sr + d, mask=inside, other=0.0).to(tl.float32)).to(kind)
+        tl.store(total + row * size + d, values, mask=inside)
+        values = values.to(tl.float32)
+    scale = tl.rsqrt(tl.sum(values * values, axis=0) / size + eps)
     normed = (values * scale).to(kind).to(tl.float32)
     w = tl.load(weight + d, mask=inside).to(tl.float32)
     tl.store(out + row * size + d, (normed * w).to(kind), mask=inside)
@@ -188,15 +194,30 @@ def _rms_norm_kernel(x, weight, out, stride, size, eps, BLOCK: tl.constexpr):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`F.rms_norm(x, weight's shape, None, eps) * weight` in one kernel: x [..., size] (rows any stride, the last
     dimension contiguous), weight [size] of x's dtype; a new contiguous tensor."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _norm(x, None, weight, eps, None, out)
+    return out
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """`total = x + residual` and `rms_norm(total, weight, eps)` in one kernel (residual shaped as x, its rows any
+    stride): both, new contiguous tensors."""
+    total, out = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for _ in range(2))
+    _norm(x, residual, weight, eps, total, out)
+    return total, out
+
+
+def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+          total: torch.Tensor | None, out: torch.Tensor) -> None:  # fmt: skip
     size = x.shape[-1]
     rows = x.reshape(-1, size)  # (a view where x's rows are evenly strided)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    added = rows if residual is None else residual.reshape(-1, size)
     if len(rows):
         block = _block(size)  # a whole row a program, with more warps for longer rows (as Liger-Kernel's norms)
         warps = 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
-        _launch(_rms_norm_kernel, (len(rows),), rows, weight, out, rows.stride(0), size, eps, BLOCK=block,
-                num_warps=warps)  # fmt: skip
-    return out
+        _launch(_rms_norm_kernel, (len(rows),), rows, added, weight, out if total is None else total, out,
+                rows.stride(0), added.stride(0), size, eps, ADD=residual is not None, BLOCK=block, num_warps=warps)
 
 
 def norms(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -13,6 +13,7 @@ from .aliases import TINY_DIR
 from .few_rows import use_few_row_layout
 from .norms import fuse_norms
 from .projections import fuse_projections
+from .residuals import fuse_residuals
 
 
 def pick_device(device: str) -> torch.device:
@@ -75,8 +76,9 @@ def load_causal_lm(
 
 def fuse_for_graphs(module: torch.nn.Module) -> torch.nn.Module:
     """The kernels `--graphs` runs `module` on (in place; returns it): each RMSNorm in two kernels (models.norms),
-    the projections that read one input as one product (models.projections). The eager loop keeps transformers'."""
-    return fuse_projections(fuse_norms(module))
+    the projections that read one input as one product (models.projections), on a GPU the attention's residual add
+    in the norm's kernel (models.residuals). The eager loop keeps transformers'."""
+    return fuse_residuals(fuse_projections(fuse_norms(module)))
 
 
 T = TypeVar("T")
