@@ -115,6 +115,9 @@ def test_silu_and_mul_is_the_gated_product(device, dtype):
 def test_the_kernels_serve_float16_and_bfloat16_on_their_device_only():
     half = torch.zeros(2, 4, dtype=torch.float16)
     assert not kernels.usable(half)  # a CPU tensor, outside the interpreter
+    cuda = torch.device("cuda")  # (what a run's manifest records as graphs.fused_kernels)
+    assert kernels.serves(cuda, torch.bfloat16) and not kernels.serves(cuda, torch.float32)
+    assert not kernels.serves(torch.device("cpu"), torch.float16)
     with kernels.interpreted():
         assert kernels.usable(half) and not kernels.usable(half.float()) and not kernels.usable(half, half.float())
         with kernels.disabled():

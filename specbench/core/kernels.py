@@ -44,9 +44,9 @@ def usable(*tensors: torch.Tensor) -> bool:
         first.dtype in DTYPES)
 
 
-def serves(device: torch.device) -> bool:
-    """Whether the kernels run on `device`'s float16 and bfloat16 tensors (what a run's manifest records)."""
-    return triton is not None and not _off and device.type == "cuda"
+def serves(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the kernels run on `device`'s tensors of `dtype` (what a run's manifest records)."""
+    return triton is not None and not _off and device.type == "cuda" and dtype in DTYPES
 
 
 @contextlib.contextmanager

@@ -82,7 +82,7 @@ class Worker:
         device, dtype = self.session.device, self.session.dtype
         warm_gpu(device)
         return {"machine": machine(device), "device": device.type, "dtype": str(dtype).removeprefix("torch."),
-                "kernels": kernels.serves(device)}  # fmt: skip
+                "kernels": kernels.serves(device, dtype)}  # fmt: skip
 
     def set_neighbours(self, cpus: float) -> None:
         self.neighbours = cpus
