@@ -112,6 +112,7 @@ def test_silu_and_mul_is_the_gated_product(device, dtype):
         _same(kernels.silu_and_mul(both), F.silu(both[..., :size]) * both[..., size:], ulps=1)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU Triton compiles: its interpreter is off")
 def test_the_kernels_serve_float16_and_bfloat16_on_their_device_only():
     half = torch.zeros(2, 4, dtype=torch.float16)
     assert not kernels.usable(half)  # a CPU tensor, outside the interpreter
@@ -125,15 +126,14 @@ def test_the_kernels_serve_float16_and_bfloat16_on_their_device_only():
         assert not kernels.gates(half[:, :3]) and not kernels.norms(half, torch.zeros(3, dtype=torch.float16))
 
 
-def test_a_rotation_that_is_not_llamas_keeps_its_own():
+def test_a_rotation_that_is_not_llamas_keeps_its_own(device):
     def interleaved(q, k, cos, sin):  # GPT-J's pairs (x0, x1), (x2, x3), ...: not the kernel's halves
         pairs = torch.stack([-q[..., 1::2], q[..., ::2]], dim=-1).flatten(-2)
         return q * cos[:, None] + pairs * sin[:, None], k
 
-    joint, _ = _joint(1, 2, 4, 2, 16, torch.float16, "cpu")
-    with kernels.interpreted():
-        assert projections._rotates_alike(modeling_llama.apply_rotary_pos_emb, joint, joint[0])
-        assert not projections._rotates_alike(interleaved, joint, joint[0])
+    joint, _ = _joint(1, 2, 4, 2, 16, torch.float16, device)
+    assert projections._rotates_alike(modeling_llama.apply_rotary_pos_emb, joint, joint[0])
+    assert not projections._rotates_alike(interleaved, joint, joint[0])
 
 
 def test_the_gated_mlp_reads_gate_and_up_from_the_one_product():
@@ -248,17 +248,17 @@ def test_a_layer_written_otherwise_keeps_its_forward():
     assert residuals._passed(Reordered) is None and residuals._passed(Eagle3Layer) is None
 
 
-def test_an_eagle_head_calling_its_layer_by_position_gives_its_own_outputs():
+def test_an_eagle_head_calling_its_layer_by_position_gives_its_own_outputs(device):
     """EAGLE's head calls its decoder layer with positional arguments: the fused layer places them as the layer's
-    own forward does (float16 through the interpreter)."""
+    own forward does (float16)."""
     from specbench.heads import eagle
 
     target = random_llama(60, layers=2, seed=0)
     torch.manual_seed(0)
-    head = eagle.build(eagle.config_from_target(target.config)).to(torch.float16).eval()
-    features, tokens = torch.randn(1, 5, head.feature_size).to(torch.float16), torch.tensor([[3, 1, 4, 1, 5]])
-    positions = torch.arange(5)[None]
-    with torch.inference_mode(), kernels.interpreted():
+    head = eagle.build(eagle.config_from_target(target.config)).to(device, torch.float16).eval()
+    features = torch.randn(1, 5, head.feature_size, device=device).to(torch.float16)
+    tokens, positions = torch.tensor([[3, 1, 4, 1, 5]], device=device), torch.arange(5, device=device)[None]
+    with torch.inference_mode():
         own = head(features, tokens, positions)
         fuse_for_graphs(head)
         assert type(head.layers[0]) in residuals._plans
