@@ -124,7 +124,8 @@ def _forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor
     attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **arguments,
                                  **(bound.arguments.get(plan.rest) or {}))  # fmt: skip
     norm = self.post_attention_layernorm
-    if type(norm).forward is rms_norm and kernels.norms(attended, norm.weight) and kernels.usable(hidden_states):
+    if (type(norm).forward is rms_norm and attended.shape == hidden_states.shape
+            and kernels.norms(attended, norm.weight) and kernels.norms(hidden_states, norm.weight)):  # fmt: skip
         total, normed = kernels.add_rms_norm(attended, hidden_states, norm.weight, norm.variance_epsilon)
     else:
         total = hidden_states + attended
