@@ -36,12 +36,11 @@ _off = False  # `disabled`
 def usable(*tensors: torch.Tensor) -> bool:
     """Whether the kernels serve these tensors: Triton present, all on one GPU (or on the CPU while `interpreted`),
     float16 or bfloat16, not traced by torch.compile (inductor fuses the chains itself)."""
-    if triton is None or _off or not tensors or torch.compiler.is_compiling():
-        return False
+    if triton is None or _off or tensors[0].device.type != ("cpu" if _interpret else "cuda"):
+        return False  # (first, and cheaply: every CPU forward asks, layer by layer)
     first = tensors[0]
-    device = "cpu" if _interpret else "cuda"
-    return all(t.device.type == device and t.device == first.device and t.dtype == first.dtype for t in tensors) and (
-        first.dtype in DTYPES)
+    return first.dtype in DTYPES and not torch.compiler.is_compiling() and all(
+        t.device == first.device and t.dtype == first.dtype for t in tensors)
 
 
 def serves(device: torch.device, dtype: torch.dtype) -> bool:
