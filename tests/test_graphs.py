@@ -127,12 +127,12 @@ def test_the_step_counter_flags_what_a_capture_refuses():
 METHODS = ("vanilla", "sps", "lookahead", "ouroboros", "medusa", "eagle", "eagle2", "eagle3", "mtp", "dflash", "pard")
 
 
-def eager_and_graphs(out, temperature: float, counting=None) -> None:
-    """Every method answers the quick questions in the eager loop and under --graphs (on the CPU: static caches and
-    padding, nothing captured), within `counting` (a context) if given; both give the same tokens and accepted
-    lengths, step by step, and every drafter drafted on its static cache."""
-    common = ["run", "--methods", ",".join(METHODS), "--limit", "1", "--tasks", "quick", "--max-new-tokens", "16",
-              "--no-report", "--no-noise-floor", "--device", "cpu", "--temperatures", f"{temperature:g}",
+def eager_and_graphs(out, temperature: float, counting=None, tokens: int = 16) -> None:
+    """Every method answers the quick questions (`tokens` new ones a turn) in the eager loop and under --graphs (on
+    the CPU: static caches and padding, nothing captured), within `counting` (a context) if given; both give the
+    same tokens and accepted lengths, step by step, and every drafter drafted on its static cache."""
+    common = ["run", "--methods", ",".join(METHODS), "--limit", "1", "--tasks", "quick", "--max-new-tokens",
+              str(tokens), "--no-report", "--no-noise-floor", "--device", "cpu", "--temperatures", f"{temperature:g}",
               "--no-warmup"]  # fmt: skip
     assert main([*common, "--out", str(out / "eager")]) == 0
     with counting or contextlib.nullcontext():

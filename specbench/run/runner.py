@@ -122,7 +122,7 @@ class LocalPool:
             yield 0, self.worker.answer(unit), []
 
     def close(self) -> None:
-        pass
+        self.worker.close()
 
 
 def run(cfg: RunConfig) -> Path:

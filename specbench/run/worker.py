@@ -4,6 +4,7 @@ drives one Worker in its own process; `scaleout` drives one per Ray actor."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -16,7 +17,7 @@ from .. import methods
 from ..config import Plan, RunConfig, Unit, base_method, question_seed
 from ..core import kernels
 from ..core.cached_lm import CachedLM
-from ..machine import OtherLoad, machine, warm_gpu, without_gc
+from ..machine import OtherLoad, machine, set_aside, warm_gpu, without_gc
 from ..results import Answer, TurnSteps, answer, check_greedy
 from .plan import fetch
 from .session import Session
@@ -73,6 +74,10 @@ class Worker:
         self.lossless = {name: methods.preset(name).lossless for name in plan.methods}
         self.warmed: set[str] = set()
         self.neighbours = 0.0  # CPUs other workers on this machine may keep busy: not a foreign load
+        set_aside()  # what it loaded lives as long as it does
+
+    def close(self) -> None:
+        gc.unfreeze()  # (`set_aside`'s objects are the collector's again)
 
     def info(self) -> dict:
         """What the manifest records of this worker: its machine, device type and dtype, and whether `--graphs`
