@@ -243,7 +243,9 @@ class Eagle(Proposer):
         self.target_vocab = target_vocab
         self.sampled = sampled
         self.device = head.fc.weight.device
-        self.eye = torch.eye(expansion.fed, dtype=torch.bool, device=self.device)  # a level grows at most `fed` nodes
+        self.dtype = head.fc.weight.dtype  # the head's masks' (additive: 0 where a key is seen, the dtype's min not)
+        self.eye = additive(torch.eye(expansion.fed, dtype=torch.bool, device=self.device), self.dtype)  # a level
+        # grows at most `fed` nodes; each sees itself
         self.drafted = Draft.empty(self.device)  # the last proposal's candidates, kept or not
         self.constants: dict[tuple[str, int, int], torch.Tensor] = {}  # `_constant`'s
         self.static = StaticDrafting(self, compile) if graphs else None
@@ -307,7 +309,8 @@ class Eagle(Proposer):
         frontier_slots = None  # StaticTree: the growing nodes' template slots [F] (None: the root)
         reached = torch.zeros(1, dtype=torch.float64, device=self.device)  # [F]: their scores
         hidden = root[None]  # [F, H]: the head's outputs at their positions
-        seen = torch.zeros(1, 0, dtype=torch.bool, device=self.device)  # [F, fed]: their fed ancestors-or-self
+        seen = torch.zeros(1, 0, dtype=self.dtype, device=self.device)  # [F, fed]: their fed ancestors-or-self
+        # (additive: 0 where seen)
         laws = []  # per level [n, V] when sampled
         ahead = Ahead.of(self.head, hidden, position, depths - 1)
         for depth in range(1, depths + 1):
@@ -326,7 +329,7 @@ class Eagle(Proposer):
             level = Draft(
                 _nodes(children.tokens, picked),
                 frontier[rows],
-                reached[rows] + _nodes(children.logps, picked).double(),
+                reached[rows] + _nodes(children.logps, picked),  # (float32 steps promoted in the sum: one kernel)
                 self._constant("depths", len(rows), depth),
                 None if slots is None else _nodes(slots, picked),
             )
@@ -382,17 +385,16 @@ class Eagle(Proposer):
               depth: int, ahead: Ahead) -> torch.Tensor:  # fmt: skip
         """One draft forward over a level's growing nodes [n] from their parents' outputs features [n, H], at the
         position of the root (`root`, the committed pairs) + depth - 1; each row sees the committed prefix and what
-        `seen` [n, fed + n] marks among the fed nodes and the level's own rows (its ancestors and itself). Returns
-        the head's outputs [n, H]."""
+        `seen` [n, fed + n] marks among the fed nodes and the level's own rows (its ancestors and itself; additive, 0
+        where seen). Returns the head's outputs [n, H]."""
         n = len(tokens)
         positions = ahead.positions[depth - 1].expand(1, n)
         rope = tuple(t[:, depth - 1 : depth].expand(1, n, -1) for t in ahead.rope)
         if isinstance(self.cache, StaticRows):  # tree rows after the committed ones; every key row is masked
-            allowed = self.static.tree_rows(seen, n)
+            mask = self.static.tree_rows(seen, n)
         else:
-            allowed = torch.cat([seen.new_ones(n, root), seen], dim=1)  # [n, committed + fed + n]
-        mask = additive(allowed, self.head.fc.weight.dtype)[None, None]
-        return self.head(features[None], tokens[None], positions, mask, self.cache, rope)[0]
+            mask = torch.cat([seen.new_zeros(n, root), seen], dim=1)  # [n, committed + fed + n]
+        return self.head(features[None], tokens[None], positions, mask[None, None], self.cache, rope)[0]
 
 
 @dataclass
@@ -421,7 +423,8 @@ class StaticDrafting:
         self.cache = StaticRows(eagle.head.config, -(-(MAX_CACHE + self.pad + tree.fed) // SPAN) * SPAN)
         self.inputs: dict[int, DraftInputs] = {}  # by key span
         self.replays = Replays(eagle.device)
-        self.before: torch.Tensor | None = None  # [span]: the keys every tree row sees (a draft's committed pairs)
+        self.before: torch.Tensor | None = None  # [span]: the keys every tree row sees (a draft's committed pairs;
+        # additive, 0 where seen)
         self.rows: torch.Tensor | None = None  # [fed]: the rows a draft's fed nodes go to, in feeding order
 
     def propose(self, tokens: list[int], depths: int) -> tuple[Draft, DeviceTree] | None:
@@ -475,7 +478,7 @@ class StaticDrafting:
         built here, so a captured step launches none of it)."""
         root = self._pairs(features, ids, committed).index_select(0, (count - 1).view(1))[0]  # [H]
         position = committed + count  # the tree's first row
-        self.before = torch.arange(self.cache.span, device=ids.device) < position
+        self.before = additive(torch.arange(self.cache.span, device=ids.device) < position, self.eagle.dtype)
         self.rows = position + torch.arange(self.eagle.expansion.fed, device=ids.device)
         draft, _ = self.eagle._grow(root, depths, position)
         tokens, parents = draft.kept(self.eagle.expansion.select(draft))
@@ -491,12 +494,13 @@ class StaticDrafting:
 
     def tree_rows(self, seen: torch.Tensor, n: int) -> torch.Tensor:
         """Where a level's n rows go (after the committed pairs, the tree rows fed so far) and which keys they see
-        [n, span]: the committed pairs, and those tree rows `seen` [n, fed + n] marks (`_draft` set the rows)."""
+        [n, span] (additive): the committed pairs, and those tree rows `seen` [n, fed + n] marks (`_draft` set the
+        rows)."""
         fed = seen.shape[1]
-        allowed = self.before.expand(n, -1).clone()
-        allowed.scatter_(1, self.rows[:fed].expand(n, -1), seen)
+        mask = self.before.expand(n, -1).clone()
+        mask.scatter_(1, self.rows[:fed].expand(n, -1), seen)
         self.cache.write_rows(self.rows[fed - n : fed])
-        return allowed
+        return mask
 
 
 def _nested_tree(snapshot: tuple[Draft, int], params: dict) -> Tree:
