@@ -9,12 +9,15 @@ to the dtype a tensor has counts here and costs nothing). Steps run at T = 0.
     python scripts/step_ops.py [--methods vanilla,sps,eagle2] [--max-new-tokens 32] [--top 12]
 
 prints, per method, the median and the most of each over its steps (with --top, the ops a typical step runs most
-outside the captured functions). tests/test_graphs.py holds the reads to one.
+outside the captured functions). tests/test_graphs.py holds the reads to one. The CPU's few-row layout is off
+(`SPECBENCH_FEW_ROWS=none`, unless set): products run as on a GPU, and the counts do not follow its per-process
+calibration (one row through the other layout adds ~20 ops a layer).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -173,6 +176,7 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=0, help="also list the N most frequent ops outside of a "
                         "method's typical step (one with the median count)")
     args = parser.parse_args()
+    os.environ.setdefault("SPECBENCH_FEW_ROWS", "none")
     counter = StepCounter()
     with tempfile.TemporaryDirectory() as out, counter.counting():
         code = specbench(["run", "--methods", args.methods, "--limit", "1", "--tasks", "quick", "--max-new-tokens",
