@@ -194,8 +194,8 @@ COMPILE = textwrap.dedent("""
     for arch in (80, 90):
         for dtype in ("fp16", "bf16"):
             p = "*" + dtype
-            norm = {"x": p, "residual": p, "weight": p, "total": p, "out": p, **ints("sx", "sr", "size"), "eps": "fp32",
-                    "ADD": "constexpr"}
+            norm = {"x": p, "residual": p, "weight": p, "total": p, "out": p, **ints("sx", "sr", "so", "size"),
+                    "eps": "fp32", "ADD": "constexpr"}
             for body, signature, constants in (
                 (kernels._rotate_kernel, {"x": p, "cos": p, "sin": p, "out": p, **ints("heads", "rows", "sxb", "sxh",
                  "sxn", "scb", "scn", "half")}, {"BLOCK": 64}),
@@ -264,3 +264,31 @@ def test_an_eagle_head_calling_its_layer_by_position_gives_its_own_outputs(devic
         assert type(head.layers[0]) in residuals._plans
         fused = head(features, tokens, positions)
     torch.testing.assert_close(fused, own, rtol=2e-2, atol=2e-2)  # (the norm's sum in another order)
+
+
+def test_an_eagle3_layer_writes_its_norms_side_by_side_and_adds_in_the_norm(device):
+    """EAGLE-3's layer under --graphs: its two input norms write their halves of the attention's input (no
+    concatenation) and the attention's residual add runs in the post-attention norm's kernel: what the same
+    kernels give run apart, bit for bit, in two kernels fewer (float16); an `out` that is not rows of x's shape is
+    refused."""
+    from specbench.heads import eagle, eagle3
+
+    target = random_llama(60, layers=2, seed=0)
+    torch.manual_seed(0)
+    raw = {**eagle.config_from_target(target.config), "draft_vocab_size": 40}
+    head = eagle3.build(raw).to(device, torch.float16).eval()
+    layer = fuse_for_graphs(head).midlayer
+    embedded, hidden = (torch.randn(1, 5, head.config.hidden_size, device=device).to(torch.float16) for _ in "eh")
+    rope = head.rotary(hidden, torch.arange(5, device=device)[None])
+    with torch.inference_mode():
+        layer(embedded, hidden, rope, None, None)  # (the first call probes the rotation)
+        with Ops() as ops:
+            got = layer(embedded, hidden, rope, None, None)
+        x = torch.cat([layer.input_layernorm(embedded), layer.hidden_norm(hidden)], dim=-1)
+        total = hidden + layer.self_attn(x, rope, None, None)[0]
+        with Ops() as apart:
+            want = total + layer.mlp(layer.post_attention_layernorm(total))
+    _same(got, want)
+    assert ops.counts["cat"] == 0 and ops.counts["add"] == 1 and apart.counts["add"] == 1  # (the MLP's residual)
+    with pytest.raises(ValueError, match="rms_norm writes rows"):
+        kernels.rms_norm(hidden, layer.hidden_norm.weight, 1e-6, out=torch.empty_like(hidden)[..., :4])

@@ -172,9 +172,10 @@ def writes_rows(keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor, v: to
 # rms_norm -------------------------------------------------------------------------------------------------------
 
 
-def _rms_norm_kernel(x, residual, weight, total, out, sx, sr, size, eps, ADD: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x, residual, weight, total, out, sx, sr, so, size, eps, ADD: tl.constexpr,
+                     BLOCK: tl.constexpr):  # fmt: skip
     # one program per row: out = round(round(x * rsqrt(mean(x²) + eps)) * weight), float32 inside; with ADD, x is
-    # first round(x + residual), stored to `total`
+    # first round(x + residual), stored to `total` (contiguous rows; out's rows `so` apart)
     row = tl.program_id(0)
     d = tl.arange(0, BLOCK)
     inside = d < size
@@ -187,13 +188,17 @@ def _rms_norm_kernel(x, residual, weight, total, out, sx, sr, size, eps, ADD: tl
     scale = tl.rsqrt(tl.sum(values * values, axis=0) / size + eps)
     normed = (values * scale).to(kind).to(tl.float32)
     w = tl.load(weight + d, mask=inside).to(tl.float32)
-    tl.store(out + row * size + d, (normed * w).to(kind), mask=inside)
+    tl.store(out + row * so + d, (normed * w).to(kind), mask=inside)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """`F.rms_norm(x, weight's shape, None, eps) * weight` in one kernel: x [..., size] (rows any stride, the last
-    dimension contiguous), weight [size] of x's dtype; a new contiguous tensor."""
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dimension contiguous), weight [size] of x's dtype; into `out` (shaped as x, its rows evenly strided, the last
+    dimension contiguous: a part of a wider tensor) or a new contiguous tensor. Returns it."""
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    elif out.shape != x.shape or out.stride(-1) != 1:
+        raise ValueError(f"rms_norm writes rows of {tuple(x.shape)}, unit-strided, not into {tuple(out.shape)}")
     _norm(x, None, weight, eps, None, out)
     return out
 
@@ -212,11 +217,13 @@ def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, 
     size = x.shape[-1]
     rows = x.reshape(-1, size)  # (a view where x's rows are evenly strided)
     added = rows if residual is None else residual.reshape(-1, size)
+    written = out.view(-1, size)  # (a view: what the kernel writes is `out`'s own memory)
     if len(rows):
         block = _block(size)  # a whole row a program, with more warps for longer rows (as Liger-Kernel's norms)
         warps = 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
-        _launch(_rms_norm_kernel, (len(rows),), rows, added, weight, out if total is None else total, out,
-                rows.stride(0), added.stride(0), size, eps, ADD=residual is not None, BLOCK=block, num_warps=warps)
+        _launch(_rms_norm_kernel, (len(rows),), rows, added, weight, out if total is None else total, written,
+                rows.stride(0), added.stride(0), written.stride(0), size, eps, ADD=residual is not None, BLOCK=block,
+                num_warps=warps)  # fmt: skip
 
 
 def norms(x: torch.Tensor, weight: torch.Tensor) -> bool:

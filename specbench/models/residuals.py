@@ -2,8 +2,8 @@
 post-attention norm's kernel (`core.kernels.add_rms_norm`): one kernel fewer a layer. The layer's forward is
 transformers' own statement for statement (`_passed`, read with `ast`: Llama, Qwen2, Mistral and the heads built
 from them), so the replacement runs the same modules on the same arguments and changes only where the add runs;
-layers written otherwise (EAGLE-3's, DFlash's, Gemma's) keep theirs, and so does a call whose arguments the
-replacement cannot place, or one torch.compile traces (inductor fuses the add itself)."""
+layers written otherwise (DFlash's, Gemma's) keep theirs, and so does a call whose arguments the replacement cannot
+place, or one torch.compile traces (inductor fuses the add itself). EAGLE-3's layer, our own, calls `add_norm`."""
 
 from __future__ import annotations
 
@@ -123,11 +123,15 @@ def _forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor
     arguments = {name: bound.arguments[name] for name in plan.names}
     attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **arguments,
                                  **(bound.arguments.get(plan.rest) or {}))  # fmt: skip
-    norm = self.post_attention_layernorm
-    if (type(norm).forward is rms_norm and attended.shape == hidden_states.shape
-            and kernels.norms(attended, norm.weight) and kernels.norms(hidden_states, norm.weight)):  # fmt: skip
-        total, normed = kernels.add_rms_norm(attended, hidden_states, norm.weight, norm.variance_epsilon)
-    else:
-        total = hidden_states + attended
-        normed = norm(total)
+    total, normed = add_norm(self.post_attention_layernorm, attended, hidden_states)
     return total + self.mlp(normed)
+
+
+def add_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`residual + x` and `norm` of it: one kernel where `norm` runs as `rms_norm` (`models.norms`) on tensors the
+    kernels serve, else the add and the norm's own forward."""
+    if (type(norm).forward is rms_norm and x.shape == residual.shape and kernels.norms(x, norm.weight)
+            and kernels.norms(residual, norm.weight)):  # fmt: skip
+        return kernels.add_rms_norm(x, residual, norm.weight, norm.variance_epsilon)
+    total = residual + x
+    return total, norm(total)
