@@ -171,12 +171,17 @@ def set_aside() -> None:
     """Collect, then set every object alive aside from the cyclic collector (`gc.freeze`): the imports, models and
     proposers a worker keeps for its whole run (some 400,000 objects with torch and transformers), which the full
     collection before each timed decode (`without_gc`) would otherwise walk, a fifth of a second a decode.
-    `gc.unfreeze` (a worker's close, and exit: extension modules then see their objects released) undoes it."""
+    `take_back` (a worker's close) and exit undo it (extension modules then see their objects released)."""
     gc.collect()
     gc.freeze()
 
 
-atexit.register(gc.unfreeze)
+def take_back() -> None:
+    """The objects `set_aside` set aside are the collector's again."""
+    gc.unfreeze()
+
+
+atexit.register(take_back)
 
 
 @contextmanager

@@ -4,7 +4,6 @@ drives one Worker in its own process; `scaleout` drives one per Ray actor."""
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import time
@@ -17,7 +16,7 @@ from .. import methods
 from ..config import Plan, RunConfig, Unit, base_method, question_seed
 from ..core import kernels
 from ..core.cached_lm import CachedLM
-from ..machine import OtherLoad, machine, set_aside, warm_gpu, without_gc
+from ..machine import OtherLoad, machine, set_aside, take_back, warm_gpu, without_gc
 from ..results import Answer, TurnSteps, answer, check_greedy
 from .plan import fetch
 from .session import Session
@@ -77,7 +76,7 @@ class Worker:
         set_aside()  # what it loaded lives as long as it does
 
     def close(self) -> None:
-        gc.unfreeze()  # (`set_aside`'s objects are the collector's again)
+        take_back()
 
     def info(self) -> dict:
         """What the manifest records of this worker: its machine, device type and dtype, and whether `--graphs`
