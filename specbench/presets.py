@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import SpecbenchError
 
@@ -20,6 +20,7 @@ class Strict(BaseModel):
 class MethodPreset(Strict):
     implementation: str  # a name registered with registry.implementation
     description: str = ""
+    color: str | None = Field(None, pattern=r"^#[0-9a-fA-F]{6}$")  # the report's, as #rrggbb (None: its family's)
     lossless: bool = True  # results are labelled from it; must agree with the acceptance rule
     needs: str | list[str] | None = None  # "draft", "eagle head", ... (registry.parse_needs)
     acceptance: str | dict[str, Any] | None = None  # a rule name or {rule: NAME, param: value} (acceptance.rule)

@@ -1,8 +1,8 @@
 """The one registry: method implementations and head families, each registered by the module that defines it.
 
-The CLI's choices, `--methods all`, `list methods`, the presets' `needs:` checks and the report's colours
-derive from it. A method is a module that calls `implementation(...)` plus a YAML preset naming it; a folder
-of such modules and presets outside the package joins with `add_methods(folder)`.
+The CLI's choices, `--methods all`, `list methods` and the presets' `needs:` checks derive from it. A method is
+a module that calls `implementation(...)` plus a YAML preset naming it; a folder of such modules and presets
+outside the package joins with `add_methods(folder)`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from .models.hub import Layout
 class Implementation:
     name: str
     build: Callable[[dict, Any], Any]  # (preset params, Resources) -> Proposer
-    color: str | None = None  # the report's colour for the method (None: one is picked)
     nested: Nested | None = None
     graphed: Callable[[dict], bool] | None = None  # (preset params) -> its head drafting is captured under --graphs
 
@@ -50,12 +49,11 @@ IMPLEMENTATIONS: dict[str, Implementation] = {}
 HEADS: dict[str, HeadFamily] = {}
 
 
-def implementation(name: str, color: str | None = None, nested: Nested | None = None,
-                   graphed: Callable[[dict], bool] | None = None) -> Callable:  # fmt: skip
+def implementation(name: str, nested: Nested | None = None, graphed: Callable[[dict], bool] | None = None) -> Callable:
     """Decorator registering `build(params, resources) -> Proposer` under `name` (a preset's `implementation:`)."""
 
     def register(build: Callable) -> Callable:
-        IMPLEMENTATIONS[name] = Implementation(name, build, color, nested, graphed)
+        IMPLEMENTATIONS[name] = Implementation(name, build, nested, graphed)
         return build
 
     return register

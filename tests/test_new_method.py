@@ -24,13 +24,14 @@ class Repeat(Proposer):
         return Proposal(chain([tokens[-1]] * min(self.length, max_depth)))
 
 
-@implementation("repeat", color="#000000")
+@implementation("repeat")
 def build(params, resources):
     return Repeat(**params)
 '''
 
 PRESET = """implementation: repeat
 description: the root token proposed again (a toy method)
+color: "#000000"
 lossless: true
 params:
   length: 3

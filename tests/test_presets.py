@@ -15,6 +15,13 @@ def test_every_bundled_preset_validates():
         assert (spec.source is None) != (spec.questions is None), name
 
 
+def test_each_method_family_has_a_colour_of_its_own():
+    specs = {name: presets.load("methods", name) for name in presets.names("methods")}
+    colors = [spec.color for spec in specs.values() if spec.color]
+    assert len(colors) == len(set(colors))
+    assert {spec.implementation for spec in specs.values()} <= {name for name, spec in specs.items() if spec.color}
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -24,8 +31,9 @@ def test_every_bundled_preset_validates():
         ("description: no implementation\n", "key 'implementation' is missing"),
         ("- implementation: pld\n", "a preset is a mapping"),
         ("implementation: pld\n  bad: [indent\n", "not readable YAML"),
+        ("implementation: pld\ncolor: red\n", "key 'color': String should match pattern"),
     ],
-    ids=["unknown", "type", "params", "missing", "list", "yaml"],
+    ids=["unknown", "type", "params", "missing", "list", "yaml", "color"],
 )
 def test_bad_method_presets_name_the_file_and_key(tmp_path, monkeypatch, text, message):
     folder = tmp_path / "own"

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import specbench.methods  # noqa: F401  (registers the implementations and their colours)
-from specbench import registry
+from specbench import presets
 from specbench.errors import SpecbenchError
 from specbench.report import build as report
 from specbench.report import plots, sources
@@ -216,10 +215,13 @@ def test_sources_never_mix(run_dir, tmp_path):
     cells = collect_cells(sources.load_sources([run_dir, other]))
     assert [c.source.name for c in cells] == ["run-a", "run-a", "machine-b/run-a"]
     assert cells[2].baseline is None and math.isnan(cells[2].stats["sps"].paired["overall"].value)
-    colors = {name: impl.color for name, impl in registry.IMPLEMENTATIONS.items()}
-    assert plots.method_colors({"sps", "sps-68m", "eagle"})["eagle"] == colors["eagle"]
+    colors = {name: presets.load("methods", name).color for name in ("sps", "eagle", "eagle2", "medusa")}
+    shown = plots.method_colors({"sps", "sps-68m", "eagle", "vanilla-aa", "mine"})
+    assert shown["sps"] == colors["sps"] and shown["eagle"] == colors["eagle"]
+    assert len(set(shown.values())) == 5  # a variant beside its family, and names with no preset: colours of their own
     assert plots.method_colors({"sps-68m"})["sps-68m"] == colors["sps"]
     assert plots.method_colors({"eagle2[top_k=6]"})["eagle2[top_k=6]"] == colors["eagle2"]
+    assert plots.method_colors({"medusa-typical"})["medusa-typical"] == colors["medusa"]
 
 
 def test_paper_figures_and_tables_for_several_runs(run_dir, tmp_path):

@@ -120,7 +120,7 @@ class DFlash(Proposer):
         return self.draft.logits(hidden[0, 1 : 1 + self.k], self.readout)
 
 
-@implementation("dflash", color="#e377c2", nested=chain_prefix("num_draft_tokens"), graphed=lambda params: True)
+@implementation("dflash", nested=chain_prefix("num_draft_tokens"), graphed=lambda params: True)
 def build(params: dict, res: Resources) -> Proposer:
     dtype = res.draft_dtype(params.pop("draft_dtype", None))
     draft = res.head("dflash", dtype)

@@ -562,20 +562,20 @@ def _draft_params(params: dict) -> dict:
     return {k: params.pop(k, None) for k in ("draft_dtype", "draft_vocab")}
 
 
-@implementation("eagle", color="#2ca02c", nested=tree_prefix("nodes", _static_paths), graphed=unless_sampled)
+@implementation("eagle", nested=tree_prefix("nodes", _static_paths), graphed=unless_sampled)
 def build_eagle(params: dict, res: Resources) -> Proposer:
     sampled, draft = params.pop("sampled", False), _draft_params(params)
     listed = choices.first(choices.resolve(params.pop("tree", "eagle_mc_sim_7b_63")), params.pop("nodes", None))
     return _on_target_head(res, StaticTree(listed, **params), sampled, **draft)
 
 
-@implementation("eagle2", color="#d62728", nested=DYNAMIC, graphed=unless_sampled)
+@implementation("eagle2", nested=DYNAMIC, graphed=unless_sampled)
 def build_eagle2(params: dict, res: Resources) -> Proposer:
     sampled, draft = params.pop("sampled", False), _draft_params(params)
     return _on_target_head(res, DynamicTree(**params), sampled, **draft)
 
 
-@implementation("eagle3", color="#9467bd", nested=DYNAMIC, graphed=unless_sampled)
+@implementation("eagle3", nested=DYNAMIC, graphed=unless_sampled)
 def build_eagle3(params: dict, res: Resources) -> Proposer:
     sampled, draft = params.pop("sampled", False), _draft_params(params)
     head = res.head("eagle3", res.draft_dtype(draft["draft_dtype"]))

@@ -66,6 +66,6 @@ class Lookahead(Proposer):
             self.pool.add(ngram)
 
 
-@implementation("lookahead", color="#bcbd22")
+@implementation("lookahead")
 def build(params: dict, res: Resources) -> Proposer:
     return Lookahead(**params)

@@ -125,7 +125,7 @@ def _paths(proposer: Medusa, proposal: Proposal) -> tuple[list[tuple], list[list
     return proposer.paths if len(proposal.tree) else [], proposer.choices
 
 
-@implementation("medusa", color="#e377c2", nested=tree_prefix("nodes", _paths), graphed=unless_sampled)
+@implementation("medusa", nested=tree_prefix("nodes", _paths), graphed=unless_sampled)
 def build(params: dict, res: Resources) -> Proposer:
     tree = choices.first(choices.resolve(params.pop("tree", "medusa_mc_sim_7b_63")), params.pop("nodes", None))
     return Medusa(res.head("medusa"), res.target_model.get_output_embeddings(), tree, **params, graphs=res.graphs)

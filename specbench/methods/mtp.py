@@ -10,7 +10,7 @@ from .eagle import DynamicTree, Eagle
 from .resources import Resources
 
 
-@implementation("mtp", color="#393b79", nested=chain_prefix("num_draft_tokens"), graphed=unless_sampled)
+@implementation("mtp", nested=chain_prefix("num_draft_tokens"), graphed=unless_sampled)
 def build(params: dict, res: Resources) -> Proposer:
     drafts = params.pop("num_draft_tokens", 3)
     sampled = params.pop("sampled", False)

@@ -98,6 +98,6 @@ class Ouroboros(Proposer):
         self.verified = len(tokens)
 
 
-@implementation("ouroboros", color="#8c564b")
+@implementation("ouroboros")
 def build(params: dict, res: Resources) -> Proposer:
     return Ouroboros(res.draft_lm(), **params)

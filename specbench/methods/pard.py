@@ -43,7 +43,7 @@ class Pard(Proposer):
         self.drafter.follow(tokens)
 
 
-@implementation("pard", color="#bcbd22", nested=chain_prefix("num_draft_tokens"))
+@implementation("pard", nested=chain_prefix("num_draft_tokens"))
 def build(params: dict, res: Resources) -> Proposer:
     dtype = res.draft_dtype(params.pop("draft_dtype", None))
     model = res.head(FAMILY.name, dtype)  # importing heads.pard registers the family

@@ -36,6 +36,6 @@ class PromptLookup(Proposer):
         return Proposal(chain(draft)) if draft else NO_PROPOSAL
 
 
-@implementation("pld", color="#ff7f0e", nested=chain_prefix("num_pred_tokens"))
+@implementation("pld", nested=chain_prefix("num_pred_tokens"))
 def build(params: dict, res: Resources) -> Proposer:
     return PromptLookup(**params)

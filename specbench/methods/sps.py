@@ -48,6 +48,6 @@ class DraftModel(Proposer):
         self.draft.follow(tokens)
 
 
-@implementation("sps", color="#1f77b4", nested=chain_prefix("num_draft_tokens"))
+@implementation("sps", nested=chain_prefix("num_draft_tokens"))
 def build(params: dict, res: Resources) -> Proposer:
     return DraftModel(res.draft_lm(), **params)

@@ -89,6 +89,6 @@ class SuffixDecoding(Proposer):
             self.shared.extend(self.current, new)
 
 
-@implementation("suffix", color="#843c39")
+@implementation("suffix")
 def build(params: dict, res: Resources) -> Proposer:
     return SuffixDecoding(**params)

@@ -11,6 +11,6 @@ class Vanilla(Proposer):
     """Proposes nothing: every step verifies the root alone and keeps the target's token."""
 
 
-@implementation("vanilla", color="#7f7f7f")
+@implementation("vanilla")
 def build(params: dict, res: Resources) -> Proposer:
     return Vanilla(**params)

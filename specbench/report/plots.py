@@ -8,29 +8,39 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
+from .. import presets
 from . import metrics
 from .cells import BASELINE, OVERALL, Cell, MethodStats, draft_share, file_stem, mean_tree_size, roofline
 
 EXTRA_COLORS = ("#17becf", "#393b79", "#ad494a", "#637939", "#8c6d31", "#7b4173", "#3182bd", "#e6550d",
-                "#31a354", "#756bb1")
+                "#31a354", "#756bb1", "#e7ba52", "#6b6ecf", "#de9ed6")  # for methods whose presets name none
 TIME_COLORS = ("#525252", "#bdbdbd", "#ffffff")  # draft, verify, other: greys, so no method colour is reused
 
 
 def method_colors(methods: set[str]) -> dict[str, str]:
-    """The colours implementations registered for their own names (a variant such as sps-68m or eagle2[top_k=6]
-    takes its family's colour when the family itself is absent), then a fixed order of extra colours for the
-    others, sorted by name."""
-    from ..methods import registry  # importing the methods registers their colours
-
-    colors = {name: impl.color for name, impl in registry.IMPLEMENTATIONS.items() if impl.color}
-    out = {m: colors[m] for m in methods if m in colors}
+    """The colours the method presets name (`color:`). A variant without one (medusa-typical, sps-68m,
+    eagle2[top_k=6]) takes its family's, the colour of the preset named like its implementation, when no method
+    shown has it; the others take extra colours that no preset names, sorted by name. Read from the presets, so
+    a report imports no method."""
+    declared, family = {}, {}
+    for name in presets.names("methods"):
+        preset = presets.load("methods", name)
+        family[name] = preset.implementation
+        if preset.color:
+            declared[name] = preset.color
+    out: dict[str, str] = {}
+    for m in sorted(methods):
+        if m in declared and declared[m] not in out.values():  # a plugin's preset may name a colour already taken
+            out[m] = declared[m]
     rest = sorted(methods - set(out))
     for m in rest:
-        family = m.split("[")[0].split("-")[0]
-        if family in colors and family not in methods and colors[family] not in out.values():
-            out[m] = colors[family]
+        base = m.split("[")[0]
+        color = declared.get(family.get(base, base.split("-")[0]))
+        if color and color not in out.values():
+            out[m] = color
+    spare = [c for c in EXTRA_COLORS if c not in declared.values()]
     for i, m in enumerate(m for m in rest if m not in out):
-        out[m] = EXTRA_COLORS[i % len(EXTRA_COLORS)]
+        out[m] = spare[i % len(spare)]
     return out
 
 
