@@ -18,6 +18,7 @@ LAYERS = [
     {"tasks"},
     {"core", "tree"},
     {"models"},
+    {"load"},
     {"machine"},
     {"results"},
     {"config"},

@@ -16,7 +16,8 @@ from .. import methods
 from ..config import Plan, RunConfig, Unit, base_method, question_seed
 from ..core import kernels
 from ..core.cached_lm import CachedLM
-from ..machine import OtherLoad, machine, set_aside, take_back, warm_gpu, without_gc
+from ..load import OtherLoad, set_aside, take_back, without_gc
+from ..machine import machine, warm_gpu
 from ..results import Answer, TurnSteps, answer, check_greedy
 from .plan import fetch
 from .session import Session
