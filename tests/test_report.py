@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -168,6 +170,17 @@ def run_dir(tmp_path) -> Path:
     write(run / "answers" / "quick" / "medusa-temperature-0.jsonl", lossy)
     write(run / "answers" / "quick" / "sps-temperature-0.7.jsonl", warm)  # no vanilla at T=0.7
     return run
+
+
+def test_reporting_and_listing_import_neither_torch_nor_a_method(run_dir, tmp_path):
+    """A report reads answer files and presets: importing torch and every method cost a standalone report 6 s."""
+    code = ("import sys; from specbench.cli.main import main; "
+            f"assert main(['report', {str(run_dir)!r}, '--out', {str(tmp_path / 'out')!r}]) == 0; "
+            "assert main(['list', 'methods']) == 0; "
+            "print(sorted(m for m in ('torch', 'transformers', 'specbench.methods') if m in sys.modules))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "[]"
+    assert (tmp_path / "out" / "report.md").is_file()
 
 
 def test_synthetic_run_detail_roofline_and_losslessness(run_dir, tmp_path):

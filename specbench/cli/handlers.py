@@ -107,26 +107,30 @@ def compare(args) -> int:
 
 
 def list_(args) -> None:
-    if args.what == "methods":
-        from .. import methods
+    """Read from the presets and aliases alone: listing imports no method (and no torch)."""
+    from .. import presets
 
-        for name in methods.available():
-            spec = methods.preset(name)
-            print(f"{name:15s} {spec.description}{'' if spec.lossless else ' [lossy]'}")
+    if args.what == "methods":
+        specs = {name: presets.load("methods", name) for name in presets.names("methods")}
+        width = max(map(len, specs))
+        for name, spec in specs.items():
+            print(f"{name:{width}s} {spec.description}{'' if spec.lossless else ' [lossy]'}")
     elif args.what == "models":
         from ..models.aliases import ALIASES
 
+        width = max(map(len, ALIASES))
         for name, spec in ALIASES.items():
-            print(f"{name:15s} {spec.target}")
+            print(f"{name:{width}s} {spec.target}")
             roles = {"offline": spec.fallback, "draft": spec.draft} | {f"{k} head": v for k, v in spec.heads.items()}
             for role, source in roles.items():
                 if source:
-                    print(f"{'':15s}   {role}: {source}")
+                    print(f"{'':{width}s}   {role}: {source}")
     else:
-        from .. import presets, tasks
+        from .. import tasks
 
+        width = max(map(len, tasks.available()))
         for name in tasks.available():
-            print(f"{name:15s} {presets.load('tasks', name).description}")
+            print(f"{name:{width}s} {presets.load('tasks', name).description}")
 
 
 def _text(given: Path | None, command: str, flag: str) -> Path:
