@@ -229,9 +229,10 @@ def test_sources_never_mix(run_dir, tmp_path):
     assert [c.source.name for c in cells] == ["run-a", "run-a", "machine-b/run-a"]
     assert cells[2].baseline is None and math.isnan(cells[2].stats["sps"].paired["overall"].value)
     colors = {name: presets.load("methods", name).color for name in ("sps", "eagle", "eagle2", "medusa")}
-    shown = plots.method_colors({"sps", "sps-68m", "eagle", "vanilla-aa", "mine"})
+    shown = plots.method_colors({"sps", "sps-68m", "sps-x", "eagle", "mine"})
     assert shown["sps"] == colors["sps"] and shown["eagle"] == colors["eagle"]
-    assert len(set(shown.values())) == 5  # a variant beside its family, and names with no preset: colours of their own
+    assert shown["sps-68m"] == "#8fbbda"  # beside its family: a lighter shade of its colour (#1f77b4)
+    assert len(set(shown.values())) == 5  # a second variant, and a name with no preset: colours of their own
     assert plots.method_colors({"sps-68m"})["sps-68m"] == colors["sps"]
     assert plots.method_colors({"eagle2[top_k=6]"})["eagle2[top_k=6]"] == colors["eagle2"]
     assert plots.method_colors({"medusa-typical"})["medusa-typical"] == colors["medusa"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
-from matplotlib.ticker import StrMethodFormatter
+from matplotlib.ticker import MaxNLocator, StrMethodFormatter
 
 from .. import presets
 from . import metrics
@@ -18,10 +19,10 @@ TIME_COLORS = ("#525252", "#bdbdbd", "#ffffff")  # draft, verify, other: greys, 
 
 
 def method_colors(methods: set[str]) -> dict[str, str]:
-    """The colours the method presets name (`color:`). A variant without one (medusa-typical, sps-68m,
-    eagle2[top_k=6]) takes its family's, the colour of the preset named like its implementation, when no method
-    shown has it; the others take extra colours that no preset names, sorted by name. Read from the presets, so
-    a report imports no method."""
+    """The colours the method presets name (`color:`). A variant without one (vanilla-aa, medusa-typical, sps-68m,
+    eagle2[top_k=6]) takes its family's, the colour of the preset named like its implementation, or a lighter shade
+    of it where the family is shown too; the others take extra colours that no preset names, sorted by name. Read
+    from the presets, so a report imports no method."""
     declared, family = {}, {}
     for name in presets.names("methods"):
         preset = presets.load("methods", name)
@@ -36,12 +37,18 @@ def method_colors(methods: set[str]) -> dict[str, str]:
     for m in rest:
         base = m.split("[")[0]
         color = declared.get(family.get(base, base.split("-")[0]))
-        if color and color not in out.values():
-            out[m] = color
+        free = [c for c in ([color, _lighter(color)] if color else []) if c not in out.values()]
+        if free:
+            out[m] = free[0]
     spare = [c for c in EXTRA_COLORS if c not in declared.values()]
     for i, m in enumerate(m for m in rest if m not in out):
         out[m] = spare[i % len(spare)]
     return out
+
+
+def _lighter(color: str) -> str:
+    """`color` halfway to white."""
+    return to_hex(0.5 + 0.5 * np.array(to_rgb(color)))
 
 
 def _yerr(speedups: list[metrics.Speedup]) -> np.ndarray:
@@ -53,11 +60,16 @@ def _display(cells: list[Cell], method: str) -> str:
     return next(c.stats[method].display for c in cells if method in c.stats)
 
 
+def _legend(ax) -> None:
+    """The legend beside the axes, on the right: inside them, a dozen methods' entries hid bars and points."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
+
+
 def _save(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
     fig.tight_layout()
     paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.pdf"]
-    fig.savefig(paths[0], dpi=150)
-    fig.savefig(paths[1])
+    fig.savefig(paths[0], dpi=150, bbox_inches="tight")
+    fig.savefig(paths[1], bbox_inches="tight")
     return paths
 
 
@@ -79,7 +91,7 @@ def plot_speedups(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) 
     ax.set_xticks(x, [c.replace("_", " ") for c in cats])
     ax.set_ylabel("speedup over vanilla (×)")
     ax.set_title(f"Paired speedup, 95% CI\n{cell.title}", fontsize=10)
-    ax.legend(fontsize=8)
+    _legend(ax)
     return _save(fig, out_dir, stem)
 
 
@@ -103,7 +115,7 @@ def plot_accept_lengths(cell: Cell, colors: dict[str, str], out_dir: Path, stem:
     ax.set_xlabel("tokens accepted per step (target's own token included)")
     ax.set_ylabel("share of steps")
     ax.set_title(f"Accepted length per step\n{cell.title}", fontsize=10)
-    ax.legend(fontsize=8)
+    _legend(ax)
     return _save(fig, out_dir, stem)
 
 
@@ -123,10 +135,11 @@ def plot_acceptance(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str
     for s, alpha in curves:
         ax.plot(range(1, len(alpha) + 1), alpha, marker="o", color=colors[s.method], label=s.display)
     ax.set_ylim(0, 1.02)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("draft depth k")
     ax.set_ylabel("acceptance rate α_k")
     ax.set_title(f"Per-position acceptance\n{cell.title}", fontsize=10)
-    ax.legend(fontsize=8)
+    _legend(ax)
     return _save(fig, out_dir, stem)
 
 
@@ -148,7 +161,7 @@ def plot_tau_vs_tree(cell: Cell, colors: dict[str, str], out_dir: Path, stem: st
     ax.set_xlabel("mean verified tree size (tokens per target forward)")
     ax.set_ylabel("τ (mean accepted length)")
     ax.set_title(f"τ against verification cost\n{cell.title}", fontsize=10)
-    ax.legend(fontsize=8)
+    _legend(ax)
     return _save(fig, out_dir, stem)
 
 
@@ -174,7 +187,7 @@ def plot_time_split(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str
         tick.set_color(colors[s.method])
     ax.set_ylabel("milliseconds per generated token")
     ax.set_title(f"Where the time goes (bar height = 1 / tokens/s)\n{cell.title}", fontsize=10)
-    ax.legend(fontsize=8)
+    _legend(ax)
     return _save(fig, out_dir, stem)
 
 
@@ -212,7 +225,7 @@ def plot_speedup_vs_temperature(cells: list[Cell], colors: dict[str, str], out_d
     ax.set_ylabel("speedup over vanilla (×)")
     c = cells[0]
     ax.set_title(f"Paired speedup against temperature, 95% CI\n{c.source.label} · {c.model} · {c.task}", fontsize=10)
-    ax.legend(fontsize=8)
+    _legend(ax)
     return _save(fig, out_dir, stem)
 
 
@@ -235,7 +248,7 @@ def plot_overview(cells: list[Cell], colors: dict[str, str], out_dir: Path, stem
                   fontsize=8)
     ax.set_ylabel("speedup over vanilla (×)")
     ax.set_title("Overall paired speedup, 95% CI, every run side by side (speedups never mix runs)", fontsize=10)
-    ax.legend(fontsize=8)
+    _legend(ax)
     return _save(fig, out_dir, stem)
 
 
