@@ -37,7 +37,8 @@ from specbench.run import session
 READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero", "unique", "masked_select",
          "numpy", "any", "all", "equal"}  # fmt: skip
 VIEWS = {"view", "_unsafe_view", "slice", "select", "unsqueeze", "squeeze", "transpose", "t", "expand", "permute",
-         "alias", "detach", "as_strided", "split", "unbind", "lift_fresh", "_reshape_alias"}  # no kernel  # fmt: skip
+         "alias", "detach", "as_strided", "split", "unbind", "lift_fresh", "_reshape_alias", "resolve_conj",
+         "resolve_neg"}  # no kernel (resolve_*: the input, without a conjugate or negative bit)  # fmt: skip
 CAPTURED = ((static_lm.Replays, "run"), (static_lm, "call"))
 
 

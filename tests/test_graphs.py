@@ -15,9 +15,12 @@ import pytest
 import torch
 
 from specbench.cli.main import main
-from specbench.core.cached_lm import CachedLM
+from specbench.core import acceptance
+from specbench.core.cached_lm import CachedLM, margins
 from specbench.core.decode import decode
+from specbench.core.proposer import Proposal
 from specbench.core.static_lm import Replays, StaticCachedLM
+from specbench.core.step import verify
 from specbench.core.transfer import upload
 from specbench.core.tree import DeviceTree, Tree
 from specbench.methods.sps import DraftModel
@@ -58,6 +61,30 @@ def test_a_tree_forward_and_commit_match_the_eager_cache(target, device):
         torch.testing.assert_close(nxt[1], nxt[0], rtol=1e-4, atol=1e-4)
     static.crop(len(PROMPT))
     assert static.cached == len(PROMPT)
+    target.to("cpu")
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_a_greedy_forward_computes_its_picks_inside_the_captured_function(target, device):
+    """At T = 0 a captured forward computes every row's argmax and top-1/2 margin inside its graph, so the step
+    launches none of it from the host; the verification keeps the accepted rows' picks, as the eager cache's
+    (which leaves them to the step: it needs a few rows' margins only)."""
+    model = target.to(device)
+    eager, static = CachedLM(model), StaticCachedLM(model)
+    tree = Tree([40, 41, 42, 43], [-1, -1, 1, 2])
+    steps = []
+    for lm in (eager, static):
+        lm.prefill(PROMPT)
+        out = lm.run(tree.rows(PROMPT[-1]), tree, greedy=True)
+        if lm is eager:
+            assert out.picks is None
+        else:  # (read before the next forward writes over them)
+            assert out.picks[0].tolist() == out.logits.argmax(dim=-1).tolist()
+            torch.testing.assert_close(out.picks[1], margins(out.logits), rtol=0, atol=0)
+        lm.crop(len(PROMPT) - 1)
+        steps.append(verify(lm, PROMPT[-1], Proposal(tree), acceptance.EXACT, 0.0, None))
+    assert steps[1].new == steps[0].new and steps[1].picks[0] == steps[0].picks[0] == steps[0].new
+    torch.testing.assert_close(steps[1].picks[1], steps[0].picks[1], rtol=1e-4, atol=1e-4)
     target.to("cpu")
 
 

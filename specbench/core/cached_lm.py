@@ -43,20 +43,33 @@ def hidden_features(out, layers: tuple[int, ...]) -> torch.Tensor:
 class Forward:
     logits: torch.Tensor  # [rows, V]
     features: torch.Tensor | None = None  # [rows, F]: the requested hidden states, concatenated on the last dim
+    picks: tuple[torch.Tensor, torch.Tensor] | None = None  # a captured forward asked for them (`greedy`): each
+    # row's argmax [rows] and `margins` [rows], computed inside its graph; its next replay writes over them
+
+
+def margins(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's top-1 minus top-2 logit [rows] in float32 (how near a tie its argmax was: the losslessness
+    check's). The top two are taken in the logits' own dtype, whose values float32 holds exactly."""
+    top = logits.topk(2, dim=-1).values.float()
+    return top[..., 0] - top[..., 1]
 
 
 def call(model, cache, ids: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor,
-         layers: tuple[int, ...] | None, last_only: bool = False) -> Forward:  # fmt: skip
-    """One forward of a causal LM over `ids` [1, n] into `cache`: logits (the last row's only with `last_only`) and,
-    when `layers` are asked for, those hidden states as features of every row."""
+         layers: tuple[int, ...] | None, last_only: bool = False, greedy: bool = False) -> Forward:  # fmt: skip
+    """One forward of a causal LM over `ids` [1, n] into `cache`: logits (the last row's only with `last_only`),
+    when `layers` are asked for those hidden states as features of every row, and with `greedy` the picks."""
     inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
     if layers is None:
         out = model(**inputs, **{cache_argument(type(model)): cache}, logits_to_keep=1 if last_only else 0)
-        return Forward(out.logits[0])
-    decoder = model.get_decoder()
-    out = decoder(**inputs, **{cache_argument(type(decoder)): cache}, output_hidden_states=any(i != -1 for i in layers))
-    final = out.last_hidden_state[0]
-    return Forward(model.get_output_embeddings()(final[-1:] if last_only else final), hidden_features(out, layers)[0])
+        logits, features = out.logits[0], None
+    else:
+        decoder = model.get_decoder()
+        out = decoder(**inputs, **{cache_argument(type(decoder)): cache},
+                      output_hidden_states=any(i != -1 for i in layers))  # fmt: skip
+        final = out.last_hidden_state[0]
+        logits = model.get_output_embeddings()(final[-1:] if last_only else final)
+        features = hidden_features(out, layers)[0]
+    return Forward(logits, features, (logits.argmax(dim=-1), margins(logits)) if greedy else None)
 
 
 def as_ids(tokens: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -125,12 +138,16 @@ class CachedLM:
         last_only: bool = False,
         layers: tuple[int, ...] | None = None,
         side: SideBranch | None = None,
+        greedy: bool = False,
     ) -> Forward:
         """One forward appending `tokens` (with `tree`: [root] + tree tokens + side tokens; a list, or ids [n] on
         the device) to the cache.
 
         `layers` asks for hidden states as features: indices into the model's hidden-state list (0 = the
         embeddings, i = the output of layer i) and -1 for the final normalised state the LM head reads.
+        `greedy`: the caller reads every row's argmax. A captured forward (`StaticCachedLM`) then computes the
+        picks inside its graph, where they cost no launch from the host; here, uncaptured, they are left to the
+        caller, which needs the margins of a few rows only.
         """
         if self.cache is None:
             self.reset()

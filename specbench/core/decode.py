@@ -105,7 +105,7 @@ def decode(
     proposer.start(Turn(prompt, temperature, generator, features, request))
     tokens = list(prompt)
     gen = Generation([], prefill_draft_time=clock(device) - t0)
-    picked: list[tuple[torch.Tensor, torch.Tensor]] = []  # T=0: the target's picks per step, on the device
+    picked: list[tuple[list[int], torch.Tensor]] = []  # T=0: the target's picks per step (margins on the device)
     mark = Marks(device)
     steps: list[tuple[int, int, int, tuple[int, int, int, int]]] = []  # (accepted, tested, tree size, marks)
     while len(gen.tokens) < budget:
@@ -142,6 +142,6 @@ def decode(
     for new_tokens, tested, size, (t0, t1, t2, t3) in steps:
         gen.steps.append(Step(new_tokens, tested, size, at[t1] - at[t0] + at[t3] - at[t2], at[t2] - at[t1]))
     if picked:  # read after the clock stops
-        gen.target_top1 = torch.cat([p[0] for p in picked]).tolist()
+        gen.target_top1 = [top1 for p in picked for top1 in p[0]]
         gen.target_margin = torch.cat([p[1] for p in picked]).tolist()
     return gen

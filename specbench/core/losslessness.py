@@ -12,11 +12,10 @@ from scipy import stats
 from ..errors import SpecbenchError
 from ..progress import Progress
 from . import acceptance
-from .cached_lm import CachedLM
+from .cached_lm import CachedLM, margins
 from .decode import decode
 from .proposer import Proposer
 from .sampling import probabilities
-from .step import picks
 from .tree import trie
 
 
@@ -96,7 +95,7 @@ def greedy_check(
     one, many = two_ways(model, prompts[turn] + reference[turn][:pos])
     spread = float((one - many).abs().max())
     vanilla_margin = _at(reference_margin, turn, pos)
-    vanilla_margin = float(picks(one[None])[1][0]) if vanilla_margin is None else vanilla_margin
+    vanilla_margin = float(margins(one[None])[0]) if vanilla_margin is None else vanilla_margin
     method_top1, method_margin = _at(ours_top1, turn, pos), _at(ours_margin, turn, pos)
     if pos >= len(ours[turn]) or pos >= len(reference[turn]):  # one stopped where the other went on
         verdict = "bug"

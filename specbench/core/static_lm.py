@@ -201,7 +201,7 @@ class StaticCachedLM(CachedLM):
         self.context_length = self.capacity - BUCKETS[-1]
         self.replays = Replays(self.device)
         self.replays.capture = self.replays.capture if capture is None else capture
-        self.inputs: dict[tuple, Inputs] = {}  # by (bucket, span, layers, chain or not)
+        self.inputs: dict[tuple, Inputs] = {}  # by (bucket, span, layers, chain or not, greedy)
         self.cache = StaticRows(model.config, self.capacity)
 
     @property
@@ -214,14 +214,15 @@ class StaticCachedLM(CachedLM):
 
     @torch.inference_mode()
     def run(self, tokens: list[int] | torch.Tensor, tree: Tree | None = None, *, last_only: bool = False,
-            layers: tuple[int, ...] | None = None, side: SideBranch | None = None) -> Forward:  # fmt: skip
+            layers: tuple[int, ...] | None = None, side: SideBranch | None = None,
+            greedy: bool = False) -> Forward:  # fmt: skip
         past, n = self.cached, len(tokens)
         if past + n > self.context_length:
             raise SpecbenchError(f"{past + n} tokens do not fit the static cache of {self.context_length} (--graphs)")
         bucket = next((b for b in BUCKETS if b >= n), n)  # longer (a prefill): its own length, never captured
         span = min(-(-(past + bucket) // SPAN) * SPAN, self.capacity)  # keys attended: the live rows, rounded up
         chained = tree is None or (tree.is_chain and side is None)
-        key = (bucket, span, layers, chained)
+        key = (bucket, span, layers, chained, greedy)
         inputs = self.inputs.get(key)
         if inputs is None:
             inputs = Inputs.chain(bucket, self.device)
@@ -238,7 +239,7 @@ class StaticCachedLM(CachedLM):
             mask, positions, rows = inputs.built(span, self.dtype)
             self.cache.write_rows(rows)
             self.cache.span = span
-            return call(self.model, self.cache, inputs.ids[None], mask, positions, layers)
+            return call(self.model, self.cache, inputs.ids[None], mask, positions, layers, greedy=greedy)
 
         if bucket in BUCKETS and self.cache.keys is not None:
             out = self.replays.run(key, forward)
@@ -247,7 +248,8 @@ class StaticCachedLM(CachedLM):
                 out = forward()
         self.cache.length = past + n  # the rows of this forward, until commit keeps some
         rows = slice(n - 1, n) if last_only else slice(0, n)  # `last_only` spares logits; features are every row's
-        return Forward(out.logits[rows].clone(), None if out.features is None else out.features[:n].clone())
+        return Forward(out.logits[rows].clone(), None if out.features is None else out.features[:n].clone(),
+                       None if out.picks is None else (out.picks[0][:n], out.picks[1][:n]))  # (read at once)
 
     @torch.inference_mode()
     def commit(self, start: int, keep: list[int]) -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import acceptance
-from .cached_lm import CachedLM, Forward
+from .cached_lm import CachedLM, Forward, margins
 from .transfer import upload
 
 if TYPE_CHECKING:
@@ -25,8 +25,8 @@ class Verified:
     output: Forward  # logits (and features) of every input row, side-branch rows included
     kept: list[int]  # input rows now in the cache: the root and the accepted nodes
     kept_rows: torch.Tensor  # the same [k] on the logits' device
-    picks: tuple[torch.Tensor, torch.Tensor] | None = None  # T=0: the target's top-1 [k] and top-1/2 margin [k]
-    # at the kept rows, i.e. for each token of `new`, on the device (read once per turn: no extra host sync)
+    picks: tuple[list[int], torch.Tensor] | None = None  # T=0: the target's top-1 [k] and top-1/2 margin [k] at
+    # the kept rows, i.e. for each token of `new`; the margins on the device (read once per turn: no extra host sync)
     side_picks: list[int] | None = None  # T=0: the target's argmax at each side-branch token
 
 
@@ -41,14 +41,16 @@ def verify(
 ) -> Verified:
     """One forward of `model` over [root] + tree (+ side branch), acceptance by `rule` (greedy at T = 0), and the
     accepted path committed into the cache (the rest dropped). At T = 0 the host reads the device once: every row's
-    argmax, the side branch's too, with the tree if it is still on the device."""
+    argmax, the side branch's too, with the tree if it is still on the device; a captured forward computed them,
+    and the margins the losslessness check compares, inside its graph."""
     past = model.cached
     tree, side = proposal.tree, proposal.side
     tokens = tree.rows(root) if side is None else [root, *tree.tokens, *side.tokens]
-    out = model.run(tokens, tree, layers=layers, side=side)
+    greedy = temperature == 0
+    out = model.run(tokens, tree, layers=layers, side=side, greedy=greedy)
     n = len(tree) + 1
-    if temperature == 0:
-        best = tree.read_along(out.logits.argmax(dim=-1))
+    if greedy:
+        best = tree.read_along(out.logits.argmax(dim=-1) if out.picks is None else out.picks[0])
         accepted, side_picks = acceptance.greedy(tree, best[:n]), best[n:]
     else:
         accepted, side_picks = rule(tree, out.logits[:n], proposal.draft_probs, temperature, generator), None
@@ -56,11 +58,7 @@ def verify(
     model.commit(past, kept)
     new = [tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
     rows = upload(kept, out.logits.device)
-    return Verified(accepted, new, out, kept, rows, picks(out.logits[rows]) if temperature == 0 else None, side_picks)
-
-
-def picks(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's argmax (as the greedy rule picks) and its top-1 minus top-2 logit: what the losslessness check
-    compares with vanilla's one-token steps at a divergence."""
-    top = logits.float().topk(2, dim=-1).values
-    return logits.argmax(dim=-1), top[:, 0] - top[:, 1]
+    picks = None
+    if greedy:  # (the kept rows' margins gathered before the model's next forward writes over a captured one's)
+        picks = [best[r] for r in kept], margins(out.logits[rows]) if out.picks is None else out.picks[1][rows]
+    return Verified(accepted, new, out, kept, rows, picks, side_picks)
