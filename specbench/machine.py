@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from .load import busy_cpus
+from .interference import busy_cpus
 from .models import few_rows
 from .presets import preset_dir
 

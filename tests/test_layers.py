@@ -18,7 +18,7 @@ LAYERS = [
     {"tasks"},
     {"core", "tree"},
     {"models"},
-    {"load"},
+    {"interference"},
     {"machine"},
     {"results"},
     {"config"},

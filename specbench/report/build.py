@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..engines import concurrency
-from ..load import BUSY_SHARE
+from ..interference import BUSY_SHARE
 from . import crosscheck, metrics, regimes
 from .cells import BASELINE, OVERALL, Cell, collect_cells, file_stem, from_spec_bench, source_line
 from .plots import all_plots, method_colors, plot_concurrency

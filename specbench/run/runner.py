@@ -17,7 +17,7 @@ from ..config import AA, RunConfig, Unit
 from ..core.static_lm import BUCKETS
 from ..engines import concurrency
 from ..errors import SpecbenchError
-from ..load import too_busy, warn_if_busy
+from ..interference import too_busy, warn_if_busy
 from ..progress import Progress
 from ..results import Answer, append, read_file
 from . import plan as planning

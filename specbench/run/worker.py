@@ -16,7 +16,7 @@ from .. import methods
 from ..config import Plan, RunConfig, Unit, base_method, question_seed
 from ..core import kernels
 from ..core.cached_lm import CachedLM
-from ..load import OtherLoad, set_aside, take_back, without_gc
+from ..interference import OtherLoad, set_aside, take_back, without_gc
 from ..machine import machine, warm_gpu
 from ..results import Answer, TurnSteps, answer, check_greedy
 from .plan import fetch

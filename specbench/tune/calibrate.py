@@ -22,7 +22,7 @@ from ..core.decode import clock
 from ..core.proposer import Nested, Proposal, Proposer, Turn
 from ..core.tree import Tree
 from ..errors import SpecbenchError
-from ..load import OtherLoad, too_busy
+from ..interference import OtherLoad, too_busy
 from ..methods import variant_name
 from ..models.chat import turn_prompts
 from ..report import frames, metrics

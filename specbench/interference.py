@@ -1,5 +1,5 @@
-"""The load on the machine while a timing runs: other processes' CPU work (read from /proc/stat) and Python's
-cyclic collector. Either makes a timing untrustworthy; neither needs torch, so a report reads the same threshold."""
+"""What interferes with a timing on the machine: other processes' CPU work (read from /proc/stat) and Python's cyclic
+collector. Either makes a timing untrustworthy; neither needs torch, so a report reads the same threshold."""
 
 from __future__ import annotations
 
