@@ -79,7 +79,7 @@ def plot_speedups(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) 
     if cell.baseline is None or not rows:
         return []
     cats = [*cell.groups, OVERALL]
-    fig = Figure(figsize=(max(6.0, 1.1 * len(cats) + 0.4 * len(rows)), 4.2))
+    fig = Figure(figsize=(max(7.5, 1.1 * len(cats) + 0.4 * len(rows) + 1.5), 4.2))
     ax = fig.add_subplot()
     width = 0.8 / len(rows)
     x = np.arange(len(cats))
@@ -104,7 +104,7 @@ def plot_accept_lengths(cell: Cell, colors: dict[str, str], out_dir: Path, stem:
         return []
     top = max(int(v.max()) for v in lengths.values())
     x = np.arange(1, top + 1)
-    fig = Figure(figsize=(min(12.0, max(6.0, 0.4 * top + 2)), 4.0))
+    fig = Figure(figsize=(min(13.5, max(7.5, 0.4 * top + 3.5)), 4.0))
     ax = fig.add_subplot()
     width = 0.8 / len(lengths)
     for i, (m, v) in enumerate(lengths.items()):
@@ -130,7 +130,7 @@ def plot_acceptance(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str
     curves = [(s, alpha) for s, alpha in curves if alpha]
     if not curves:
         return []
-    fig = Figure(figsize=(6.0, 4.0))
+    fig = Figure(figsize=(7.5, 4.0))  # (the legend beside the axes)
     ax = fig.add_subplot()
     for s, alpha in curves:
         ax.plot(range(1, len(alpha) + 1), alpha, marker="o", color=colors[s.method], label=s.display)
@@ -149,7 +149,7 @@ def plot_tau_vs_tree(cell: Cell, colors: dict[str, str], out_dir: Path, stem: st
     points = [(s, size) for s, size in points if size is not None]
     if not points:
         return []
-    fig = Figure(figsize=(5.5, 4.2))
+    fig = Figure(figsize=(7.5, 4.2))
     ax = fig.add_subplot()
     diagonal = np.geomspace(1, max(size for _, size in points), 50)
     ax.plot(diagonal, diagonal, color="black", linestyle="--", linewidth=1, label="every verified token accepted")
@@ -175,7 +175,7 @@ def plot_time_split(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str
         tokens, draft, verify, wall = s.turns[["new_tokens", "draft_time", "verify_time", "wall_time"]].sum()
         for key, seconds in zip(parts, (draft, verify, wall - draft - verify), strict=True):
             parts[key].append(1000 * seconds / tokens)
-    fig = Figure(figsize=(max(5.0, 0.9 * len(stats) + 2), 4.2))
+    fig = Figure(figsize=(max(6.5, 0.9 * len(stats) + 3.5), 4.2))
     ax = fig.add_subplot()
     x = np.arange(len(stats))
     bottom = np.zeros(len(stats))
@@ -213,7 +213,7 @@ def plot_speedup_vs_temperature(cells: list[Cell], colors: dict[str, str], out_d
     cells = sorted((c for c in cells if c.baseline is not None and c.ranked()), key=lambda c: c.temperature)
     if len(cells) < 2:
         return []
-    fig = Figure(figsize=(6.0, 4.2))
+    fig = Figure(figsize=(7.5, 4.2))
     ax = fig.add_subplot()
     for m in sorted({s.method for c in cells for s in c.ranked()}):
         having = [c for c in cells if m in c.stats]
@@ -235,7 +235,7 @@ def plot_overview(cells: list[Cell], colors: dict[str, str], out_dir: Path, stem
     if len(cells) < 2:
         return []
     methods = sorted({s.method for c in cells for s in c.ranked()})
-    fig = Figure(figsize=(max(6.0, 1.2 * len(cells) + 0.3 * len(methods) * len(cells)), 4.6))
+    fig = Figure(figsize=(max(7.5, 1.2 * len(cells) + 0.3 * len(methods) * len(cells) + 1.5), 4.6))
     ax = fig.add_subplot()
     width = 0.8 / len(methods)
     for i, m in enumerate(methods):
