@@ -1,3 +1,5 @@
+import torch
+
 from specbench.progress import Progress
 
 
@@ -44,3 +46,15 @@ def test_disabled_progress_prints_nothing_but_messages(capsys):
     bar.set_description("other")
     bar.close()
     assert lines(capsys) == ["a message"]
+
+
+def test_a_model_load_says_what_loads_and_keeps_transformers_bar_out_of_a_log(capsys, tiny_models):
+    from transformers.utils import logging as hf_logging
+
+    from specbench.models.loading import load_causal_lm
+
+    target, _ = tiny_models
+    load_causal_lm(target, torch.device("cpu"), torch.float32, "target")
+    err = capsys.readouterr().err
+    assert err.startswith(f"loading target: {target} (float32 on cpu)\n") and "Loading weights" not in err
+    assert hf_logging.is_progress_bar_enabled()  # restored for whatever runs next

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -63,8 +65,10 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM
 
     check_bundled(str(path), what)
+    print(f"loading {what}: {path} ({str(dtype).removeprefix('torch.')} on {device})", file=sys.stderr, flush=True)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+        with _bars_on_a_terminal_only():
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         raise SpecbenchError(f"could not load {what} '{path}': {str(err).splitlines()[0]}") from err
     if device.type == "cuda":
@@ -72,6 +76,22 @@ def load_causal_lm(
         # layer at each decode step (measured on an H100, torch 2.11): keep SDPA on flash/memory-efficient.
         torch.backends.cuda.enable_cudnn_sdp(False)
     return use_few_row_layout(model.to(device).eval())
+
+
+@contextmanager
+def _bars_on_a_terminal_only() -> Iterator[None]:
+    """transformers' "Loading weights" bar, unlabelled, is a wall of carriage returns in a log file: off a terminal
+    it is silenced while a model loads (the line before names what loads)."""
+    from transformers.utils import logging as hf_logging
+
+    quiet = not sys.stderr.isatty() and hf_logging.is_progress_bar_enabled()
+    if quiet:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if quiet:
+            hf_logging.enable_progress_bar()
 
 
 def fuse_for_graphs(module: torch.nn.Module) -> torch.nn.Module:
