@@ -107,6 +107,16 @@ def _nodes(candidates: torch.Tensor, picked: torch.Tensor | None) -> torch.Tenso
     return flat if picked is None else flat[picked]
 
 
+def _scores(reached: torch.Tensor, logps: torch.Tensor, rows: torch.Tensor,
+            picked: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """A level's node scores [n]: each parent's score (`reached` [F], float64) plus the node's log-probability
+    (`logps` [F, k], float32, promoted in the sum: one kernel). With every candidate a node (`picked` None), one
+    broadcast sum over the [F, k] top-k: no gather of the parents' scores."""
+    if picked is None:
+        return (reached[:, None] + logps).flatten()
+    return reached[rows] + logps.flatten()[picked]
+
+
 def best(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Positions of the k highest scores [n], ties to the earlier one (a parent before its child), ascending."""
     return torch.sort(scores, descending=True, stable=True).indices[:k].sort().values
@@ -329,7 +339,7 @@ class Eagle(Proposer):
             level = Draft(
                 _nodes(children.tokens, picked),
                 frontier[rows],
-                reached[rows] + _nodes(children.logps, picked),  # (float32 steps promoted in the sum: one kernel)
+                _scores(reached, children.logps, rows, picked),
                 self._constant("depths", len(rows), depth),
                 None if slots is None else _nodes(slots, picked),
             )
