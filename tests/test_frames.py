@@ -7,7 +7,7 @@ from specbench.cli.main import main
 from specbench.report import cells, metrics, sources
 from specbench.report.frames import frame, from_sources, steps_frame, steps_from_sources
 
-from .test_report import SPEC_BENCH_ANSWERS, answer, needs_answers, write
+from .test_report import SPEC_BENCH_ANSWERS, answer, write
 
 
 @pytest.fixture
@@ -91,7 +91,6 @@ def test_export_errors_are_one_line(run_dir, tmp_path, capsys):
     assert not (tmp_path / "t.csv").exists()
 
 
-@needs_answers
 def test_spec_bench_files_reproduce_the_reference_figures():
     """The data README's figures from Spec-Bench's own answer files: τ, Spec-Bench's speedup (ratio of mean
     per-question tokens/s) and our paired speedup (geometric mean of per-question ratios)."""

@@ -18,9 +18,9 @@ from specbench.models.aliases import ALIASES
 from specbench.models.loading import load_causal_lm
 from specbench.zoo import TINY_DIR
 
-from .conftest import SHARED_DATA, needs_shared
+from .conftest import DATA
 
-TRACES = SHARED_DATA / "reference_traces"
+TRACES = DATA / "reference_traces"
 WEIGHTS = {  # trace key -> the bundled file it was recorded with
     "target": TINY_DIR / "target" / "model.safetensors",
     "draft": TINY_DIR / "draft" / "model.safetensors",
@@ -83,7 +83,6 @@ def tiny():
     return model, resources
 
 
-@needs_shared
 @pytest.mark.parametrize("method", ["eagle2", "eagle3", "medusa", "ouroboros"])
 def test_steps_match_the_reference_at_shared_roots(tiny, method):
     trace = _trace(method)

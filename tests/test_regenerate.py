@@ -11,7 +11,7 @@ from specbench.models.loading import load_causal_lm, load_tokenizer
 from specbench.zoo.regenerate import read_prompts, regenerate, write_texts
 from specbench.zoo.text import token_streams, zoo_corpus
 
-from .conftest import SHARED_DATA, needs_shared
+from .conftest import DATA
 
 PROMPTS = [q.turns[0] for q in tasks.load("quick").questions][:5]
 
@@ -98,7 +98,6 @@ def test_cli_errors_are_one_line(capsys, tiny_models, tmp_path):
     assert "--max-new-tokens" in capsys.readouterr().err
 
 
-@needs_shared
 def test_data_folder_prompts_are_the_corpus_training_prompts():
-    prompts = read_prompts(SHARED_DATA, smoke=True)
-    assert prompts == [c.prompt for c in zoo_corpus(SHARED_DATA, smoke=True).train]
+    prompts = read_prompts(DATA, smoke=True)
+    assert prompts == [c.prompt for c in zoo_corpus(DATA, smoke=True).train]

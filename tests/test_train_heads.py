@@ -17,7 +17,7 @@ from specbench.heads.train import target_pass, unroll
 from specbench.models.loading import load_causal_lm, load_tokenizer
 from specbench.zoo.text import token_streams
 
-from .conftest import SHARED_DATA, needs_shared, random_llama
+from .conftest import DATA, random_llama
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +88,9 @@ def test_unroll_matches_drafting_one_chain_at_a_time():
             torch.testing.assert_close(x[0, 0], steps[step - 1][0, anchor], atol=1e-5, rtol=1e-5)
 
 
-@needs_shared
 def test_data_folder_gives_the_zoo_corpus_split(tiny_models):
     tokenizer = load_tokenizer(str(tiny_models[0]))
-    train, heldout = token_streams(SHARED_DATA, tokenizer, smoke=True)
+    train, heldout = token_streams(DATA, tokenizer, smoke=True)
     assert len(train) > 5 * len(heldout) > 0  # the smoke plan holds out 10%
 
 

@@ -20,10 +20,7 @@ from specbench.zoo.plan import FULL
 from specbench.zoo.prompts import spec_bench_first_turns
 from specbench.zoo.train import HISTORY, read_history
 
-from .conftest import SHARED_DATA as DATA_DIR
-from .conftest import needs_shared
-
-pytestmark = needs_shared
+from .conftest import DATA as DATA_DIR
 
 RECIPE_RUNS = ["target", "target (stage 2)", "target (stage 3, answer tuning)", "draft (+ 3 target answers)"]
 
