@@ -1,9 +1,13 @@
 """The YAML presets: where they live (`methods/` and `tasks/` in a checkout, `specbench/_presets/` in a wheel,
 plus folders added at run time by `registry.add_methods`) and the keys each kind may hold, read into typed
-objects so a misspelt key or a wrong type fails in one line naming the file and the key."""
+objects so a misspelt key or a wrong type fails in one line naming the file and the key; and method variants
+(`eagle2[top_k=6]`), checked against their preset's params. Nothing here imports torch: a run's methods are
+checked before anything heavy loads."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +145,74 @@ def _first_error(err: ValidationError, schema: type[Strict]) -> str:
     if first["type"] == "missing":
         return f"key '{key}' is missing"
     return f"key '{key}': {first['msg']}" if key else first["msg"].removeprefix("Value error, ")
+
+
+_VARIANT = re.compile(r"^([\w.-]+)\[(.*)\]$")
+# the values a variant may give a parameter, by the type of the preset's value (bool first: a bool is an int)
+_KINDS: tuple[tuple[type, tuple[type, ...], str], ...] = (
+    (bool, (bool,), "true or false"),
+    (int, (int,), "a whole number"),
+    (float, (int, float), "a number"),
+    (str, (str,), "a string"),
+)
+
+
+def variant(name: str) -> tuple[str, dict]:
+    """'eagle2[top_k=6,depth=4]' -> ('eagle2', {'top_k': 6, 'depth': 4}); values are read as YAML scalars."""
+    match = _VARIANT.match(name)
+    if match is None:
+        if "[" in name or "]" in name:
+            raise SpecbenchError(f"method '{name}': write a variant as base[key=value,...], e.g. eagle2[top_k=6]")
+        return name, {}
+    params = {}
+    for item in match.group(2).split(","):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not key.isidentifier() or not value:
+            raise SpecbenchError(f"method '{name}': write parameters as key=value, e.g. eagle2[top_k=6,depth=4]")
+        try:
+            params[key] = yaml.safe_load(value)
+        except yaml.YAMLError:  # e.g. a list cut at its comma: the commas between brackets separate parameters
+            raise SpecbenchError(
+                f"method '{name}': cannot read {key}={value}; give a number, true, false, null or a word"
+            ) from None
+    return match.group(1), params
+
+
+def variant_name(base: str, params: dict, defaults: dict) -> str:
+    """What `variant` reads back: 'eagle2[top_k=6,depth=4]', the params that differ from `defaults` in their order;
+    a string bare where it reads back as itself ('draft_dtype=bfloat16')."""
+    changed = [f"{k}={_scalar(v)}" for k, v in params.items() if defaults.get(k) != v]
+    return f"{base}[{','.join(changed)}]" if changed else base
+
+
+def _scalar(value: Any) -> str:
+    return value if isinstance(value, str) and yaml.safe_load(value) == value else json.dumps(value, default=str)
+
+
+def check_params(method: str, defaults: dict[str, Any], params: dict[str, Any]) -> None:
+    """Each of `params` must be one of the preset's (`defaults`) and, where the preset's value is a boolean, a whole
+    number, a number or a string, of that kind: one line naming the choices before anything loads, rather than a
+    builder's TypeError once the target has. Lists (a tree's paths) and params whose preset value is null are left
+    to the builder."""
+    for key, value in params.items():
+        if key not in defaults:
+            known = f"its parameters are {', '.join(defaults)}" if defaults else "it has no parameters"
+            raise SpecbenchError(f"{method}: unknown parameter '{key}'; {known}")
+        default = defaults[key]
+        kind = next(((accepted, words) for t, accepted, words in _KINDS if isinstance(default, t)), None)
+        if kind is None or isinstance(value, (list, dict)):
+            continue
+        accepted, words = kind
+        if not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted):
+            raise SpecbenchError(
+                f"{method}: parameter '{key}' takes {words} (its preset's is {_scalar(default)}), got {_scalar(value)}"
+            )
+
+
+def method(name: str) -> MethodPreset:
+    """A method's preset; for a variant `base[key=value,...]`, base's with those params changed, each checked
+    against base's (`check_params`)."""
+    base, overrides = variant(name)
+    spec = load("methods", base)
+    check_params(base, spec.params, overrides)
+    return spec.model_copy(update={"params": {**spec.params, **overrides}}) if overrides else spec

@@ -122,13 +122,43 @@ def _source_file(source: presets.TaskSource, data: Path | None, download: bool =
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}  # suffix -> datasets builder
 
 
+def _is_file(name: str) -> bool:
+    """Whether `name` is a task file (by its suffix, or an existing file) rather than a preset's name."""
+    return Path(name).suffix.lower() in FORMATS or Path(name).is_file()
+
+
+def _builder(path: Path) -> str:
+    """The `datasets` builder that reads a task file, by its suffix."""
+    kind = FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise SpecbenchError(f"{path}: a task file is {', '.join(FORMATS)}")
+    return kind
+
+
+def _existing(path: Path) -> Path:
+    """A task file that exists; one line naming what a task can be when it does not."""
+    if not path.is_file():
+        raise SpecbenchError(
+            f"task file {path} does not exist: give a {', '.join(FORMATS)} file or a task ({', '.join(available())})"
+        )
+    return path
+
+
+def check(name: str) -> None:
+    """What `load` would refuse before reading a question, here without `datasets`, torch or the network, so a run
+    names a mistake before its heavy imports: an unknown preset, a preset's bad YAML, a task file that is missing
+    or of a format not read."""
+    if _is_file(name):
+        _builder(_existing(Path(name)))
+    else:
+        presets.load("tasks", name)
+
+
 def read_records(path: Path) -> list[dict]:
     """A local file's records through `datasets` (its Arrow cache makes a second read cheap), fields that a
     record lacks left out. A JSON-lines file `datasets` cannot read is read line by line, which names a bad
     line or reads lines whose field types differ (Arrow needs one type per field)."""
-    kind = FORMATS.get(path.suffix.lower())
-    if kind is None:
-        raise SpecbenchError(f"{path}: a task file is {', '.join(FORMATS)}")
+    kind = _builder(path)
     datasets = _quiet_datasets()
     try:
         table = datasets.load_dataset(kind, data_files=str(path), split="train")
@@ -186,9 +216,7 @@ def _questions(records: list[dict], path: Path, fields: dict, default_category: 
 def from_file(path: str | Path, field_map: dict[str, str] | None = None) -> Task:
     """A user's file (FORMATS): `turns` (list) or `prompt`/`question`/`instruction`/`text` (string) per record,
     by default."""
-    path = Path(path)
-    if not path.is_file():
-        raise SpecbenchError(f"task file {path} does not exist")
+    path = _existing(Path(path))
     records = read_records(path)
     if not records:
         raise SpecbenchError(f"{path}: no records")
@@ -206,7 +234,7 @@ def load(
     name: str, data: str | Path | None = None, field_map: dict[str, str] | None = None, download: bool = True
 ) -> Task:
     """A preset name from tasks/, or a path to a task file; `download=False` raises NotDownloaded instead."""
-    if Path(name).suffix.lower() in FORMATS or Path(name).is_file():
+    if _is_file(name):
         return from_file(name, field_map)
     spec = presets.load("tasks", name)
     fields = spec.fields or {"turns": "turns"}
@@ -242,8 +270,6 @@ def limit_per_category(questions: list[Question], limit: int | None) -> list[Que
     """The first `limit` questions of each reporting category, in file order."""
     if limit is None:
         return questions
-    if limit < 1:
-        raise SpecbenchError(f"--limit must be at least 1, got {limit}")
     seen: dict[str, int] = {}
     out = []
     for q in questions:

@@ -115,7 +115,11 @@ def test_method_variant_runs_beside_its_base_with_its_own_params(capsys, tiny_mo
 
 @pytest.mark.parametrize(
     "methods, message",
-    [("pld[max_ngram]", "key=value"), ("pld[bogus=1]", "bad parameters for method 'pld[bogus=1]'"), ("pld[", "base[")],
+    [
+        ("pld[max_ngram]", "key=value"),
+        ("pld[bogus=1]", "pld: unknown parameter 'bogus'; its parameters are max_ngram_size, num_pred_tokens"),
+        ("pld[", "base["),
+    ],
 )
 def test_bad_method_variant_says_how_to_write_one(capsys, tiny_models, tmp_path, methods, message):
     assert message in error_of(capsys, [*base(tiny_models, tmp_path), "--methods", methods])

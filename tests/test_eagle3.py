@@ -340,7 +340,7 @@ def test_train_eagle3_writes_the_official_layout(capsys, deep_target, tmp_path):
 
 def test_preset_and_aliases():
     assert methods.preset("eagle3").params == {
-        "total_tokens": 60, "depth": 7, "top_k": 10, "draft_dtype": None, "draft_vocab": None
+        "total_tokens": 60, "depth": 7, "top_k": 10, "sampled": False, "draft_dtype": None, "draft_vocab": None
     }  # fmt: skip
     assert aliases.resolve("vicuna-13b").heads["eagle3"].id == "yuhuili/EAGLE3-Vicuna1.3-13B"
     llama31 = aliases.resolve("llama3.1-8b")

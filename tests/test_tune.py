@@ -167,7 +167,7 @@ def test_tuned_file_from_another_device_is_refused(capsys, tiny_models, tmp_path
     ("args", "message"),
     [
         (["--method", "suffix"], "nothing to tune"),
-        (["--method", "sps", "--grid", "gamma=1,2"], "'gamma' is not a parameter of method 'sps'"),
+        (["--method", "sps", "--grid", "gamma=1,2"], "sps: unknown parameter 'gamma'; its parameters are num_draft"),
         (["--method", "sps", "--tasks", "quick"], "another task than the evaluation task"),
         (["--method", "sps", "--grid", "depth"], "--grid takes KEY=V1,V2"),
     ],

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..errors import SpecbenchError
+from ..run.inputs import check
+from ..tasks import check as check_task
 
 
 def run_config(args, **settings) -> RunConfig:
@@ -37,6 +39,7 @@ def run(args) -> None:
         compile=args.compile, graphs=args.graphs, engine=args.engine, concurrency=args.concurrency,
         one_engine_at_a_time=args.one_engine_at_a_time,
     )  # fmt: skip
+    check(cfg)  # before the imports below (seconds of torch and every method): a mistake is one line at once
     if args.dry_run:
         from ..run import plan
 
@@ -59,17 +62,22 @@ def run(args) -> None:
 
 
 def tune(args) -> None:
+    cfg = run_config(args, methods=["vanilla", args.method], tasks=args.tasks)
+    check(cfg)  # before the imports below, as `run` does
+    if not args.no_verify:  # read only after the search, minutes later: a typo fails now
+        check_task(args.eval_task)
     from ..tune.command import tune as tune_method
     from ..tune.space import TuneConfig, grid_values
 
-    tune_method(TuneConfig(args.method, run_config(args, tasks=args.tasks), args.eval_task, args.budget,
-                           grid_values(args.grid), not args.no_verify, args.tuned_file, args.out))  # fmt: skip
+    tune_method(TuneConfig(args.method, cfg, args.eval_task, args.budget, grid_values(args.grid), not args.no_verify,
+                           args.tuned_file, args.out))  # fmt: skip
 
 
 def verify(args) -> int:
+    cfg = run_config(args, methods=["vanilla", args.method], tasks=args.tasks, graphs=args.graphs)
+    check(cfg)  # before the imports below, as `run` does
     from ..run.audit import audit
 
-    cfg = run_config(args, tasks=args.tasks, graphs=args.graphs)
     return audit(cfg, args.method, args.mode, args.temperature, args.samples, args.horizon, args.prompts, args.alpha)
 
 

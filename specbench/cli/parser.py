@@ -7,6 +7,8 @@ import argparse
 import re
 from pathlib import Path
 
+from ..models.placement import DEVICES, DTYPES
+
 
 def _floats(text: str) -> list[float]:
     try:
@@ -71,9 +73,9 @@ def _head(text: str) -> tuple[str, str]:
 def _device_options() -> argparse.ArgumentParser:
     """Where and how a model computes, and the seed: every command that loads one."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--device", default="auto", help=", ".join(DEVICES))
     p.add_argument("--dtype", default="auto",
-                   help="auto (fp16 on CUDA, fp32 on CPU), float32, float16, bfloat16 (the target's; heads train in "
+                   help=f"auto (fp16 on CUDA, fp32 on CPU), {', '.join(DTYPES)} (the target's; heads train in "
                    "float32)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -120,7 +122,12 @@ def _model_options() -> argparse.ArgumentParser:
         help="field mapping for a JSONL task: id=, category=, prompt= or turns=",
     )
     p.add_argument("--limit", type=int, help="questions per category")
-    p.add_argument("--max-new-tokens", type=int, help="tokens per turn (default: the task's own)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help="tokens per turn (default: the task's own); at most the model's context less one (more is refused, not "
+        "capped: an answer stops where prompt and answer fill the context)",
+    )
     return p
 
 

@@ -9,16 +9,13 @@ helpers (`Nested`, `chain_prefix`, `tree_prefix`); token trees come from `specbe
 from __future__ import annotations
 
 import importlib
-import json
 import pkgutil
-import re
-
-import yaml
 
 from .. import presets, registry
 from ..core import acceptance
 from ..core.proposer import NO_PROPOSAL, Feedback, Nested, Proposal, Proposer, Turn, chain_prefix, tree_prefix
 from ..errors import SpecbenchError
+from ..presets import variant, variant_name
 from ..registry import Need, implementation, parse_needs
 from .resources import Resources
 
@@ -30,16 +27,14 @@ def available() -> list[str]:
     return presets.names("methods")
 
 
-_VARIANT = re.compile(r"^([\w.-]+)\[(.*)\]$")
-
-
 def preset(name: str) -> presets.MethodPreset:
-    """A method's YAML preset; for a variant `base[key=value,...]`, base's preset with those params changed."""
-    base, overrides = variant(name)
-    spec = presets.load("methods", base)
+    """A method's YAML preset; for a variant `base[key=value,...]`, base's preset with those params changed
+    (`presets.method`), naming a registered implementation."""
+    spec = presets.method(name)
     if spec.implementation not in registry.IMPLEMENTATIONS:
+        base = variant(name)[0]
         raise SpecbenchError(f"method preset '{base}' names an unknown implementation {spec.implementation}")
-    return spec.model_copy(update={"params": {**spec.params, **overrides}}) if overrides else spec
+    return spec
 
 
 def needs(name: str) -> list[Need]:
@@ -54,33 +49,6 @@ def eager_drafting(name: str) -> bool:
     if graphed is not None and graphed(spec.params):
         return False
     return any(need.kind == "head" and not registry.HEADS[need.family].static for need in needs(name))
-
-
-def variant(name: str) -> tuple[str, dict]:
-    """'eagle2[top_k=6,depth=4]' -> ('eagle2', {'top_k': 6, 'depth': 4}); values are read as YAML scalars."""
-    match = _VARIANT.match(name)
-    if match is None:
-        if "[" in name or "]" in name:
-            raise SpecbenchError(f"method '{name}': write a variant as base[key=value,...], e.g. eagle2[top_k=6]")
-        return name, {}
-    params = {}
-    for item in match.group(2).split(","):
-        key, sep, value = (part.strip() for part in item.partition("="))
-        if not sep or not key.isidentifier() or not value:
-            raise SpecbenchError(f"method '{name}': write parameters as key=value, e.g. eagle2[top_k=6,depth=4]")
-        params[key] = yaml.safe_load(value)
-    return match.group(1), params
-
-
-def variant_name(base: str, params: dict, defaults: dict) -> str:
-    """What `variant` reads back: 'eagle2[top_k=6,depth=4]', the params that differ from `defaults` in their order;
-    a string bare where it reads back as itself ('draft_dtype=bfloat16')."""
-    changed = [f"{k}={_scalar(v)}" for k, v in params.items() if defaults.get(k) != v]
-    return f"{base}[{','.join(changed)}]" if changed else base
-
-
-def _scalar(value) -> str:
-    return value if isinstance(value, str) and yaml.safe_load(value) == value else json.dumps(value)
 
 
 def build(name: str, res: Resources, overrides: dict | None = None) -> Proposer:

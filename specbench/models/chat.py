@@ -40,14 +40,18 @@ def _vicuna():
 
 
 def prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of the prompt for the next assistant turn of `messages`."""
+    """Token ids of the prompt for the next assistant turn of `messages`. Without transformers' warning on a prompt
+    longer than the tokenizer's maximum: callers hold prompts to the model's context themselves (`fitting_prompt`
+    refuses one in a line, which that warning would precede)."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, tokenizer_kwargs={"verbose": False}
+        )
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return list(ids)
     text = vicuna_prompt(messages, eos=tokenizer.eos_token or "</s>")
-    return tokenizer(text, add_special_tokens=True)["input_ids"]
+    return tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
 
 
 def messages(turns: list[str], answers: list[str]) -> list[dict[str, str]]:

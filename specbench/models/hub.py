@@ -111,6 +111,19 @@ def cached_commit(source: Source) -> str | None:
     return ref.read_text().strip() if ref.is_file() else None
 
 
+def local_file(source: Source, name: str) -> Path | None:
+    """One file of a checkpoint where it is on this machine already (its folder, or the hub cache at the revision
+    the source resolves to), without the network; None otherwise (a GGUF has files only once converted)."""
+    if source.gguf:
+        return None
+    if source.local:
+        path = Path(source.id).expanduser() / name
+    else:
+        commit = cached_commit(source)
+        path = _cache_root(source.id) / "snapshots" / commit / name if commit else None
+    return path if path is not None and path.is_file() else None
+
+
 def _folder_files(folder: Path) -> dict[str, int | None]:
     return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
 

@@ -11,6 +11,7 @@ from typing import TypeVar
 import torch
 
 from ..errors import SpecbenchError
+from . import placement
 from .aliases import TINY_DIR
 from .few_rows import use_few_row_layout
 from .norms import fuse_norms
@@ -19,25 +20,22 @@ from .residuals import fuse_residuals
 
 
 def pick_device(device: str) -> torch.device:
+    placement.check_device(device)
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as err:
-        raise SpecbenchError(f"bad --device '{device}': use auto, cpu, cuda or cuda:N") from err
+    dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SpecbenchError(f"--device {device} asked for, but no CUDA device is available: use --device cpu")
     return dev
 
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {name: getattr(torch, name) for name in placement.DTYPES}
 
 
 def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.float16 if device.type == "cuda" else torch.float32
-    if dtype not in DTYPES:
-        raise SpecbenchError(f"bad --dtype '{dtype}': use auto, {', '.join(DTYPES)}")
+    placement.check_dtype(dtype)
     return DTYPES[dtype]
 
 

@@ -14,6 +14,7 @@ from ..models import aliases, gguf, hub, loading
 from ..models.aliases import ModelSpec
 from ..models.hub import Checkpoint, Source
 from ..registry import HEADS, Need
+from . import inputs
 
 DEFAULT_METHODS = ["vanilla", "sps", "pld"]  # `specbench run` without --methods: those of them the model can run
 
@@ -138,11 +139,10 @@ def describe(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def _target_shape(target: Checkpoint, trust_remote_code: bool) -> tuple[int, int]:
+def _target_shape(target: Checkpoint, path: Path, trust_remote_code: bool) -> tuple[int, int]:
     """The target's hidden size and vocabulary from its config.json alone (its weights are not fetched yet)."""
     from transformers import AutoConfig
 
-    path = hub.fetch_file(target, "config.json")
     try:
         config = AutoConfig.from_pretrained(path.parent, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
@@ -151,11 +151,14 @@ def _target_shape(target: Checkpoint, trust_remote_code: bool) -> tuple[int, int
     return text.hidden_size, text.vocab_size
 
 
-def fetch(plan: Plan, trust_remote_code: bool = False) -> dict[str, Path]:
+def fetch(plan: Plan, cfg: RunConfig) -> dict[str, Path]:
     """Every checkpoint as a local folder (downloads included), checked against the target before it loads:
-    heads first (a head for another hidden size fails before the target's weights are fetched), the target last."""
+    --max-new-tokens against its context and heads against its shape (both fail before its weights are fetched),
+    the target last."""
     target = plan.checkpoints["target"]
-    hidden, vocab = _target_shape(target, trust_remote_code)
+    config = hub.fetch_file(target, "config.json")
+    inputs.fit_context(cfg, plan.spec.name, config)  # a hub target's config may reach this machine only now
+    hidden, vocab = _target_shape(target, config, cfg.trust_remote_code)
     paths = {}
     for role, ck in plan.checkpoints.items():
         if role == "target":
@@ -172,8 +175,8 @@ def fetch(plan: Plan, trust_remote_code: bool = False) -> dict[str, Path]:
                 )
     paths["target"] = hub.fetch(target)
     if "draft" in paths:
-        draft_tokenizer = loading.load_tokenizer(paths["draft"], trust_remote_code)
-        if not loading.same_tokenizer(draft_tokenizer, loading.load_tokenizer(paths["target"], trust_remote_code)):
+        draft_tokenizer = loading.load_tokenizer(paths["draft"], cfg.trust_remote_code)
+        if not loading.same_tokenizer(draft_tokenizer, loading.load_tokenizer(paths["target"], cfg.trust_remote_code)):
             raise SpecbenchError(
                 f"draft '{plan.checkpoints['draft'].source}' uses a different tokenizer from target "
                 f"'{target.source}': a draft must share it"

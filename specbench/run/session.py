@@ -72,7 +72,7 @@ class Session:
     def open(cls, cfg: RunConfig) -> Session:
         """Plan, fetch and check every checkpoint, then load the target: mistakes surface before it loads."""
         plan = prepare(cfg)
-        return cls(cfg, plan, planning.fetch(plan, cfg.trust_remote_code))
+        return cls(cfg, plan, planning.fetch(plan, cfg))
 
     def prompt(self, question: tasks.Question, answers: list[str]) -> list[int]:
         """The prompt ids of the question's turn after `answers`; a clear error when they fill the model's context."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from .. import methods, registry
+from .. import methods, presets, registry
 from ..config import RunConfig
 from ..errors import SpecbenchError
 
@@ -36,8 +36,8 @@ def space(method: str, grid: dict[str, list]) -> tuple[list[dict], list[dict]]:
         raise SpecbenchError(f"method '{method}' has nothing to tune: its preset has no `tune:` values; "
                              "pass --grid KEY=V1,V2 with a parameter of its preset")  # fmt: skip
     for key, vals in values.items():
-        if key not in defaults:
-            raise SpecbenchError(f"'{key}' is not a parameter of method '{method}' (it has {', '.join(defaults)})")
+        for value in vals:
+            presets.check_params(method, defaults, {key: value})
         if defaults[key] not in vals:
             values[key] = [*vals, defaults[key]]
     nested = registry.IMPLEMENTATIONS[spec.implementation].nested

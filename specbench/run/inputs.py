@@ -1,0 +1,117 @@
+"""A run's options checked before anything heavy is imported or loaded: the settings (--device and --dtype by
+name), each method and variant (from the presets' YAML alone), each task (a preset's name or a file that exists)
+and --max-new-tokens against the target's context (its config.json, where it is on this machine). A mistake is one
+line and exit status 2 within a second or two, not after the target has loaded; `plan.make` then checks what needs
+the methods' code or the hub (what the model can run, the checkpoints), and `fit_prompts` the questions once the
+target's tokenizer is on this machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import presets, tasks
+from ..config import RunConfig
+from ..errors import SpecbenchError
+from ..models import aliases, hub, placement
+
+
+def check(cfg: RunConfig) -> None:
+    """Every option of `cfg` that can be judged without torch, the methods' modules or the network."""
+    _settings(cfg)
+    for name in cfg.methods:
+        if name not in ("all", "default"):
+            presets.method(name)
+    for name in cfg.tasks:
+        tasks.check(name)
+    spec = aliases.resolve(cfg.model, cfg.revision)
+    fit_context(cfg, spec.name, hub.local_file(spec.target, "config.json"))
+
+
+def _context(cfg: RunConfig, model: str, config: Path | None) -> tuple[int, str] | None:
+    """The tokens prompt and answer may fill together, and how to name that limit: config.json's
+    max_position_embeddings, as the decode loop reads it (with --graphs, at most the static cache's). None when the
+    config is not on this machine (a hub target not cached), unreadable or without the key: the load says more."""
+    if config is None:
+        return None
+    try:
+        context = json.loads(config.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):  # unreadable, or not a JSON object: the load says why
+        return None
+    if not isinstance(context, int):
+        return None
+    where = f"{model}'s context of {context} tokens"
+    if cfg.graphs:
+        from ..core.static_lm import MAX_CACHE  # imports torch: only with --graphs
+
+        if context > MAX_CACHE:
+            context, where = MAX_CACHE, f"the static KV cache of --graphs ({MAX_CACHE} tokens)"
+    return context, where
+
+
+def fit_context(cfg: RunConfig, model: str, config: Path | None) -> None:
+    """Refuse a --max-new-tokens the target's context (`_context`) cannot hold beside a one-token prompt, rather
+    than cap it: decoding would stop where prompt and answer fill the context, so the setting asked for would not be
+    the one measured."""
+    if cfg.max_new_tokens is None:
+        return
+    limit = _context(cfg, model, config)
+    if limit is None:
+        return
+    context, where = limit
+    if cfg.max_new_tokens >= context:
+        raise SpecbenchError(
+            f"--max-new-tokens {cfg.max_new_tokens} does not fit {where}, prompt and answer together: "
+            f"pass at most {context - 1}"
+        )
+
+
+def fit_prompts(cfg: RunConfig, model: str, target: Path, questions: list[tasks.Question]) -> None:
+    """Refuse a question whose first prompt fills the target's context (`_context`), with the target's tokenizer
+    alone: once the target is fetched, before its weights load (a minute for a large one) rather than after. Later
+    turns hold the model's own answers, so only the run can tell whether they fit."""
+    limit = _context(cfg, model, target / "config.json")
+    if limit is None:
+        return
+    context, _ = limit
+    from ..models.chat import fitting_prompt
+    from ..models.loading import load_tokenizer  # imports torch: the run has by now
+
+    tokenizer = load_tokenizer(target, cfg.trust_remote_code)
+    for question in questions:
+        fitting_prompt(tokenizer, question.turns, [], context, question.id)
+
+
+def _settings(cfg: RunConfig) -> None:
+    """The options that are wrong whatever the model: a value out of range, or one that needs another."""
+    placement.check_device(cfg.device)
+    placement.check_dtype(cfg.dtype)
+    if cfg.limit is not None and cfg.limit < 1:
+        raise SpecbenchError(f"--limit must be at least 1, got {cfg.limit}")
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens <= 0:
+        raise SpecbenchError(f"--max-new-tokens must be positive, got {cfg.max_new_tokens}")
+    if any(t < 0 for t in cfg.temperatures):
+        raise SpecbenchError("temperatures must be >= 0")
+    if cfg.repeats < 1:
+        raise SpecbenchError(f"--repeats must be at least 1, got {cfg.repeats}")
+    if cfg.shard and not 1 <= cfg.shard[0] <= cfg.shard[1]:
+        raise SpecbenchError(f"--shard {cfg.shard[0]}/{cfg.shard[1]}: write I/N with 1 <= I <= N, e.g. 2/4")
+    if cfg.workers is not None and cfg.workers < 1:
+        raise SpecbenchError(f"--workers must be at least 1, got {cfg.workers}")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise SpecbenchError(f"--threads must be at least 1, got {cfg.threads}")
+    if cfg.ray_address and not cfg.workers:
+        raise SpecbenchError("--ray-address needs --workers N: how many workers to run on that cluster")
+    if cfg.engine not in ("specbench", "vllm"):
+        raise SpecbenchError(f"unknown --engine '{cfg.engine}': use specbench (our loop, the default) or vllm")
+    if (cfg.concurrency or cfg.one_engine_at_a_time) and cfg.engine != "vllm":
+        flag = "--concurrency" if cfg.concurrency else "--one-engine-at-a-time"
+        raise SpecbenchError(f"{flag} applies to engine mode: add --engine vllm")
+    if cfg.concurrency and cfg.shard:
+        raise SpecbenchError("--concurrency needs all of a task's questions in one run: drop --shard")
+    if cfg.concurrency and min(cfg.concurrency) < 1:
+        raise SpecbenchError(f"--concurrency levels must be at least 1, got {min(cfg.concurrency)}")
+    if cfg.engine == "vllm" and (cfg.workers or cfg.repeats > 1):
+        raise SpecbenchError(f"--{'workers' if cfg.workers else 'repeats'} applies to our loop, not to --engine vllm")
+    if cfg.graphs and cfg.engine == "vllm":
+        raise SpecbenchError("--graphs captures our loop's own forwards: drop --engine vllm (one regime per run)")
