@@ -87,3 +87,4 @@ class Unit:
     temperature: float
     methods: list[str]
     vanilla: Answer | None  # vanilla's answer from an earlier, resumed part of the run
+    position: int = 0  # the question's index in its task's run order (recorded, so a report can test order effects)

@@ -39,6 +39,9 @@ class Answer:
     lossless_rule: bool = True
     greedy_check: dict | None = None  # vs vanilla at T=0: match, turn, position, margins, noise, verdict
     busy_cpus: float | None = None  # CPUs' worth of other processes' work while this answer was timed
+    position: int | None = None  # the question's place in its task's run order (at this temperature)
+    slot: int | None = None  # the method's place among the methods timed on this question, in the order they ran
+    node: dict | None = None  # --workers: the worker (its number) and Ray node (id, ip, host) that answered it
     target_top1: list[list[int]] | None = None  # per turn, T=0, in memory only: core.decode.Generation's
     target_margin: list[list[float]] | None = None
 
@@ -74,6 +77,9 @@ class Answer:
                 "verify_time": self.verify_time,
                 "output_ids": self.output_ids,
                 "busy_cpus": self.busy_cpus,
+                "position": self.position,
+                "slot": self.slot,
+                "node": self.node,
                 "greedy_check": self.greedy_check,
             },
         }
@@ -193,6 +199,9 @@ def from_record(record: dict, source: Path) -> Answer:
         lossless_rule=extra.get("lossless_rule", True),
         greedy_check=extra.get("greedy_check"),
         busy_cpus=extra.get("busy_cpus"),
+        position=extra.get("position"),
+        slot=extra.get("slot"),
+        node=extra.get("node"),
     )
 
 

@@ -73,8 +73,8 @@ def test_paired_speedup_is_geometric():
 
 @pytest.mark.parametrize("seed", range(8))
 def test_paired_speedup_matches_brute_force(seed):
-    """Random questions of 1-3 turns, in shuffled order, some missing from the baseline: the pairs, their order
-    (which the bootstrap depends on) and every number equal a plain-Python computation."""
+    """Random questions of 1-3 turns, in shuffled order, some missing from the baseline: the pairs and every
+    number equal a plain-Python computation."""
     rng = random.Random(seed)
 
     def run(questions: list[int]) -> list[tuple]:
@@ -98,7 +98,8 @@ def test_paired_speedup_matches_brute_force(seed):
     assert got.pairs == expected.pairs == len(ratios)
     if ratios:
         assert got.value == pytest.approx(math.exp(sum(map(math.log, ratios)) / len(ratios)))
-        assert (got.value, got.low, got.high) == pytest.approx((expected.value, expected.low, expected.high))
+        assert (got.value, got.low, got.high) == pytest.approx((expected.value, expected.low, expected.high),
+                                                               nan_ok=True)  # one pair: no interval
     else:
         assert math.isnan(got.value)
 

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from specbench import presets
 from specbench.errors import SpecbenchError
 from specbench.report import build as report
-from specbench.report import plots, sources
+from specbench.report import metrics, plots, sources
 from specbench.report.cells import collect_cells
 from specbench.results import Answer
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-SPEC_BENCH_ANSWERS = SHARED_DATA / "spec_bench_model_answers"
-needs_answers = pytest.mark.skipif(not SPEC_BENCH_ANSWERS.is_dir(),
-                                   reason=f"Spec-Bench answer files not found at {SPEC_BENCH_ANSWERS}")
+SPEC_BENCH_ANSWERS = Path(__file__).parent / "data" / "spec_bench_model_answers"
 MT_LABELS = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 
 
@@ -81,7 +80,6 @@ def spec_bench_report(tmp_path_factory):
     return path, cells
 
 
-@needs_answers
 def test_spec_bench_report_files(spec_bench_report):
     path, cells = spec_bench_report
     assert path.name == "report.md" and path.is_file()
@@ -93,7 +91,6 @@ def test_spec_bench_report_files(spec_bench_report):
     assert len(cells) == 1 and set(cells[0].by_method) == {"vanilla", "sps-68m", "eagle"}
 
 
-@needs_answers
 def test_spec_bench_numbers_match_a_hand_computation(spec_bench_report):
     path, (cell,) = spec_bench_report
     md = path.read_text()
@@ -117,7 +114,6 @@ def test_spec_bench_numbers_match_a_hand_computation(spec_bench_report):
     assert table_row(md, "Leaderboard", "eagle")["Overall"] == f"{paired:.2f}× [{overall.low:.2f}, {overall.high:.2f}]"
 
 
-@needs_answers
 def test_spec_bench_report_labels_what_it_lacks(spec_bench_report):
     md = spec_bench_report[0].read_text()
     assert table_row(md, "Losslessness", "eagle")["questions checked"] == "not checked"
@@ -288,7 +284,8 @@ def test_noise_floor_and_busy_machine_notes(tmp_path):
     write(run / "answers" / "quick" / "vanilla-aa-temperature-0.jsonl", again)
     write(run / "answers" / "quick" / "sps-temperature-0.jsonl", busy)
     md = report.build_report([run], tmp_path / "out").read_text()
-    assert "noise floor (A/A: vanilla timed again in the same interleaving) 0.99× [0.98, 1.00]" in md
+    # A/A ratios 1, 1/1.01, 1/1.02, 1/1.03: logs' sd 0.0127 < their rms 0.0185, the floor; t(3) = 3.182
+    assert "noise floor (A/A: vanilla timed again in the same interleaving) 0.99× [0.96, 1.01]" in md
     assert "**busy machine**: 1 of 12 answers" in md and "more than 0.5 of 2 CPUs" in md
     quiet_run = tmp_path / "quiet"
     (quiet_run / "answers").mkdir(parents=True)
@@ -310,3 +307,107 @@ def test_noise_floor_and_busy_machine_notes(tmp_path):
 ])  # fmt: skip
 def test_a_runs_regime_says_graphs_compile_or_its_engine(manifest, regime):
     assert sources.Source(Path("run"), "run", [], manifest).regime == regime
+
+
+def test_a_report_names_its_sources_relative_to_itself(run_dir, tmp_path, monkeypatch):
+    """A report travels (committed, sent): a path of the machine that wrote it means nothing anywhere else."""
+    monkeypatch.chdir(tmp_path)
+    out = Path("reports") / "out"  # as `specbench report results/RUN --out reports/RUN` gives them
+    md = report.build_report([Path(run_dir.name)], out).read_text()
+    assert "**run-a (Fake GPU 9000)**: `../../run-a`" in md
+    texts = [p for p in out.rglob("*") if p.suffix in (".md", ".tex", ".json")]
+    assert {p.suffix for p in texts} == {".md", ".tex", ".json"}  # the speculation profiles among them
+    for path in texts:
+        text = path.read_text()
+        assert str(tmp_path) not in text and str(tmp_path.resolve()) not in text, path
+        assert not re.search(r"(^|[\s`\"'(\[])/\w", text), path  # no absolute path of any other folder either
+
+
+LONG_NAMES = ["vanilla", "vanilla-aa", "sps", "sps-68m-long-draft-name", "pld", "suffix", "lookahead",
+              "lookahead-shifted", "medusa", "medusa-typical", "eagle", "eagle2[top_k=6,depth=4]", "eagle3", "mtp",
+              "dflash", "pard"]  # fmt: skip
+
+
+def _drawn_tick_labels(ax) -> list:
+    """The tick labels a draw shows: a locator's ticks outside the view (a log axis' next decade) keep a label
+    that is never drawn."""
+    out = []
+    for axis in (ax.xaxis, ax.yaxis):
+        low, high = sorted(axis.get_view_interval())
+        ticks = [*axis.get_major_ticks(len(axis.get_majorticklocs())),
+                 *axis.get_minor_ticks(len(axis.get_minorticklocs()))]
+        out += [t.label1 for t in ticks if low - 1e-9 <= t.get_loc() <= high + 1e-9]
+    return out
+
+
+def _overlaps(a, b) -> bool:
+    """Two window extents share more than a pixel's sliver."""
+    return min(a.x1, b.x1) - max(a.x0, b.x0) > 1 and min(a.y1, b.y1) - max(a.y0, b.y0) > 1
+
+
+def test_no_figure_overlaps_its_labels_with_fifteen_long_method_names(tmp_path, monkeypatch):
+    """Every figure of a run with 16 methods, some long-named: no two texts of a figure (tick labels, legend
+    entries, axis labels, title) overlap. Side by side under bars, `lookahead-shifted` met its neighbours."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"config": {"dtype": "float32"}, "model": {"name": "tiny"},
+                                                   "machine": {"device_name": "Fake GPU 9000"}}))
+    (run / "forward_profile.json").write_text(json.dumps(PROFILE))
+    groups = ["chat", "math_reasoning", "summarization", "translation"]
+    for i, method in enumerate(LONG_NAMES):
+        deep = [1 + min(i, 6)] * 3 + [1 + (q % 12) for q in range(12)]  # deep drafts rest on few steps
+        for temperature in (0.0, 1.0):
+            answers = [answer(q, groups[q % 4], method, temperature, 1.0 / (1 + 0.1 * i), deep,
+                              tested=[min(n, 12) for n in deep], tree_size=[1 + i] * len(deep), draft_time=0.01 * i,
+                              verify_time=0.5, lossless_rule=method != "medusa-typical") for q in range(8)]  # fmt: skip
+            write(run / "answers" / "quick" / f"{method}-temperature-{temperature:g}.jsonl", answers)
+    figures = []
+    save = plots._save
+
+    def keep(fig, out_dir: Path, stem: str) -> list[Path]:
+        figures.append((stem, fig))
+        return save(fig, out_dir, stem)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    md = report.build_report([run], tmp_path / "out").read_text()
+    drawn = {stem.split("-")[0] for stem, _ in figures}
+    assert drawn == {"speedup_overview", "speedup_vs_temperature", "speedup_by_category", "accept_length_hist",
+                     "acceptance_by_position", "tau_vs_tree_size", "time_split", "roofline"}
+    assert f"fewer than {metrics.MIN_DRAFTS} drafts" in md  # the footnote says how thin points are drawn
+    for stem, fig in figures:
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        texts = [t for ax in fig.axes for t in (*_drawn_tick_labels(ax), ax.xaxis.label, ax.yaxis.label, ax.title)]
+        texts += [t for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+        boxes = [(t.get_text(), t.get_window_extent(canvas.get_renderer())) for t in texts
+                 if t.get_visible() and t.get_text().strip()]  # fmt: skip
+        assert len(boxes) > len(LONG_NAMES) or not stem.startswith(("time_split", "roofline")), stem
+        clashes = [(a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1:] if _overlaps(box, other)]
+        assert not clashes, f"{stem}: {clashes}"
+
+
+def test_acceptance_counts_are_the_drafts_each_depth_rests_on(run_dir):
+    (cell, _) = collect_cells(sources.load_sources([run_dir]))
+    steps = cell.stats["sps"].steps  # two steps a question, both drafted 3 deep
+    assert metrics.acceptance_counts(steps) == [6, 6, 6]
+    assert metrics.acceptance_counts(steps, 5) == [6, 6, 6, 0, 0]
+    assert len(metrics.acceptance_counts(steps, 5)) == len(metrics.acceptance_by_position(steps, 5))
+    assert metrics.acceptance_counts(cell.stats["vanilla"].steps) == []
+
+
+def test_one_question_cells_show_no_interval(tmp_path):
+    """`--limit 1`: a category of one question has a ratio and no interval; overall (three) has one, floored by
+    the A/A column's noise."""
+    run = tmp_path / "run"
+    groups = ["chat", "math", "rag"]
+    for method, seconds in (("vanilla", 1.0), ("vanilla-aa", 1.05), ("sps", 0.5)):
+        write(run / "answers" / "quick" / f"{method}-temperature-0.jsonl",
+              [answer(q, g, method, 0.0, seconds * (1 + 0.1 * q), [2, 2]) for q, g in enumerate(groups)])
+    (cell,) = collect_cells(sources.load_sources([run]))
+    md = report.build_report([run], tmp_path / "out").read_text()
+    row = table_row(md, "Leaderboard", "sps")
+    assert [row[g] for g in groups] == ["2.00×"] * 3 and not cell.stats["sps"].paired["chat"].has_interval
+    overall = cell.stats["sps"].paired["overall"]
+    assert overall.pairs == 3 and overall.has_interval and overall.low < 2.0 < overall.high
+    assert row["Overall"] == f"2.00× [{overall.low:.2f}, {overall.high:.2f}]"
+    assert cell.noise == pytest.approx(math.log(1.05))

@@ -46,9 +46,12 @@ def test_two_workers_give_the_single_process_answers(single, tmp_path):
     assert tokens(tmp_path) == single and len(single) == 18  # 6 questions x 3 methods, the same greedy tokens
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert len(manifest["workers"]) == 2 and all(w["torch_threads"] == 1 for w in manifest["workers"])
+    nodes = {(a.node["id"], a.node["worker"]) for a in read_answers(tmp_path)}
+    assert {worker for _, worker in nodes} == {1, 2} and len({node for node, _ in nodes}) == 1  # a local Ray
     from specbench.report.build import build_report
 
-    assert build_report([tmp_path], tmp_path / "report").is_file()
+    report = build_report([tmp_path], tmp_path / "report").read_text()
+    assert "## Which node answered what" not in report  # said of a run on more than one node only
 
 
 def _wait_for(condition, timeout: float = 180.0) -> None:

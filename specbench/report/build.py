@@ -12,7 +12,7 @@ import numpy as np
 from ..engines import concurrency
 from ..interference import BUSY_SHARE
 from . import crosscheck, metrics, regimes
-from .cells import BASELINE, OVERALL, Cell, collect_cells, file_stem, from_spec_bench, source_line
+from .cells import AA, BASELINE, OVERALL, Cell, collect_cells, file_stem, from_spec_bench, source_line
 from .plots import all_plots, method_colors, plot_concurrency
 from .sources import Source, load_sources
 from .tables import (
@@ -30,8 +30,10 @@ from .tables import (
 FOOTNOTES = """\
 - **Speedup (paired, the headline)**: geometric mean over questions of tokens/s of the method on a question ÷
   tokens/s of vanilla on the same question (paired by question id), same source, model, task and temperature;
-  95% percentile-bootstrap interval over questions in brackets. **Overall** pools every question of the cell
-  (it is not the mean of the category columns). `n/a`: no vanilla answers (or no shared questions) to compare with.
+  95% interval in brackets: Student's t over the questions' log ratios, their spread taken no smaller than the
+  per-question timing noise of the cell's A/A column; none with one question (a ratio without brackets). Few
+  questions give wide intervals: that is what they can tell. **Overall** pools every question of the cell (it is
+  not the mean of the category columns). `n/a`: no vanilla answers (or no shared questions) to compare with.
 - **Speedup (Spec-Bench definition)**: mean of per-question tokens/s of the method ÷ mean of per-question tokens/s
   of vanilla within a category, unpaired, as in Spec-Bench's `speed.py`; one run, not Spec-Bench's mean of 3.
 - **τ (mean accepted length)**: Σ new tokens / Σ decoding steps (target forwards after prefill), the target's
@@ -44,9 +46,10 @@ FOOTNOTES = """\
 - **mean tree size**: tokens sent to the target per verification forward, averaged over steps.
 - **draft share**: Σ draft time / (Σ draft time + Σ verify time).
 - **time split** (figure): Σ draft time, Σ verify time and the rest of Σ wall time (the target's prefill, the loop
-  itself) per generated token; a bar's height is 1 / tokens/s.
+  itself) per generated token; a bar's length is 1 / tokens/s.
 - **α_k**: among steps whose draft reached depth k, the share that accepted the k-th draft token (for a tree,
-  along the accepted path).
+  along the accepted path). The figure's lower panel gives how many drafts reached each depth; an α_k resting on
+  fewer than 10 drafts is drawn hollow, on a dashed line (its 95% interval spans about ±0.3 or more).
 - **roofline efficiency**: overall paired speedup ÷ τ·T(1) / (T(n) + D), the speedup an overhead-free loop would
   reach at the same τ. T(k) is the target's median forward time over k new tokens (`forward_profile.json`), n the
   mean tree size (T linearly interpolated between measured sizes), D = Σ draft time / Σ decoding steps.
@@ -85,11 +88,12 @@ def _sweeps_md(sources: list[Source], out_dir: Path) -> list[str]:
     return md
 
 
-def _sources_md(sources: list[Source]) -> str:
-    """One bullet per source; below it the hub revisions it loaded and the methods `all` skipped (why)."""
+def _sources_md(sources: list[Source], out_dir: Path) -> str:
+    """One bullet per source, its path relative to the report; below it the hub revisions it loaded and the methods
+    `all` skipped (why)."""
     lines = []
     for s in sources:
-        lines.append(f"- {source_line(s)}")
+        lines.append(f"- {source_line(s, out_dir)}")
         manifest = s.manifest or {}
         for role, ck in (manifest.get("checkpoints") or {}).items():
             if ck.get("revision"):
@@ -102,16 +106,40 @@ def _sources_md(sources: list[Source]) -> str:
     return "\n".join(lines)
 
 
-NOISE_FLOOR = "vanilla-aa"  # the runner's A/A column: vanilla timed twice per question in the same interleaving
+def _nodes_md(sources: list[Source], shown: int = 20) -> list[str]:
+    """For each run whose Ray workers ran on more than one node: one bullet per node, with its workers, how many
+    answers it gave and (the first `shown` of) its questions, so a suspect node's share of a run can be found."""
+    lines = []
+    for s in sources:
+        nodes: dict[tuple[str, str, str], list] = {}
+        for a in s.answers:
+            if a.node:
+                nodes.setdefault((a.node["host"], a.node["ip"], a.node["id"]), []).append(a)
+        if len(nodes) < 2:
+            continue
+        for (host, ip, node_id), answers in sorted(nodes.items()):
+            workers = sorted({a.node["worker"] for a in answers})
+            ids = sorted({a.question_id for a in answers}, key=lambda q: (isinstance(q, str), q))
+            more = f", … ({len(ids)} in all)" if len(ids) > shown else ""
+            lines.append(f"- {s.name}: node `{node_id[:8]}` ({host}, {ip}), worker "
+                         f"{', '.join(map(str, workers))}: {len(answers)} answers, questions "
+                         f"{', '.join(map(str, ids[:shown]))}{more}")
+    return lines
 
 
 def _notes(cells: list[Cell]) -> list[str]:
     notes = [f"- {c.missing_baseline}" for c in cells if c.missing_baseline]
     for c in cells:
-        aa = c.stats.get(NOISE_FLOOR)
+        aa = c.stats.get(AA)
         if aa is not None and c.baseline is not None:
             notes.append(f"- {c.title}: noise floor (A/A: vanilla timed again in the same interleaving) "
                          f"{fmt_speedup(aa.paired[OVERALL])}; speedups inside it are not differences")
+        if c.order is not None and c.order.flagged:
+            o = c.order
+            notes.append(f"- {c.title}: **order effect**: the A/A ratio depends on where a question ran "
+                         f"(over {o.pairs} questions: trend along the run p = {o.drift_p:.3g}; A/A timed after "
+                         f"vanilla / before it {o.first_shift:.2f}×, p = {o.first_p:.3g}); the machine drifted or "
+                         "warmed up during the run, so its speedups carry more than timing noise")
         cpus = ((c.source.manifest or {}).get("machine") or {}).get("cpu_count") or 1
         timed = c.turns.busy_cpus.dropna()  # one value per answer that recorded it
         busy = int((timed > BUSY_SHARE * cpus).sum())
@@ -128,7 +156,7 @@ def write_profiles(cells: list[Cell], out_dir: Path) -> list[Path]:
     written = []
     for c in cells:
         for method, (_, steps) in c.by_method.items():
-            if method in (BASELINE, NOISE_FLOOR):
+            if method in (BASELINE, AA):
                 continue
             k = int(np.nanmax([steps.tested.max(), steps.accepted.max() - 1, 1]))  # nan: not recorded
             profile = metrics.speculation_profile(steps, k, method)
@@ -160,10 +188,12 @@ def build_report(sources: list[Path], out_dir: Path, title: str | None = None, m
     plots = all_plots(cells, out_dir)
     title = title or "Speculative decoding report: " + ", ".join(s.name for s in loaded)
 
-    md = [f"# {title}", "", "## Sources", "", _sources_md(loaded), ""]
+    md = [f"# {title}", "", "## Sources", "", _sources_md(loaded, out_dir), ""]
     if len(loaded) > 1:
         md += ["Each source is a separate run (possibly another machine): speedups are never computed across "
                "sources; compare τ across machines, speedups only within one.", ""]
+    if nodes := _nodes_md(loaded):
+        md += ["## Which node answered what", "", *nodes, ""]
     if notes := _notes(cells):
         md += ["## Notes", "", *notes, ""]
     md += ["## Leaderboard: paired speedup over vanilla [95% CI]", ""]

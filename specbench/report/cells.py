@@ -9,6 +9,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,6 +20,7 @@ from .frames import from_sources, steps_from_sources
 from .sources import Source
 
 BASELINE = "vanilla"
+AA = "vanilla-aa"  # the runner's A/A column: vanilla timed twice per question in the same interleaving
 OVERALL = "overall"
 NA = "n/a"  # no baseline to compare with
 MISSING = "—"  # not recorded
@@ -98,6 +100,21 @@ class Cell:
         return None
 
     @cached_property
+    def noise(self) -> float:
+        """The per-question timing noise the A/A column measured over the whole cell (metrics.noise_floor): every
+        interval's floor; 0.0 without an A/A column."""
+        if self.baseline is None or AA not in self.by_method:
+            return 0.0
+        return metrics.noise_floor(self.by_method[AA][0], self.baseline)
+
+    @cached_property
+    def order(self) -> metrics.OrderEffect | None:
+        """Whether the A/A ratio depends on where a question ran (metrics.order_effect); None without A/A."""
+        if self.baseline is None or AA not in self.by_method:
+            return None
+        return metrics.order_effect(self.by_method[AA][0], self.baseline)
+
+    @cached_property
     def stats(self) -> dict[str, MethodStats]:
         out = {}
         baseline = self.turns.iloc[:0] if self.baseline is None else self.baseline
@@ -105,7 +122,7 @@ class Cell:
             s = MethodStats(method, turns, steps)
             for cat in [*self.groups, OVERALL]:
                 mine, base = select(turns, cat), select(baseline, cat)
-                s.paired[cat] = metrics.paired_speedup(mine, base)
+                s.paired[cat] = metrics.paired_speedup(mine, base, self.noise)
                 s.spec_bench[cat] = metrics.spec_bench_speedup(mine, base)
             out[method] = s
         return out
@@ -180,11 +197,13 @@ def from_spec_bench(turns: pd.DataFrame) -> bool:
     return bool((turns.seed.isna() & turns.draft_time.isna() & turns.mean_tree_size.isna()).any())
 
 
-def source_line(s: Source) -> str:
-    """`**name (device)**: `path` (dtype, torch, transformers)`."""
+def source_line(s: Source, folder: Path | None = None) -> str:
+    """`**name (device)**: `path` (dtype, torch, transformers)`; the path relative to `folder` when given (a
+    report's: `Source.where`)."""
     extra = []
     if s.manifest:
         cfg, mach = s.manifest.get("config", {}), s.manifest.get("machine", {})
         extra = [f"{k} {v}" for k, v in (("dtype", cfg.get("dtype")), ("torch", mach.get("torch")),
                                           ("transformers", mach.get("transformers"))) if v]
-    return f"**{s.label}**: `{s.path}`" + (f" ({', '.join(extra)})" if extra else "")
+    path = s.path if folder is None else s.where(folder)
+    return f"**{s.label}**: `{path}`" + (f" ({', '.join(extra)})" if extra else "")

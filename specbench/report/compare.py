@@ -2,7 +2,8 @@
 
 A row is (model, task, temperature, method, category), the category a task group or `overall`. Speed is
 judged against noise: tokens/s per question, paired by question id, new over baseline, geometric mean with
-a 95% bootstrap interval; a slowdown fails only when it is larger than the limit and its interval excludes 1.
+a 95% interval (metrics.ratio_interval, floored by both runs' A/A noise); a slowdown fails only when it is larger
+than the limit and its interval excludes 1.
 The paired speedup over vanilla is compared the same way (run-internal, so robust to machine drift).
 """
 
@@ -24,7 +25,7 @@ MACHINE_KEYS = (("config", "dtype"), ("machine", "device"), ("machine", "device_
 SOFTWARE_KEYS = (("machine", "torch"), ("machine", "transformers"), ("machine", "python"), ("machine", "git_revision"),
                  ("machine", "source_digest"))  # fmt: skip
 DOWN, UP = "▼", "▲"  # the 95% interval lies below / above 1
-MIN_PAIRS = 5  # fewer shared questions: the bootstrap interval says nothing about noise, so speed is not judged
+MIN_PAIRS = 5  # fewer shared questions: speed is not judged (the interval is too wide to gate a release on)
 
 
 @dataclass(frozen=True)
@@ -117,13 +118,13 @@ def _vanilla_first(method: str) -> tuple[bool, str]:
 
 
 def speedup_change(base_method: pd.DataFrame, base_vanilla: pd.DataFrame, new_method: pd.DataFrame,
-                   new_vanilla: pd.DataFrame) -> metrics.Speedup:
+                   new_vanilla: pd.DataFrame, noise: float = 0.0) -> metrics.Speedup:
     """Paired speedup over vanilla, new / baseline (turn rows of each): geometric mean over the questions present
-    in all four."""
+    in all four; `noise`: the interval's floor."""
     throughputs = [metrics.question_throughput(t) for t in (base_method, base_vanilla, new_method, new_vanilla)]
     shared = sorted(set.intersection(*(set(t.index) for t in throughputs)), key=str)
     bm, bv, nm, nv = (t.loc[shared].to_numpy() for t in throughputs)
-    return metrics.geometric_mean((nm / nv) / (bm / bv))
+    return metrics.geometric_mean((nm / nv) / (bm / bv), noise)
 
 
 def _beyond(change: metrics.Speedup | None, limit: float) -> bool:
@@ -166,10 +167,10 @@ def _rows(base: Cell, new: Cell, method: str, limits: Limits) -> tuple[list[Row]
         row = Row(
             base.model, base.task, base.temperature, method, cat,
             tokens_per_s=(metrics.tokens_per_second(b), metrics.tokens_per_second(n)),
-            throughput=metrics.paired_speedup(n, b),
+            throughput=metrics.paired_speedup(n, b, math.hypot(base.noise, new.noise) / math.sqrt(2)),
             speedup=(base.stats[method].paired[cat], new.stats[method].paired[cat]) if vanilla else None,
-            speedup_change=speedup_change(b, select(base.baseline, cat), n, select(new.baseline, cat))
-            if vanilla else None,
+            speedup_change=speedup_change(b, select(base.baseline, cat), n, select(new.baseline, cat),
+                                          math.hypot(base.noise, new.noise)) if vanilla else None,
             tau=(metrics.tau(b), metrics.tau(n)),
             bugs=(metrics.losslessness(b).bugs, metrics.losslessness(n).bugs) if checked else None,
         )
@@ -262,11 +263,11 @@ def to_markdown(c: Comparison) -> str:
     if c.machine_differences:
         md += [f"**Machines differ** (allowed by --allow-different-machines): {'; '.join(c.machine_differences)}. "
                "Absolute tokens/s are not comparable; the speedups over vanilla are.", ""]
-    md += [f"A row fails when {speed} drops by more than {lim.max_slowdown:.0%} and the 95% bootstrap interval of "
-           f"the change (over questions, paired by id) excludes no change; when τ new/baseline falls below "
-           f"{lim.min_tau_ratio:g}; or when a lossless method has more real greedy mismatches with vanilla than in "
-           f"the baseline. Speed is judged only over at least {MIN_PAIRS} shared questions. {DOWN}/{UP}: a change "
-           "beyond noise (interval below/above 1).", ""]
+    md += [f"A row fails when {speed} drops by more than {lim.max_slowdown:.0%} and the 95% interval of "
+           f"the change (over questions, paired by id; Student's t floored by both runs' A/A noise) excludes no "
+           f"change; when τ new/baseline falls below {lim.min_tau_ratio:g}; or when a lossless method has more real "
+           f"greedy mismatches with vanilla than in the baseline. Speed is judged only over at least {MIN_PAIRS} "
+           f"shared questions. {DOWN}/{UP}: a change beyond noise (interval below/above 1).", ""]
     cells: dict[str, list[Row]] = {}
     for r in c.rows:
         cells.setdefault(_label(r.model, r.task, r.temperature), []).append(r)

@@ -7,8 +7,8 @@ from the sources they loaded, with `from_sources` and `steps_from_sources`). Col
 
 An answer records some fields once for all its turns. They sit on its turn-0 row, so that sums and counts over
 rows take each answer once: `draft_time` and `verify_time` (seconds, all turns) are 0.0 on later turns;
-`greedy_match`, `greedy_near_tie` and `busy_cpus` are missing there. Where an answer did not record one, it is
-missing on all its rows.
+`greedy_match`, `greedy_near_tie`, `busy_cpus`, `position` and `slot` are missing there. Where an answer did not
+record one, it is missing on all its rows.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from .sources import Source, load_sources
 
 KEY = ["source", "model", "task", "temperature", "method", "question_id"]  # one answer
 ANSWER_FIELDS = [*KEY, "category", "group", "lossless_rule", "seed", "greedy_match", "greedy_near_tie", "busy_cpus",
-                 "draft_time", "verify_time", "device", "dtype", "run_started"]  # _answer_row keys, also for no answers
-COUNTED_ONCE = ["greedy_match", "greedy_near_tie", "busy_cpus"]  # missing on later turns
+                 "position", "slot", "draft_time", "verify_time", "device", "dtype",
+                 "run_started"]  # _answer_row keys, also for no answers
+COUNTED_ONCE = ["greedy_match", "greedy_near_tie", "busy_cpus", "position", "slot"]  # missing on later turns
 SUMMED_ONCE = ["draft_time", "verify_time"]  # 0.0 on later turns
 
 
@@ -49,6 +50,8 @@ def _answer_row(source: Source, answer: Answer) -> dict:
         "greedy_match": check.get("match"),
         "greedy_near_tie": check.get("near_tie"),
         "busy_cpus": answer.busy_cpus,
+        "position": answer.position,
+        "slot": answer.slot,
         "draft_time": answer.draft_time,
         "verify_time": answer.verify_time,
         "device": (manifest.get("machine") or {}).get("device_name"),

@@ -3,10 +3,12 @@ rows (`frames.steps_frame`), each of one method in one cell unless said otherwis
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy import special
 
 
 def tau(turns: pd.DataFrame) -> float:
@@ -29,6 +31,22 @@ def acceptance_by_position(steps: pd.DataFrame, max_depth: int | None = None) ->
     return [float(t / r) if r else float("nan") for t, r in zip(took, reached, strict=True)]
 
 
+# alpha_k from n drafts is a binomial share: near 0.5 its 95% interval is about +-1/sqrt(n) wide (+-0.31 at n = 10),
+# and one draft more or less moves it by up to 1/n. Below 10 drafts a point says little more than "some were
+# accepted", so the report draws it apart (hollow, dashed) rather than as firmly as one resting on hundreds.
+MIN_DRAFTS = 10
+
+
+def acceptance_counts(steps: pd.DataFrame, max_depth: int | None = None) -> list[int]:
+    """n_k for k = 1..: the steps that examined draft depth k, the drafts alpha_k (`acceptance_by_position`, same
+    depths) rests on. They never grow with k, so a deep alpha_k may rest on a handful of drafts."""
+    recorded = steps[steps.tested.notna()]
+    if recorded.empty:
+        return []
+    tested = recorded.tested.to_numpy(dtype=np.int64)
+    return _at_least(tested, int(tested.max()) if max_depth is None else max_depth).tolist()
+
+
 def _at_least(values: np.ndarray, depth: int) -> np.ndarray:
     """[depth]: how many of the non-negative `values` are >= k, for k = 1..depth."""
     counts = np.bincount(values, minlength=depth + 1)
@@ -37,7 +55,7 @@ def _at_least(values: np.ndarray, depth: int) -> np.ndarray:
 
 def question_throughput(turns: pd.DataFrame) -> pd.Series:
     """Tokens/s of each question: its new tokens over its wall time, all turns; by question id, in the order the
-    questions first appear (the bootstrap resamples in that order)."""
+    questions first appear."""
     sums = turns.groupby("question_id", sort=False)[["new_tokens", "wall_time"]].sum()
     return sums.new_tokens / sums.wall_time
 
@@ -49,28 +67,127 @@ def tokens_per_second(turns: pd.DataFrame) -> float:
 @dataclass(frozen=True)
 class Speedup:
     value: float
-    low: float  # 95% bootstrap interval over questions
+    low: float  # 95% interval (`ratio_interval`); nan with a single pair: no interval
     high: float
     pairs: int
 
+    @property
+    def has_interval(self) -> bool:
+        return not (math.isnan(self.low) or math.isnan(self.high))
 
-def geometric_mean(ratios: list[float] | np.ndarray, n_boot: int = 2000, seed: int = 0) -> Speedup:
-    """Geometric mean of paired ratios, with a 95% percentile-bootstrap interval over the pairs."""
+
+def ratio_interval(logs: np.ndarray, noise: float = 0.0) -> tuple[float, float]:
+    """95% interval of the mean of paired log ratios: Student's t with n - 1 degrees of freedom over the pairs'
+    spread, that spread taken no smaller than `noise` (the per-question timing noise the A/A column measured).
+
+    Why t and not a bootstrap: with n pairs a percentile bootstrap only returns the pairs' range (n = 2: two equal
+    ratios give a zero-width interval), so it covers about half the time at n = 2; t covers 95% for normal logs at
+    every n. The floor keeps questions that agree by chance from claiming less noise than the machine has."""
+    n = logs.size
+    if n < 2:
+        return float("nan"), float("nan")
+    spread = max(float(logs.std(ddof=1)), noise)
+    half = float(special.stdtrit(n - 1, 0.975)) * spread / math.sqrt(n)  # the t quantile
+    mean = float(logs.mean())
+    return math.exp(mean - half), math.exp(mean + half)
+
+
+def geometric_mean(ratios: list[float] | np.ndarray, noise: float = 0.0) -> Speedup:
+    """Geometric mean of paired ratios, with its 95% interval (`ratio_interval`; none for one pair)."""
     logs = np.log(np.asarray(ratios, dtype=float))
     if logs.size == 0:
         return Speedup(float("nan"), float("nan"), float("nan"), 0)
-    rng = np.random.default_rng(seed)
-    boot = logs[rng.integers(0, logs.size, size=(n_boot, logs.size))].mean(axis=1)
-    low, high = np.exp(np.percentile(boot, [2.5, 97.5]))
-    return Speedup(float(np.exp(logs.mean())), float(low), float(high), int(logs.size))
+    low, high = ratio_interval(logs, noise)
+    return Speedup(float(np.exp(logs.mean())), low, high, int(logs.size))
 
 
-def paired_speedup(method_turns: pd.DataFrame, baseline_turns: pd.DataFrame, n_boot: int = 2000,
-                   seed: int = 0) -> Speedup:
-    """Geometric mean over questions of tokens/s(method) / tokens/s(baseline), paired by question id."""
+def _paired(method_turns: pd.DataFrame, baseline_turns: pd.DataFrame) -> np.ndarray:
+    """[shared questions]: tokens/s of the method / that of the baseline, question by question."""
     mine, base = question_throughput(method_turns), question_throughput(baseline_turns)
     shared = mine.index[mine.index.isin(base.index)]
-    return geometric_mean(mine.loc[shared].to_numpy() / base.loc[shared].to_numpy(), n_boot, seed)
+    return mine.loc[shared].to_numpy() / base.loc[shared].to_numpy()
+
+
+def paired_speedup(method_turns: pd.DataFrame, baseline_turns: pd.DataFrame, noise: float = 0.0) -> Speedup:
+    """Geometric mean over questions of tokens/s(method) / tokens/s(baseline), paired by question id; `noise`:
+    the interval's floor (`noise_floor`)."""
+    return geometric_mean(_paired(method_turns, baseline_turns), noise)
+
+
+def noise_floor(aa_turns: pd.DataFrame, baseline_turns: pd.DataFrame) -> float:
+    """The per-question timing noise of a paired log ratio, from the A/A column: the root mean square of
+    log(tokens/s of vanilla's second timing / its first) over the questions (about zero, the true A/A log ratio,
+    so a systematic A/A offset counts as noise too); 0.0 below two pairs."""
+    logs = np.log(_paired(aa_turns, baseline_turns))
+    return float(np.sqrt(np.mean(logs**2))) if logs.size >= 2 else 0.0
+
+
+ORDER_ALPHA = 0.01  # each of the two order tests' false-alarm rate
+
+
+@dataclass(frozen=True)
+class OrderEffect:
+    """Whether the A/A log ratio depends on where a question ran: its place in the run (drift: Spearman's rank
+    correlation with the position) or which of the two vanilla timings ran first within it (Welch's t-test)."""
+
+    pairs: int
+    drift_p: float  # nan: not testable (fewer than 6 pairs, or no recorded order)
+    first_p: float
+    first_shift: float  # A/A ratio when the A/A timing ran after vanilla / when it ran before
+
+    @property
+    def flagged(self) -> bool:
+        return any(p < ORDER_ALPHA for p in (self.drift_p, self.first_p) if not math.isnan(p))
+
+
+def _two_sided(t: float, df: float) -> float:
+    """P(|T| >= |t|) for Student's T with `df` degrees of freedom."""
+    return float(2 * special.stdtr(df, -abs(t)))
+
+
+def spearman_p(x: np.ndarray, y: np.ndarray) -> float:
+    """Two-sided p-value of Spearman's rank correlation (average ranks for ties; the t approximation with n - 2
+    degrees of freedom, as scipy.stats.spearmanr); nan when either side is constant or n < 3."""
+    rx, ry = (pd.Series(v).rank().to_numpy() for v in (x, y))
+    if x.size < 3 or rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    r = float(np.corrcoef(rx, ry)[0, 1])
+    if abs(r) >= 1:
+        return 0.0
+    return _two_sided(r * math.sqrt((x.size - 2) / (1 - r * r)), x.size - 2)
+
+
+def welch_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided p-value of Welch's t-test of equal means (Welch-Satterthwaite degrees of freedom, as
+    scipy.stats.ttest_ind(equal_var=False)); nan below two values a side or with no spread."""
+    if min(a.size, b.size) < 2:
+        return float("nan")
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    if va + vb == 0:
+        return float("nan")
+    df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
+    return _two_sided(float((a.mean() - b.mean()) / math.sqrt(va + vb)), df)
+
+
+def _order(turns: pd.DataFrame) -> pd.DataFrame:
+    """Each answer's recorded position in the run and slot within its question, by question id."""
+    return turns[turns.turn == 0].set_index("question_id")[["position", "slot"]].astype(float)
+
+
+def order_effect(aa_turns: pd.DataFrame, baseline_turns: pd.DataFrame) -> OrderEffect:
+    """Tests the A/A pairs for an order effect; needs each answer's recorded `position` and `slot` (turn-0 rows)."""
+    nan = float("nan")
+    logs = np.log((question_throughput(aa_turns) / question_throughput(baseline_turns)).dropna())  # shared questions
+    order = _order(aa_turns).add_suffix("_aa").join(_order(baseline_turns).add_suffix("_base"))
+    order = order.reindex(logs.index).dropna()
+    x, pos, after = logs.loc[order.index], order.position_aa, order.slot_aa > order.slot_base
+    if x.size < 6:
+        return OrderEffect(int(x.size), nan, nan, nan)
+    drift = spearman_p(pos.to_numpy(), x.to_numpy())
+    late, early = x[after].to_numpy(), x[~after].to_numpy()
+    first = welch_p(late, early)
+    shift = float(np.exp(late.mean() - early.mean())) if late.size and early.size else nan
+    return OrderEffect(int(x.size), drift, first, shift)
 
 
 def spec_bench_speedup(method_turns: pd.DataFrame, baseline_turns: pd.DataFrame) -> float:
@@ -169,7 +286,9 @@ def format_ratio(
     interval: str = " [{}, {}]",
 ) -> str:
     """`2.31× [2.10, 2.55]`: a ratio and its 95% interval, the one way every table writes a speedup
-    (`times` and `interval` adapt it to LaTeX)."""
+    (`times` and `interval` adapt it to LaTeX); no brackets without an interval (a single pair)."""
     text = f"{value:.{digits}f}{times}"
-    return text if low is None or high is None else text + interval.format(f"{low:.{digits}f}", f"{high:.{digits}f}")
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return text
+    return text + interval.format(f"{low:.{digits}f}", f"{high:.{digits}f}")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator, StrMethodFormatter
+from matplotlib.ticker import LogFormatter, MaxNLocator, StrMethodFormatter
 
 from .. import presets
 from . import metrics
@@ -52,8 +52,8 @@ def _lighter(color: str) -> str:
 
 
 def _yerr(speedups: list[metrics.Speedup]) -> np.ndarray:
-    """Matplotlib error bars from 95% intervals."""
-    return np.array([[p.value - p.low for p in speedups], [p.high - p.value for p in speedups]])
+    """Matplotlib error bars from 95% intervals; none where there is no interval (one question)."""
+    return np.nan_to_num(np.array([[p.value - p.low for p in speedups], [p.high - p.value for p in speedups]]))
 
 
 def _display(cells: list[Cell], method: str) -> str:
@@ -125,21 +125,41 @@ def _drafting(cell: Cell) -> list[MethodStats]:
 
 
 def plot_acceptance(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
-    """Per-position acceptance alpha_k against draft depth k, one line per method that drafts."""
-    curves = [(s, metrics.acceptance_by_position(s.steps)) for s in cell.stats.values()]
-    curves = [(s, alpha) for s, alpha in curves if alpha]
+    """Per-position acceptance alpha_k against draft depth k, one line per method that drafts, and below it the
+    drafts each alpha_k rests on: a deep alpha_k from two drafts is not drawn as firmly as one from hundreds
+    (hollow markers on a dashed line under `metrics.MIN_DRAFTS`)."""
+    curves = [(s, metrics.acceptance_by_position(s.steps), metrics.acceptance_counts(s.steps))
+              for s in cell.stats.values()]  # fmt: skip
+    curves = [curve for curve in curves if curve[1]]
     if not curves:
         return []
-    fig = Figure(figsize=(7.5, 4.0))  # (the legend beside the axes)
-    ax = fig.add_subplot()
-    for s, alpha in curves:
-        ax.plot(range(1, len(alpha) + 1), alpha, marker="o", color=colors[s.method], label=s.display)
+    fig = Figure(figsize=(7.5, 5.6))  # (the legend beside the axes)
+    ax, below = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1.6])
+    for s, alpha, counts in curves:
+        k = np.arange(1, len(alpha) + 1)
+        firm = sum(n >= metrics.MIN_DRAFTS for n in counts)  # counts never grow with k: the firm points lead
+        color = colors[s.method]
+        if firm < len(alpha):  # dashed from the last firm point on (the firm line covers that one)
+            thin = max(firm - 1, 0)
+            ax.plot(k[thin:], alpha[thin:], linestyle="--", linewidth=1, marker="o", markerfacecolor="white",
+                    color=color, label=None if firm else s.display, zorder=2)
+        if firm:
+            ax.plot(k[:firm], alpha[:firm], marker="o", color=color, label=s.display, zorder=3)
+        below.plot(k, counts, marker="o", markersize=3, linewidth=1, color=color)
+    ax.plot([], [], linestyle="--", linewidth=1, marker="o", markerfacecolor="white", color="grey",
+            label=f"α_k from < {metrics.MIN_DRAFTS} drafts")
+    below.axhline(metrics.MIN_DRAFTS, color="black", linestyle=":", linewidth=1)
+    ax.plot([], [], color="black", linestyle=":", linewidth=1, label=f"{metrics.MIN_DRAFTS} drafts (below)")
     ax.set_ylim(0, 1.02)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("draft depth k")
     ax.set_ylabel("acceptance rate α_k")
     ax.set_title(f"Per-position acceptance\n{cell.title}", fontsize=10)
-    _legend(ax)
+    _legend(ax)  # one legend: a second, beside the lower axes, met the first's tail with a dozen methods
+    below.set_yscale("log")
+    below.yaxis.set_major_formatter(LogFormatter())  # counts: 6, 30, 100 rather than 6×10^0
+    below.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
+    below.xaxis.set_major_locator(MaxNLocator(integer=True))
+    below.set_xlabel("draft depth k")
+    below.set_ylabel("drafts reaching k")
     return _save(fig, out_dir, stem)
 
 
@@ -165,8 +185,23 @@ def plot_tau_vs_tree(cell: Cell, colors: dict[str, str], out_dir: Path, stem: st
     return _save(fig, out_dir, stem)
 
 
+def _bars_height(n: int) -> float:
+    """Inches for n horizontal bars, each method's name on a line of its own: side by side under vertical bars,
+    names like `lookahead-shifted` and `medusa-typical (lossy)` overlapped their neighbours' from a dozen methods on."""
+    return max(3.0, 0.3 * n + 1.6)
+
+
+def _method_ticks(ax, stats: list[MethodStats], colors: dict[str, str]) -> None:
+    """Horizontal bars' method names, first at the top, each in its method's colour."""
+    ax.set_yticks(np.arange(len(stats)), [s.display for s in stats])
+    ax.set_ylim(len(stats) - 0.5, -0.5)
+    for tick, s in zip(ax.get_yticklabels(), stats, strict=True):
+        tick.set_color(colors[s.method])
+
+
 def plot_time_split(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
-    """Stacked bars: milliseconds per generated token in drafting, verification and the rest of the wall time."""
+    """Stacked horizontal bars, one per method: milliseconds per generated token in drafting, verification and the
+    rest of the wall time."""
     stats = [s for s in cell.stats.values() if draft_share(s.turns) is not None]
     if not stats:
         return []
@@ -175,35 +210,33 @@ def plot_time_split(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str
         tokens, draft, verify, wall = s.turns[["new_tokens", "draft_time", "verify_time", "wall_time"]].sum()
         for key, seconds in zip(parts, (draft, verify, wall - draft - verify), strict=True):
             parts[key].append(1000 * seconds / tokens)
-    fig = Figure(figsize=(max(6.5, 0.9 * len(stats) + 3.5), 4.2))
+    fig = Figure(figsize=(7.5, _bars_height(len(stats))))
     ax = fig.add_subplot()
-    x = np.arange(len(stats))
-    bottom = np.zeros(len(stats))
+    y = np.arange(len(stats))
+    left = np.zeros(len(stats))
     for (key, values), color in zip(parts.items(), TIME_COLORS, strict=True):
-        ax.bar(x, values, 0.6, bottom=bottom, label=key, color=color, edgecolor="black", linewidth=0.5)
-        bottom += values
-    ax.set_xticks(x, [s.display for s in stats])
-    for tick, s in zip(ax.get_xticklabels(), stats, strict=True):
-        tick.set_color(colors[s.method])
-    ax.set_ylabel("milliseconds per generated token")
-    ax.set_title(f"Where the time goes (bar height = 1 / tokens/s)\n{cell.title}", fontsize=10)
+        ax.barh(y, values, 0.6, left=left, label=key, color=color, edgecolor="black", linewidth=0.5)
+        left += values
+    _method_ticks(ax, stats, colors)
+    ax.set_xlabel("milliseconds per generated token")
+    ax.set_title(f"Where the time goes (bar length = 1 / tokens/s)\n{cell.title}", fontsize=10)
     _legend(ax)
     return _save(fig, out_dir, stem)
 
 
 def plot_roofline(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
-    """Roofline efficiency per method: measured speedup / the overhead-free speedup at the same tau."""
+    """Roofline efficiency per method (horizontal bars): measured speedup / the overhead-free speedup at the same
+    tau."""
     bars = [(s, roofline(cell, s)) for s in _drafting(cell)]
     bars = [(s, value) for s, value in bars if value is not None]
     if not bars:
         return []
-    fig = Figure(figsize=(max(5.0, 0.9 * len(bars) + 2), 4.0))
+    fig = Figure(figsize=(6.5, _bars_height(len(bars))))
     ax = fig.add_subplot()
-    x = np.arange(len(bars))
-    ax.bar(x, [100 * value for _, value in bars], 0.6, color=[colors[s.method] for s, _ in bars])
-    ax.axhline(100, color="black", linestyle="--", linewidth=1)
-    ax.set_xticks(x, [s.display for s, _ in bars])
-    ax.set_ylabel("roofline efficiency (%)")
+    ax.barh(np.arange(len(bars)), [100 * value for _, value in bars], 0.6, color=[colors[s.method] for s, _ in bars])
+    ax.axvline(100, color="black", linestyle="--", linewidth=1)
+    _method_ticks(ax, [s for s, _ in bars], colors)
+    ax.set_xlabel("roofline efficiency (%)")
     ax.set_title(f"Speedup reached / overhead-free speedup at the same τ\n{cell.title}", fontsize=10)
     return _save(fig, out_dir, stem)
 

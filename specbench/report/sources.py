@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,14 @@ class Source:
             return self.engine
         config = (self.manifest or {}).get("config") or {}
         return ("graphs" if config.get("graphs") else "eager") + ("+compile" if config.get("compile") else "")
+
+    def where(self, folder: Path) -> str:
+        """Its path relative to `folder` (a report's), as the report names it: an absolute path would carry the
+        machine that wrote the report into it. Its name where no relative path exists (another drive)."""
+        try:
+            return Path(os.path.relpath(self.path, Path(folder).resolve())).as_posix()
+        except ValueError:
+            return self.name
 
     @property
     def label(self) -> str:

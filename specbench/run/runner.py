@@ -20,6 +20,7 @@ from ..errors import SpecbenchError
 from ..interference import too_busy, warn_if_busy
 from ..progress import Progress
 from ..results import Answer, append, read_file
+from . import inputs
 from . import plan as planning
 from .session import prepare
 from .worker import Worker
@@ -71,36 +72,6 @@ def answer_path(run_dir: Path, task: str, method: str, temperature: float) -> Pa
     return run_dir / "answers" / task / f"{method}-temperature-{temperature:g}.jsonl"
 
 
-def _validate(cfg: RunConfig) -> None:
-    if cfg.max_new_tokens is not None and cfg.max_new_tokens <= 0:
-        raise SpecbenchError(f"--max-new-tokens must be positive, got {cfg.max_new_tokens}")
-    if any(t < 0 for t in cfg.temperatures):
-        raise SpecbenchError("temperatures must be >= 0")
-    if cfg.repeats < 1:
-        raise SpecbenchError(f"--repeats must be at least 1, got {cfg.repeats}")
-    if cfg.shard and not 1 <= cfg.shard[0] <= cfg.shard[1]:
-        raise SpecbenchError(f"--shard {cfg.shard[0]}/{cfg.shard[1]}: write I/N with 1 <= I <= N, e.g. 2/4")
-    if cfg.workers is not None and cfg.workers < 1:
-        raise SpecbenchError(f"--workers must be at least 1, got {cfg.workers}")
-    if cfg.threads is not None and cfg.threads < 1:
-        raise SpecbenchError(f"--threads must be at least 1, got {cfg.threads}")
-    if cfg.ray_address and not cfg.workers:
-        raise SpecbenchError("--ray-address needs --workers N: how many workers to run on that cluster")
-    if cfg.engine not in ("specbench", "vllm"):
-        raise SpecbenchError(f"unknown --engine '{cfg.engine}': use specbench (our loop, the default) or vllm")
-    if (cfg.concurrency or cfg.one_engine_at_a_time) and cfg.engine != "vllm":
-        flag = "--concurrency" if cfg.concurrency else "--one-engine-at-a-time"
-        raise SpecbenchError(f"{flag} applies to engine mode: add --engine vllm")
-    if cfg.concurrency and cfg.shard:
-        raise SpecbenchError("--concurrency needs all of a task's questions in one run: drop --shard")
-    if cfg.concurrency and min(cfg.concurrency) < 1:
-        raise SpecbenchError(f"--concurrency levels must be at least 1, got {min(cfg.concurrency)}")
-    if cfg.engine == "vllm" and (cfg.workers or cfg.repeats > 1):
-        raise SpecbenchError(f"--{'workers' if cfg.workers else 'repeats'} applies to our loop, not to --engine vllm")
-    if cfg.graphs and cfg.engine == "vllm":
-        raise SpecbenchError("--graphs captures our loop's own forwards: drop --engine vllm (one regime per run)")
-
-
 class LocalPool:
     """One Worker in this process: the default path, free of Ray."""
 
@@ -127,10 +98,12 @@ class LocalPool:
 
 def run(cfg: RunConfig) -> Path:
     """Run the matrix; returns the run folder. Re-running the same command resumes where it stopped."""
-    _validate(cfg)
+    inputs.check(cfg)  # `specbench run` has checked already, before its heavy imports; other callers have not
     plan = prepare(cfg)
     task_list = [tasks.load(t, cfg.data_dir, cfg.fields) for t in cfg.tasks]
-    paths = planning.fetch(plan, cfg.trust_remote_code)
+    paths = planning.fetch(plan, cfg)
+    questions = [q for task in task_list for _, q in _questions(task, cfg)]
+    inputs.fit_prompts(cfg, plan.spec.name, paths["target"], questions)  # with the tokenizer, before the weights load
     run_dir = Path(cfg.out) if cfg.out else default_out(cfg)
     if cfg.workers:
         from .scaleout import RayPool
@@ -249,7 +222,7 @@ def _units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) -> 
                 todo = [n for n in order if question.id not in done[n]]
                 if todo:
                     vanilla = done["vanilla"].get(question.id)
-                    units.append(Unit(task.name, question, budget, temperature, todo, vanilla))
+                    units.append(Unit(task.name, question, budget, temperature, todo, vanilla, i))
     return units
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 from collections import deque
 from collections.abc import Iterator
 
@@ -18,6 +19,24 @@ from . import plan as planning
 from .worker import Worker
 
 RETRIES = 2  # further attempts at a unit after its first failure
+
+
+class NodeWorker(Worker):
+    """A Worker in a Ray actor, numbered as the driver numbers its workers. Its answers name it and the node it runs
+    on, so the run records which node answered what; a retried question names the node that finished it."""
+
+    def __init__(self, number: int, cfg: RunConfig, plan: planning.Plan, workdir: str) -> None:
+        super().__init__(cfg, plan, None, workdir)
+        import ray  # imported already: this process is a Ray worker
+
+        self.node = {"worker": number, "id": ray.get_runtime_context().get_node_id(),
+                     "ip": ray.util.get_node_ip_address(), "host": platform.node()}  # fmt: skip
+
+    def answer(self, unit: Unit) -> list[Answer]:
+        answers = super().answer(unit)
+        for a in answers:
+            a.node = self.node
+        return answers
 
 
 def _ray():
@@ -59,9 +78,9 @@ class RayPool:
         self.plan = plan
         self.threads = 1 if gpu else threads  # CPUs a worker keeps busy
         quiet = {"env_vars": {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}}  # no loading bars from N workers in the log
-        self.actor = ray.remote(Worker).options(num_cpus=self.threads, num_gpus=1 if gpu else 0, max_restarts=0,
-                                                runtime_env=quiet)  # fmt: skip
-        self.actors = [self._spawn() for _ in range(n)]
+        self.actor = ray.remote(NodeWorker).options(num_cpus=self.threads, num_gpus=1 if gpu else 0, max_restarts=0,
+                                                    runtime_env=quiet)  # fmt: skip
+        self.actors = [self._spawn(i) for i in range(n)]
         self._infos = self._gather([a.info.remote() for a in self.actors], "a worker failed to start")
         self._tell_neighbours()
 
@@ -75,8 +94,8 @@ class RayPool:
         lines = [line.strip() for line in str(cause or error).splitlines() if line.strip()]
         return lines[-1] if lines else type(error).__name__
 
-    def _spawn(self):
-        return self.actor.remote(self.cfg, self.plan, None, os.getcwd())
+    def _spawn(self, i: int):
+        return self.actor.remote(i + 1, self.cfg, self.plan, os.getcwd())
 
     def _gather(self, refs: list, what: str) -> list:
         try:
@@ -117,7 +136,7 @@ class RayPool:
                 answers = ray.get(ref)
             except ray.exceptions.RayError as err:
                 if isinstance(err, ray.exceptions.RayActorError):  # the worker died: a fresh one takes its place
-                    self.actors[i] = self._spawn()
+                    self.actors[i] = self._spawn(i)
                     self.actors[i].set_neighbours.remote(self._neighbours(i))
                 if failures >= RETRIES:
                     raise SpecbenchError(

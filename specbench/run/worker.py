@@ -69,7 +69,7 @@ class Worker:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.cfg = cfg
-        self.session = Session(cfg, plan, paths or fetch(plan, cfg.trust_remote_code))
+        self.session = Session(cfg, plan, paths or fetch(plan, cfg))
         self.proposers = {name: methods.build(name, self.session.resources) for name in plan.methods}
         self.lossless = {name: methods.preset(name).lossless for name in plan.methods}
         self.warmed: set[str] = set()
@@ -151,8 +151,9 @@ class Worker:
                       f"question {unit.question.id} (nondeterministic kernels?); the median-time repeat is kept",
                       file=sys.stderr)  # fmt: skip
             _, gens, texts, _ = sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]  # the median timing
-            answers[name] = self._record(name, unit, seed, gens, texts)
-            answers[name].busy_cpus = max((r[3] for r in runs if r[3] is not None), default=None)
+            answers[name] = a = self._record(name, unit, seed, gens, texts)
+            a.busy_cpus = max((r[3] for r in runs if r[3] is not None), default=None)
+            a.position, a.slot = unit.position, unit.methods.index(name)
         check_greedy(answers, answers.get("vanilla") or unit.vanilla, unit.question, self.session.tokenizer,
                      lambda: self.session.model)  # fmt: skip
         return list(answers.values())

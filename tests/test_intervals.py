@@ -1,0 +1,152 @@
+"""The speedup interval (metrics.ratio_interval) by hand and by simulation, and the A/A order-effect tests.
+
+The simulation is the rule's justification: paired log ratios with the noise a timing has (small Gaussian jitter
+plus occasional interference that only ever slows a decode down), questions whose true speedups differ, and an
+A/A column measured in the same cell. At every n the rule must cover the true speedup in at least 93% of cells;
+the percentile bootstrap it replaced does not (about half at n = 2)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from specbench.report import metrics
+
+T_1 = 12.706204736174698  # Student's t, 97.5th percentile, 1 degree of freedom
+
+
+def test_two_ratios_hand_worked():
+    a = math.log(1.1)  # ratios 1.1 and 1.21: logs a and 2a, mean 1.5a, sample sd a / sqrt(2)
+    low, high = metrics.ratio_interval(np.array([a, 2 * a]))
+    half = T_1 * (a / math.sqrt(2)) / math.sqrt(2)
+    assert (low, high) == pytest.approx((math.exp(1.5 * a - half), math.exp(1.5 * a + half)))
+
+
+def test_agreeing_questions_cannot_claim_less_than_the_noise():
+    """The issue's A/A cell: two questions at 1.10 and 1.11. Alone they exclude 1.00; with the cell's A/A noise
+    (0.1 in logs) as the spread's floor the interval is as wide as two questions can honestly be."""
+    logs = np.log([1.10, 1.11])
+    low, high = metrics.ratio_interval(logs)
+    assert low > 1.0  # t alone: questions that agree by chance
+    low, high = metrics.ratio_interval(logs, noise=0.1)
+    mean = logs.mean()
+    assert (low, high) == pytest.approx((math.exp(mean - T_1 * 0.1 / math.sqrt(2)),
+                                         math.exp(mean + T_1 * 0.1 / math.sqrt(2))))  # fmt: skip
+    assert low < 1.0 < high
+
+
+def test_one_question_has_no_interval():
+    s = metrics.geometric_mean([1.5])
+    assert s.value == pytest.approx(1.5) and s.pairs == 1 and not s.has_interval
+    assert metrics.format_ratio(s.value, s.low, s.high) == "1.50×"
+    assert metrics.format_ratio(1.5, 1.2, 1.8) == "1.50× [1.20, 1.80]"
+    assert math.isnan(metrics.geometric_mean([]).value)
+
+
+def test_noise_floor_is_the_rms_of_aa_log_ratios():
+    def turns(seconds: list[float]) -> pd.DataFrame:
+        return pd.DataFrame({"question_id": range(len(seconds)), "new_tokens": 10, "wall_time": seconds})
+
+    base, aa = turns([1.0, 1.0, 1.0]), turns([1.0 / 1.1, 1.0 / 0.9, 1.0])  # A/A ratios 1.1, 0.9, 1.0
+    expected = math.sqrt((math.log(1.1) ** 2 + math.log(0.9) ** 2) / 3)
+    assert metrics.noise_floor(aa, base) == pytest.approx(expected)
+    assert metrics.noise_floor(aa[:1], base) == 0.0  # one pair measures nothing
+
+
+# ---------------------------------------------------------------- coverage by simulation
+
+CELLS = 1500  # simulated cells per n: a coverage estimate's standard error is about 0.006
+CATEGORIES = 6  # the floor comes from the A/A column of the whole cell, as in a report
+MU = math.log(1.4)  # the method's true speedup over the population of questions
+
+
+def timing_noise(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    """log(measured / true time) of a decode: Gaussian jitter, and one decode in six slowed by interference."""
+    return rng.normal(0, 0.03, shape) + (rng.random(shape) < 1 / 6) * rng.exponential(0.15, shape)
+
+
+def simulated_cells(rng: np.random.Generator, n: int, spread: float) -> tuple[np.ndarray, np.ndarray]:
+    """[cells, categories, n] paired log ratios of a method (true per-question speedups spread around MU) and of
+    the A/A column (true ratio 1), each question's vanilla timing shared by both."""
+    shape = (CELLS, CATEGORIES, n)
+    vanilla = timing_noise(rng, shape)
+    method = MU + rng.normal(0, spread, shape) - timing_noise(rng, shape) + vanilla
+    aa = vanilla - timing_noise(rng, shape)
+    return method, aa
+
+
+def covered(logs: np.ndarray, noise: np.ndarray, truth: float) -> float:
+    """Share of [cells, categories] intervals (the rule, each cell's floor `noise`) that contain `truth`."""
+    hits = [metrics.ratio_interval(logs[c, k], noise[c]) for c in range(logs.shape[0]) for k in range(CATEGORIES)]
+    return float(np.mean([low <= math.exp(truth) <= high for low, high in hits]))
+
+
+def bootstrap_covered(rng: np.random.Generator, logs: np.ndarray, truth: float, resamples: int = 400) -> float:
+    """The old rule: 95% percentile bootstrap of the mean log ratio over the questions."""
+    flat = logs.reshape(-1, logs.shape[-1])
+    n = flat.shape[1]
+    picks = rng.integers(0, n, size=(flat.shape[0], resamples, n))
+    means = np.take_along_axis(flat[:, None, :].repeat(resamples, 1), picks, axis=2).mean(axis=2)
+    low, high = np.percentile(means, [2.5, 97.5], axis=1)
+    return float(np.mean((low <= truth) & (truth <= high)))
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 10, 30])
+@pytest.mark.parametrize("spread", [0.0, 0.2])
+def test_the_rule_covers_at_every_n_and_the_bootstrap_did_not(n, spread):
+    rng = np.random.default_rng(1000 * n + int(10 * spread))
+    method, aa = simulated_cells(rng, n, spread)
+    noise = np.sqrt(np.mean(aa.reshape(CELLS, -1) ** 2, axis=1))  # metrics.noise_floor over the whole cell
+    assert covered(method, noise, MU) >= 0.93
+    assert covered(aa, noise, 0.0) >= 0.93
+    if n <= 5:
+        assert bootstrap_covered(rng, method, MU) < 0.90 and bootstrap_covered(rng, aa, 0.0) < 0.90
+
+
+# ---------------------------------------------------------------- order effects in the A/A column
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_spearman_and_welch_match_scipy(seed):
+    rng = np.random.default_rng(seed)
+    x, y = rng.normal(size=11), rng.normal(size=11)
+    y[3] = y[4]  # a tie
+    assert metrics.spearman_p(x, 0.5 * x + y) == pytest.approx(stats.spearmanr(x, 0.5 * x + y).pvalue, rel=1e-9)
+    a, b = x[:4], y + 0.3
+    assert metrics.welch_p(a, b) == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue, rel=1e-9)
+    assert math.isnan(metrics.welch_p(a[:1], b)) and math.isnan(metrics.spearman_p(x, np.ones(11)))
+
+
+def aa_cell(ratios: list[float], positions: list[int], aa_after: list[bool]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(A/A turns, vanilla turns), one turn per question: vanilla 10 tokens in 1 s, the A/A at `ratios` of that."""
+    n = len(ratios)
+    base = pd.DataFrame({"question_id": range(n), "turn": 0, "new_tokens": 10, "wall_time": 1.0,
+                         "position": positions, "slot": [0 if after else 1 for after in aa_after]})  # fmt: skip
+    aa = base.assign(wall_time=[1.0 / r for r in ratios], slot=[1 if after else 0 for after in aa_after])
+    return aa, base
+
+
+def test_order_effect_flags_drift_and_first_timing():
+    rng = np.random.default_rng(0)
+    n = 24
+    noise = np.exp(rng.normal(0, 0.02, n))
+    after = [i % 2 == 0 for i in range(n)]
+    steady = metrics.order_effect(*aa_cell(list(noise), list(range(n)), after))
+    assert steady.pairs == n and not steady.flagged
+    drifting = metrics.order_effect(*aa_cell(list(noise * np.linspace(0.9, 1.1, n)), list(range(n)), after))
+    assert drifting.flagged and drifting.drift_p < metrics.ORDER_ALPHA
+    warm = [r * (1.08 if a else 1.0) for r, a in zip(noise, after, strict=True)]  # the second timing is faster
+    first = metrics.order_effect(*aa_cell(warm, list(range(n)), after))
+    assert first.flagged and first.first_p < metrics.ORDER_ALPHA and first.first_shift == pytest.approx(1.08, abs=0.02)
+
+
+def test_order_effect_needs_recorded_order_and_six_pairs():
+    aa, base = aa_cell([1.0, 1.1, 0.9, 1.0, 1.2], list(range(5)), [True, False] * 2 + [True])
+    assert metrics.order_effect(aa, base).pairs == 5 and not metrics.order_effect(aa, base).flagged
+    aa, base = aa_cell([1.0] * 8, list(range(8)), [True] * 8)
+    unrecorded = metrics.order_effect(aa.assign(position=None, slot=None), base.assign(position=None, slot=None))
+    assert unrecorded.pairs == 0 and not unrecorded.flagged  # runs written before order was recorded
