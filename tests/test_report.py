@@ -362,11 +362,11 @@ def test_no_figure_overlaps_its_labels_with_fifteen_long_method_names(tmp_path, 
                               verify_time=0.5, lossless_rule=method != "medusa-typical") for q in range(8)]  # fmt: skip
             write(run / "answers" / "quick" / f"{method}-temperature-{temperature:g}.jsonl", answers)
     figures = []
-    save = plots._save
 
-    def keep(fig, out_dir: Path, stem: str) -> list[Path]:
+    def keep(fig, out_dir: Path, stem: str) -> list[Path]:  # laid out as saved, not written (half the test's time)
+        fig.tight_layout()
         figures.append((stem, fig))
-        return save(fig, out_dir, stem)
+        return []
 
     monkeypatch.setattr(plots, "_save", keep)
     md = report.build_report([run], tmp_path / "out").read_text()
