@@ -411,3 +411,15 @@ def test_one_question_cells_show_no_interval(tmp_path):
     assert overall.pairs == 3 and overall.has_interval and overall.low < 2.0 < overall.high
     assert row["Overall"] == f"2.00× [{overall.low:.2f}, {overall.high:.2f}]"
     assert cell.noise == pytest.approx(math.log(1.05))
+
+
+def test_a_speedup_axis_fits_the_speedups_not_the_widest_interval():
+    """Two questions can honestly give [0.01, 90]: the axis stops at twice the largest speedup and says so."""
+    from matplotlib.figure import Figure
+
+    ax = Figure().add_subplot()
+    wide = [metrics.Speedup(1.2, 1.1, 1.3, 12), metrics.Speedup(1.1, 0.01, 90.0, 2), metrics.Speedup(0.9, 0.9, 0.9, 1)]
+    note = plots._ratio_axis(ax, wide)
+    assert ax.get_ylim() == pytest.approx((0.0, 1.15 * 1.2)) and note == " (intervals beyond 1.4× cut)"
+    assert plots._ratio_axis(ax, [*wide[:1], metrics.Speedup(1.5, 1.0, 2.5, 3)]) == ""
+    assert ax.get_ylim()[1] == pytest.approx(2.5)  # an interval within twice the largest speedup is shown whole

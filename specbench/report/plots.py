@@ -56,6 +56,20 @@ def _yerr(speedups: list[metrics.Speedup]) -> np.ndarray:
     return np.nan_to_num(np.array([[p.value - p.low for p in speedups], [p.high - p.value for p in speedups]]))
 
 
+CUT = 2.0  # a speedup axis reaches at most this many times the largest speedup (or 1×)
+
+
+def _ratio_axis(ax, speedups: list[metrics.Speedup]) -> str:
+    """Fit the axis to the speedups, not to their widest interval: two questions can honestly give [0.01, 90], and
+    one such bar flattened every other. Returns the title's note when some interval runs past the top."""
+    values = [p.value for p in speedups if not np.isnan(p.value)] or [1.0]
+    highs = [p.high for p in speedups if p.has_interval]
+    cap = CUT * max(1.0, *values)
+    top = max(1.15 * max(1.0, *values), *(h for h in highs if h <= cap))
+    ax.set_ylim(0, top)
+    return f" (intervals beyond {top:.2g}× cut)" if any(h > top for h in highs) else ""
+
+
 def _display(cells: list[Cell], method: str) -> str:
     return next(c.stats[method].display for c in cells if method in c.stats)
 
@@ -90,7 +104,8 @@ def plot_speedups(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) 
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
     ax.set_xticks(x, [c.replace("_", " ") for c in cats])
     ax.set_ylabel("speedup over vanilla (×)")
-    ax.set_title(f"Paired speedup, 95% CI\n{cell.title}", fontsize=10)
+    cut = _ratio_axis(ax, [s.paired[c] for s in rows for c in cats])
+    ax.set_title(f"Paired speedup, 95% CI{cut}\n{cell.title}", fontsize=10)
     _legend(ax)
     return _save(fig, out_dir, stem)
 
@@ -248,16 +263,19 @@ def plot_speedup_vs_temperature(cells: list[Cell], colors: dict[str, str], out_d
         return []
     fig = Figure(figsize=(7.5, 4.2))
     ax = fig.add_subplot()
+    shown = []
     for m in sorted({s.method for c in cells for s in c.ranked()}):
         having = [c for c in cells if m in c.stats]
         sp = [c.stats[m].paired[OVERALL] for c in having]
+        shown += sp
         ax.errorbar([c.temperature for c in having], [p.value for p in sp], yerr=_yerr(sp), capsize=3, marker="o",
                     color=colors[m], label=_display(having, m))
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
     ax.set_xlabel("temperature")
     ax.set_ylabel("speedup over vanilla (×)")
-    c = cells[0]
-    ax.set_title(f"Paired speedup against temperature, 95% CI\n{c.source.label} · {c.model} · {c.task}", fontsize=10)
+    c, cut = cells[0], _ratio_axis(ax, shown)
+    ax.set_title(f"Paired speedup against temperature, 95% CI{cut}\n{c.source.label} · {c.model} · {c.task}",
+                 fontsize=10)
     _legend(ax)
     return _save(fig, out_dir, stem)
 
@@ -280,7 +298,8 @@ def plot_overview(cells: list[Cell], colors: dict[str, str], out_dir: Path, stem
     ax.set_xticks(range(len(cells)), [f"{c.source.label}\n{c.model} · {c.task}\nT={c.temperature:g}" for c in cells],
                   fontsize=8)
     ax.set_ylabel("speedup over vanilla (×)")
-    ax.set_title("Overall paired speedup, 95% CI, every run side by side (speedups never mix runs)", fontsize=10)
+    cut = _ratio_axis(ax, [s.paired[OVERALL] for c in cells for s in c.ranked()])
+    ax.set_title(f"Overall paired speedup, 95% CI{cut}, every run side by side (speedups never mix runs)", fontsize=10)
     _legend(ax)
     return _save(fig, out_dir, stem)
 

@@ -136,8 +136,8 @@ def leaderboard_tex(cell: Cell) -> str:
     head = ["Method", *(_tex(TEX_LABELS.get(c, c)) for c in cats), r"$\tau$", "Overall"]
     rows = [[_tex(s.display), *(_tex_speedup(s.paired[c]) for c in cats), f"{s.tau:.2f}",
              _tex_speedup(s.paired[OVERALL])] for s in cell.ranked()]
-    return _tabular(f"{cell.title}: paired speedup over vanilla (geometric mean, 95% bootstrap CI); tau = mean "
-                    "accepted length", head, rows)
+    return _tabular(f"{cell.title}: paired speedup over vanilla (geometric mean, 95% CI: t, A/A noise floor; none "
+                    "for one question); tau = mean accepted length", head, rows)
 
 
 def _tex_header(name: str) -> str:
