@@ -423,3 +423,4 @@ def test_a_speedup_axis_fits_the_speedups_not_the_widest_interval():
     assert ax.get_ylim() == pytest.approx((0.0, 1.15 * 1.2)) and note == " (intervals beyond 1.4× cut)"
     assert plots._ratio_axis(ax, [*wide[:1], metrics.Speedup(1.5, 1.0, 2.5, 3)]) == ""
     assert ax.get_ylim()[1] == pytest.approx(2.5)  # an interval within twice the largest speedup is shown whole
+    assert plots._ratio_axis(ax, wide[1:2]) == " (intervals beyond 1.3× cut)"  # every interval beyond the top

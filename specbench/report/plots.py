@@ -65,7 +65,7 @@ def _ratio_axis(ax, speedups: list[metrics.Speedup]) -> str:
     values = [p.value for p in speedups if not np.isnan(p.value)] or [1.0]
     highs = [p.high for p in speedups if p.has_interval]
     cap = CUT * max(1.0, *values)
-    top = max(1.15 * max(1.0, *values), *(h for h in highs if h <= cap))
+    top = max([1.15 * max(1.0, *values), *(h for h in highs if h <= cap)])
     ax.set_ylim(0, top)
     return f" (intervals beyond {top:.2g}× cut)" if any(h > top for h in highs) else ""
 
