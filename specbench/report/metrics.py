@@ -101,24 +101,24 @@ def geometric_mean(ratios: list[float] | np.ndarray, noise: float = 0.0) -> Spee
     return Speedup(float(np.exp(logs.mean())), low, high, int(logs.size))
 
 
-def _paired(method_turns: pd.DataFrame, baseline_turns: pd.DataFrame) -> np.ndarray:
-    """[shared questions]: tokens/s of the method / that of the baseline, question by question."""
+def _paired(method_turns: pd.DataFrame, baseline_turns: pd.DataFrame) -> pd.Series:
+    """Tokens/s of the method / that of the baseline, by question id, over the questions both answered."""
     mine, base = question_throughput(method_turns), question_throughput(baseline_turns)
     shared = mine.index[mine.index.isin(base.index)]
-    return mine.loc[shared].to_numpy() / base.loc[shared].to_numpy()
+    return mine.loc[shared] / base.loc[shared]
 
 
 def paired_speedup(method_turns: pd.DataFrame, baseline_turns: pd.DataFrame, noise: float = 0.0) -> Speedup:
     """Geometric mean over questions of tokens/s(method) / tokens/s(baseline), paired by question id; `noise`:
     the interval's floor (`noise_floor`)."""
-    return geometric_mean(_paired(method_turns, baseline_turns), noise)
+    return geometric_mean(_paired(method_turns, baseline_turns).to_numpy(), noise)
 
 
 def noise_floor(aa_turns: pd.DataFrame, baseline_turns: pd.DataFrame) -> float:
     """The per-question timing noise of a paired log ratio, from the A/A column: the root mean square of
     log(tokens/s of vanilla's second timing / its first) over the questions (about zero, the true A/A log ratio,
     so a systematic A/A offset counts as noise too); 0.0 below two pairs."""
-    logs = np.log(_paired(aa_turns, baseline_turns))
+    logs = np.log(_paired(aa_turns, baseline_turns).to_numpy())
     return float(np.sqrt(np.mean(logs**2))) if logs.size >= 2 else 0.0
 
 
@@ -177,7 +177,7 @@ def _order(turns: pd.DataFrame) -> pd.DataFrame:
 def order_effect(aa_turns: pd.DataFrame, baseline_turns: pd.DataFrame) -> OrderEffect:
     """Tests the A/A pairs for an order effect; needs each answer's recorded `position` and `slot` (turn-0 rows)."""
     nan = float("nan")
-    logs = np.log((question_throughput(aa_turns) / question_throughput(baseline_turns)).dropna())  # shared questions
+    logs = np.log(_paired(aa_turns, baseline_turns))
     order = _order(aa_turns).add_suffix("_aa").join(_order(baseline_turns).add_suffix("_base"))
     order = order.reindex(logs.index).dropna()
     x, pos, after = logs.loc[order.index], order.position_aa, order.slot_aa > order.slot_base
