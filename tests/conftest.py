@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():  # core.kernels' Triton kernels run on its interpreter (read when Triton is imported)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from specbench import tasks
 from specbench.zoo.tokenizer import train_tokenizer

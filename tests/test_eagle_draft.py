@@ -11,7 +11,7 @@ from specbench.core import choices
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
 from specbench.core.proposer import Turn
-from specbench.core.static_lm import StaticRows
+from specbench.core.static_cache import StaticRows
 from specbench.heads.eagle import build, config_from_target
 from specbench.methods.eagle import DYNAMIC, Draft, DynamicTree, Eagle, StaticTree
 

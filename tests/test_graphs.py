@@ -17,14 +17,16 @@ import torch
 from specbench.cli.main import main
 from specbench.core import acceptance
 from specbench.core.cached_lm import CachedLM, margins
+from specbench.core.capture import Replays
 from specbench.core.decode import decode
 from specbench.core.proposer import Proposal
-from specbench.core.static_lm import Replays, StaticCachedLM
+from specbench.core.static_lm import StaticCachedLM
 from specbench.core.step import verify
 from specbench.core.transfer import upload
 from specbench.core.tree import DeviceTree, Tree
 from specbench.methods.sps import DraftModel
 from specbench.methods.vanilla import Vanilla
+from specbench.models.decoder import Decoder
 from specbench.models.loading import load_causal_lm
 from specbench.zoo import TINY_DIR
 from tests.conftest import CUDA
@@ -42,7 +44,7 @@ def test_a_tree_forward_and_commit_match_the_eager_cache(target, device):
     """The same prefill, tree forwards (logits and features) and commits (every layer's rows moved at once) from a
     tree on the host and the same tree on the device; the next forward sees the same cache in both."""
     model = target.to(device)
-    eager, static = CachedLM(model), StaticCachedLM(model)
+    eager, static = CachedLM(model), StaticCachedLM(Decoder.adopt(model))
     tree = Tree([40, 41, 42, 43], [-1, -1, 1, 2])  # two children of the root, the second with a chain of two
     for lm in (eager, static):
         lm.prefill(PROMPT)
@@ -70,7 +72,7 @@ def test_a_greedy_forward_computes_its_picks_inside_the_captured_function(target
     launches none of it from the host; the verification keeps the accepted rows' picks, as the eager cache's
     (which leaves them to the step: it needs a few rows' margins only)."""
     model = target.to(device)
-    eager, static = CachedLM(model), StaticCachedLM(model)
+    eager, static = CachedLM(model), StaticCachedLM(Decoder.adopt(model))
     tree = Tree([40, 41, 42, 43], [-1, -1, 1, 2])
     steps = []
     for lm in (eager, static):
@@ -97,7 +99,7 @@ def test_an_upload_queues_host_values_on_the_device(device):
 
 
 def test_a_prompt_longer_than_the_largest_bucket_and_a_full_cache(target):
-    static, eager = StaticCachedLM(target, capture=False), CachedLM(target)
+    static, eager = StaticCachedLM(Decoder.adopt(target), capture=False), CachedLM(target)
     long = list(range(3, 300))
     torch.testing.assert_close(static.prefill(long).logits, eager.prefill(long).logits, rtol=1e-4, atol=1e-4)
     static.reset()
@@ -167,7 +169,7 @@ def eager_and_graphs(out, temperature: float, counting=None, tokens: int = 16) -
     manifest = json.loads((out / "graphs" / "manifest.json").read_text())
     assert manifest["config"]["graphs"] and manifest["graphs"]["captured"] is False
     assert manifest["graphs"]["eager_drafting"] == []  # every drafter here on static caches, captured on a GPU
-    assert manifest["graphs"]["fused_kernels"] is False  # (Triton's kernels serve a GPU)
+    assert manifest["graphs"]["decoder"] == "owned"  # (the tiny family is Llama: models.decoder)
     files = sorted((out / "eager" / "answers" / "quick").glob("*.jsonl"))
     assert len(files) == len(METHODS)
     for path in files:
@@ -226,9 +228,10 @@ def test_sps_on_static_caches_gives_vanillas_tokens_with_step_times_inside_the_w
     and read once a step; on a GPU the step times are CUDA events, and they fit inside the turn's wall time."""
     model = target.to(device)
     draft = load_causal_lm(TINY_DIR / "draft", torch.device(device), torch.float32, "draft")
-    plain = decode(StaticCachedLM(model), Vanilla(), PROMPT, max_new_tokens=24, temperature=0.0, stop_ids=set())
-    gen = decode(StaticCachedLM(model), DraftModel(StaticCachedLM(draft), 4), PROMPT, max_new_tokens=24,
-                 temperature=0.0, stop_ids=set())  # fmt: skip
+    lm = StaticCachedLM(Decoder.adopt(model))
+    plain = decode(lm, Vanilla(), PROMPT, max_new_tokens=24, temperature=0.0, stop_ids=set())
+    drafter = DraftModel(StaticCachedLM(Decoder.adopt(draft)), 4)
+    gen = decode(lm, drafter, PROMPT, max_new_tokens=24, temperature=0.0, stop_ids=set())
     target.to("cpu")
     assert gen.tokens == plain.tokens and max(gen.accept_lengths) > 1
     assert all(s.draft_time > 0 and s.verify_time > 0 for s in gen.steps)

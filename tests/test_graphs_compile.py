@@ -17,6 +17,7 @@ from specbench.core.static_lm import SPAN, StaticCachedLM
 from specbench.core.tree import Tree
 from specbench.heads.eagle import build, config_from_target
 from specbench.methods.eagle import DynamicTree, Eagle
+from specbench.models.decoder import Decoder
 from specbench.models.loading import compile_layers
 
 from .conftest import CUDA, random_llama, recording
@@ -45,7 +46,7 @@ def test_a_compiled_static_forward_gives_the_uncompiled_logits_and_no_graph_per_
     model = random_llama(64, layers=4, seed=3).to(device)
     copied = copy.deepcopy(model)
     compile_layers(copied.model.layers)  # (what `--graphs --compile` does on a GPU)
-    plain, compiled = StaticCachedLM(model), StaticCachedLM(copied)
+    plain, compiled = StaticCachedLM(Decoder.adopt(model)), StaticCachedLM(Decoder.adopt(copied))
     prompt = [int(t) for t in torch.randint(3, 64, (SPAN - 12,), generator=torch.Generator().manual_seed(0))]
     before = graphs()
     for lm in (plain, compiled):

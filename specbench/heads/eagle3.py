@@ -19,10 +19,7 @@ from torch import nn
 from transformers import Cache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from ..core import kernels
 from ..errors import SpecbenchError
-from ..models.norms import rms_norm
-from ..models.residuals import add_norm
 from ..registry import HeadFamily, head_family
 from . import eagle
 from .checkpoint import check, config_shape, read_config, read_weights
@@ -68,22 +65,9 @@ class Eagle3Layer(nn.Module):
         mask: torch.Tensor | None,
         cache: Cache | None,
     ) -> torch.Tensor:
-        x = self._joined(embedded, hidden)  # [B, n, 2H]
-        hidden, normed = add_norm(self.post_attention_layernorm, self.self_attn(x, rope, mask, cache)[0], hidden)
-        return hidden + self.mlp(normed)
-
-    def _joined(self, embedded: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """[norm(embedded), norm(hidden)] side by side: under `--graphs` on a GPU each norm's kernel writes its half
-        (no concatenation's kernel)."""
-        pairs = ((self.input_layernorm, embedded), (self.hidden_norm, hidden))
-        if embedded.shape != hidden.shape or not all(
-                type(norm).forward is rms_norm and kernels.norms(x, norm.weight) for norm, x in pairs):  # fmt: skip
-            return torch.cat([norm(x) for norm, x in pairs], dim=-1)
-        size = hidden.shape[-1]
-        joined = hidden.new_empty(*hidden.shape[:-1], 2 * size)
-        for (norm, x), half in zip(pairs, (joined[..., :size], joined[..., size:]), strict=True):
-            kernels.rms_norm(x, norm.weight, norm.variance_epsilon, out=half)
-        return joined
+        x = torch.cat([self.input_layernorm(embedded), self.hidden_norm(hidden)], dim=-1)  # [B, n, 2H]
+        hidden = hidden + self.self_attn(x, rope, mask, cache)[0]
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
 class Eagle3Head(nn.Module):

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.capture import Replays
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_of_rows, chain_prefix
-from ..core.static_lm import MAX_CACHE, SPAN, Replays
+from ..core.static_lm import MAX_CACHE, SPAN
 from ..core.transfer import upload
 from ..heads.dflash import Context, DFlashDraft, slots
 from ..registry import implementation

@@ -39,9 +39,11 @@ import torch
 from transformers import DynamicCache
 
 from ..core import choices
+from ..core.capture import Replays, uncompiled
 from ..core.proposer import NO_PROPOSAL, Feedback, Nested, Proposal, Proposer, Turn, tree_prefix
 from ..core.sampling import draw_distinct_padded, probabilities
-from ..core.static_lm import MAX_CACHE, SPAN, Replays, StaticRows, uncompiled
+from ..core.static_cache import StaticRows
+from ..core.static_lm import MAX_CACHE, SPAN
 from ..core.transfer import upload
 from ..core.tree import DeviceTree, Tree, additive, additive_mask, ancestors_from
 from ..heads import frequencies
@@ -430,7 +432,8 @@ class StaticDrafting:
         self.draft = compile_function(self._draft) if compile else self._draft  # the captured shapes' drafting
         tree = eagle.expansion
         self.pad = tree.max_depth + 1  # the pairs a step commits at most: the accepted path and the root
-        self.cache = StaticRows(eagle.head.config, -(-(MAX_CACHE + self.pad + tree.fed) // SPAN) * SPAN)
+        layers = eagle.head.config.get_text_config().num_hidden_layers
+        self.cache = StaticRows(layers, -(-(MAX_CACHE + self.pad + tree.fed) // SPAN) * SPAN)
         self.inputs: dict[int, DraftInputs] = {}  # by key span
         self.replays = Replays(eagle.device)
         self.before: torch.Tensor | None = None  # [span]: the keys every tree row sees (a draft's committed pairs;

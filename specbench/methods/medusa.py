@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from ..core import choices
+from ..core.capture import Replays
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, tree_prefix
 from ..core.sampling import draw_distinct, probabilities
-from ..core.static_lm import Replays
 from ..core.tree import DeviceTree, Tree, from_choices
 from ..errors import SpecbenchError
 from ..heads.medusa import MedusaHeads

@@ -11,7 +11,6 @@ import torch
 
 from ..core.cached_lm import CachedLM
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_of_rows, chain_prefix
-from ..core.static_lm import StaticCachedLM
 from ..heads.pard import FAMILY
 from ..registry import implementation
 from .resources import Resources
@@ -48,4 +47,4 @@ def build(params: dict, res: Resources) -> Proposer:
     dtype = res.draft_dtype(params.pop("draft_dtype", None))
     model = res.head(FAMILY.name, dtype)  # importing heads.pard registers the family
     vocab = res.target_model.get_output_embeddings().weight.shape[0]
-    return Pard((StaticCachedLM if res.graphs else CachedLM)(model), model.pard_token, vocab, **params)
+    return Pard(res.cached_lm(model, "PARD draft"), model.pard_token, vocab, **params)

@@ -14,7 +14,7 @@ from ..core.static_lm import StaticCachedLM
 from ..errors import SpecbenchError
 from ..heads.checkpoint import trained_for_other_target
 from ..models.few_rows import use_few_row_layout
-from ..models.loading import DTYPES, compile_forward, fuse_for_graphs, load_causal_lm
+from ..models.loading import DTYPES, compile_forward, load_causal_lm, owned_decoder
 from ..registry import HEADS, train_hint
 
 
@@ -30,6 +30,7 @@ class Resources:
     trust_remote_code: bool = False
     compile: bool = False  # --compile: drafts and heads through torch.compile (models.compile_forward)
     graphs: bool = False  # --graphs: the draft model on a static cache, its forwards captured on a GPU
+    owned: dict[int, torch.nn.Module | None] = field(default_factory=dict)  # id of a model -> its owned decoder
     _draft: torch.nn.Module | None = None
     _readouts: dict[tuple, torch.nn.Module] = field(default_factory=dict)  # (dtype, rows) -> lm_head copy
 
@@ -41,16 +42,27 @@ class Resources:
             self._draft = load_causal_lm(
                 self.draft_path, self.device, self.dtype, "draft model", self.trust_remote_code
             )
-            if self.graphs:
-                fuse_for_graphs(self._draft)
+            owned = self.owned_decoder(self._draft, "draft model")
             if self.compile:
-                compile_forward(self._draft, graphs=self.graphs)
+                compile_forward(owned or self._draft, graphs=owned is not None)
         return self._draft
+
+    def owned_decoder(self, model: torch.nn.Module, what: str) -> torch.nn.Module | None:
+        """Under --graphs, the owned decoder on `model`'s weights, built once per model (None: eager, or a model
+        outside the Llama family)."""
+        if self.graphs and id(model) not in self.owned:
+            self.owned[id(model)] = owned_decoder(model, what)
+        return self.owned.get(id(model))
+
+    def cached_lm(self, model: torch.nn.Module, what: str = "draft model") -> CachedLM:
+        """`model` with a KV cache of its own: on the owned decoder and a static cache with --graphs."""
+        owned = self.owned_decoder(model, what)
+        return StaticCachedLM(owned) if owned is not None else CachedLM(model)
 
     def draft_lm(self) -> CachedLM:
         """The draft model with a KV cache of its own (each method drafting with it gets one), on the static cache
         with --graphs."""
-        return (StaticCachedLM if self.graphs else CachedLM)(self.draft_model())
+        return self.cached_lm(self.draft_model())
 
     def draft_dtype(self, name: str | None) -> torch.dtype:
         """The dtype a method's draft computes in: the run's (None) or the one named. A draft may compute more
@@ -96,6 +108,8 @@ class Resources:
                 file=sys.stderr,
             )
         head = use_few_row_layout(HEADS[family].load(path, self.target_model).to(self.device, dtype or self.dtype))
-        if self.graphs:
-            fuse_for_graphs(head)
-        return compile_forward(head) if self.compile else head
+        # a head that is a whole causal LM (PARD's) drafts on the owned decoder under --graphs (`cached_lm`)
+        owned = self.owned_decoder(head, f"{family} head") if hasattr(head, "get_decoder") else None
+        if self.compile:
+            compile_forward(owned or head, graphs=owned is not None)
+        return head

@@ -13,10 +13,8 @@ import torch
 from ..errors import SpecbenchError
 from . import placement
 from .aliases import TINY_DIR
+from .decoder import Decoder, unsupported
 from .few_rows import use_few_row_layout
-from .norms import fuse_norms
-from .projections import fuse_projections
-from .residuals import fuse_residuals
 
 
 def pick_device(device: str) -> torch.device:
@@ -92,11 +90,14 @@ def _bars_on_a_terminal_only() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def fuse_for_graphs(module: torch.nn.Module) -> torch.nn.Module:
-    """The kernels `--graphs` runs `module` on (in place; returns it): each RMSNorm in two kernels (models.norms),
-    the projections that read one input as one product (models.projections), on a GPU the attention's residual add
-    in the norm's kernel (models.residuals). The eager loop keeps transformers'."""
-    return fuse_residuals(fuse_projections(fuse_norms(module)))
+def owned_decoder(model: torch.nn.Module, what: str) -> Decoder | None:
+    """What `--graphs` runs `model` on: our decoder on its weights (`models.decoder`), or None for an architecture
+    outside the Llama family, which then runs eagerly on transformers (said in one line here, and in the manifest)."""
+    why = unsupported(model)
+    if why is not None:
+        print(f"--graphs: the {what} runs eagerly on transformers, as {why}", file=sys.stderr)
+        return None
+    return use_few_row_layout(Decoder.adopt(model))
 
 
 T = TypeVar("T")

@@ -130,6 +130,9 @@ def _nodes_md(sources: list[Source], shown: int = 20) -> list[str]:
 def _notes(cells: list[Cell]) -> list[str]:
     notes = [f"- {c.missing_baseline}" for c in cells if c.missing_baseline]
     for c in cells:
+        decoder = ((c.source.manifest or {}).get("graphs") or {}).get("decoder")
+        if decoder not in (None, "owned"):
+            notes.append(f"- {c.title}: under --graphs the target ran eagerly on transformers, as {decoder}")
         aa = c.stats.get(AA)
         if aa is not None and c.baseline is not None:
             notes.append(f"- {c.title}: noise floor (A/A: vanilla timed again in the same interleaving) "

@@ -144,7 +144,7 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
         manifest["graphs"] = {
             "captured": infos[0]["device"] == "cuda", "buckets": list(BUCKETS),
             "eager_drafting": [m for m in names if methods.eager_drafting(m)],
-            "fused_kernels": infos[0].get("kernels", False),  # core.kernels' Triton kernels (a GPU with Triton)
+            "decoder": infos[0].get("decoder"),  # "owned" (models.decoder), or why the target ran on transformers
         }  # fmt: skip
     for info in infos:
         warn_if_busy(info["machine"])

@@ -14,7 +14,7 @@ from ..core import acceptance
 from ..core.cached_lm import CachedLM
 from ..core.decode import Generation, decode
 from ..core.static_lm import StaticCachedLM
-from ..models import loading
+from ..models import decoder, loading
 from ..models.chat import fitting_prompt
 from . import plan as planning
 from . import tuned
@@ -48,11 +48,12 @@ class Session:
         self.device, self.dtype = loading.device_and_dtype(cfg.device, cfg.dtype)
         self.tokenizer = loading.load_tokenizer(paths["target"], cfg.trust_remote_code)
         self.model = loading.load_causal_lm(paths["target"], self.device, self.dtype, "target", cfg.trust_remote_code)
-        if cfg.graphs:
-            loading.fuse_for_graphs(self.model)
-        if cfg.compile:
-            loading.compile_forward(self.model, graphs=cfg.graphs)
-        self.target = (StaticCachedLM if cfg.graphs else CachedLM)(self.model)
+        owned = loading.owned_decoder(self.model, "target") if cfg.graphs else None
+        # what the manifest records of --graphs: the owned decoder, or why the target ran on transformers
+        self.decoder = "owned" if owned is not None else decoder.unsupported(self.model) if cfg.graphs else None
+        if cfg.compile:  # (once per run: every method verifies on this one target)
+            loading.compile_forward(owned or self.model, graphs=owned is not None)
+        self.target = StaticCachedLM(owned) if owned is not None else CachedLM(self.model)
         self.stop_ids = loading.stop_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.rules: dict[str, acceptance.Rule] = {}  # method -> its acceptance rule, read from its preset once
         self.resources = methods.Resources(
@@ -66,6 +67,7 @@ class Session:
             trust_remote_code=cfg.trust_remote_code,
             compile=cfg.compile,
             graphs=cfg.graphs,
+            owned={id(self.model): owned},
         )
 
     @classmethod

@@ -14,7 +14,6 @@ import torch
 
 from .. import methods
 from ..config import Plan, RunConfig, Unit, base_method, question_seed
-from ..core import kernels
 from ..core.cached_lm import CachedLM
 from ..interference import OtherLoad, set_aside, take_back, without_gc
 from ..machine import machine, warm_gpu
@@ -80,14 +79,14 @@ class Worker:
         take_back()
 
     def info(self) -> dict:
-        """What the manifest records of this worker: its machine, device type and dtype, and whether `--graphs`
-        runs core.kernels' fused kernels there. A GPU's clock is brought
+        """What the manifest records of this worker: its machine, device type and dtype, and under `--graphs` what
+        the target ran on ("owned": models.decoder; else why it ran on transformers). A GPU's clock is brought
         up first (it idles low after loading), so the clocks recorded, and the forward profile that follows, are
         those a timing runs at."""
         device, dtype = self.session.device, self.session.dtype
         warm_gpu(device)
         return {"machine": machine(device), "device": device.type, "dtype": str(dtype).removeprefix("torch."),
-                "kernels": kernels.serves(device, dtype)}  # fmt: skip
+                "decoder": self.session.decoder}  # fmt: skip
 
     def set_neighbours(self, cpus: float) -> None:
         self.neighbours = cpus

@@ -1,0 +1,227 @@
+"""The decoder `--graphs` runs: one compact Llama-family model of our own (Llama 2 and 3.x with their rope scaling,
+Vicuna, Mistral, Qwen2 with its q/k/v biases, Qwen3 with its per-head q/k norms, SmolLM2), read in one sitting.
+Queries, keys and values are one product and the MLP's gate and up another, by construction; attention reads and
+writes a cache through `cache.update(keys, values, layer)` (the static rows of `core.static_cache`), under the
+additive mask and per-row positions its caller builds (a token tree's included).
+
+`Decoder.adopt` builds it from a transformers model loaded the usual way (hub folder, local folder, GGUF) without a
+second copy of the weights: the fused products are new tensors and the transformers model's projections become views
+of them, so both models run on the same memory (the eager regime and the heads keep reading the transformers one).
+A model outside the family is refused by `unsupported`, with the reason, and `--graphs` runs it on transformers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..core.static_lm import BUCKETS, MAX_CACHE
+
+FAMILY = ("llama", "mistral", "qwen2", "qwen3")  # config model_type
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope types whose frequencies do not depend on the length
+
+
+class KeysAndValues(Protocol):
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store a forward's keys and values [B, kv heads, n, d] of `layer`; all the keys and values it attends."""
+        ...
+
+
+def unsupported(model: nn.Module) -> str | None:
+    """Why the transformers model `model` cannot run on the owned decoder (None: it can), in a few words."""
+    config = model.config.get_text_config()
+    kind = getattr(config, "model_type", None)
+    if kind not in FAMILY:
+        return f"its architecture '{kind}' is outside the Llama family ({', '.join(FAMILY)})"
+    rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope not in STATIC_ROPE:
+        return f"its rope type '{rope}' changes with the sequence's length"
+    window = getattr(config, "sliding_window", None)
+    sliding = "sliding_attention" in (getattr(config, "layer_types", None) or []) or (
+        kind == "mistral" and window is not None)  # fmt: skip
+    if sliding and window < MAX_CACHE + BUCKETS[-1]:
+        return f"its attention slides over {window} tokens"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"its MLP's activation is '{config.hidden_act}', not SiLU"
+    inner = model.get_decoder()
+    if not all(hasattr(inner, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        return f"its decoder {type(inner).__name__} is not laid out as Llama's"
+    return None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm: normalised in float32, scaled by `weight` in the input's dtype."""
+    normed = x.float()
+    normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, weight: nn.Parameter, eps: float) -> None:
+        super().__init__()
+        self.weight, self.eps = weight, eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding of `x` [B, heads, n, d] at angles cos, sin [B, n, d] (halves rotated, not pairs)."""
+    half = x.shape[-1] // 2
+    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None] + turned * sin[:, None]
+
+
+class Rotary(nn.Module):
+    """cos and sin [B, n, d] at positions [B, n]: frequencies and scale are the transformers model's own (rope scaling
+    included), so the angles are its angles."""
+
+    def __init__(self, inv_freq: torch.Tensor, scale: float) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.scale = scale
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[..., None].float() * self.inv_freq
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return (angles.cos() * self.scale).to(dtype), (angles.sin() * self.scale).to(dtype)
+
+
+def fused(parts: list[nn.Linear]) -> nn.Linear:
+    """One linear layer computing `parts` side by side; each part's parameters become views of the joint ones, so
+    the parts keep working and no weight is held twice."""
+    weight = torch.cat([p.weight.detach() for p in parts])
+    joint = nn.Linear(weight.shape[1], weight.shape[0], parts[0].bias is not None, weight.device, weight.dtype)
+    joint.weight = nn.Parameter(weight, requires_grad=False)
+    if parts[0].bias is not None:
+        joint.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]), requires_grad=False)
+    start = 0
+    for part in parts:
+        rows = slice(start, start + part.out_features)
+        part.weight = nn.Parameter(joint.weight[rows], requires_grad=False)
+        if part.bias is not None:
+            part.bias = nn.Parameter(joint.bias[rows], requires_grad=False)
+        start = rows.stop
+    return joint
+
+
+@dataclass(frozen=True)
+class Heads:
+    queries: int
+    keys: int  # key/value heads (fewer than queries: grouped-query attention)
+    size: int  # each head's width
+    scale: float  # of the query-key products
+
+
+class Attention(nn.Module):
+    """Self-attention over the cache: one product for queries, keys and values, optional per-head norms (Qwen3)."""
+
+    def __init__(self, qkv: nn.Linear, out: nn.Linear, heads: Heads, layer: int,
+                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> None:  # fmt: skip
+        super().__init__()
+        self.qkv, self.out, self.heads, self.layer = qkv, out, heads, layer
+        self.q_norm, self.k_norm = q_norm, k_norm
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+                cache: KeysAndValues | None) -> torch.Tensor:  # fmt: skip
+        b, n, _ = x.shape  # [B, n, in]
+        h = self.heads
+        q, k, v = self.qkv(x).split([h.queries * h.size, h.keys * h.size, h.keys * h.size], dim=-1)
+        q, k, v = (t.view(b, n, -1, h.size) for t in (q, k, v))  # [B, n, heads, d]
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, n, d]
+        q, k = rotate(q, *rope), rotate(k, *rope)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer)  # [B, kv heads, keys, d]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and n > 1,
+                                           scale=h.scale, enable_gqa=h.keys != h.queries)  # fmt: skip
+        return self.out(y.transpose(1, 2).reshape(b, n, -1))
+
+
+class MLP(nn.Module):
+    """down(silu(gate(x)) * up(x)), gate and up one product."""
+
+    def __init__(self, gate_up: nn.Linear, down: nn.Linear) -> None:
+        super().__init__()
+        self.gate_up, self.down = gate_up, down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Layer(nn.Module):
+    """Pre-norm attention and MLP, each added to the residual stream."""
+
+    def __init__(self, attention: Attention, mlp: MLP, attention_norm: nn.Module, mlp_norm: nn.Module) -> None:
+        super().__init__()
+        self.attention, self.mlp = attention, mlp
+        self.attention_norm, self.mlp_norm = attention_norm, mlp_norm
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+                cache: KeysAndValues | None) -> torch.Tensor:  # fmt: skip
+        x = x + self.attention(self.attention_norm(x), rope, mask, cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+    @staticmethod
+    def adopt(layer: nn.Module, index: int, eps: float) -> Layer:
+        """Ours, from a transformers Llama-family decoder layer (its weights shared: `fused`)."""
+        attn, mlp = layer.self_attn, layer.mlp
+        size = attn.head_dim
+        heads = Heads(attn.q_proj.out_features // size, attn.k_proj.out_features // size, size, attn.scaling)
+        norms = [RMSNorm(attn.q_norm.weight, eps), RMSNorm(attn.k_norm.weight, eps)] if hasattr(attn, "q_norm") else []
+        attention = Attention(fused([attn.q_proj, attn.k_proj, attn.v_proj]), attn.o_proj, heads, index, *norms)
+        first = layer.input_layernorm
+        attention_norm = first if isinstance(first, nn.Identity) else RMSNorm(first.weight, eps)
+        mlp_norm = RMSNorm(layer.post_attention_layernorm.weight, eps)
+        return Layer(attention, MLP(fused([mlp.gate_proj, mlp.up_proj]), mlp.down_proj), attention_norm, mlp_norm)
+
+
+class Decoder(nn.Module):
+    """Embedding, layers, final norm and readout. `config` is the transformers model's (what a cached LM reads)."""
+
+    def __init__(self, embed: nn.Embedding, layers: list[Layer], norm: RMSNorm, readout: nn.Linear, rotary: Rotary,
+                 config: Any) -> None:  # fmt: skip
+        super().__init__()
+        self.embed, self.layers, self.norm, self.readout = embed, nn.ModuleList(layers), norm, readout
+        self.rotary = rotary
+        self.config = config
+
+    @staticmethod
+    def adopt(model: nn.Module) -> Decoder:
+        """Ours, on the weights of the transformers model `model` (checked with `unsupported` first)."""
+        why = unsupported(model)
+        if why is not None:
+            raise ValueError(f"{type(model).__name__} cannot run on the owned decoder: {why}")
+        inner, eps = model.get_decoder(), model.config.get_text_config().rms_norm_eps
+        layers = [Layer.adopt(layer, i, eps) for i, layer in enumerate(inner.layers)]
+        rotary = Rotary(inner.rotary_emb.inv_freq, float(inner.rotary_emb.attention_scaling))
+        return Decoder(inner.embed_tokens, layers, RMSNorm(inner.norm.weight, eps), model.get_output_embeddings(),
+                       rotary, model.config)  # fmt: skip
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.readout
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+                cache: KeysAndValues | None,
+                features: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """The final normalised states [B, n, H] of `ids` [B, n] at `positions` [B, n] under the additive `mask`
+        [B, 1, n, keys] (None: causal), and the hidden states `features` asks for side by side [B, n, F] (0 = the
+        embeddings, i = layer i's output, -1 = the final normalised state)."""
+        x = self.embed(ids)
+        rope = self.rotary(positions, x.dtype)
+        kept = {0: x} if 0 in features else {}
+        for i, layer in enumerate(self.layers, 1):
+            x = layer(x, rope, mask, cache)
+            if i in features:
+                kept[i] = x
+        final = self.norm(x)
+        kept[-1] = kept[len(self.layers)] = final  # (transformers' last hidden state is the normalised one too)
+        return final, torch.cat([kept[i] for i in features], dim=-1) if features else None

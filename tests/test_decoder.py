@@ -1,0 +1,124 @@
+"""The owned decoder (`models.decoder`) computes what transformers computes, on transformers' own weights: float32
+logits and hidden states within 1e-5 (relative) for the tiny family and miniature random Llama-3.1 (rope scaling),
+Mistral, Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms); SmolLM2 through its GGUF is in test_smollm2.py. It
+shares the weights (no second copy) and refuses what it cannot run with the reason."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from specbench.core.cached_lm import CachedLM
+from specbench.core.static_lm import StaticCachedLM
+from specbench.core.tree import Tree
+from specbench.models.decoder import Decoder, unsupported
+from specbench.models.loading import load_causal_lm
+from specbench.zoo import TINY_DIR
+
+LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+
+
+def mini(kind: str, seed: int = 0, **extra) -> torch.nn.Module:
+    """A random miniature of an architecture (grouped-query attention: 4 query heads, 2 key/value heads), with
+    weights large enough that its logits are far from uniform."""
+    config = AutoConfig.for_model(kind, vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                  tie_word_embeddings=False, **extra)  # fmt: skip
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model
+
+
+MINIS = {
+    "llama-3.1": lambda: mini("llama", rope_parameters=LLAMA31_ROPE),
+    "mistral": lambda: mini("mistral", sliding_window=None),
+    "qwen2": lambda: mini("qwen2", use_sliding_window=False),
+    "qwen3": lambda: mini("qwen3", head_dim=32, use_sliding_window=False),
+}
+
+
+def assert_same_as_transformers(model: torch.nn.Module, vocab: int) -> None:
+    """Logits and hidden states (embeddings, a middle layer's output, the last one's, the final state) of a
+    20-token prompt, then of a tree over its cache, equal transformers' within 1e-5 relative."""
+    torch.manual_seed(1)
+    ids = torch.randint(0, vocab, (1, 20))
+    layers = model.config.get_text_config().num_hidden_layers
+    features = (0, min(2, layers), layers, -1)
+    with torch.no_grad():
+        theirs = model(ids, output_hidden_states=True)
+        owned = Decoder.adopt(model)
+        final, ours = owned(ids, torch.arange(20)[None], None, None, features)
+    scale = theirs.logits.abs().max()
+    assert (owned.readout(final) - theirs.logits).abs().max() <= 1e-5 * scale
+    wanted = torch.cat([theirs.hidden_states[i] for i in features], dim=-1)
+    assert (ours - wanted).abs().max() <= 1e-5 * wanted.abs().max()
+    eager, static = CachedLM(model), StaticCachedLM(owned, capture=False)
+    tree = Tree([3, 4, 5, 6], [-1, -1, 1, 1])
+    for lm in (eager, static):
+        lm.prefill(ids[0].tolist())
+    a, b = (lm.run(tree.rows(int(ids[0, -1])), tree, layers=(min(2, layers), -1)) for lm in (eager, static))
+    assert (a.logits - b.logits).abs().max() <= 1e-5 * a.logits.abs().max()
+    assert (a.features - b.features).abs().max() <= 1e-5 * a.features.abs().max()
+
+
+@pytest.mark.parametrize("name", sorted(MINIS))
+def test_a_miniature_of_each_architecture_gives_transformers_logits(name):
+    model = MINIS[name]()
+    assert unsupported(model) is None
+    assert_same_as_transformers(model, 300)
+
+
+@pytest.mark.parametrize("part", ["target", "draft", "pard"])
+def test_the_tiny_family_gives_transformers_logits(part):
+    model = load_causal_lm(TINY_DIR / part, torch.device("cpu"), torch.float32, part)
+    assert_same_as_transformers(model, model.config.vocab_size)
+
+
+def test_adopting_shares_the_weights_and_leaves_the_transformers_model_working():
+    model = mini("qwen2", use_sliding_window=False)
+    ids = torch.randint(0, 300, (1, 9))
+    with torch.no_grad():
+        before = model(ids).logits
+    owned = Decoder.adopt(model)
+    ours = {p.untyped_storage().data_ptr() for p in owned.parameters()}
+    after = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert after == ours  # every transformers weight is one of ours (the fused products' views), none held twice
+    size = sum(p.numel() for p in owned.parameters())
+    assert size == sum(p.numel() for p in model.parameters())  # (tied or not, the same count of numbers)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("model", "reason"), [
+    (lambda: mini("gpt2"), "outside the Llama family"),
+    (lambda: mini("llama", rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}),
+     "changes with the sequence's length"),
+    (lambda: mini("mistral", sliding_window=64), "slides over 64 tokens"),
+    (lambda: mini("llama", hidden_act="gelu"), "not SiLU"),
+])  # fmt: skip
+def test_what_it_cannot_run_is_refused_with_the_reason(model, reason):
+    built = model()
+    assert reason in unsupported(built)
+    with pytest.raises(ValueError, match=reason):
+        Decoder.adopt(built)
+
+
+def test_no_module_reads_transformers_source():
+    """The fast regime owns its decoder: nothing in the package parses or reads another library's source."""
+    package = Path(__file__).parent.parent / "specbench"
+    for path in package.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("getsource", "getsourcelines"):
+                raise AssertionError(f"{path.relative_to(package)} reads source with inspect.{node.attr}")
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                assert "ast" not in names, f"{path.relative_to(package)} imports ast"
