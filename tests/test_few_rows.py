@@ -65,10 +65,21 @@ def test_calibration_times_both_layouts_on_the_models_own_layers():
         "none", *map(str, range(1, few_rows.MOST + 1))}  # fmt: skip
 
 
-def test_the_first_model_that_streams_its_weights_calibrates_once(monkeypatch):
+def test_nothing_is_timed_unless_asked(monkeypatch):
+    """Calibration is opt-in: by default every process takes the same ranges, whatever the machine."""
     monkeypatch.setattr(few_rows, "calibrated", False)
     monkeypatch.setattr(few_rows, "ranges", few_rows.FALLBACK)
     monkeypatch.delenv("SPECBENCH_FEW_ROWS", raising=False)
+    monkeypatch.setattr(few_rows, "calibrate", lambda layers: pytest.fail("calibrated without SPECBENCH_FEW_ROWS"))
+    monkeypatch.setattr(few_rows, "STREAMED", 64 * 64 * 4)
+    use_few_row_layout(nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64)))
+    assert few_rows.ranges == few_rows.FALLBACK
+
+
+def test_when_asked_the_first_model_that_streams_its_weights_calibrates_once(monkeypatch):
+    monkeypatch.setattr(few_rows, "calibrated", False)
+    monkeypatch.setattr(few_rows, "ranges", few_rows.FALLBACK)
+    monkeypatch.setenv("SPECBENCH_FEW_ROWS", "measure")
     calls = []
     monkeypatch.setattr(few_rows, "calibrate", lambda layers: calls.append(len(layers)) or ((1, 4),))
     monkeypatch.setattr(few_rows, "STREAMED", 3 * 64 * 64 * 4)

@@ -44,9 +44,9 @@ def steps(lm: StaticCachedLM) -> list[torch.Tensor]:
 @pytest.mark.parametrize("device", ["cpu", CUDA])
 def test_a_compiled_static_forward_gives_the_uncompiled_logits_and_no_graph_per_span_or_layer(device):
     model = random_llama(64, layers=4, seed=3).to(device)
-    copied = copy.deepcopy(model)
-    compile_layers(copied.model.layers)  # (what `--graphs --compile` does on a GPU)
-    plain, compiled = StaticCachedLM(Decoder.adopt(model)), StaticCachedLM(Decoder.adopt(copied))
+    owned = Decoder.adopt(copy.deepcopy(model))
+    compile_layers(owned.layers)  # (what `--graphs --compile` does on a GPU)
+    plain, compiled = StaticCachedLM(Decoder.adopt(model)), StaticCachedLM(owned)
     prompt = [int(t) for t in torch.randint(3, 64, (SPAN - 12,), generator=torch.Generator().manual_seed(0))]
     before = graphs()
     for lm in (plain, compiled):

@@ -124,6 +124,7 @@ class Attention(nn.Module):
         super().__init__()
         self.qkv, self.out, self.heads, self.layer = qkv, out, heads, layer
         self.q_norm, self.k_norm = q_norm, k_norm
+        self.grouped = heads.keys != heads.queries  # (a bool: torch.compile makes a module's ints symbols)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
                 cache: KeysAndValues | None) -> torch.Tensor:  # fmt: skip
@@ -138,7 +139,7 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, self.layer)  # [B, kv heads, keys, d]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and n > 1,
-                                           scale=h.scale, enable_gqa=h.keys != h.queries)  # fmt: skip
+                                           scale=h.scale, enable_gqa=self.grouped)  # fmt: skip
         return self.out(y.transpose(1, 2).reshape(b, n, -1))
 
 

@@ -1,11 +1,11 @@
 """Linear layers over a few rows on CPU: MKL's float32 F.linear (x @ W.T) over 1 to 16 rows can be several times
 slower than (W @ x.T).T, the same product laid out the other way round (one row computed as two). Vanilla's step,
-small trees and chains, a draft model's steps and EAGLE's draft levels are such products. Which row counts gain
-depends on the CPU and its BLAS, so it is measured once per process (`calibrate`) on the first CPU float32 model
-large enough to stream its weights from memory as a decode step does; until then, and for smaller models, 2 to 16
-rows take it. `SPECBENCH_FEW_ROWS` pins the ranges ("1-12,16"; "none": F.linear throughout) for runs that must
-compute alike across machines. Logits differ from F.linear's in the last bits, as any two GEMM kernels' do; under
-`--compile` each range gets its own graph. Measurements: docs/cpu-notes.md."""
+small trees and chains, a draft model's steps and EAGLE's draft levels are such products. By default 2 to 16 rows
+take it (`FALLBACK`). Which row counts gain depends on the CPU and its BLAS: `SPECBENCH_FEW_ROWS=measure` times
+them once per process (`calibrate`) on the first CPU float32 model large enough to stream its weights from memory
+as a decode step does, and `SPECBENCH_FEW_ROWS` pins ranges ("1-12,16"; "none": F.linear throughout). Logits differ
+from F.linear's in the last bits, as any two GEMM kernels' do; under `--compile` each range gets its own graph.
+Measurements: docs/cpu-notes.md."""
 
 from __future__ import annotations
 
@@ -52,8 +52,9 @@ def _transposed(layer: nn.Linear, flat: torch.Tensor) -> torch.Tensor:
 
 
 def use_few_row_layout(module: nn.Module) -> nn.Module:
-    """Every plain nn.Linear of a float32 CPU `module` becomes a FewRowLinear (in place; returns `module`); the
-    first such module whose weights stream from memory calibrates the process's row ranges (unless pinned)."""
+    """Every plain nn.Linear of a float32 CPU `module` becomes a FewRowLinear (in place; returns `module`). With
+    `SPECBENCH_FEW_ROWS=measure`, the first such module whose weights stream from memory calibrates the process's
+    row ranges."""
     first = next(module.parameters(), None)
     if first is None or first.device.type != "cpu":
         return module
@@ -64,7 +65,7 @@ def use_few_row_layout(module: nn.Module) -> nn.Module:
         pin = pinned()
         if pin is not None:
             set_ranges(pin)
-        elif sum(layer.weight.nbytes for layer in layers) >= STREAMED:
+        elif measuring() and sum(layer.weight.nbytes for layer in layers) >= STREAMED:
             set_ranges(calibrate(layers))
     return module
 
@@ -74,10 +75,15 @@ def set_ranges(value: tuple[tuple[int, int], ...]) -> None:
     ranges, calibrated = value, True
 
 
+def measuring() -> bool:
+    """Whether `SPECBENCH_FEW_ROWS=measure` asks for the row counts to be timed on this machine."""
+    return os.environ.get("SPECBENCH_FEW_ROWS", "").strip() == "measure"
+
+
 def pinned() -> tuple[tuple[int, int], ...] | None:
-    """The ranges `SPECBENCH_FEW_ROWS` names ("1-12,16"; "none": none), or None when it is unset."""
+    """The ranges `SPECBENCH_FEW_ROWS` names ("1-12,16"; "none": none), or None when it is unset or "measure"."""
     text = os.environ.get("SPECBENCH_FEW_ROWS", "").strip()
-    if not text:
+    if not text or text == "measure":
         return None
     if text == "none":
         return ()
@@ -86,7 +92,8 @@ def pinned() -> tuple[tuple[int, int], ...] | None:
         lo, _, hi = part.strip().partition("-")
         hi = hi or lo
         if not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)):
-            raise SpecbenchError(f"SPECBENCH_FEW_ROWS='{text}': give row ranges such as '1-12,16', or 'none'")
+            raise SpecbenchError(f"SPECBENCH_FEW_ROWS='{text}': give row ranges such as '1-12,16', 'none' or "
+                                 "'measure'")
         out.append((int(lo), int(hi)))
     return tuple(out)
 
