@@ -15,13 +15,11 @@
         weights), captured as one graph and replayed: their time against the copy bandwidth, with q/k/v and gate/up
         as separate products (transformers' layout) and concatenated (fused, as vLLM and gpt-fast load them), on
         cuBLAS and on cuBLASLt: how far the products themselves are from the roofline
-    python scripts/gpu_check.py forward [--like vicuna-7b] [--variants loop,hf-norm,compiled] [--profile FILE]
-        T(n) of the target's --graphs forward (random weights built in memory), as the loop runs it (RMSNorm as
-        torch's rms_norm kernel and a product: models.norms; q/k/v and gate/up each one product over concatenated
-        weights: models.projections) and with each variant: q/k/v and gate/up as separate products (separate),
-        captured attention on the memory-efficient kernel instead of cuDNN's (efficient), transformers' own elementwise
-        chain of eight kernels a norm (hf-norm), the norms and MLPs compiled by torch.compile inside the captured
-        buckets, or the decoder layers compiled as `run --graphs --compile` does (compiled: attention and the cache's
+    python scripts/gpu_check.py forward [--like vicuna-7b] [--variants loop,compiled] [--profile FILE]
+        T(n) of the target's --graphs forward (random weights built in memory), as the loop runs it (the owned
+        decoder, models.decoder: q/k/v and gate/up each one product, norms and rotary as torch's ops) and with each
+        variant: captured attention on the memory-efficient kernel instead of cuDNN's (efficient), or the decoder
+        layers compiled as `run --graphs --compile` does (compiled: attention and the cache's
         writes too, the key span a symbol; compiled-stack: the whole stack as one graph; compiled-static: the stack
         with a graph per shape, which shows what dynamic shapes cost; compiled-math: attention as two batched
         products and a fused softmax instead of the memory-efficient kernel; compiled-autotune: inductor timing its
@@ -125,23 +123,6 @@ def summary(args) -> None:
         print(f"\nA/A floor (vanilla timed twice): {metrics.format_ratio(s.value, s.low, s.high)}, {verdict}.")
 
 
-def _fused(module: torch.nn.Module) -> dict[str, list[tuple[torch.nn.Module, type]]]:
-    """`module`'s kernels fused as `run --graphs` fuses them (models.loading.fuse_for_graphs): its norms, and its
-    projections' owners and parts, each with its fused class."""
-    from specbench.models.loading import fuse_for_graphs
-    from specbench.models.norms import rms_norm
-
-    modules = list(fuse_for_graphs(module).modules())
-    return {"norms": [(m, type(m)) for m in modules if type(m).forward is rms_norm],
-            "projections": [(m, type(m)) for m in modules if "products" in vars(m) or "product" in vars(m)]}
-
-
-def _set_fused(modules: list[tuple[torch.nn.Module, type]], fused: bool) -> None:
-    """The modules as `run --graphs` runs them (fused), or as transformers' own classes (the eager loop's)."""
-    for module, kind in modules:
-        module.__class__ = kind if fused else kind.__mro__[1]
-
-
 def _draft_steps(proposer, tokens: list[int], vocab: int, count: int = 1) -> list[int]:
     """`count` steps of a propose, then one draft accepted and the target's token committed (two pairs, random
     features); returns the tokens after them."""
@@ -159,7 +140,6 @@ def _draft_steps(proposer, tokens: list[int], vocab: int, count: int = 1) -> lis
 def drafting(args) -> None:
     from random_checkpoints import EAGLE3_DRAFT_VOCAB, SHAPES, _config
 
-    from specbench.core import kernels
     from specbench.core.proposer import Turn
     from specbench.heads import eagle, eagle3
     from specbench.methods.eagle import DynamicTree, Eagle
@@ -169,31 +149,37 @@ def drafting(args) -> None:
     if device.type == "cuda":  # the attention kernels the run uses (models.loading.load_causal_lm)
         torch.backends.cuda.enable_cudnn_sdp(False)
     dtype = torch.float16 if device.type == "cuda" else torch.float32
-    torch.manual_seed(0)
     config = _config(SHAPES[args.like]["target"], TINY_DIR / "target")
     raw, vocab = eagle.config_from_target(config), config.vocab_size
-    with torch.device(device):
-        if args.method == "eagle2":
-            head = eagle.build(raw)
-            readout = torch.nn.Linear(config.hidden_size, vocab, bias=False).to(dtype)
-            options = dict(lm_head=readout, expansion=DynamicTree(60, 5, 10))
-        else:
-            head = eagle3.build({**raw, "draft_vocab_size": min(EAGLE3_DRAFT_VOCAB, vocab)})
-            if head.d2t is not None:
-                head.d2t, head.t2d = eagle3.vocabulary_maps(torch.arange(EAGLE3_DRAFT_VOCAB, device=device), vocab)
-            options = dict(lm_head=head.logits, expansion=DynamicTree(60, 7, 10), target_ids=head.target_ids,
-                           target_vocab=vocab)  # fmt: skip
-    head = head.to(dtype).eval()
-    fused = _fused(head)
+
+    def built(owned: bool):
+        """The random head (the same each time) and the proposer's options; `owned`: on the owned decoder's
+        modules, as `run --graphs` drafts."""
+        torch.manual_seed(0)
+        with torch.device(device):
+            if args.method == "eagle2":
+                head = eagle.build(raw)
+                readout = torch.nn.Linear(config.hidden_size, vocab, bias=False).to(dtype)
+                options = dict(lm_head=readout, expansion=DynamicTree(60, 5, 10))
+            else:
+                head = eagle3.build({**raw, "draft_vocab_size": min(EAGLE3_DRAFT_VOCAB, vocab)})
+                if head.d2t is not None:
+                    head.d2t, head.t2d = eagle3.vocabulary_maps(torch.arange(EAGLE3_DRAFT_VOCAB, device=device), vocab)
+                options = dict(lm_head=head.logits, expansion=DynamicTree(60, 7, 10), target_ids=head.target_ids,
+                               target_vocab=vocab)  # fmt: skip
+        head = head.to(dtype).eval()
+        if owned:
+            head.own()
+        return head, options
+
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     tables = []
     print(f"| {args.method} at {args.like}'s shapes, {dtype} | ms per draft step (median of {args.steps}) |")
     print("|---|---|")
     for regime in args.regimes.split(","):
-        if regime not in ("eager", "static", "captured", "torch-ops", "compiled"):
-            raise SystemExit(f"unknown regime '{regime}': use eager, static, captured, torch-ops or compiled")
-        for modules in fused.values():
-            _set_fused(modules, regime != "eager")
+        if regime not in ("eager", "static", "captured", "compiled"):
+            raise SystemExit(f"unknown regime '{regime}': use eager, static, captured or compiled")
+        head, options = built(owned=regime != "eager")
         proposer = Eagle(head, graphs=regime != "eager", compile=regime == "compiled", **options)
         if regime == "static":
             proposer.static.replays.capture = False
@@ -201,16 +187,15 @@ def drafting(args) -> None:
         proposer.start(Turn(tokens, 0.0, None, torch.randn(len(tokens) - 1, head.feature_size, device=device,
                                                            dtype=dtype)))  # fmt: skip
         times = []
-        with kernels.disabled() if regime == "torch-ops" else contextlib.nullcontext():  # (captured, no Triton)
-            for _ in range(args.steps + 3):  # the first steps feed the prompt and capture
-                sync()
-                start = time.perf_counter()
-                tokens = _draft_steps(proposer, tokens, vocab)
-                sync()
-                times.append(time.perf_counter() - start)
-            if args.profile:
-                steps = _kernels(device, _draft_steps, proposer, tokens, vocab, 5)
-                tables.append(f"## {regime} (5 steps)\n\n{steps}")
+        for _ in range(args.steps + 3):  # the first steps feed the prompt and capture
+            sync()
+            start = time.perf_counter()
+            tokens = _draft_steps(proposer, tokens, vocab)
+            sync()
+            times.append(time.perf_counter() - start)
+        if args.profile:
+            steps = _kernels(device, _draft_steps, proposer, tokens, vocab, 5)
+            tables.append(f"## {regime} (5 steps)\n\n{steps}")
         print(f"| {regime} | {_ms(sorted(times[3:])[len(times[3:]) // 2])} |")
     if args.profile:
         args.profile.write_text("\n".join(tables))
@@ -221,9 +206,9 @@ def forward(args) -> None:
     from torch.nn.attention import SDPBackend
     from transformers import LlamaForCausalLM
 
-    from specbench.core import kernels
     from specbench.core.static_lm import StaticCachedLM
     from specbench.models.aliases import TINY_DIR
+    from specbench.models.decoder import Decoder
     from specbench.models.loading import compile_forward, compile_layers
     from specbench.run.worker import forward_profile
 
@@ -235,29 +220,21 @@ def forward(args) -> None:
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM._from_config(_config(shape, TINY_DIR / "target"), dtype=dtype).eval()
+    owned = Decoder.adopt(model)  # what `run --graphs` runs
     sizes = (1, 8, 64)
     print(f"| {args.like} ({shape['num_hidden_layers']} layers), {dtype}, --graphs forward after 256 cached | "
           + " | ".join(f"T({n}) ms" for n in sizes) + " | seconds in all (compiling included) |")
     print("|---|" + "---|" * (len(sizes) + 1))
-    fused, tables = _fused(model), []
+    tables = []
     for variant in args.variants.split(","):
         around = contextlib.nullcontext()  # what the variant's timing runs inside
-        layers = model.model.layers
-        kept = [(layer.input_layernorm, layer.post_attention_layernorm, layer.mlp) for layer in layers]
-        if variant == "hf-norm":
-            _set_fused(fused["norms"], False)
-        elif variant == "separate":  # q/k/v and gate/up as transformers computes them, one product each
-            _set_fused(fused["projections"], False)
-        elif variant == "compiled-norm-mlp":
-            for layer in layers:
-                for name in ("input_layernorm", "post_attention_layernorm", "mlp"):
-                    setattr(layer, name, torch.compile(getattr(layer, name), dynamic=False, fullgraph=True))
-        elif variant == "compiled":  # `run --graphs --compile`: each decoder layer (attention and the cache's
+        layers = owned.layers
+        if variant == "compiled":  # `run --graphs --compile`: each decoder layer (attention and the cache's
             compile_layers(layers)  # writes included), one graph all layers share
         elif variant == "compiled-stack":  # the whole decoder stack as one graph (fuses across layers; compiling
-            compile_forward(model)  # traces every layer)
+            compile_forward(owned)  # traces every layer)
         elif variant == "compiled-static":  # the stack with static shapes: a graph per rows bucket and key span (what
-            model.model.forward = torch.compile(model.model.forward, dynamic=False)  # dynamic shapes may cost)
+            owned.forward = torch.compile(owned.forward, dynamic=False)  # dynamic shapes may cost)
         elif variant == "compiled-math":  # compiled, attention traced as SDPA's math (two batched products and a
             compile_layers(layers)  # softmax that inductor fuses) instead of the memory-efficient
             around = _captured_attention([SDPBackend.MATH])  # kernel, which one query row leaves mostly idle
@@ -268,16 +245,13 @@ def forward(args) -> None:
             around = _captured_attention([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
         elif variant == "cublaslt":  # the loop with cuBLASLt's matrix kernels instead of cuBLAS's
             around = _blas("cublaslt")
-        elif variant == "torch-ops":  # the loop without core.kernels' Triton kernels: torch's chains of small ones
-            around = kernels.disabled()
         elif variant != "loop":
-            raise SystemExit(f"unknown variant '{variant}': use loop, torch-ops, separate, efficient, hf-norm, "
-                             "compiled-norm-mlp, compiled, compiled-stack, compiled-static, compiled-math, "
-                             "compiled-autotune or cublaslt")
+            raise SystemExit(f"unknown variant '{variant}': use loop, efficient, compiled, compiled-stack, "
+                             "compiled-static, compiled-math, compiled-autotune or cublaslt")
         try:
             start = time.perf_counter()
             with around:
-                lm = StaticCachedLM(model)
+                lm = StaticCachedLM(owned)
                 profile = forward_profile(lm, sizes=sizes)
                 took = time.perf_counter() - start
                 if args.profile:
@@ -285,11 +259,7 @@ def forward(args) -> None:
                                   f"{_kernels(device, _one_token_forwards, lm, 10)}")
             print(f"| {variant} | " + " | ".join(_ms(profile[n]) for n in sizes) + f" | {took:.0f} |")
         finally:
-            for modules in fused.values():
-                _set_fused(modules, True)
-            for layer, (first, second, mlp) in zip(layers, kept, strict=True):
-                layer.input_layernorm, layer.post_attention_layernorm, layer.mlp = first, second, mlp
-            for module in (model.model, *layers):
+            for module in (owned, *layers):
                 module.__dict__.pop("forward", None)
             torch._dynamo.reset()  # the next variant compiles afresh, never reusing this one's graphs
     if args.profile:
@@ -337,7 +307,7 @@ def products(args) -> None:
 def _replayed(run, device: torch.device, repeats: int = 20) -> float:
     """Median seconds of `run()`, captured as one CUDA graph and replayed on a GPU (called directly elsewhere)."""
     if device.type == "cuda":
-        from specbench.core.static_lm import capture
+        from specbench.core.capture import capture
 
         graph, _ = capture(run, device)
         run = graph.replay
@@ -355,14 +325,14 @@ def _replayed(run, device: torch.device, repeats: int = 20) -> float:
 
 @contextlib.contextmanager
 def _captured_attention(backends: list):
-    """Captured forwards' attention on `backends` (by priority) while the block runs (core.static_lm)."""
-    from specbench.core import static_lm
+    """Captured forwards' attention on `backends` (by priority) while the block runs (core.capture)."""
+    from specbench.core import capture
 
-    kept, static_lm.CAPTURED_ATTENTION = static_lm.CAPTURED_ATTENTION, backends
+    kept, capture.CAPTURED_ATTENTION = capture.CAPTURED_ATTENTION, backends
     try:
         yield
     finally:
-        static_lm.CAPTURED_ATTENTION = kept
+        capture.CAPTURED_ATTENTION = kept
 
 
 @contextlib.contextmanager
@@ -417,7 +387,7 @@ def main() -> int:
     d.add_argument("--prompt", type=int, default=256)
     d.add_argument("--steps", type=int, default=30)
     d.add_argument("--profile", type=Path)
-    d.add_argument("--regimes", default="eager,static,captured,torch-ops,compiled",
+    d.add_argument("--regimes", default="eager,static,captured,compiled",
                    help="eager cache; static cache uncaptured; captured; captured without core.kernels' Triton "
                    "kernels; captured after torch.compile")
     p = sub.add_parser("products")
@@ -430,7 +400,7 @@ def main() -> int:
     f.add_argument("--layers", type=int, help="fewer layers than the model's (a rehearsal on a CPU)")
     f.add_argument("--profile", type=Path, help="write each variant's kernels by device time here")
     f.add_argument("--variants",
-                   default="loop,hf-norm,compiled-norm-mlp,compiled,compiled-stack,compiled-static,compiled-math")
+                   default="loop,compiled,compiled-stack,compiled-static,compiled-math")
     args = parser.parse_args()
     {"roofline": roofline, "summary": summary, "drafting": drafting, "forward": forward,
      "products": products}[args.command](args)

@@ -122,3 +122,31 @@ def test_no_module_reads_transformers_source():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
                 assert "ast" not in names, f"{path.relative_to(package)} imports ast"
+
+
+@pytest.mark.parametrize("family", ["eagle", "eagle3", "mtp", "dflash"])
+def test_a_head_on_the_owned_modules_drafts_what_it_drafted_on_transformers(family):
+    """`--graphs` puts each bundled tiny head on the owned decoder's layers, MLPs and norms (`own`): its outputs on
+    a random input equal those of the head as loaded, within 1e-5 relative."""
+    from specbench import methods  # noqa: F401 (registers the head families)
+    from specbench.registry import HEADS
+
+    target = load_causal_lm(TINY_DIR / "target", torch.device("cpu"), torch.float32, "target")
+    head = HEADS[family].load(TINY_DIR / family, target).eval()
+    torch.manual_seed(4)
+    n = 6
+    features = torch.randn(1, n, head.feature_size)
+    tokens = torch.randint(0, target.config.vocab_size, (1, n))
+    positions = torch.arange(3, 3 + n)[None]
+    with torch.no_grad():
+        if family == "dflash":
+            block = target.get_input_embeddings()(tokens)
+            before = head(block, features, torch.arange(2 * n)[None])[0]
+            head.own()
+            after = head(block, features, torch.arange(2 * n)[None])[0]
+        else:
+            before = head(features, tokens, positions)
+            head.own()
+            after = head(features, tokens, positions)
+    assert any(type(m).__module__ == "specbench.models.decoder" for m in head.modules())
+    assert (after - before).abs().max() <= 1e-5 * before.abs().max()

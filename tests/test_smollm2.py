@@ -69,3 +69,36 @@ def test_eagle3_with_the_bundled_head_is_greedy_identical(smollm2, tmp_path, mon
     rows = [json.loads(line) for f in out.rglob("*.jsonl") for line in f.read_text().splitlines()]
     eagle3 = [r for r in rows if r.get("specbench", {}).get("method") == "eagle3"]
     assert len(eagle3) == 2 and all(r["specbench"]["greedy_check"]["match"] for r in eagle3)
+
+
+def test_the_owned_decoder_gives_transformers_logits(smollm2):
+    from tests.test_decoder import assert_same_as_transformers
+
+    model = loading.load_causal_lm(smollm2, torch.device("cpu"), torch.float32)
+    assert_same_as_transformers(model, model.config.vocab_size)
+
+
+def test_graphs_on_the_owned_decoder_gives_the_eager_tokens(smollm2, tmp_path, monkeypatch):
+    """Under --graphs (the owned decoder on static caches) vanilla, pld, suffix, eagle3 and mtp give the eager loop's
+    greedy tokens and accepted lengths, step by step."""
+    from specbench.cli.main import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    task = tmp_path / "one.jsonl"
+    task.write_text(json.dumps({"question_id": 0, "category": "t", "turns": [PROMPTS[0]]}) + "\n")
+    methods = ["vanilla", "pld", "suffix", "eagle3", "mtp"]
+    common = ["run", "--model", "smollm2-135m", "--methods", ",".join(methods), "--tasks", str(task), "--device",
+              "cpu", "--max-new-tokens", "16", "--no-report", "--no-noise-floor", "--no-warmup"]  # fmt: skip
+    for regime in ("eager", "graphs"):
+        flags = ["--graphs"] if regime == "graphs" else []
+        assert main([*common, *flags, "--out", str(tmp_path / regime)]) == 0
+    manifest = json.loads((tmp_path / "graphs" / "manifest.json").read_text())
+    assert manifest["graphs"]["decoder"] == "owned"
+    runs = {regime: {r["specbench"]["method"]: r for f in (tmp_path / regime).rglob("*.jsonl")
+                     for line in f.read_text().splitlines() if (r := json.loads(line)).get("specbench")}
+            for regime in ("eager", "graphs")}  # fmt: skip
+    assert sorted(runs["graphs"]) == sorted(methods)
+    for method in methods:
+        eager, graphs = runs["eager"][method], runs["graphs"][method]
+        assert eager["specbench"]["output_ids"] == graphs["specbench"]["output_ids"], method
+        assert eager["choices"][0]["accept_lengths"] == graphs["choices"][0]["accept_lengths"], method

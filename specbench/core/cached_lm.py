@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin
 
 from ..errors import SpecbenchError
+from .static_cache import StaticRows
 from .transfer import upload
 from .tree import Tree, attention_mask, position_ids
 
@@ -27,7 +29,7 @@ class SideBranch:
 
 
 @functools.cache
-def cache_argument(module_class: type) -> str:
+def cache_argument(module_class: type[torch.nn.Module]) -> str:
     """The keyword a module's forward takes its KV cache by: `cache` from transformers 5.24 on (there
     `past_key_values` only warns, and it goes in 5.40), `past_key_values` before and in older remote code."""
     return "cache" if "cache" in inspect.signature(module_class.forward).parameters else "past_key_values"
@@ -60,11 +62,11 @@ def call(model, cache, ids: torch.Tensor, mask: torch.Tensor | None, positions: 
     when `layers` are asked for those hidden states as features of every row, and with `greedy` the picks."""
     inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
     if layers is None:
-        out = model(**inputs, **{cache_argument(type(model)): cache}, logits_to_keep=1 if last_only else 0)
+        out = model(**inputs, **{cache_argument(type(model)): cache}, logits_to_keep=1 if last_only else 0)  # type: ignore[arg-type]
         logits, features = out.logits[0], None
     else:
         decoder = model.get_decoder()
-        out = decoder(**inputs, **{cache_argument(type(decoder)): cache},
+        out = decoder(**inputs, **{cache_argument(type(decoder)): cache},  # type: ignore[arg-type]
                       output_hidden_states=any(i != -1 for i in layers))  # fmt: skip
         final = out.last_hidden_state[0]
         logits = model.get_output_embeddings()(final[-1:] if last_only else final)
@@ -96,7 +98,7 @@ class CachedLM:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.context_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
-        self.cache: DynamicCache | None = None
+        self.cache: DynamicCache | StaticRows | None = None  # StaticRows: `StaticCachedLM`'s
         self.prefilled: tuple[tuple, Forward | None] | None = None  # the last prefill: (prompt and layers, its output)
 
     @property
@@ -167,7 +169,9 @@ class CachedLM:
         if keep != list(range(len(keep))):
             src = torch.tensor([start + k for k in keep], device=self.device)
             dst = slice(start, start + len(keep))
+            assert isinstance(self.cache, DynamicCache)
             for layer in self.cache.layers:
+                assert isinstance(layer, CacheLayerMixin) and layer.keys is not None and layer.values is not None
                 layer.keys[:, :, dst] = layer.keys.index_select(2, src)
                 layer.values[:, :, dst] = layer.values.index_select(2, src)
         self.crop(start + len(keep))

@@ -150,9 +150,9 @@ def exact_distribution(
         probs = probabilities(logits[rows], temperature).cpu().numpy()
         nxt: dict[tuple[int, ...], float] = {}
         for seq, row in zip(frontier, probs, strict=True):
-            for token in np.flatnonzero(row * frontier[seq] >= min_prob):
+            for token in np.flatnonzero(row * frontier[seq] >= min_prob).tolist():
                 p = float(row[token]) * frontier[seq]
-                (done if int(token) in stop_ids else nxt)[(*seq, int(token))] = p
+                (done if token in stop_ids else nxt)[(*seq, token)] = p
         frontier = nxt
     return {**done, **frontier}
 
@@ -163,7 +163,7 @@ def _bins(law: dict[tuple[int, ...], float], samples: int) -> tuple[dict[tuple[i
     of: dict[tuple[int, ...], int] = {}
     masses: list[float] = []
     open_mass = 0.0
-    for key in sorted(law, key=law.get, reverse=True):
+    for key in sorted(law, key=law.__getitem__, reverse=True):
         of[key] = len(masses)
         open_mass += law[key]
         if open_mass * samples >= 5:

@@ -68,6 +68,8 @@ class StaticCachedLM(CachedLM):
     `model(ids, positions, mask, cache, features)` -> final states, features); `capture`: CUDA graphs per (bucket,
     span, layers) (default: on CUDA)."""
 
+    cache: StaticRows
+
     def __init__(self, model, capture: bool | None = None) -> None:
         super().__init__(model)
         self.capacity = min(self.context_length, MAX_CACHE) + BUCKETS[-1]
@@ -105,6 +107,7 @@ class StaticCachedLM(CachedLM):
         inputs.past.fill_(past)  # (capture's warm-up runs write past the committed rows only)
         inputs.count.fill_(n)
         if not chained:
+            assert tree is not None
             inputs.local[:n, :n] = upload(new_rows_allowed(tree, side.allowed if side else None), self.device)
             inputs.offsets[:n] = position_ids(tree, 0, self.device, side.positions if side else None)[0]
 

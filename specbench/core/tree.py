@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -92,6 +93,11 @@ class DeviceTree(Tree):
     """A tree whose tokens (and, when they depend on the draft, parents) are still tensors on the device. Its size
     and a depth bound are known on the host; reading `tokens` or `parents` costs one transfer, made once."""
 
+    ids: torch.Tensor
+    links: torch.Tensor | list[int]
+    bound: int
+    read: tuple[list[int], list[int]] | None
+
     def __init__(self, tokens: torch.Tensor, parents: torch.Tensor | list[int], depth: int,
                  ancestors: torch.Tensor | None = None) -> None:  # fmt: skip
         object.__setattr__(self, "ids", tokens)  # [n] long
@@ -122,17 +128,17 @@ class DeviceTree(Tree):
     @property
     def is_chain(self) -> bool:
         """Whether the tree is known to be a chain without reading it (a drafted shape is not assumed one)."""
-        return not self.shape_on_device and Tree.is_chain.fget(self)
+        return not self.shape_on_device and super().is_chain
 
     def depth_bound(self) -> int:
         return self.bound if self.shape_on_device else self.max_depth()
 
     @property
     def home(self) -> torch.device:
-        return self.links.device if self.shape_on_device else torch.device("cpu")
+        return cast(torch.Tensor, self.links).device if self.shape_on_device else torch.device("cpu")
 
     def parents_tensor(self) -> torch.Tensor:
-        return self.links if self.shape_on_device else Tree.parents_tensor(self)
+        return cast(torch.Tensor, self.links) if self.shape_on_device else Tree.parents_tensor(self)
 
     def rows(self, root: int) -> list[int] | torch.Tensor:
         if self.read is not None:
@@ -142,11 +148,10 @@ class DeviceTree(Tree):
     def read_along(self, values: torch.Tensor) -> list[int]:
         if self.read is not None:
             return values.tolist()
-        drafted = isinstance(self.links, torch.Tensor)  # the shape comes too
+        shape = [self.links] if isinstance(self.links, torch.Tensor) else []  # a drafted shape comes too
         n, m = len(self.ids), len(values)
-        flat = torch.cat([self.ids, values.to(self.ids.device, torch.long), *([self.links] if drafted else [])])
-        flat = flat.tolist()
-        object.__setattr__(self, "read", (flat[:n], flat[n + m :] if drafted else self.links))
+        flat: list[int] = torch.cat([self.ids, values.to(self.ids.device, torch.long), *shape]).tolist()
+        object.__setattr__(self, "read", (flat[:n], flat[n + m :] if shape else self.links))
         return flat[n : n + m]
 
     def subtree(self, keep: list[int]) -> Tree:
@@ -163,6 +168,7 @@ class DeviceTree(Tree):
     def _host(self) -> tuple[list[int], list[int]]:
         if self.read is None:
             self.read_along(self.ids[:0])
+        assert self.read is not None
         return self.read
 
 

@@ -25,9 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import Qwen3Config
-from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from ..errors import SpecbenchError
+from ..models.decoder import MLP, adopt_norm, rotate
 from ..models.hub import Layout
 from ..registry import HeadFamily, head_family
 from .checkpoint import check, config_shape, read_config, read_weights, save_safetensors
@@ -64,10 +65,6 @@ def target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]
     return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on x [B, h, n, d] with cos/sin [B, n, d]."""
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]
-
 
 class DFlashAttention(nn.Module):
     """Queries from the block; keys and values from the context rows and the block (Qwen3's per-head norms)."""
@@ -99,7 +96,7 @@ class DFlashAttention(nn.Module):
         k = self.k_norm(self.k_proj(both).view(batch, both.shape[1], -1, self.head_dim)).transpose(1, 2)
         v = self.v_proj(both).view(batch, both.shape[1], -1, self.head_dim).transpose(1, 2)
         cos, sin = rope
-        q, k = _rotate(q, cos[:, -n:], sin[:, -n:]), _rotate(k, cos, sin)
+        q, k = rotate(q, cos[:, -n:], sin[:, -n:]), rotate(k, cos, sin)
         if isinstance(past, Slots):  # written in place; the block's rows are overwritten by the next context
             past.keys.index_copy_(2, past.at, k)
             past.values.index_copy_(2, past.at, v)
@@ -125,6 +122,13 @@ class DFlashLayer(nn.Module):
         x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x)), kept
 
+    def own(self) -> None:
+        """Its MLP and norms (the attention's per-head ones too) on the owned decoder's modules, same weights."""
+        self.mlp = MLP.adopt(self.mlp)
+        for owner, name in ((self, "input_layernorm"), (self, "post_attention_layernorm"),
+                            (self.self_attn, "q_norm"), (self.self_attn, "k_norm")):  # fmt: skip
+            setattr(owner, name, adopt_norm(getattr(owner, name)))
+
 
 class DFlashDraft(nn.Module):
     def __init__(self, config: Qwen3Config, layer_ids: list[int], block_size: int, mask_token_id: int,
@@ -141,6 +145,12 @@ class DFlashDraft(nn.Module):
         self.fc = nn.Linear(self.feature_size, config.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary = Qwen3RotaryEmbedding(config)
+
+    def own(self) -> None:
+        """Its layers' MLPs and every norm on the owned decoder's modules (same weights): what --graphs runs."""
+        for layer in self.layers:
+            layer.own()
+        self.norm, self.hidden_norm = adopt_norm(self.norm), adopt_norm(self.hidden_norm)
 
     def forward(
         self,

@@ -18,6 +18,7 @@ from transformers import Cache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from ..errors import SpecbenchError
+from ..models.decoder import Layer
 from ..models.hub import Layout
 from ..registry import HeadFamily, head_family
 from .checkpoint import check, config_shape, read_config, read_weights, save_safetensors
@@ -55,8 +56,15 @@ class EagleHead(nn.Module):
         x = self.fc(torch.cat([self.embed_tokens(tokens), features.to(self.fc.weight.dtype)], dim=-1))
         rope = self.rotary(x, positions) if rope is None else rope
         for layer in self.layers:
-            x = layer(x, mask, positions, cache, use_cache=cache is not None, position_embeddings=rope)
+            if isinstance(layer, Layer):
+                x = layer(x, rope, mask, cache)
+            else:
+                x = layer(x, mask, positions, cache, use_cache=cache is not None, position_embeddings=rope)
         return x
+
+    def own(self) -> None:
+        """Its layers become the owned decoder's (`models.decoder.Layer`, on the same weights): what --graphs runs."""
+        self.layers = nn.ModuleList(Layer.adopt(layer, i) for i, layer in enumerate(self.layers))
 
 
 def config_from_target(target_config) -> dict:

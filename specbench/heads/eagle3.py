@@ -20,6 +20,7 @@ from transformers import Cache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..errors import SpecbenchError
+from ..models.decoder import MLP, Attention, adopt_norm
 from ..registry import HeadFamily, head_family
 from . import eagle
 from .checkpoint import check, config_shape, read_config, read_weights
@@ -66,8 +67,15 @@ class Eagle3Layer(nn.Module):
         cache: Cache | None,
     ) -> torch.Tensor:
         x = torch.cat([self.input_layernorm(embedded), self.hidden_norm(hidden)], dim=-1)  # [B, n, 2H]
-        hidden = hidden + self.self_attn(x, rope, mask, cache)[0]
+        attended = self.self_attn(x, rope, mask, cache)
+        hidden = hidden + (attended[0] if isinstance(attended, tuple) else attended)  # (transformers': a pair)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def own(self) -> None:
+        """Its attention, MLP and norms become the owned decoder's (`models.decoder`, on the same weights)."""
+        self.self_attn, self.mlp = Attention.adopt(self.self_attn, 0), MLP.adopt(self.mlp)
+        for name in ("hidden_norm", "input_layernorm", "post_attention_layernorm"):
+            setattr(self, name, adopt_norm(getattr(self, name)))
 
 
 class Eagle3Head(nn.Module):
@@ -102,6 +110,11 @@ class Eagle3Head(nn.Module):
             hidden = self.fc(hidden)
         rope = self.rotary(hidden, positions) if rope is None else rope
         return self.midlayer(self.embed_tokens(tokens), hidden, rope, mask, cache)
+
+    def own(self) -> None:
+        """Its layer and final norm on the owned decoder's modules (same weights): what --graphs runs."""
+        self.midlayer.own()
+        self.norm = adopt_norm(self.norm)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits [..., V_draft] over the draft vocabulary."""

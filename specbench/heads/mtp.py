@@ -35,6 +35,8 @@ from transformers import Cache
 
 from ..core.cached_lm import cache_argument
 from ..errors import SpecbenchError
+from ..models import decoder
+from ..models.decoder import Layer, adopt_norm
 from ..models.hub import Layout
 from ..registry import HeadFamily, head_family
 from .checkpoint import check, config_shape, read_config, read_prefixed, save_safetensors
@@ -134,15 +136,22 @@ class MtpHead(nn.Module):
         if self.layout.zero_first:
             embedded = embedded.masked_fill((positions == 0)[..., None], 0)
         x = self.fc(torch.cat([self.enorm(embedded), self.hnorm(features.to(self.fc.weight.dtype))], dim=-1))
-        x = self.block(
-            hidden_states=x,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=cache is not None,
-            **{self.cache_keyword: cache},
-            position_embeddings=self.rotary(x, positions) if rope is None else rope,
-        )
+        rope = self.rotary(x, positions) if rope is None else rope
+        if isinstance(self.block, Layer):
+            x = self.block(x, rope, mask, cache)
+        else:
+            x = self.block(hidden_states=x, attention_mask=mask, position_ids=positions, use_cache=cache is not None,
+                           **{self.cache_keyword: cache}, position_embeddings=rope)  # fmt: skip
         return self.norm(x) if self.layout.normed_output else x
+
+    def own(self) -> None:
+        """A Llama-family block and its norms become the owned decoder's (same weights): what --graphs runs. Other
+        blocks (DeepSeek-V3's attention and experts, Qwen3-Next's) stay transformers'."""
+        if getattr(self.config, "model_type", None) not in decoder.FAMILY:
+            return
+        self.block = Layer.adopt(self.block, 0)
+        for name in ("enorm", "hnorm", "norm"):
+            setattr(self, name, adopt_norm(getattr(self, name)))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [..., V] about the token after the next."""

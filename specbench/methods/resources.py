@@ -107,8 +107,12 @@ class Resources:
                 f"re{train_hint(family, self.model_name, path)}",
                 file=sys.stderr,
             )
-        head = use_few_row_layout(HEADS[family].load(path, self.target_model).to(self.device, dtype or self.dtype))
-        # a head that is a whole causal LM (PARD's) drafts on the owned decoder under --graphs (`cached_lm`)
+        head = HEADS[family].load(path, self.target_model).to(self.device, dtype or self.dtype)
+        # under --graphs a head drafts on the owned decoder's modules: its layers (`own`), or, a whole causal LM
+        # (PARD's), the owned decoder (`cached_lm`)
+        if self.graphs and hasattr(head, "own"):
+            head.own()
+        use_few_row_layout(head)
         owned = self.owned_decoder(head, f"{family} head") if hasattr(head, "get_decoder") else None
         if self.compile:
             compile_forward(owned or head, graphs=owned is not None)

@@ -30,7 +30,7 @@ class KeysAndValues(Protocol):
         ...
 
 
-def unsupported(model: nn.Module) -> str | None:
+def unsupported(model: Any) -> str | None:
     """Why the transformers model `model` cannot run on the owned decoder (None: it can), in a few words."""
     config = model.config.get_text_config()
     kind = getattr(config, "model_type", None)
@@ -42,7 +42,7 @@ def unsupported(model: nn.Module) -> str | None:
     window = getattr(config, "sliding_window", None)
     sliding = "sliding_attention" in (getattr(config, "layer_types", None) or []) or (
         kind == "mistral" and window is not None)  # fmt: skip
-    if sliding and window < MAX_CACHE + BUCKETS[-1]:
+    if sliding and window is not None and window < MAX_CACHE + BUCKETS[-1]:
         return f"its attention slides over {window} tokens"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"its MLP's activation is '{config.hidden_act}', not SiLU"
@@ -53,10 +53,10 @@ def unsupported(model: nn.Module) -> str | None:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama's RMSNorm: normalised in float32, scaled by `weight` in the input's dtype."""
-    normed = x.float()
-    normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * normed.to(x.dtype)
+    """Llama's RMSNorm (normalised in float32, rounded once to the input's dtype, then scaled by `weight` in it) as
+    torch's rms_norm kernel and the weight's product: two kernels where transformers' chain runs eight, with its
+    numbers (bit for bit on a CPU; on a GPU the mean's summation order may differ in float32's last bit)."""
+    return F.rms_norm(x, weight.shape, None, eps) * weight
 
 
 class RMSNorm(nn.Module):
@@ -66,6 +66,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
+
+
+def adopt_norm(norm: Any) -> RMSNorm:
+    """Ours, on the weight of a transformers Llama-family RMSNorm."""
+    return RMSNorm(norm.weight, norm.variance_epsilon)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -78,6 +83,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class Rotary(nn.Module):
     """cos and sin [B, n, d] at positions [B, n]: frequencies and scale are the transformers model's own (rope scaling
     included), so the angles are its angles."""
+
+    inv_freq: torch.Tensor
 
     def __init__(self, inv_freq: torch.Tensor, scale: float) -> None:
         super().__init__()
@@ -126,16 +133,28 @@ class Attention(nn.Module):
         self.q_norm, self.k_norm = q_norm, k_norm
         self.grouped = heads.keys != heads.queries  # (a bool: torch.compile makes a module's ints symbols)
 
+    @staticmethod
+    def adopt(attn: Any, index: int) -> Attention:
+        """Ours, from a transformers Llama-family attention (q/k/v/o projections, per-head norms if any), writing
+        its keys and values as cache layer `index`."""
+        size = attn.head_dim
+        heads = Heads(attn.q_proj.out_features // size, attn.k_proj.out_features // size, size, attn.scaling)
+        norms = [adopt_norm(attn.q_norm), adopt_norm(attn.k_norm)] if hasattr(attn, "q_norm") else []
+        return Attention(fused([attn.q_proj, attn.k_proj, attn.v_proj]), attn.o_proj, heads, index, *norms)
+
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
                 cache: KeysAndValues | None) -> torch.Tensor:  # fmt: skip
         b, n, _ = x.shape  # [B, n, in]
         h = self.heads
-        q, k, v = self.qkv(x).split([h.queries * h.size, h.keys * h.size, h.keys * h.size], dim=-1)
-        q, k, v = (t.view(b, n, -1, h.size) for t in (q, k, v))  # [B, n, heads, d]
+        qkv = self.qkv(x).view(b, n, h.queries + 2 * h.keys, h.size)  # [B, n, heads, d]: queries, keys, values
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, n, d]
-        q, k = rotate(q, *rope), rotate(k, *rope)
+            q, k = qkv[:, :, : h.queries], qkv[:, :, h.queries : h.queries + h.keys]
+            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=2)
+        else:
+            qk = qkv[:, :, : h.queries + h.keys]
+        qk = rotate(qk.transpose(1, 2), *rope)  # [B, heads, n, d]: queries and keys rotated as one tensor
+        q, k = qk[:, : h.queries], qk[:, h.queries :]
+        v = qkv[:, :, h.queries + h.keys :].transpose(1, 2)
         if cache is not None:
             k, v = cache.update(k, v, self.layer)  # [B, kv heads, keys, d]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and n > 1,
@@ -149,6 +168,11 @@ class MLP(nn.Module):
     def __init__(self, gate_up: nn.Linear, down: nn.Linear) -> None:
         super().__init__()
         self.gate_up, self.down = gate_up, down
+
+    @staticmethod
+    def adopt(mlp: Any) -> MLP:
+        """Ours, from a transformers gated MLP (gate_proj, up_proj, down_proj; SiLU)."""
+        return MLP(fused([mlp.gate_proj, mlp.up_proj]), mlp.down_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
@@ -169,17 +193,13 @@ class Layer(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
     @staticmethod
-    def adopt(layer: nn.Module, index: int, eps: float) -> Layer:
-        """Ours, from a transformers Llama-family decoder layer (its weights shared: `fused`)."""
-        attn, mlp = layer.self_attn, layer.mlp
-        size = attn.head_dim
-        heads = Heads(attn.q_proj.out_features // size, attn.k_proj.out_features // size, size, attn.scaling)
-        norms = [RMSNorm(attn.q_norm.weight, eps), RMSNorm(attn.k_norm.weight, eps)] if hasattr(attn, "q_norm") else []
-        attention = Attention(fused([attn.q_proj, attn.k_proj, attn.v_proj]), attn.o_proj, heads, index, *norms)
+    def adopt(layer: Any, index: int) -> Layer:
+        """Ours, from a transformers Llama-family decoder layer (its weights shared: `fused`); an input norm that is
+        nn.Identity stays one (EAGLE's first layer)."""
         first = layer.input_layernorm
-        attention_norm = first if isinstance(first, nn.Identity) else RMSNorm(first.weight, eps)
-        mlp_norm = RMSNorm(layer.post_attention_layernorm.weight, eps)
-        return Layer(attention, MLP(fused([mlp.gate_proj, mlp.up_proj]), mlp.down_proj), attention_norm, mlp_norm)
+        attention_norm = first if isinstance(first, nn.Identity) else adopt_norm(first)
+        return Layer(Attention.adopt(layer.self_attn, index), MLP.adopt(layer.mlp), attention_norm,
+                     adopt_norm(layer.post_attention_layernorm))  # fmt: skip
 
 
 class Decoder(nn.Module):
@@ -193,16 +213,16 @@ class Decoder(nn.Module):
         self.config = config
 
     @staticmethod
-    def adopt(model: nn.Module) -> Decoder:
+    def adopt(model: Any) -> Decoder:
         """Ours, on the weights of the transformers model `model` (checked with `unsupported` first)."""
         why = unsupported(model)
         if why is not None:
             raise ValueError(f"{type(model).__name__} cannot run on the owned decoder: {why}")
-        inner, eps = model.get_decoder(), model.config.get_text_config().rms_norm_eps
-        layers = [Layer.adopt(layer, i, eps) for i, layer in enumerate(inner.layers)]
+        inner = model.get_decoder()
+        layers = [Layer.adopt(layer, i) for i, layer in enumerate(inner.layers)]
         rotary = Rotary(inner.rotary_emb.inv_freq, float(inner.rotary_emb.attention_scaling))
-        return Decoder(inner.embed_tokens, layers, RMSNorm(inner.norm.weight, eps), model.get_output_embeddings(),
-                       rotary, model.config)  # fmt: skip
+        return Decoder(inner.embed_tokens, layers, adopt_norm(inner.norm), model.get_output_embeddings(), rotary,
+                       model.config)  # fmt: skip
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed
