@@ -388,8 +388,8 @@ def main() -> int:
     d.add_argument("--steps", type=int, default=30)
     d.add_argument("--profile", type=Path)
     d.add_argument("--regimes", default="eager,static,captured,compiled",
-                   help="eager cache; static cache uncaptured; captured; captured without core.kernels' Triton "
-                   "kernels; captured after torch.compile")
+                   help="eager cache (transformers' layers); static cache uncaptured; captured; captured after "
+                   "torch.compile (the last three on the owned decoder's layers)")
     p = sub.add_parser("products")
     p.add_argument("--like", default="vicuna-7b")
     p.add_argument("--device", default="cuda")

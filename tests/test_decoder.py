@@ -150,3 +150,28 @@ def test_a_head_on_the_owned_modules_drafts_what_it_drafted_on_transformers(fami
             after = head(features, tokens, positions)
     assert any(type(m).__module__ == "specbench.models.decoder" for m in head.modules())
     assert (after - before).abs().max() <= 1e-5 * before.abs().max()
+
+
+def test_a_target_outside_the_family_runs_graphs_eagerly_and_says_so(tmp_path, capsys):
+    """The tiny target with a rope that changes with the length (dynamic): `--graphs` runs it on transformers, with
+    one line on stderr, the reason in the manifest and a line in the report's Notes; its answers are vanilla's."""
+    import json
+    import shutil
+
+    from specbench.cli.main import main
+
+    target = tmp_path / "dynamic"
+    shutil.copytree(TINY_DIR / "target", target)
+    config = json.loads((target / "config.json").read_text())
+    config["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0}
+    (target / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "run"
+    args = ["run", "--model", str(target), "--methods", "vanilla,pld", "--limit", "1", "--tasks", "quick",
+            "--max-new-tokens", "6", "--no-noise-floor", "--no-warmup", "--graphs", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "--graphs: the target runs eagerly on transformers, as its rope type 'dynamic' changes" in err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["graphs"]["decoder"] == "its rope type 'dynamic' changes with the sequence's length"
+    report = (out / "report" / "report.md").read_text()
+    assert "under --graphs the target ran eagerly on transformers, as its rope type 'dynamic'" in report

@@ -1,6 +1,6 @@
 """Linear layers over a few rows on CPU: MKL's float32 F.linear (x @ W.T) over 1 to 16 rows can be several times
 slower than (W @ x.T).T, the same product laid out the other way round (one row computed as two). Vanilla's step,
-small trees and chains, a draft model's steps and EAGLE's draft levels are such products. By default 2 to 16 rows
+small trees and chains, a draft model's steps and EAGLE's draft levels are such products. By default 1 to 16 rows
 take it (`FALLBACK`). Which row counts gain depends on the CPU and its BLAS: `SPECBENCH_FEW_ROWS=measure` times
 them once per process (`calibrate`) on the first CPU float32 model large enough to stream its weights from memory
 as a decode step does, and `SPECBENCH_FEW_ROWS` pins ranges ("1-12,16"; "none": F.linear throughout). Logits differ
@@ -19,7 +19,7 @@ from torch import nn
 from ..errors import SpecbenchError
 
 MOST = 16  # the largest row count calibrated: past it F.linear (on the AVX2 EPYC 32-256 rows gained nothing or lost 8%)
-FALLBACK = ((2, 16),)
+FALLBACK = ((1, 16),)  # both EPYCs' calibrations took one row too (1-12,16 and 1-11,16; docs/cpu-notes.md)
 STREAMED = 32 << 20  # bytes of linear weights from which a model's products stream from memory, as in a decode step
 SAMPLE = 96 << 20  # bytes of weights a calibration pass goes through at most (bounds its cost on large models)
 ROUNDS = 3  # interleaved rounds per row count; the fastest of each layout is compared
