@@ -142,7 +142,8 @@ def drafting(args) -> None:
 
     from specbench.core.proposer import Turn
     from specbench.heads import eagle, eagle3
-    from specbench.methods.eagle import DynamicTree, Eagle
+    from specbench.methods.eagle import Eagle
+    from specbench.methods.eagle_trees import DynamicTree
     from specbench.models.aliases import TINY_DIR
 
     device = torch.device(args.device)

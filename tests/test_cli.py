@@ -136,3 +136,22 @@ def test_a_fresh_process_knows_the_head_families_while_parsing():
                            "--methods", "vanilla,eagle", "--dry-run"], capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "eagle head" in done.stdout
+
+
+def test_every_training_knob_is_an_option_with_its_default_and_help():
+    """`specbench train`'s options are generated from TrainConfig (one definition per knob): every field is an
+    option (but --seed, the target parser's) with the field's default, and reaches the config by name."""
+    from dataclasses import fields
+
+    from specbench.cli.parser import parser as build_parser
+    from specbench.heads.train_config import TrainConfig, train_config
+
+    parser = build_parser()
+    args = parser.parse_args(["train", "eagle", "--target", "tiny", "--out", "x"])
+    for f in fields(TrainConfig):
+        assert getattr(args, f.name) == f.default, f.name
+    args = parser.parse_args(["train", "pard", "--target", "tiny", "--out", "x", "--drop-ratio", "0.5",
+                              "--medusa-shared-lm-head", "--blocks", "3", "--seed", "4"])  # fmt: skip
+    cfg = train_config(args.kind, **{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    assert (cfg.drop_ratio, cfg.medusa_shared_lm_head, cfg.blocks, cfg.seed, cfg.lr) == (0.5, True, 3, 4, 3e-4)
+    assert train_config("medusa").lr == 1e-3 and train_config("medusa", lr=0.5).lr == 0.5

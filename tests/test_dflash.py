@@ -14,7 +14,8 @@ from specbench.engines.translate import speculative_config
 from specbench.errors import SpecbenchError
 from specbench.heads import dflash
 from specbench.heads.checkpoint import save_safetensors
-from specbench.heads.train import TrainConfig, dflash_anchors, dflash_blocks, target_pass, train_config
+from specbench.heads.train import dflash_anchors, dflash_blocks, target_pass
+from specbench.heads.train_config import TrainConfig, train_config
 from specbench.methods.dflash import DFlash
 from specbench.methods.vanilla import Vanilla
 

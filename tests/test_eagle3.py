@@ -20,7 +20,6 @@ from specbench.errors import SpecbenchError
 from specbench.heads import eagle as eagle_heads
 from specbench.heads import eagle3
 from specbench.heads.train import (
-    TrainConfig,
     draft_vocab_cross_entropy,
     draft_vocabulary,
     target_pass,
@@ -28,7 +27,9 @@ from specbench.heads.train import (
     ttt_pairs,
     unroll,
 )
-from specbench.methods.eagle import DynamicTree, Eagle
+from specbench.heads.train_config import TrainConfig
+from specbench.methods.eagle import Eagle
+from specbench.methods.eagle_trees import DynamicTree
 from specbench.methods.vanilla import Vanilla
 from specbench.models import aliases
 from specbench.models import loading as models

@@ -13,7 +13,8 @@ from specbench.core.decode import decode
 from specbench.core.proposer import Turn
 from specbench.core.static_cache import StaticRows
 from specbench.heads.eagle import build, config_from_target
-from specbench.methods.eagle import DYNAMIC, Draft, DynamicTree, Eagle, StaticTree
+from specbench.methods.eagle import DYNAMIC, Eagle
+from specbench.methods.eagle_trees import Draft, DynamicTree, StaticTree
 
 from .conftest import CUDA, random_llama, recording
 

@@ -16,7 +16,8 @@ from specbench.core.decode import decode
 from specbench.core.static_lm import SPAN, StaticCachedLM
 from specbench.core.tree import Tree
 from specbench.heads.eagle import build, config_from_target
-from specbench.methods.eagle import DynamicTree, Eagle
+from specbench.methods.eagle import Eagle
+from specbench.methods.eagle_trees import DynamicTree
 from specbench.models.decoder import Decoder
 from specbench.models.loading import compile_layers
 

@@ -16,8 +16,10 @@ from specbench.core.tree import Tree, from_choices
 from specbench.errors import SpecbenchError
 from specbench.heads.eagle import build, config_from_target
 from specbench.heads.medusa import MedusaHeads
-from specbench.heads.train import TrainConfig, train_eagle, train_medusa
-from specbench.methods.eagle import DynamicTree, Eagle, StaticTree
+from specbench.heads.train import train_eagle, train_medusa
+from specbench.heads.train_config import TrainConfig
+from specbench.methods.eagle import Eagle
+from specbench.methods.eagle_trees import DynamicTree, StaticTree
 from specbench.methods.medusa import Medusa
 from specbench.methods.vanilla import Vanilla
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from ..config import RunConfig
@@ -152,15 +153,13 @@ def _text(given: Path | None, command: str, flag: str) -> Path:
 
 
 def train(args) -> None:
-    from ..heads.train import train_config, train_head
+    from ..heads.train import train_head
+    from ..heads.train_config import TrainConfig, train_config
     from ..models.loading import device_and_dtype
 
     data = _text(args.data, "train", "--data")
-    cfg = train_config(args.kind, args.lr, args.smoke, steps=args.steps, seq_len=args.seq_len,
-                       batch_size=args.batch_size, medusa_heads=args.medusa_heads,
-                       medusa_shared_lm_head=args.medusa_shared_lm_head, draft_vocab=args.draft_vocab,
-                       ttt_steps=args.ttt_steps, block_size=args.block_size, draft_layers=args.draft_layers,
-                       pard_tokens=args.pard_tokens, seed=args.seed)  # fmt: skip
+    knobs = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}  # (every field is an option: cli.parser)
+    cfg = train_config(args.kind, args.smoke, **knobs)
     device, dtype = device_and_dtype(args.device, args.dtype)
     result = train_head(args.kind, args.target, data, args.out, cfg, device, dtype, args.smoke, args.compact,
                         args.draft)

@@ -4,10 +4,29 @@ subparser per command. Nothing here runs a command."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
+import typing
 from pathlib import Path
 
+from ..heads.train_config import TrainConfig
 from ..models.placement import DEVICES, DTYPES
+
+
+def _config_options(parser: argparse.ArgumentParser, config: type, shared: tuple[str, ...] = ()) -> None:
+    """One option per field of the dataclass `config` (--field-name: its type, default and the help in its metadata),
+    but those named in `shared`, which a parent parser defines."""
+    hints = typing.get_type_hints(config)
+    for f in dataclasses.fields(config):
+        if f.name in shared:
+            continue
+        name, kind = "--" + f.name.replace("_", "-"), hints[f.name]
+        kind = next(k for k in typing.get_args(kind) if k is not type(None)) if typing.get_args(kind) else kind
+        if kind is bool:
+            parser.add_argument(name, action="store_true", help=f.metadata["help"])
+        else:
+            shown = "" if f.default is None else f" (default {f.default})"
+            parser.add_argument(name, type=kind, default=f.default, help=f.metadata["help"] + shown)
 
 
 def _floats(text: str) -> list[float]:
@@ -58,7 +77,7 @@ def _field(text: str) -> tuple[str, str]:
 
 
 def _head(text: str) -> tuple[str, str]:
-    """FAMILY=PATH (eagle, eagle3, medusa: the registered head families) for one family, a bare PATH for every one."""
+    """FAMILY=PATH (a registered head family) for one family, a bare PATH for every one."""
     from .. import methods  # noqa: F401  (importing the methods registers the head families)
     from ..registry import HEADS
 
@@ -68,6 +87,16 @@ def _head(text: str) -> tuple[str, str]:
     if sep and "/" not in family:
         raise argparse.ArgumentTypeError(f"unknown head family '{family}' in '{text}': use {', '.join(HEADS)}")
     return "*", text
+
+
+def _family(text: str) -> str:
+    """A registered head family: what `specbench train` trains (the registry's list, read as the command parses)."""
+    from .. import methods  # noqa: F401  (importing the methods registers the head families)
+    from ..registry import HEADS
+
+    if text not in HEADS:
+        raise argparse.ArgumentTypeError(f"unknown head family '{text}': use {', '.join(HEADS)}")
+    return text
 
 
 def _device_options() -> argparse.ArgumentParser:
@@ -109,8 +138,8 @@ def _model_options() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="[FAMILY=]PATH",
-        help="head checkpoint (folder, hub id or ID@REVISION) of the medusa, eagle or eagle3 methods, e.g. "
-        "eagle=DIR (default: the alias's)",
+        help="head checkpoint (folder, hub id or ID@REVISION) of a head family, e.g. eagle=DIR, or a bare PATH for "
+        "every family (default: the alias's)",
     )
     p.add_argument("--data-dir", help="folder with task data files (default: $SPECBENCH_DATA_DIR, else download)")
     p.add_argument(
@@ -319,38 +348,23 @@ def parser() -> argparse.ArgumentParser:
              "text, or make a PARD drafter from a small model",
     )
     train.add_argument(
-        "kind",
-        choices=["medusa", "eagle", "eagle3", "mtp", "dflash", "pard"],
-        help="medusa heads, an EAGLE-1/2 head, an EAGLE-3 head, an MTP module (DeepSeek-V3 layout), a DFlash drafter "
-             "or a PARD drafter",
-    )
+        "kind", type=_family, metavar="FAMILY",
+        help="a head family: medusa heads, an EAGLE-1/2 (eagle) or EAGLE-3 (eagle3) head, an MTP module (DeepSeek-V3 "
+             "layout), a DFlash drafter or a PARD drafter",
+    )  # fmt: skip
     train.add_argument(
         "--data",
         type=Path,
         help='JSONL ("text" per line), text file, or data folder for the zoo corpus (default: $SPECBENCH_DATA_DIR)',
     )
     train.add_argument("--out", type=Path, required=True, help="folder for the head and its accuracy.json")
-    train.add_argument("--steps", type=int, default=2000)
-    train.add_argument("--lr", type=float, help="learning rate (default: 1e-3 medusa, 3e-4 the others)")
-    train.add_argument("--seq-len", type=int, default=256, help="tokens per training window")
-    train.add_argument("--batch-size", type=int, default=8)
-    train.add_argument("--medusa-heads", type=int, default=5, help="number of Medusa heads (tree depth limit)")
-    train.add_argument(
-        "--medusa-shared-lm-head",
-        action="store_true",
-        help="Medusa heads without projections of their own: each reads out through the target's lm_head",
-    )
+    _config_options(train, TrainConfig, shared=("seed",))  # (--seed: the target parser's)
     train.add_argument(
         "--compact",
         action="store_true",
         help="store float16 weights and leave out an EAGLE head's or MTP module's embedding and readout (the target's)",
     )
-    train.add_argument("--draft-vocab", type=int, default=32000, help="eagle3: draft vocabulary (at most the target's)")
-    train.add_argument("--ttt-steps", type=int, default=7, help="eagle3, mtp: steps of the training-time test")
-    train.add_argument("--block-size", type=int, default=16, help="dflash: rows per block, the root included")
-    train.add_argument("--draft-layers", type=int, default=3, help="dflash: drafter layers (= target layers read)")
     train.add_argument("--draft", help="pard: the model to adapt, a folder or hub id (default: the alias's draft)")
-    train.add_argument("--pard-tokens", type=int, default=8, help="pard: tokens guessed per forward")
     train.add_argument("--smoke", action="store_true", help="a few tiny steps in seconds (tests, trying it out)")
 
     regen = sub.add_parser(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -27,52 +27,7 @@ from . import dflash, eagle3, frequencies, mtp, pard
 from .checkpoint import target_signature
 from .eagle import EagleHead, build, config_from_target
 from .medusa import MedusaHeads
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    steps: int = 2000
-    lr: float = 1e-3
-    seq_len: int = 256
-    batch_size: int = 8
-    eval_batches: int = 8  # held-out windows = eval_batches x batch_size
-    medusa_heads: int = 5
-    medusa_layers: int = 1
-    medusa_shared_lm_head: bool = False  # no projection of their own: every head reads out through the target's
-    eagle_cls_weight: float = 0.1  # EAGLE-1: smooth-L1 on features + 0.1 x cross-entropy on tokens
-    eagle_noise: float = 0.1  # uniform noise on the input features, U(-a, a) (EAGLE-1 paper)
-    draft_vocab: int = 32000  # EAGLE-3: the most frequent training tokens the draft predicts (capped at the vocab)
-    ttt_steps: int = 7  # EAGLE-3: steps of the training-time test (the reference unrolls 7)
-    ttt_decay: float = 0.8  # EAGLE-3: step s's loss weighs ttt_decay ** (s - 1)
-    block_size: int = 16  # DFlash: rows per block, the root included (the released drafters' 16)
-    draft_layers: int = 3  # DFlash: the drafter's layers, and how many target layers it reads
-    blocks: int = 32  # DFlash: blocks trained per window, at random distinct anchors
-    block_decay: float = 7.0  # DFlash: a block's row k weighs exp(-(k - 1) / block_decay) in the loss (paper: 7 for 16)
-    pard_tokens: int = 8  # PARD: tokens guessed per forward (k - 1 mask blocks), the paper's para_num 8
-    drop_ratio: float = 0.7  # PARD: mask block b keeps max(drop_ratio ** b, drop_floor) of its rows (conditional drop)
-    drop_floor: float = 0.2
-    seed: int = 0
-
-    def smoke(self) -> TrainConfig:
-        """A few steps on short windows: the whole pipeline in seconds."""
-        return replace(self, steps=min(self.steps, 5), seq_len=min(self.seq_len, 32), batch_size=2, eval_batches=1,
-                       block_size=min(self.block_size, 8), blocks=min(self.blocks, 4),
-                       pard_tokens=min(self.pard_tokens, 4))  # fmt: skip
-
-
-def train_config(kind: str, lr: float | None = None, smoke: bool = False, **sizes) -> TrainConfig:
-    """The TrainConfig of a `specbench train KIND` (sizes: TrainConfig's fields), checked; lr by default 1e-3 for
-    Medusa heads, 3e-4 for the others; `smoke`: a few tiny steps."""
-    cfg = TrainConfig(lr=lr or (1e-3 if kind == "medusa" else 3e-4), **sizes)
-    if min(cfg.steps, cfg.seq_len, cfg.batch_size, cfg.medusa_heads, cfg.draft_vocab, cfg.ttt_steps,
-           cfg.draft_layers) < 1 or cfg.pard_tokens < 2:  # fmt: skip
-        raise SpecbenchError("--steps, --batch-size, --medusa-heads, --draft-vocab, --ttt-steps and --draft-layers "
-                             "must be >= 1, --pard-tokens >= 2")  # fmt: skip
-    if cfg.seq_len < 8:
-        raise SpecbenchError("--seq-len must be >= 8")
-    if kind == "dflash" and not 2 <= cfg.block_size <= cfg.seq_len // 2:
-        raise SpecbenchError(f"--block-size must be from 2 to half of --seq-len ({cfg.seq_len // 2})")
-    return cfg.smoke() if smoke else cfg
+from .train_config import TrainConfig
 
 
 def windows(stream: torch.Tensor, cfg: TrainConfig, generator: torch.Generator, what: str) -> torch.Tensor:

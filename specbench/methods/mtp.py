@@ -6,7 +6,8 @@ from __future__ import annotations
 from ..core.proposer import Proposer, chain_prefix
 from ..heads.mtp import MtpHead
 from ..registry import implementation, unless_sampled
-from .eagle import DynamicTree, Eagle
+from .eagle import Eagle
+from .eagle_trees import DynamicTree
 from .resources import Resources
 
 

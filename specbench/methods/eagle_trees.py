@@ -1,0 +1,177 @@
+"""EAGLE's token trees: the candidates a draft holds (`Draft`, tensors on the head's device, a whole level at a time)
+and the two expansion policies that decide which candidates become nodes, which nodes grow children, and which
+nodes are sent to the target:
+
+- StaticTree (EAGLE-1): the published tree of ranks; a node's children are its parent's top-ranked guesses.
+- DynamicTree (EAGLE-2 and EAGLE-3): every grown node offers top_k children scored by cumulative draft
+  log-probability; the top_k best of each level grow, and the best `total_tokens - 1` of all candidates are
+  verified with the root: `total_tokens` counts the verified rows, root included, as the reference's total_token.
+  A sampled dynamic tree keeps the first `total_tokens - 1` candidates in the order they were drawn instead
+  (methods.eagle says why)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+
+from ..core.tree import Tree
+
+
+@dataclass
+class Draft:
+    """Drafted candidates in creation order: level by level, within a level by parent then by rank, so parents
+    come first and the nodes of depth <= d are a prefix. Tensors on the head's device, first dimension [n]."""
+
+    tokens: torch.Tensor  # target ids (long)
+    parents: torch.Tensor  # the parent's index (long); -1 is the root
+    scores: torch.Tensor  # cumulative draft log-probability (float64: float32 steps summed in float64)
+    depths: torch.Tensor  # long; children of the root have depth 1
+    slots: torch.Tensor | None = None  # StaticTree: each node's template slot (long)
+    laws: torch.Tensor | None = None  # sampled: the law each token was drawn from [n, V]
+
+    @staticmethod
+    def empty(device: torch.device) -> Draft:
+        none = torch.empty(0, dtype=torch.long, device=device)
+        return Draft(none, none, torch.empty(0, dtype=torch.float64, device=device), none)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def _map(self, op: Callable[[torch.Tensor], torch.Tensor]) -> Draft:
+        return Draft(*(None if (t := getattr(self, f.name)) is None else op(t) for f in fields(self)))
+
+    def upto(self, depth: int) -> Draft:
+        """The nodes of depth <= depth (a prefix)."""
+        n = int((self.depths <= depth).sum())
+        return self._map(lambda t: t[:n])
+
+    @staticmethod
+    def joined(levels: list[Draft]) -> Draft:
+        """The levels one after the other (each level's parents index the ones before it), joined once."""
+        if len(levels) == 1:
+            return levels[0]
+        return Draft(*(None if getattr(levels[0], f.name) is None else torch.cat([getattr(x, f.name) for x in levels])
+                       for f in fields(levels[0])))  # fmt: skip (fields of an instance: torch.compile traces it)
+
+    def tree(self, keep: torch.Tensor) -> Tree:
+        """The tree of the nodes `keep` (ascending, closed under parents), re-indexed, read in one host transfer."""
+        tokens, parents = torch.stack(self.kept(keep)).tolist()
+        return Tree(tokens, parents)
+
+    def kept(self, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens [k] and parents [k] (indices into `keep`; -1 the root) of the nodes `keep` (ascending, closed
+        under parents), on the device."""
+        index = torch.full((len(self) + 1,), -1, device=self.parents.device)  # old index + 1 -> new index
+        index[keep + 1] = torch.arange(len(keep), device=keep.device)
+        return self.tokens[keep], index[self.parents[keep] + 1]
+
+
+def level_nodes(candidates: torch.Tensor, picked: torch.Tensor | None) -> torch.Tensor:
+    """A level's nodes [n] of its candidates [F, k]: those `picked` (flat positions), or all of them (None)."""
+    flat = candidates.flatten()
+    return flat if picked is None else flat[picked]
+
+
+def level_scores(reached: torch.Tensor, logps: torch.Tensor, rows: torch.Tensor,
+            picked: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """A level's node scores [n]: each parent's score (`reached` [F], float64) plus the node's log-probability
+    (`logps` [F, k], float32, promoted in the sum: one kernel). With every candidate a node (`picked` None), one
+    broadcast sum over the [F, k] top-k: no gather of the parents' scores."""
+    if picked is None:
+        return (reached[:, None] + logps).flatten()
+    return reached[rows] + logps.flatten()[picked]
+
+
+def best(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions of the k highest scores [n], ties to the earlier one (a parent before its child), ascending."""
+    return torch.sort(scores, descending=True, stable=True).indices[:k].sort().values
+
+
+class StaticTree:
+    def __init__(self, choices: list[list[int]]) -> None:
+        self.choices = choices  # as listed (`tree_prefix` keeps a prefix of them)
+        paths = sorted({tuple(p) for p in choices}, key=lambda p: (len(p), p))  # parents first
+        self.branch = 1 + max(r for p in paths for r in p)
+        self.max_depth = max(len(p) for p in paths)
+        slot = {(): -1}  # path of ranks -> template slot; -1 is the root
+        self.child = torch.full((len(paths) + 1, self.branch), -1)  # [parent slot + 1, rank] -> slot, -1: none
+        for p in paths:
+            if p and min(p) >= 0 and p[:-1] in slot:  # a path whose parent is not in the tree is never reached
+                slot[p] = len(slot) - 1
+                self.child[slot[p[:-1]] + 1, p[-1]] = slot[p]
+        self.paths = list(slot)[1:]  # [slots]: each slot's path of ranks
+        self.inner = (self.child[1:] >= 0).any(dim=1)  # [slots]: the slot has children in the tree
+        self.fed = int(self.inner.sum())  # the tree rows a draft feeds at most: every slot with children
+        self.on: tuple[torch.Tensor, torch.Tensor] | None = None  # child and inner on the drafting device
+        self.levels = {self.branch: self._levels(self.branch)}  # by k: read from the template on the host
+        self.moved: dict[tuple[int, torch.device], list[tuple[torch.Tensor, torch.Tensor]]] = {}  # by (k, device)
+
+    def _levels(self, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        levels, frontier = [], torch.full((1,), -1)  # the growing nodes' slots; -1 is the root
+        while len(frontier):
+            slots = self.child[frontier + 1, :k]  # [F, k]
+            picked = (slots >= 0).flatten().nonzero().squeeze(1)
+            level = slots.flatten()[picked]
+            grown = self.inner[level].nonzero().squeeze(1)
+            levels.append((picked, grown))
+            frontier = level[grown]
+        return levels
+
+    def fixed(self, depth: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Level `depth`'s admitted candidates (flat positions in the frontier's [F, k] top-k) and growing nodes
+        (positions in the level), on `device`: with top-k candidates the template alone decides both, so a level
+        needs no host wait."""
+        if k not in self.levels:  # a vocabulary narrower than the tree's branching
+            self.levels[k] = self._levels(k)
+        if (k, device) not in self.moved:
+            self.moved[k, device] = [(picked.to(device), grown.to(device)) for picked, grown in self.levels[k]]
+        return self.moved[k, device][depth - 1]
+
+    def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.on is None or self.on[0].device != device:  # moved once, with the first draft
+            self.on = self.child.to(device), self.inner.to(device)
+        return self.on
+
+    def admits(self, frontier: torch.Tensor | None, k: int, device: torch.device) -> torch.Tensor | None:
+        """The template slots [F, k] of the top-k children of the growing nodes, whose slots are `frontier` [F]
+        (None: the root alone), -1 where the tree has no such child."""
+        child, _ = self._on(device)
+        slots = torch.full((1,), -1, device=device) if frontier is None else frontier
+        return child[slots + 1, :k]
+
+    def grow(self, level: Draft) -> torch.Tensor:
+        """The positions in a level's nodes of those that have children in the tree, ascending."""
+        _, inner = self._on(level.slots.device)
+        return inner[level.slots].nonzero().squeeze(1)
+
+    def select(self, draft: Draft) -> torch.Tensor:
+        return torch.arange(len(draft), device=draft.tokens.device)
+
+
+class DynamicTree:
+    def __init__(self, total_tokens: int, depth: int, top_k: int) -> None:
+        if total_tokens < 2 or depth < 0 or top_k < 1:
+            raise ValueError("a dynamic tree needs total_tokens >= 2 (the root and a draft), depth >= 0, top_k >= 1")
+        self.drafts = total_tokens - 1  # total_tokens counts the root, as EAGLE's total_token does
+        self.branch = top_k
+        self.max_depth = depth + 1  # EAGLE's `depth` counts the expansions after the first level
+        self.fed = depth * top_k  # the tree rows a draft feeds at most: top_k grown at each level but the last
+
+    def fixed(self, depth: int, k: int, device: torch.device) -> None:
+        return None  # every candidate is a node, and the best grow
+
+    def admits(self, frontier: torch.Tensor | None, k: int, device: torch.device) -> torch.Tensor | None:
+        return None  # every candidate is a node
+
+    def grow(self, level: Draft) -> torch.Tensor:
+        """The positions in a level's nodes of its top_k best, ties to the earlier one, ascending."""
+        return best(level.scores, self.branch)
+
+    def select(self, draft: Draft) -> torch.Tensor:
+        """The nodes verified with the root (ascending): the best `total_tokens - 1` of the draft; a smaller
+        depth's tree with the same top_k is its select of `draft.upto(depth + 1)` (those levels grow alike)."""
+        if draft.laws is not None:  # sampled: which nodes are verified must not depend on their own draws
+            return torch.arange(min(self.drafts, len(draft)), device=draft.tokens.device)
+        return best(draft.scores, self.drafts)
