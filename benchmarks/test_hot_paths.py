@@ -72,16 +72,18 @@ class Oracle(Proposer):
             return Proposal(chain([(tokens[-1] + i) % VOCAB for i in range(1, self.k + 1)]))
         depths = self.tree.depths()
         ranks = self.tree.tokens  # template: each node's rank among its siblings
-        return Proposal(Tree([(tokens[-1] + d + 7 * r) % VOCAB for d, r in zip(depths, ranks, strict=True)],
-                             self.tree.parents))  # fmt: skip
+        return Proposal(
+            Tree([(tokens[-1] + d + 7 * r) % VOCAB for d, r in zip(depths, ranks, strict=True)], self.tree.parents)
+        )
 
 
 @pytest.mark.parametrize("shape", ["chain5", "tree63"])
 def test_loop_overhead(benchmark, shape):
     """One whole decode of 120 tokens with a stub target: the loop's own cost (per step: divide by steps)."""
     proposer = Oracle() if shape == "chain5" else Oracle(TREE)
-    run = benchmark(lambda: decode(StubTarget(), proposer, [1] * PAST, max_new_tokens=120, temperature=0,
-                                   stop_ids=set()))  # fmt: skip
+    run = benchmark(
+        lambda: decode(StubTarget(), proposer, [1] * PAST, max_new_tokens=120, temperature=0, stop_ids=set())
+    )
     benchmark.extra_info["steps"] = len(run.steps)
     assert run.tokens == [(1 + i) % VOCAB for i in range(1, 121)]
 
@@ -148,8 +150,9 @@ def test_tree_mask_and_positions(benchmark):
 
 
 def _time_propose(benchmark, tiny, method: str) -> None:
-    res = methods.Resources("tiny", tiny, None, torch.device("cpu"), torch.float32,
-                            head_paths={"eagle": TINY_DIR / "eagle"})  # fmt: skip
+    res = methods.Resources(
+        "tiny", tiny, None, torch.device("cpu"), torch.float32, head_paths={"eagle": TINY_DIR / "eagle"}
+    )
     proposer = methods.build(method, res)
     prompt = list(range(1, PAST + 2))
     features = CachedLM(tiny).prefill(prompt, layers=(-1,)).features
@@ -184,8 +187,9 @@ def test_eagle2_drafting_products(benchmark, tiny, depth):
     counts: the LM-head readout of the root, then per level the head's fc, q, k, v, o, gate, up and down over
     the 10 grown nodes and their readout. What drafting costs beyond this is the loop's own (attention, top-k,
     norms, the tree's bookkeeping); this part only a faster kernel or fewer weights read can cut."""
-    res = methods.Resources("tiny", tiny, None, torch.device("cpu"), torch.float32,
-                            head_paths={"eagle": TINY_DIR / "eagle"})  # fmt: skip
+    res = methods.Resources(
+        "tiny", tiny, None, torch.device("cpu"), torch.float32, head_paths={"eagle": TINY_DIR / "eagle"}
+    )
     head = methods.build("eagle2", res).head
     layer, readout = head.layers[0], tiny.get_output_embeddings()
     attention, mlp = layer.self_attn, layer.mlp

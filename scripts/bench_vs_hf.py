@@ -27,11 +27,18 @@ from specbench.run.session import Session
 def hf_generate(model, ids: list[int], n: int, stop: set[int], **kw) -> tuple[list[int], float]:
     x = torch.tensor([ids], device=model.device)
     start = time.perf_counter()
-    out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
-                         eos_token_id=sorted(stop), pad_token_id=sorted(stop)[0], **kw)
+    out = model.generate(
+        x,
+        attention_mask=torch.ones_like(x),
+        do_sample=False,
+        max_new_tokens=n,
+        eos_token_id=sorted(stop),
+        pad_token_id=sorted(stop)[0],
+        **kw,
+    )
     if model.device.type == "cuda":
         torch.cuda.synchronize()
-    return out[0, len(ids):].tolist(), time.perf_counter() - start
+    return out[0, len(ids) :].tolist(), time.perf_counter() - start
 
 
 def main() -> None:
@@ -47,24 +54,45 @@ def main() -> None:
     p.add_argument("--data-dir")
     args = p.parse_args()
 
-    session = Session.open(RunConfig(model=args.model, methods=["vanilla", "sps", "pld"], draft=args.draft,
-                                     device=args.device, dtype=args.dtype, data_dir=args.data_dir))
-    questions = [q for t in args.tasks.split(",") for q in
-                 tasks.limit_per_category(tasks.load(t, args.data_dir).questions, args.limit)]
+    session = Session.open(
+        RunConfig(
+            model=args.model,
+            methods=["vanilla", "sps", "pld"],
+            draft=args.draft,
+            device=args.device,
+            dtype=args.dtype,
+            data_dir=args.data_dir,
+        )
+    )
+    questions = [
+        q
+        for t in args.tasks.split(",")
+        for q in tasks.limit_per_category(tasks.load(t, args.data_dir).questions, args.limit)
+    ]
     prompts = [prompt_ids(session.tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in questions]
     sps, pld = methods.preset("sps").params, methods.preset("pld").params
     draft = session.resources.draft_model()
     pairs = {
         "vanilla": (methods.build("vanilla", session.resources), {}),
-        "sps": (methods.build("sps", session.resources),
-                {"assistant_model": draft, "num_assistant_tokens": sps["num_draft_tokens"],
-                 "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}),
-        "pld": (methods.build("pld", session.resources),
-                {"prompt_lookup_num_tokens": pld["num_pred_tokens"], "max_matching_ngram_size": pld["max_ngram_size"]}),
+        "sps": (
+            methods.build("sps", session.resources),
+            {
+                "assistant_model": draft,
+                "num_assistant_tokens": sps["num_draft_tokens"],
+                "num_assistant_tokens_schedule": "constant",
+                "assistant_confidence_threshold": 0.0,
+            },
+        ),
+        "pld": (
+            methods.build("pld", session.resources),
+            {"prompt_lookup_num_tokens": pld["num_pred_tokens"], "max_matching_ngram_size": pld["max_ngram_size"]},
+        ),
     }
     n = args.max_new_tokens
-    print(f"machine: {machine(session.device)['device_name']}, torch threads {torch.get_num_threads()}, "
-          f"model {session.spec.name}, {len(prompts)} prompts, {n} new tokens, {args.repeats} repeats")
+    print(
+        f"machine: {machine(session.device)['device_name']}, torch threads {torch.get_num_threads()}, "
+        f"model {session.spec.name}, {len(prompts)} prompts, {n} new tokens, {args.repeats} repeats"
+    )
     print("| method | same greedy tokens | ours tok/s | transformers tok/s | speed ratio ours/theirs |")
     print("|---|---|---|---|---|")
     for name, (proposer, hf_kwargs) in pairs.items():
@@ -74,8 +102,7 @@ def main() -> None:
         for ids in prompts:
             ours_t, theirs_t = [], []
             for _ in range(args.repeats):
-                gen = decode(session.target, proposer, ids, max_new_tokens=n, temperature=0,
-                             stop_ids=session.stop_ids)
+                gen = decode(session.target, proposer, ids, max_new_tokens=n, temperature=0, stop_ids=session.stop_ids)
                 ours_t.append(gen.wall_time)
                 theirs, t = hf_generate(session.model, ids, n, session.stop_ids, **hf_kwargs)
                 theirs_t.append(t)
@@ -84,8 +111,10 @@ def main() -> None:
             ours_tps.append(len(gen.tokens) / ours_med)
             theirs_tps.append(len(theirs) / theirs_med)
             ratios.append(ours_tps[-1] / theirs_tps[-1])
-        print(f"| {name} | {same}/{len(prompts)} | {np.mean(ours_tps):.1f} | {np.mean(theirs_tps):.1f} | "
-              f"{float(np.exp(np.mean(np.log(ratios)))):.2f} |")
+        print(
+            f"| {name} | {same}/{len(prompts)} | {np.mean(ours_tps):.1f} | {np.mean(theirs_tps):.1f} | "
+            f"{float(np.exp(np.mean(np.log(ratios)))):.2f} |"
+        )
 
 
 if __name__ == "__main__":

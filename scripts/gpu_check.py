@@ -1,32 +1,32 @@
 """The measurements of scripts/gpu_check.sh that are not a `specbench run`.
 
-    python scripts/gpu_check.py roofline --weights DIR/target --out roofline.json
-        warms the GPU to a steady clock, then measures a device copy's bandwidth and the weights' bytes: the
-        tokens/s a one-token decode could reach if it only streamed the weights (the bandwidth roofline)
-    python scripts/gpu_check.py summary RUN --roofline roofline.json
-        the table a closing note quotes: roofline, T(n) of the target's forward, each method's tokens/s, τ and step
-        cost split into target forward, drafting and the rest (host: Python, launches, sampling), the A/A floor
-    python scripts/gpu_check.py drafting [--like vicuna-7b] [--method eagle2|eagle3] [--profile FILE]
-        one EAGLE-2/3 draft step at the model's real shapes (random head, a 256-token prompt, two pairs committed a
-        step), timed on the eager cache, on --graphs' static cache uncaptured, and captured; with --profile, each
-        regime's kernels by device time (torch.profiler) written to FILE
-    python scripts/gpu_check.py products [--like vicuna-7b] [--layers N]
-        the one-row matrix products of a one-token forward alone (every layer's projections and the readout, random
-        weights), captured as one graph and replayed: their time against the copy bandwidth, with q/k/v and gate/up
-        as separate products (transformers' layout) and concatenated (fused, as vLLM and gpt-fast load them), on
-        cuBLAS and on cuBLASLt: how far the products themselves are from the roofline
-    python scripts/gpu_check.py forward [--like vicuna-7b] [--variants loop,compiled] [--profile FILE]
-        T(n) of the target's --graphs forward (random weights built in memory), as the loop runs it (the owned
-        decoder, models.decoder: q/k/v and gate/up each one product, norms and rotary as torch's ops) and with each
-        variant: captured attention on the memory-efficient kernel instead of cuDNN's (efficient), or the decoder
-        layers compiled as `run --graphs --compile` does (compiled: attention and the cache's
-        writes too, the key span a symbol; compiled-stack: the whole stack as one graph; compiled-static: the stack
-        with a graph per shape, which shows what dynamic shapes cost; compiled-math: attention as two batched
-        products and a fused softmax instead of the memory-efficient kernel; compiled-autotune: inductor timing its
-        own matrix kernels against cuBLAS's, as gpt-fast compiles; cublaslt: the loop on cuBLASLt's kernels, which
-        shows how far the one-row products' library is from the bandwidth); with --profile, each variant's
-        kernels in one-token forwards by device time, written to FILE (where a forward that streams 3.2 ms of
-        weights spends the rest: matrix-vector products short of the bandwidth, or small kernels)
+python scripts/gpu_check.py roofline --weights DIR/target --out roofline.json
+    warms the GPU to a steady clock, then measures a device copy's bandwidth and the weights' bytes: the
+    tokens/s a one-token decode could reach if it only streamed the weights (the bandwidth roofline)
+python scripts/gpu_check.py summary RUN --roofline roofline.json
+    the table a closing note quotes: roofline, T(n) of the target's forward, each method's tokens/s, τ and step
+    cost split into target forward, drafting and the rest (host: Python, launches, sampling), the A/A floor
+python scripts/gpu_check.py drafting [--like vicuna-7b] [--method eagle2|eagle3] [--profile FILE]
+    one EAGLE-2/3 draft step at the model's real shapes (random head, a 256-token prompt, two pairs committed a
+    step), timed on the eager cache, on --graphs' static cache uncaptured, and captured; with --profile, each
+    regime's kernels by device time (torch.profiler) written to FILE
+python scripts/gpu_check.py products [--like vicuna-7b] [--layers N]
+    the one-row matrix products of a one-token forward alone (every layer's projections and the readout, random
+    weights), captured as one graph and replayed: their time against the copy bandwidth, with q/k/v and gate/up
+    as separate products (transformers' layout) and concatenated (fused, as vLLM and gpt-fast load them), on
+    cuBLAS and on cuBLASLt: how far the products themselves are from the roofline
+python scripts/gpu_check.py forward [--like vicuna-7b] [--variants loop,compiled] [--profile FILE]
+    T(n) of the target's --graphs forward (random weights built in memory), as the loop runs it (the owned
+    decoder, models.decoder: q/k/v and gate/up each one product, norms and rotary as torch's ops) and with each
+    variant: captured attention on the memory-efficient kernel instead of cuDNN's (efficient), or the decoder
+    layers compiled as `run --graphs --compile` does (compiled: attention and the cache's
+    writes too, the key span a symbol; compiled-stack: the whole stack as one graph; compiled-static: the stack
+    with a graph per shape, which shows what dynamic shapes cost; compiled-math: attention as two batched
+    products and a fused softmax instead of the memory-efficient kernel; compiled-autotune: inductor timing its
+    own matrix kernels against cuBLAS's, as gpt-fast compiles; cublaslt: the loop on cuBLASLt's kernels, which
+    shows how far the one-row products' library is from the bandwidth); with --profile, each variant's
+    kernels in one-token forwards by device time, written to FILE (where a forward that streams 3.2 ms of
+    weights spends the rest: matrix-vector products short of the bandwidth, or small kernels)
 """
 
 from __future__ import annotations
@@ -73,8 +73,14 @@ def roofline(args) -> None:
     warm_gpu(device)
     bandwidth = copy_bandwidth(device)
     weights = weight_bytes(args.weights)
-    result = {"device": torch.cuda.get_device_name(device), "copy_bytes_per_s": bandwidth, "weight_bytes": weights,
-              "roofline_tokens_per_s": bandwidth / weights, "clocks_idle": before, "clocks_warm": gpu_clocks(device)}
+    result = {
+        "device": torch.cuda.get_device_name(device),
+        "copy_bytes_per_s": bandwidth,
+        "weight_bytes": weights,
+        "roofline_tokens_per_s": bandwidth / weights,
+        "clocks_idle": before,
+        "clocks_warm": gpu_clocks(device),
+    }
     args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
 
@@ -93,16 +99,24 @@ def summary(args) -> None:
     regime = " ".join(flag for flag in ("--graphs", "--compile") if config.get(flag[2:])) or "eager"
     print(f"### {roof['device']}: {args.run.name} ({regime})\n")
     copy, weights = roof["copy_bytes_per_s"] / 1e12, roof["weight_bytes"] / 1e9
-    print(f"Device copy {copy:.2f} TB/s (read + written) ÷ {weights:.2f} GB of target weights = bandwidth roofline "
-          f"{limit:.0f} tokens/s. SM clock idle / warm: "
-          f"{(roof['clocks_idle'] or {}).get('sm_mhz')} / {(roof['clocks_warm'] or {}).get('sm_mhz')} MHz.\n")
-    print("T(n), the target's forward over n new tokens after 256 cached (ms): "
-          + ", ".join(f"T({n}) {_ms(t)}" for n, t in sorted(profile.items())) + "\n")
+    print(
+        f"Device copy {copy:.2f} TB/s (read + written) ÷ {weights:.2f} GB of target weights = bandwidth roofline "
+        f"{limit:.0f} tokens/s. SM clock idle / warm: "
+        f"{(roof['clocks_idle'] or {}).get('sm_mhz')} / {(roof['clocks_warm'] or {}).get('sm_mhz')} MHz.\n"
+    )
+    print(
+        "T(n), the target's forward over n new tokens after 256 cached (ms): "
+        + ", ".join(f"T({n}) {_ms(t)}" for n, t in sorted(profile.items()))
+        + "\n"
+    )
     base = turns[turns.method == "vanilla"]
     steps = frames.steps_frame([args.run])
     steps = steps[steps.temperature == 0]
-    rows = ["| method | tokens/s | share of roofline | speedup [95% CI] | τ | ms/step (× vanilla's) | target forward "
-            "(rows) | drafting | rest (host) |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| method | tokens/s | share of roofline | speedup [95% CI] | τ | ms/step (× vanilla's) | target forward "
+        "(rows) | drafting | rest (host) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     order = ["vanilla", "vanilla-aa", *sorted(set(turns.method) - {"vanilla", "vanilla-aa"})]
     vanilla_step = regimes.step_split(base)[0]
     for method in [m for m in order if m in set(turns.method)]:
@@ -112,9 +126,11 @@ def summary(args) -> None:
         s = metrics.paired_speedup(own, base) if method != "vanilla" else None
         speedup = metrics.format_ratio(s.value, s.low, s.high) if s else "1.00×"
         verified = cells.mean_tree_size(steps[steps.method == method])
-        rows.append(f"| {method} | {rate:.1f} | {rate / limit:.0%} | {speedup} | {metrics.tau(own):.2f} | "
-                    f"{_ms(step)} ({step / vanilla_step:.2f}×) | {_ms(verify)} ({verified:.0f}) | {_ms(draft)} | "
-                    f"{_ms(rest)} |")
+        rows.append(
+            f"| {method} | {rate:.1f} | {rate / limit:.0%} | {speedup} | {metrics.tau(own):.2f} | "
+            f"{_ms(step)} ({step / vanilla_step:.2f}×) | {_ms(verify)} ({verified:.0f}) | {_ms(draft)} | "
+            f"{_ms(rest)} |"
+        )
     print("\n".join(rows))
     aa = turns[turns.method == "vanilla-aa"]
     if not aa.empty:
@@ -131,8 +147,9 @@ def _draft_steps(proposer, tokens: list[int], vocab: int, count: int = 1) -> lis
     for _ in range(count):
         proposer.propose(tokens, 100)
         tokens = tokens + torch.randint(vocab, (2,)).tolist()
-        features = torch.randn(2, proposer.head.feature_size, device=proposer.device,
-                               dtype=proposer.head.fc.weight.dtype)  # fmt: skip
+        features = torch.randn(
+            2, proposer.head.feature_size, device=proposer.device, dtype=proposer.head.fc.weight.dtype
+        )
         proposer.update(tokens, None, Feedback(None, features))
     return tokens
 
@@ -166,8 +183,12 @@ def drafting(args) -> None:
                 head = eagle3.build({**raw, "draft_vocab_size": min(EAGLE3_DRAFT_VOCAB, vocab)})
                 if head.d2t is not None:
                     head.d2t, head.t2d = eagle3.vocabulary_maps(torch.arange(EAGLE3_DRAFT_VOCAB, device=device), vocab)
-                options = dict(lm_head=head.logits, expansion=DynamicTree(60, 7, 10), target_ids=head.target_ids,
-                               target_vocab=vocab)  # fmt: skip
+                options = dict(
+                    lm_head=head.logits,
+                    expansion=DynamicTree(60, 7, 10),
+                    target_ids=head.target_ids,
+                    target_vocab=vocab,
+                )
         head = head.to(dtype).eval()
         if owned:
             head.own()
@@ -185,8 +206,9 @@ def drafting(args) -> None:
         if regime == "static":
             proposer.static.replays.capture = False
         tokens = torch.randint(vocab, (args.prompt,)).tolist()
-        proposer.start(Turn(tokens, 0.0, None, torch.randn(len(tokens) - 1, head.feature_size, device=device,
-                                                           dtype=dtype)))  # fmt: skip
+        proposer.start(
+            Turn(tokens, 0.0, None, torch.randn(len(tokens) - 1, head.feature_size, device=device, dtype=dtype))
+        )
         times = []
         for _ in range(args.steps + 3):  # the first steps feed the prompt and capture
             sync()
@@ -223,8 +245,11 @@ def forward(args) -> None:
         model = LlamaForCausalLM._from_config(_config(shape, TINY_DIR / "target"), dtype=dtype).eval()
     owned = Decoder.adopt(model)  # what `run --graphs` runs
     sizes = (1, 8, 64)
-    print(f"| {args.like} ({shape['num_hidden_layers']} layers), {dtype}, --graphs forward after 256 cached | "
-          + " | ".join(f"T({n}) ms" for n in sizes) + " | seconds in all (compiling included) |")
+    print(
+        f"| {args.like} ({shape['num_hidden_layers']} layers), {dtype}, --graphs forward after 256 cached | "
+        + " | ".join(f"T({n}) ms" for n in sizes)
+        + " | seconds in all (compiling included) |"
+    )
     print("|---|" + "---|" * (len(sizes) + 1))
     tables = []
     for variant in args.variants.split(","):
@@ -247,8 +272,10 @@ def forward(args) -> None:
         elif variant == "cublaslt":  # the loop with cuBLASLt's matrix kernels instead of cuBLAS's
             around = _blas("cublaslt")
         elif variant != "loop":
-            raise SystemExit(f"unknown variant '{variant}': use loop, efficient, compiled, compiled-stack, "
-                             "compiled-static, compiled-math, compiled-autotune or cublaslt")
+            raise SystemExit(
+                f"unknown variant '{variant}': use loop, efficient, compiled, compiled-stack, "
+                "compiled-static, compiled-math, compiled-autotune or cublaslt"
+            )
         try:
             start = time.perf_counter()
             with around:
@@ -256,8 +283,10 @@ def forward(args) -> None:
                 profile = forward_profile(lm, sizes=sizes)
                 took = time.perf_counter() - start
                 if args.profile:
-                    tables.append(f"## {variant}, 10 one-token forwards after 256 cached\n\n"
-                                  f"{_kernels(device, _one_token_forwards, lm, 10)}")
+                    tables.append(
+                        f"## {variant}, 10 one-token forwards after 256 cached\n\n"
+                        f"{_kernels(device, _one_token_forwards, lm, 10)}"
+                    )
             print(f"| {variant} | " + " | ".join(_ms(profile[n]) for n in sizes) + f" | {took:.0f} |")
         finally:
             for module in (owned, *layers):
@@ -284,8 +313,10 @@ def products(args) -> None:
     shape = SHAPES[args.like]["target"]
     layers = args.layers or shape["num_hidden_layers"]
     bandwidth = copy_bandwidth(device) if device.type == "cuda" else None
-    print(f"| {args.like}'s products ({layers} layers and the readout), one row, {dtype} | library | ms | GB | "
-          "TB/s | share of the copy bandwidth |\n|---|---|---|---|---|---|")
+    print(
+        f"| {args.like}'s products ({layers} layers and the readout), one row, {dtype} | library | ms | GB | "
+        "TB/s | share of the copy bandwidth |\n|---|---|---|---|---|---|"
+    )
     for fused in (False, True):
         sizes = [*_layer_products(shape, fused) * layers, (shape["vocab_size"], shape["hidden_size"])]
         weights = [torch.randn(rows, cols, device=device, dtype=dtype) for rows, cols in sizes]
@@ -388,9 +419,12 @@ def main() -> int:
     d.add_argument("--prompt", type=int, default=256)
     d.add_argument("--steps", type=int, default=30)
     d.add_argument("--profile", type=Path)
-    d.add_argument("--regimes", default="eager,static,captured,compiled",
-                   help="eager cache (transformers' layers); static cache uncaptured; captured; captured after "
-                   "torch.compile (the last three on the owned decoder's layers)")
+    d.add_argument(
+        "--regimes",
+        default="eager,static,captured,compiled",
+        help="eager cache (transformers' layers); static cache uncaptured; captured; captured after "
+        "torch.compile (the last three on the owned decoder's layers)",
+    )
     p = sub.add_parser("products")
     p.add_argument("--like", default="vicuna-7b")
     p.add_argument("--device", default="cuda")
@@ -400,11 +434,11 @@ def main() -> int:
     f.add_argument("--device", default="cuda")
     f.add_argument("--layers", type=int, help="fewer layers than the model's (a rehearsal on a CPU)")
     f.add_argument("--profile", type=Path, help="write each variant's kernels by device time here")
-    f.add_argument("--variants",
-                   default="loop,compiled,compiled-stack,compiled-static,compiled-math")
+    f.add_argument("--variants", default="loop,compiled,compiled-stack,compiled-static,compiled-math")
     args = parser.parse_args()
-    {"roofline": roofline, "summary": summary, "drafting": drafting, "forward": forward,
-     "products": products}[args.command](args)
+    {"roofline": roofline, "summary": summary, "drafting": drafting, "forward": forward, "products": products}[
+        args.command
+    ](args)
     return 0
 
 

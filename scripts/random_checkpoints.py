@@ -25,20 +25,49 @@ from specbench.models.loading import device_and_dtype
 # Each model's config.json as published (the shapes only); a draft where the alias has one (vicuna-68m).
 SHAPES: dict[str, dict[str, dict | None]] = {
     "vicuna-7b": {
-        "target": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=32, vocab_size=32000, max_position_embeddings=2048, rms_norm_eps=1e-6),
-        "draft": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=2, num_attention_heads=12,
-                      num_key_value_heads=12, vocab_size=32000, max_position_embeddings=2048, rms_norm_eps=1e-6),
+        "target": dict(
+            hidden_size=4096,
+            intermediate_size=11008,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            vocab_size=32000,
+            max_position_embeddings=2048,
+            rms_norm_eps=1e-6,
+        ),
+        "draft": dict(
+            hidden_size=768,
+            intermediate_size=3072,
+            num_hidden_layers=2,
+            num_attention_heads=12,
+            num_key_value_heads=12,
+            vocab_size=32000,
+            max_position_embeddings=2048,
+            rms_norm_eps=1e-6,
+        ),
     },
     "llama3.1-8b": {
-        "target": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5,
-                       rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                        "original_max_position_embeddings": 8192}),
+        "target": dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        ),
         "draft": None,
     },
-}  # fmt: skip
+}
 MEDUSA_HEADS = 5  # as the official Medusa-1 checkpoints
 EAGLE3_DRAFT_VOCAB = 32000  # as the official EAGLE-3 heads
 DFLASH_LAYERS = 5  # as z-lab's drafters for 8B targets
@@ -48,8 +77,13 @@ def _config(shape: dict, tokenizer_dir: Path) -> LlamaConfig:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    return LlamaConfig(**shape, tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
-                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    return LlamaConfig(
+        **shape,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
 
 
 def _model(config: LlamaConfig, device: torch.device, dtype: torch.dtype, out: Path) -> LlamaForCausalLM:
@@ -57,8 +91,9 @@ def _model(config: LlamaConfig, device: torch.device, dtype: torch.dtype, out: P
     with torch.device(device):
         model = LlamaForCausalLM._from_config(config, dtype=dtype)
     model.save_pretrained(out)
-    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                     pad_token_id=config.pad_token_id).save_pretrained(out)  # fmt: skip
+    GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
+    ).save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (TINY_DIR / "target" / name).is_file():
             shutil.copy(TINY_DIR / "target" / name, out / name)
@@ -66,8 +101,9 @@ def _model(config: LlamaConfig, device: torch.device, dtype: torch.dtype, out: P
 
 
 @torch.no_grad()
-def write_random(like: str, out: Path, device: torch.device, dtype: torch.dtype = torch.float16,
-                 seed: int = 0) -> dict[str, Path]:  # fmt: skip
+def write_random(
+    like: str, out: Path, device: torch.device, dtype: torch.dtype = torch.float16, seed: int = 0
+) -> dict[str, Path]:
     """Every checkpoint of `like`'s shapes under `out` (target/, draft/, eagle/, eagle3/, medusa/, mtp/, dflash/,
     pard/); returns role -> folder. Heads are stored in float16, as published; the PARD drafter has the draft's
     shapes."""

@@ -35,11 +35,42 @@ from specbench.core.capture import Replays
 from specbench.models.decoder import Decoder
 from specbench.run import session
 
-READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero", "unique", "masked_select",
-         "numpy", "any", "all", "equal"}  # fmt: skip
-VIEWS = {"view", "_unsafe_view", "slice", "select", "unsqueeze", "squeeze", "transpose", "t", "expand", "permute",
-         "alias", "detach", "as_strided", "split", "unbind", "lift_fresh", "_reshape_alias", "resolve_conj",
-         "resolve_neg"}  # no kernel (resolve_*: the input, without a conjugate or negative bit)  # fmt: skip
+READS = {
+    "tolist",
+    "item",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "nonzero",
+    "unique",
+    "masked_select",
+    "numpy",
+    "any",
+    "all",
+    "equal",
+}
+VIEWS = {
+    "view",
+    "_unsafe_view",
+    "slice",
+    "select",
+    "unsqueeze",
+    "squeeze",
+    "transpose",
+    "t",
+    "expand",
+    "permute",
+    "alias",
+    "detach",
+    "as_strided",
+    "split",
+    "unbind",
+    "lift_fresh",
+    "_reshape_alias",
+    "resolve_conj",
+    "resolve_neg",
+}  # no kernel (resolve_*: the input, without a conjugate or negative bit)
 CAPTURED = ((Replays, "run"), (Decoder, "forward"))  # (a forward too long for a bucket is never captured)
 
 
@@ -73,9 +104,13 @@ class StepCounter:
             name, propose, update = names.get(id(proposer), type(proposer).__name__), proposer.propose, proposer.update
 
             def step_begins(*a, **k):
-                self.step = (self.reads.setdefault(name, []), self.ops.setdefault(name, []),
-                             self.names.setdefault(name, []), self.uploads.setdefault(name, []),
-                             self.inside.setdefault(name, []))  # fmt: skip
+                self.step = (
+                    self.reads.setdefault(name, []),
+                    self.ops.setdefault(name, []),
+                    self.names.setdefault(name, []),
+                    self.uploads.setdefault(name, []),
+                    self.inside.setdefault(name, []),
+                )
                 for counts in (self.step[0], self.step[1], self.step[3], self.step[4]):
                     counts.append(0)
                 self.step[2].append(Counter())
@@ -151,8 +186,11 @@ def _uploads(func, args: tuple, kwargs: dict) -> bool:
     if any(isinstance(i, list) for i in index):
         return True
     # `x[tensor] = 1`: the value becomes a host tensor that index_put_ copies (a CUDA graph's capture refuses it)
-    return name == "__setitem__" and not isinstance(args[2], torch.Tensor) and any(
-        isinstance(i, torch.Tensor) for i in index)
+    return (
+        name == "__setitem__"
+        and not isinstance(args[2], torch.Tensor)
+        and any(isinstance(i, torch.Tensor) for i in index)
+    )
 
 
 class _Ops(TorchDispatchMode):
@@ -175,19 +213,44 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", default="vanilla,sps,lookahead,medusa,eagle,eagle2,eagle3,mtp,dflash,pard")
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--top", type=int, default=0, help="also list the N most frequent ops outside of a "
-                        "method's typical step (one with the median count)")
+    parser.add_argument(
+        "--top",
+        type=int,
+        default=0,
+        help="also list the N most frequent ops outside of a method's typical step (one with the median count)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("SPECBENCH_FEW_ROWS", "none")
     counter = StepCounter()
     with tempfile.TemporaryDirectory() as out, counter.counting():
-        code = specbench(["run", "--methods", args.methods, "--limit", "1", "--tasks", "quick", "--max-new-tokens",
-                          str(args.max_new_tokens), "--no-report", "--no-noise-floor", "--device", "cpu", "--graphs",
-                          "--temperatures", "0", "--out", out])  # fmt: skip
+        code = specbench(
+            [
+                "run",
+                "--methods",
+                args.methods,
+                "--limit",
+                "1",
+                "--tasks",
+                "quick",
+                "--max-new-tokens",
+                str(args.max_new_tokens),
+                "--no-report",
+                "--no-noise-floor",
+                "--device",
+                "cpu",
+                "--graphs",
+                "--temperatures",
+                "0",
+                "--out",
+                out,
+            ]
+        )
     if code:
         return code
-    print("| method | steps | host reads a step (median, most) | pageable uploads a step (median, most) "
-          "| ops outside captured graphs a step (median, most) | ops inside them (median, most) |")
+    print(
+        "| method | steps | host reads a step (median, most) | pageable uploads a step (median, most) "
+        "| ops outside captured graphs a step (median, most) | ops inside them (median, most) |"
+    )
     print("|---|---|---|---|---|---|")
     for name in counter.reads:
         cells = [counter.reads[name], counter.uploads[name], counter.ops[name], counter.inside[name]]

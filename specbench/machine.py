@@ -27,8 +27,13 @@ def _git_revision() -> str | None:
     here = Path(__file__).parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        edits = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."], cwd=here,
-                               capture_output=True, text=True, timeout=5)  # fmt: skip
+        edits = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "."],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     revision = head.stdout.strip()
@@ -96,8 +101,12 @@ def gpu_clocks(device: torch.device) -> dict | None:
     index = device.index if device.index is not None else torch.cuda.current_device()
     query = "clocks.sm,clocks.mem,clocks.max.sm,power.draw,temperature.gpu"
     try:
-        line = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", str(index)],
-                              capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
+        line = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", str(index)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         sm, mem, sm_max, power, temperature = (float(v) for v in line.split(","))
     except (OSError, subprocess.SubprocessError, ValueError):
         return None

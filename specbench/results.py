@@ -99,8 +99,18 @@ class TurnSteps:
     target_margin: list[float] | None = None
 
 
-def answer(question: Question, task: str, method: str, temperature: float, model: str, seed: int, lossless: bool,
-           texts: list[str], turns: list[TurnSteps], **timings: float) -> Answer:  # fmt: skip
+def answer(
+    question: Question,
+    task: str,
+    method: str,
+    temperature: float,
+    model: str,
+    seed: int,
+    lossless: bool,
+    texts: list[str],
+    turns: list[TurnSteps],
+    **timings: float,
+) -> Answer:
     """The record of one question answered by one method, from either engine; `timings`: draft_time, verify_time."""
     return Answer(
         question_id=question.id,
@@ -138,9 +148,15 @@ def check_greedy(answers: dict[str, Answer], reference: Answer | None, question:
     for name, ours in answers.items():
         if name != "vanilla":
             diverged = first_divergence(ours.output_ids, reference.output_ids) is not None
-            ours.greedy_check = greedy_check(model() if diverged else None, ours.output_ids, reference.output_ids,
-                                             prompts, ours.target_top1, ours.target_margin,
-                                             reference.target_margin)  # fmt: skip
+            ours.greedy_check = greedy_check(
+                model() if diverged else None,
+                ours.output_ids,
+                reference.output_ids,
+                prompts,
+                ours.target_top1,
+                ours.target_margin,
+                reference.target_margin,
+            )
 
 
 def spec_bench_group(category: str) -> str:

@@ -253,8 +253,11 @@ def load(
     if spec.placeholder:
         kept = [r for r in records if spec.placeholder not in json.dumps(r, ensure_ascii=False)]
         if len(kept) < len(records):
-            print(f"task {name}: {len(records) - len(kept)} of {len(records)} questions skipped: their data is not "
-                  "redistributed (placeholder text)", file=sys.stderr)  # fmt: skip
+            print(
+                f"task {name}: {len(records) - len(kept)} of {len(records)} questions skipped: their data is not "
+                "redistributed (placeholder text)",
+                file=sys.stderr,
+            )
         records = kept
     fields = {**fields, **(field_map or {})}
     questions = _questions(records, path, fields, spec.category or name, spec.category_groups)

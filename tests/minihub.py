@@ -92,12 +92,25 @@ def _llama_files(model, pickled_shards: bool) -> dict[str, bytes]:
 def _eagle_files(vocab: int, hidden: int, base: str) -> dict[str, bytes]:
     """EAGLE-1: config.json (EAGLE-Vicuna-7B-v1.3's key set) + pytorch_model.bin with embed_tokens and fc.bias."""
     config = {
-        "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
-        "hidden_size": hidden, "initializer_range": 0.02, "intermediate_size": 2 * hidden,
-        "max_position_embeddings": 2048, "model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": 1,
-        "pad_token_id": 0, "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "torch_dtype": "float16",
-        "transformers_version": "4.28.1", "use_cache": True, "vocab_size": vocab,
-    }  # fmt: skip
+        "architectures": ["LlamaForCausalLM"],
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "initializer_range": 0.02,
+        "intermediate_size": 2 * hidden,
+        "max_position_embeddings": 2048,
+        "model_type": "llama",
+        "num_attention_heads": 4,
+        "num_hidden_layers": 1,
+        "pad_token_id": 0,
+        "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "transformers_version": "4.28.1",
+        "use_cache": True,
+        "vocab_size": vocab,
+    }
     torch.manual_seed(3)
     state = eagle_heads.build(config).state_dict()
     return {"config.json": _json(config), "pytorch_model.bin": _pickle(state), "README.md": f"head for {base}".encode()}
@@ -107,13 +120,27 @@ def _eagle3_files(vocab: int, hidden: int) -> dict[str, bytes]:
     """EAGLE-3 (EAGLE3-Vicuna1.3-13B): the full vocabulary as draft vocabulary, d2t zeros and t2d all true,
     no embed_tokens (the target's), in pytorch_model.bin."""
     config = {
-        "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
-        "hidden_size": hidden, "initializer_range": 0.02, "intermediate_size": 2 * hidden,
-        "max_position_embeddings": 2048, "model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 4,
-        "num_hidden_layers": 1, "pad_token_id": 0, "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
-        "torch_dtype": "float16", "transformers_version": "4.28.1", "use_cache": True, "vocab_size": vocab,
+        "architectures": ["LlamaForCausalLM"],
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "initializer_range": 0.02,
+        "intermediate_size": 2 * hidden,
+        "max_position_embeddings": 2048,
+        "model_type": "llama",
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 1,
+        "pad_token_id": 0,
+        "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "transformers_version": "4.28.1",
+        "use_cache": True,
+        "vocab_size": vocab,
         "draft_vocab_size": vocab,
-    }  # fmt: skip
+    }
     torch.manual_seed(4)
     state = {k: v for k, v in eagle3_heads.build(config).state_dict().items() if k != "embed_tokens.weight"}
     state["d2t"] = torch.zeros(vocab, dtype=torch.long)
@@ -125,8 +152,12 @@ def _medusa_files(vocab: int, hidden: int, base: str) -> dict[str, bytes]:
     """medusa_lm_head.pt (a pickled ModuleList state dict, 5 heads) + the config that says 2 heads."""
     torch.manual_seed(5)
     heads = MedusaHeads(5, 1, hidden, vocab)
-    config = {"base_model_name_or_path": base, "medusa_num_heads": 2, "medusa_num_layers": 1,
-              "transformers_version": "4.31.0"}  # fmt: skip
+    config = {
+        "base_model_name_or_path": base,
+        "medusa_num_heads": 2,
+        "medusa_num_layers": 1,
+        "transformers_version": "4.31.0",
+    }
     return {"config.json": _json(config), "medusa_lm_head.pt": _pickle(heads.state_dict())}
 
 

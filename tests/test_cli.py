@@ -22,8 +22,20 @@ def error_of(capsys, argv) -> str:
 
 def base(tiny_models, tmp_path):
     target, draft = tiny_models
-    return ["run", "--model", str(target), "--draft", str(draft), "--out", str(tmp_path / "run"), "--no-report",
-            "--max-new-tokens", "4", "--limit", "1"]
+    return [
+        "run",
+        "--model",
+        str(target),
+        "--draft",
+        str(draft),
+        "--out",
+        str(tmp_path / "run"),
+        "--no-report",
+        "--max-new-tokens",
+        "4",
+        "--limit",
+        "1",
+    ]
 
 
 def test_unknown_method_lists_valid_names(capsys, tiny_models, tmp_path):
@@ -51,8 +63,19 @@ def test_malformed_jsonl_names_file_and_line(capsys, tiny_models, tmp_path):
 def test_jsonl_task_with_field_mapping_runs(capsys, tiny_models, tmp_path):
     good = tmp_path / "mine.jsonl"
     good.write_text("\n".join(json.dumps({"idx": i, "q": f"Say {w}."}) for i, w in enumerate(["hi", "yes"])) + "\n")
-    code = main([*base(tiny_models, tmp_path), "--tasks", str(good), "--field", "prompt=q", "--field", "id=idx",
-                 "--methods", "pld"])
+    code = main(
+        [
+            *base(tiny_models, tmp_path),
+            "--tasks",
+            str(good),
+            "--field",
+            "prompt=q",
+            "--field",
+            "id=idx",
+            "--methods",
+            "pld",
+        ]
+    )
     assert code == 0
     assert (tmp_path / "run" / "answers" / "mine" / "pld-temperature-0.jsonl").exists()
 
@@ -70,8 +93,25 @@ def test_draft_with_another_tokenizer(capsys, tiny_models, tmp_path):
     random_llama(len(tokenizer), layers=1).save_pretrained(other)
     tokenizer.save_pretrained(other)
     target, _ = tiny_models
-    err = error_of(capsys, ["run", "--model", str(target), "--draft", str(other), "--methods", "sps", "--out",
-                            str(tmp_path / "r"), "--no-report", "--max-new-tokens", "4", "--limit", "1"])
+    err = error_of(
+        capsys,
+        [
+            "run",
+            "--model",
+            str(target),
+            "--draft",
+            str(other),
+            "--methods",
+            "sps",
+            "--out",
+            str(tmp_path / "r"),
+            "--no-report",
+            "--max-new-tokens",
+            "4",
+            "--limit",
+            "1",
+        ],
+    )
     assert "different tokenizer" in err
 
 
@@ -94,8 +134,27 @@ def test_list_commands(capsys):
 
 def test_verify_command_passes_for_sps(capsys, tiny_models):
     target, draft = tiny_models
-    code = main(["verify", "--method", "sps", "--model", str(target), "--draft", str(draft), "--limit", "1",
-                 "--max-new-tokens", "12", "--samples", "300", "--horizon", "2", "--prompts", "1"])
+    code = main(
+        [
+            "verify",
+            "--method",
+            "sps",
+            "--model",
+            str(target),
+            "--draft",
+            str(draft),
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "12",
+            "--samples",
+            "300",
+            "--horizon",
+            "2",
+            "--prompts",
+            "1",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "greedy: 6/6 questions token-identical" in out and "verdict: pass" in out
@@ -132,8 +191,21 @@ def test_a_fresh_process_knows_the_head_families_while_parsing():
 
     from specbench.zoo import TINY_DIR
 
-    done = subprocess.run([sys.executable, "-m", "specbench.cli", "run", "--head", f"eagle={TINY_DIR / 'eagle'}",
-                           "--methods", "vanilla,eagle", "--dry-run"], capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specbench.cli",
+            "run",
+            "--head",
+            f"eagle={TINY_DIR / 'eagle'}",
+            "--methods",
+            "vanilla,eagle",
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert "eagle head" in done.stdout
 
@@ -150,8 +222,23 @@ def test_every_training_knob_is_an_option_with_its_default_and_help():
     args = parser.parse_args(["train", "eagle", "--target", "tiny", "--out", "x"])
     for f in fields(TrainConfig):
         assert getattr(args, f.name) == f.default, f.name
-    args = parser.parse_args(["train", "pard", "--target", "tiny", "--out", "x", "--drop-ratio", "0.5",
-                              "--medusa-shared-lm-head", "--blocks", "3", "--seed", "4"])  # fmt: skip
+    args = parser.parse_args(
+        [
+            "train",
+            "pard",
+            "--target",
+            "tiny",
+            "--out",
+            "x",
+            "--drop-ratio",
+            "0.5",
+            "--medusa-shared-lm-head",
+            "--blocks",
+            "3",
+            "--seed",
+            "4",
+        ]
+    )
     cfg = train_config(args.kind, **{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     assert (cfg.drop_ratio, cfg.medusa_shared_lm_head, cfg.blocks, cfg.seed, cfg.lr) == (0.5, True, 3, 4, 3e-4)
     assert train_config("medusa").lr == 1e-3 and train_config("medusa", lr=0.5).lr == 0.5

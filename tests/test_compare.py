@@ -22,31 +22,62 @@ BUG = {"match": False, "turn": 0, "position": 5, "margin": 3.0, "near_tie": Fals
 TIE = {"match": False, "turn": 0, "position": 5, "margin": 1e-4, "near_tie": True}
 
 
-def make_run(path: Path, *, seed: int, slowdown: dict[str, float] | None = None, noise: float = 0.01,
-             per_group: int = 20, device: str = "Fake GPU 9000", dtype: str = "float16",
-             methods: tuple[str, ...] = ("vanilla", "sps", "pld"), steps: dict[str, list[int]] | None = None,
-             checks: dict[str, list[dict]] | None = None) -> Path:
+def make_run(
+    path: Path,
+    *,
+    seed: int,
+    slowdown: dict[str, float] | None = None,
+    noise: float = 0.01,
+    per_group: int = 20,
+    device: str = "Fake GPU 9000",
+    dtype: str = "float16",
+    methods: tuple[str, ...] = ("vanilla", "sps", "pld"),
+    steps: dict[str, list[int]] | None = None,
+    checks: dict[str, list[dict]] | None = None,
+) -> Path:
     """A run folder: each question's wall time is a fixed per-question base (same in every run) times the
     method's factor, times 1 + the method's slowdown, times lognormal noise drawn with this run's seed."""
     questions = [(q, GROUPS[q % 2]) for q in range(2 * per_group)]
     base = np.random.default_rng(1234).uniform(0.5, 2.0, size=len(questions))
     rng = np.random.default_rng(seed)
     path.mkdir(parents=True)
-    (path / "manifest.json").write_text(json.dumps({
-        "config": {"model": "tiny", "dtype": dtype, "device": "cuda", "methods": list(methods)},
-        "machine": {"device": "cuda", "device_name": device, "cpu_count": 16, "torch": "2.13.0",
-                    "transformers": "5.0.0", "git_revision": f"rev{seed}"},
-    }))
+    (path / "manifest.json").write_text(
+        json.dumps(
+            {
+                "config": {"model": "tiny", "dtype": dtype, "device": "cuda", "methods": list(methods)},
+                "machine": {
+                    "device": "cuda",
+                    "device_name": device,
+                    "cpu_count": 16,
+                    "torch": "2.13.0",
+                    "transformers": "5.0.0",
+                    "git_revision": f"rev{seed}",
+                },
+            }
+        )
+    )
     for method in methods:
         accept = (steps or {}).get(method, STEPS[method])
         lines = []
         for (q, group), t in zip(questions, base, strict=True):
             wall = t * SECONDS[method] * (1 + (slowdown or {}).get(method, 0.0)) * rng.lognormal(0.0, noise)
             check = None if method == "vanilla" else (checks or {}).get(method, [MATCH] * len(questions))[q]
-            answer = Answer(question_id=q, category=group, group=group, method=method, temperature=0.0,
-                            model="tiny", task="quick", new_tokens=[sum(accept)], wall_time=[float(wall)],
-                            decoding_steps=[len(accept)], accept_lengths=accept, turns=["text"], seed=q,
-                            greedy_check=check)
+            answer = Answer(
+                question_id=q,
+                category=group,
+                group=group,
+                method=method,
+                temperature=0.0,
+                model="tiny",
+                task="quick",
+                new_tokens=[sum(accept)],
+                wall_time=[float(wall)],
+                decoding_steps=[len(accept)],
+                accept_lengths=accept,
+                turns=["text"],
+                seed=q,
+                greedy_check=check,
+            )
             lines.append(json.dumps(answer.to_record("tiny")) + "\n")
         out = path / "answers" / "quick" / f"{method}-temperature-0.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -154,8 +185,11 @@ def test_cells_in_one_run_only_are_listed_not_failed(baseline, tmp_path):
     new = make_run(tmp_path / "new", seed=2, methods=("vanilla", "sps"), per_group=19)
     result = compare(baseline, new)
     assert result.passed
-    assert result.only_in_baseline == ["tiny · quick · T=0 · vanilla: 2 question(s)", "tiny · quick · T=0 · pld",
-                                       "tiny · quick · T=0 · sps: 2 question(s)"]
+    assert result.only_in_baseline == [
+        "tiny · quick · T=0 · vanilla: 2 question(s)",
+        "tiny · quick · T=0 · pld",
+        "tiny · quick · T=0 · sps: 2 question(s)",
+    ]
     assert row(result, "sps").throughput.pairs == 38
     assert not compare(baseline, new, Limits(strict=True)).passed
 

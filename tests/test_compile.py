@@ -74,8 +74,23 @@ def test_a_timed_decode_that_compiled_is_timed_again(capsys, tiny_models, tmp_pa
     monkeypatch.setattr(worker.Worker, "_decode", decode)
     monkeypatch.setattr(worker, "compiled_graphs", lambda: graphs[0])
     target, draft = tiny_models
-    args = ["--model", str(target), "--draft", str(draft), "--methods", "vanilla,sps", "--limit", "1",
-            "--max-new-tokens", "4", "--no-report", "--no-noise-floor", "--no-warmup", "--tasks", "quick"]  # fmt: skip
+    args = [
+        "--model",
+        str(target),
+        "--draft",
+        str(draft),
+        "--methods",
+        "vanilla,sps",
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--no-report",
+        "--no-noise-floor",
+        "--no-warmup",
+        "--tasks",
+        "quick",
+    ]
     compiling = ["sps"]
     assert main(["run", *args, "--compile", "--out", str(tmp_path / "a")]) == 0
     questions = {q for _, q in decodes}

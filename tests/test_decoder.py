@@ -19,16 +19,31 @@ from specbench.models.decoder import Decoder, unsupported
 from specbench.models.loading import load_causal_lm
 from specbench.zoo import TINY_DIR
 
-LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+LLAMA31_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
 
 def mini(kind: str, seed: int = 0, **extra) -> torch.nn.Module:
     """A random miniature of an architecture (grouped-query attention: 4 query heads, 2 key/value heads), with
     weights large enough that its logits are far from uniform."""
-    config = AutoConfig.for_model(kind, vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                  tie_word_embeddings=False, **extra)  # fmt: skip
+    config = AutoConfig.for_model(
+        kind,
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        **extra,
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
@@ -97,13 +112,18 @@ def test_adopting_shares_the_weights_and_leaves_the_transformers_model_working()
         torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(("model", "reason"), [
-    (lambda: mini("gpt2"), "outside the Llama family"),
-    (lambda: mini("llama", rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}),
-     "changes with the sequence's length"),
-    (lambda: mini("mistral", sliding_window=64), "slides over 64 tokens"),
-    (lambda: mini("llama", hidden_act="gelu"), "not SiLU"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("model", "reason"),
+    [
+        (lambda: mini("gpt2"), "outside the Llama family"),
+        (
+            lambda: mini("llama", rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}),
+            "changes with the sequence's length",
+        ),
+        (lambda: mini("mistral", sliding_window=64), "slides over 64 tokens"),
+        (lambda: mini("llama", hidden_act="gelu"), "not SiLU"),
+    ],
+)
 def test_what_it_cannot_run_is_refused_with_the_reason(model, reason):
     built = model()
     assert reason in unsupported(built)
@@ -166,8 +186,24 @@ def test_a_target_outside_the_family_runs_graphs_eagerly_and_says_so(tmp_path, c
     config["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0}
     (target / "config.json").write_text(json.dumps(config))
     out = tmp_path / "run"
-    args = ["run", "--model", str(target), "--methods", "vanilla,pld", "--limit", "1", "--tasks", "quick",
-            "--max-new-tokens", "6", "--no-noise-floor", "--no-warmup", "--graphs", "--out", str(out)]  # fmt: skip
+    args = [
+        "run",
+        "--model",
+        str(target),
+        "--methods",
+        "vanilla,pld",
+        "--limit",
+        "1",
+        "--tasks",
+        "quick",
+        "--max-new-tokens",
+        "6",
+        "--no-noise-floor",
+        "--no-warmup",
+        "--graphs",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "--graphs: the target runs eagerly on transformers, as its rope type 'dynamic' changes" in err

@@ -94,8 +94,9 @@ def small_sampling_test(model, make, samples):
         for p in draft.parameters():
             p.mul_(4)
     made = make(draft, model.get_input_embeddings(), model.get_output_embeddings(), 2)
-    return sampling_test(CachedLM(model), made, [1, 2, 3, 1, 2], horizon=3, samples=samples, temperature=1.0,
-                         stop_ids=set(), seed=0)  # fmt: skip
+    return sampling_test(
+        CachedLM(model), made, [1, 2, 3, 1, 2], horizon=3, samples=samples, temperature=1.0, stop_ids=set(), seed=0
+    )
 
 
 def test_dflash_passes_the_sampling_test_and_the_planted_mistake_fails(small_vocab):
@@ -109,16 +110,33 @@ def published(tmp_path, target, **changes) -> str:
     draft = random_draft(target, layers=2)
     text = target.config
     raw = {
-        "architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
-        "attention_bias": False, "attention_dropout": 0.0, "block_size": 4,
-        "dflash_config": {"mask_token_id": 47, "target_layer_ids": [1, 3]}, "dtype": "bfloat16", "head_dim": 16,
-        "hidden_act": "silu", "hidden_size": text.hidden_size, "intermediate_size": text.intermediate_size,
-        "layer_types": ["full_attention", "full_attention"], "max_position_embeddings": 1024,
-        "max_window_layers": 2, "model_type": "qwen3", "num_attention_heads": 4, "num_hidden_layers": 2,
-        "num_key_value_heads": 2, "num_target_layers": 6, "rms_norm_eps": 1e-6, "rope_scaling": None,
-        "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": True, "use_sliding_window": False,
+        "architectures": ["DFlashDraftModel"],
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "block_size": 4,
+        "dflash_config": {"mask_token_id": 47, "target_layer_ids": [1, 3]},
+        "dtype": "bfloat16",
+        "head_dim": 16,
+        "hidden_act": "silu",
+        "hidden_size": text.hidden_size,
+        "intermediate_size": text.intermediate_size,
+        "layer_types": ["full_attention", "full_attention"],
+        "max_position_embeddings": 1024,
+        "max_window_layers": 2,
+        "model_type": "qwen3",
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 2,
+        "num_target_layers": 6,
+        "rms_norm_eps": 1e-6,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "sliding_window": None,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
         "vocab_size": 48,
-    }  # fmt: skip
+    }
     raw.update(changes)
     state = {k: v for k, v in draft.state_dict().items() if not k.startswith("rotary.")}
     folder = tmp_path / "drafter"
@@ -165,8 +183,10 @@ def test_bad_draft_counts_are_refused(target):
 
 def test_engine_mode_maps_to_vllms_dflash(tmp_path):
     assert speculative_config("dflash", {"dflash head": tmp_path}) == {
-        "method": "dflash", "model": str(tmp_path), "num_speculative_tokens": 15,
-    }  # fmt: skip
+        "method": "dflash",
+        "model": str(tmp_path),
+        "num_speculative_tokens": 15,
+    }
 
 
 def test_train_dflash_writes_the_official_layout_that_verify_passes(capsys, tiny_models, tmp_path):

@@ -42,8 +42,14 @@ def test_the_bundled_counts_are_the_heads_training_stream(family):
 def tiny():
     target = models.load_causal_lm(TINY_DIR / "target", torch.device("cpu"), torch.float32)
     tokenizer = models.load_tokenizer(TINY_DIR / "target")
-    res = methods.Resources("tiny", target, None, torch.device("cpu"), torch.float32,
-                            head_paths={f: TINY_DIR / f for f in ("eagle", "eagle3")})  # fmt: skip
+    res = methods.Resources(
+        "tiny",
+        target,
+        None,
+        torch.device("cpu"),
+        torch.float32,
+        head_paths={f: TINY_DIR / f for f in ("eagle", "eagle3")},
+    )
     return res, prompt_ids(tokenizer, [{"role": "user", "content": QUESTION}])
 
 

@@ -42,12 +42,26 @@ PROMPTS = [[1, 5, 7, 9, 5, 7, 9, 11, 3], [1, 40], [7]]
 
 # EAGLE3-LLaMA3.1-Instruct-8B's config.json key set, scaled down (draft_vocab_size set per test).
 CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
-    "hidden_size": HIDDEN, "initializer_range": 0.02, "intermediate_size": 2 * HIDDEN,
-    "max_position_embeddings": 1024, "model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2,
-    "num_hidden_layers": 1, "pad_token_id": 0, "rms_norm_eps": 1e-05, "tie_word_embeddings": False,
-    "torch_dtype": "float16", "transformers_version": "4.28.1", "use_cache": True, "vocab_size": VOCAB,
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": HIDDEN,
+    "initializer_range": 0.02,
+    "intermediate_size": 2 * HIDDEN,
+    "max_position_embeddings": 1024,
+    "model_type": "llama",
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 1,
+    "pad_token_id": 0,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "transformers_version": "4.28.1",
+    "use_cache": True,
+    "vocab_size": VOCAB,
+}
 
 
 def layout(hidden: int, draft_vocab: int, target_hidden: int = HIDDEN) -> dict[str, list[int]]:
@@ -104,8 +118,9 @@ def llama():
 
 
 def resources(model, head: str | None) -> methods.Resources:
-    return methods.Resources("random", model, None, torch.device("cpu"), torch.float32, None,
-                             {"eagle3": Path(head)} if head else {})  # fmt: skip
+    return methods.Resources(
+        "random", model, None, torch.device("cpu"), torch.float32, None, {"eagle3": Path(head)} if head else {}
+    )
 
 
 def greedy(model, proposer, prompt=PROMPTS[0], n=30):
@@ -186,11 +201,17 @@ def test_target_hidden_size_and_own_embedding(tmp_path, llama):
 @pytest.mark.parametrize(
     "edit, extra, message",
     [
-        (lambda s: s.update({"midlayer.hidden_nrm.weight": s.pop("midlayer.hidden_norm.weight")}), {},
-         "midlayer.hidden_norm.weight"),
+        (
+            lambda s: s.update({"midlayer.hidden_nrm.weight": s.pop("midlayer.hidden_norm.weight")}),
+            {},
+            "midlayer.hidden_norm.weight",
+        ),
         (lambda s: s.update({"fc.weight": torch.zeros(HIDDEN, 2 * HIDDEN)}), {}, "'fc.weight' has shape"),
-        (lambda s: s.update({"midlayer.self_attn.q_proj.weight": torch.zeros(HIDDEN, HIDDEN)}), {},
-         "q_proj.weight' has shape"),
+        (
+            lambda s: s.update({"midlayer.self_attn.q_proj.weight": torch.zeros(HIDDEN, HIDDEN)}),
+            {},
+            "q_proj.weight' has shape",
+        ),
         (lambda s: s.pop("d2t"), {}, "'d2t' is missing"),
         (lambda s: s.update({"layers.0.input_layernorm.weight": torch.ones(HIDDEN)}), {}, "unexpected key"),
         (lambda s: s["d2t"].add_(VOCAB), {}, "outside the target vocabulary"),
@@ -198,7 +219,7 @@ def test_target_hidden_size_and_own_embedding(tmp_path, llama):
         (lambda s: None, {"vocab_size": 2 * VOCAB}, "use a head trained for this target"),
     ],
     ids=["renamed", "fc_shape", "attention_not_2h", "no_d2t", "extra", "bad_d2t", "eagle1_config", "other_target"],
-)  # fmt: skip
+)
 def test_bad_layout_is_a_clear_error(tmp_path, llama, edit, extra, message):
     state = official_state(len(USED), True)
     edit(state)
@@ -259,9 +280,14 @@ def test_eagle3_passes_the_sampling_test(shortlist):
     if shortlist is not None:
         head.restrict(torch.tensor(shortlist))
     result = sampling_test(
-        CachedLM(model), proposer(model, head, DynamicTree(10, 1, 3)), [1, 2, 3, 1, 2], horizon=3, samples=1000,
-        temperature=1.0, stop_ids=set(),
-    )  # fmt: skip
+        CachedLM(model),
+        proposer(model, head, DynamicTree(10, 1, 3)),
+        [1, 2, 3, 1, 2],
+        horizon=3,
+        samples=1000,
+        temperature=1.0,
+        stop_ids=set(),
+    )
     assert result.passed, result
 
 
@@ -341,8 +367,13 @@ def test_train_eagle3_writes_the_official_layout(capsys, deep_target, tmp_path):
 
 def test_preset_and_aliases():
     assert methods.preset("eagle3").params == {
-        "total_tokens": 60, "depth": 7, "top_k": 10, "sampled": False, "draft_dtype": None, "draft_vocab": None
-    }  # fmt: skip
+        "total_tokens": 60,
+        "depth": 7,
+        "top_k": 10,
+        "sampled": False,
+        "draft_dtype": None,
+        "draft_vocab": None,
+    }
     assert aliases.resolve("vicuna-13b").heads["eagle3"].id == "yuhuili/EAGLE3-Vicuna1.3-13B"
     llama31 = aliases.resolve("llama3.1-8b")
     assert llama31.path == "meta-llama/Llama-3.1-8B-Instruct"

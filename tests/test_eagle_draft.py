@@ -172,9 +172,11 @@ def test_ties_go_to_the_earlier_node():
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-@pytest.mark.parametrize("expansion", [DynamicTree(60, 5, 3), DynamicTree(8, 2, 2), StaticTree(HAND),
-                                       StaticTree(choices.resolve("eagle_mc_sim_7b_63"))],
-                         ids=["deep", "shallow", "static", "static_eagle1"])  # fmt: skip
+@pytest.mark.parametrize(
+    "expansion",
+    [DynamicTree(60, 5, 3), DynamicTree(8, 2, 2), StaticTree(HAND), StaticTree(choices.resolve("eagle_mc_sim_7b_63"))],
+    ids=["deep", "shallow", "static", "static_eagle1"],
+)
 def test_static_drafting_proposes_the_eager_trees_step_by_step(model, head, expansion, device):
     """--graphs' drafting (the pairs padded to the most a step commits, captured on a GPU per key span and tree
     depth, the budget's shallow last steps too; the prompt's pairs off those shapes) proposes the eager cache's tree
@@ -189,8 +191,15 @@ def test_static_drafting_proposes_the_eager_trees_step_by_step(model, head, expa
             for graphs in (False, True):
                 proposer = Eagle(head, model.get_output_embeddings(), expansion, sampled=sampled, graphs=graphs)
                 trees = recording(proposer)
-                gen = decode(CachedLM(model), proposer, prompt, max_new_tokens=30, temperature=temperature,
-                             stop_ids=set(), generator=torch.Generator(device).manual_seed(1))  # fmt: skip
+                gen = decode(
+                    CachedLM(model),
+                    proposer,
+                    prompt,
+                    max_new_tokens=30,
+                    temperature=temperature,
+                    stop_ids=set(),
+                    generator=torch.Generator(device).manual_seed(1),
+                )
                 runs.append((gen.tokens, gen.accept_lengths, trees))
                 assert isinstance(proposer.cache, StaticRows) == (graphs and not sampled)
                 assert bool(graphs and not sampled and proposer.static.inputs) == (graphs and not sampled)

@@ -22,12 +22,19 @@ FAKE = Path(__file__).parent / "fake_vllm"
 def test_presets_map_to_speculative_configs():
     paths = {"target": Path("/t"), "draft": Path("/d"), "eagle3 head": Path("/e3")}
     assert translate.speculative_config("vanilla", paths) is None
-    assert translate.speculative_config("sps", paths) == {"method": "draft_model", "model": "/d",
-                                                            "num_speculative_tokens": 4,
-                                                            "draft_sample_method": "probabilistic"}  # fmt: skip
+    assert translate.speculative_config("sps", paths) == {
+        "method": "draft_model",
+        "model": "/d",
+        "num_speculative_tokens": 4,
+        "draft_sample_method": "probabilistic",
+    }
     assert translate.speculative_config("sps[num_draft_tokens=2]", paths)["num_speculative_tokens"] == 2
-    assert translate.speculative_config("pld", paths) == {"method": "ngram", "num_speculative_tokens": 10,
-                                                            "prompt_lookup_max": 3, "prompt_lookup_min": 1}  # fmt: skip
+    assert translate.speculative_config("pld", paths) == {
+        "method": "ngram",
+        "num_speculative_tokens": 10,
+        "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1,
+    }
     assert translate.speculative_config("eagle3", paths)["model"] == "/e3"
     assert translate.why_not("mtp").startswith("vLLM runs MTP only")
     assert translate.why_not("sps") is None
@@ -39,8 +46,10 @@ def test_presets_map_to_speculative_configs():
 def test_a_preset_mapping_naming_what_it_lacks_fails_in_one_line(tmp_path):
     from specbench import registry
 
-    (tmp_path / "odd.yaml").write_text("implementation: sps\nneeds: draft\nparams: {num_draft_tokens: 2}\n"
-                                       "vllm: {method: draft_model, model: draft, num_speculative_tokens: $gamma}\n")
+    (tmp_path / "odd.yaml").write_text(
+        "implementation: sps\nneeds: draft\nparams: {num_draft_tokens: 2}\n"
+        "vllm: {method: draft_model, model: draft, num_speculative_tokens: $gamma}\n"
+    )
     (tmp_path / "odd2.yaml").write_text("implementation: vanilla\nvllm: {method: eagle, model: eagle head}\n")
     registry.add_methods(tmp_path)
     with pytest.raises(SpecbenchError, match=r"vllm.num_speculative_tokens is \$gamma, not one of its params"):
@@ -79,12 +88,27 @@ def test_step_counts_always_add_up_to_the_answer():
 
 
 def test_concurrency_levels_by_hand():
-    rows = pd.DataFrame([
-        # vanilla at 2 in flight: 30 tokens in 3 s; sps: 30 tokens in 2 s over 12 steps
-        {"task": "t", "temperature": 0.0, "method": m, "concurrency": 2, "question_id": q, "turn": 0,
-         "prompt_tokens": 5, "new_tokens": 15, "steps": s, "ttft": f, "latency": 1.5, "level_wall": w}
-        for m, s, w in (("vanilla", 15, 3.0), ("sps", 6, 2.0)) for q, f in ((1, 0.1), (2, 0.3))
-    ])  # fmt: skip
+    rows = pd.DataFrame(
+        [
+            # vanilla at 2 in flight: 30 tokens in 3 s; sps: 30 tokens in 2 s over 12 steps
+            {
+                "task": "t",
+                "temperature": 0.0,
+                "method": m,
+                "concurrency": 2,
+                "question_id": q,
+                "turn": 0,
+                "prompt_tokens": 5,
+                "new_tokens": 15,
+                "steps": s,
+                "ttft": f,
+                "latency": 1.5,
+                "level_wall": w,
+            }
+            for m, s, w in (("vanilla", 15, 3.0), ("sps", 6, 2.0))
+            for q, f in ((1, 0.1), (2, 0.3))
+        ]
+    )
     out = concurrency.levels(rows).set_index("method")
     assert out.loc["vanilla", "throughput"] == pytest.approx(10.0)
     assert out.loc["sps", "throughput"] == pytest.approx(15.0)
@@ -131,11 +155,29 @@ def fake_vllm(monkeypatch, tmp_path):
 def test_a_run_in_the_engine_writes_answers_sweeps_and_the_cross_check(capsys, tiny_models, tmp_path, fake_vllm):
     target, draft = tiny_models
     questions = tmp_path / "two.jsonl"
-    questions.write_text("".join(json.dumps({"id": i, "turns": [t, "And then?"]}) + "\n"
-                                 for i, t in enumerate(["Name a colour.", "Count to three."])))  # fmt: skip
-    common = ["run", "--model", str(target), "--draft", str(draft), "--tasks", str(questions),
-              "--max-new-tokens", "6", "--no-noise-floor", "--no-report", "--methods", "vanilla,sps",
-              "--device", "cpu"]  # fmt: skip (on a GPU, auto would pick float16 there)
+    questions.write_text(
+        "".join(
+            json.dumps({"id": i, "turns": [t, "And then?"]}) + "\n"
+            for i, t in enumerate(["Name a colour.", "Count to three."])
+        )
+    )
+    common = [
+        "run",
+        "--model",
+        str(target),
+        "--draft",
+        str(draft),
+        "--tasks",
+        str(questions),
+        "--max-new-tokens",
+        "6",
+        "--no-noise-floor",
+        "--no-report",
+        "--methods",
+        "vanilla,sps",
+        "--device",
+        "cpu",
+    ]  # (on a GPU, auto would pick float16 there)
     engine_run, loop_run = tmp_path / "engine", tmp_path / "loop"
     assert main([*common, "--engine", "vllm", "--concurrency", "2", "--out", str(engine_run)]) == 0
     assert main([*common, "--out", str(loop_run)]) == 0
@@ -144,13 +186,19 @@ def test_a_run_in_the_engine_writes_answers_sweeps_and_the_cross_check(capsys, t
     configs = [e["speculative_config"] for e in engines]  # vanilla's and sps's engines for the answers, at once;
     assert len(engines) == 4 and configs[2:] == [None, configs[3]]  # then a fresh engine per sweep level
     assert configs.count(None) == 2 and {e["dtype"] for e in engines} == {"float32"}
-    assert configs[3] == {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 4,
-                          "draft_sample_method": "probabilistic"}
+    assert configs[3] == {
+        "method": "draft_model",
+        "model": str(draft),
+        "num_speculative_tokens": 4,
+        "draft_sample_method": "probabilistic",
+    }
 
     manifest = json.loads((engine_run / "manifest.json").read_text())
     assert manifest["engine"] == {"name": "vllm", "version": "0.0-fake"} and manifest["config"]["engine"] == "vllm"
-    answers = {a["specbench"]["method"]: a for a in map(json.loads, (engine_run / "answers" / "two" /
-                                                                   "sps-temperature-0.jsonl").open())}  # fmt: skip
+    answers = {
+        a["specbench"]["method"]: a
+        for a in map(json.loads, (engine_run / "answers" / "two" / "sps-temperature-0.jsonl").open())
+    }
     sps = answers["sps"]
     assert sps["specbench"]["greedy_check"]["match"] is True
     # per turn: the prefill's token, then the 2 accepted drafts + 1 of each step, the last step cut at the end
@@ -179,21 +227,37 @@ def test_a_run_in_the_engine_writes_answers_sweeps_and_the_cross_check(capsys, t
     assert len(fake_vllm.read_text().splitlines()) == 2
     for method in ("vanilla", "sps"):
         name = f"{method}-temperature-0.jsonl"
-        ids = [[json.loads(line)["specbench"]["output_ids"] for line in (run / "answers" / "two" / name).open()]
-               for run in (engine_run, one)]  # fmt: skip
+        ids = [
+            [json.loads(line)["specbench"]["output_ids"] for line in (run / "answers" / "two" / name).open()]
+            for run in (engine_run, one)
+        ]
         assert ids[0] == ids[1]
     assert main([*common[:-2], "--methods", "vanilla,mtp,sps", "--engine", "vllm", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "skipped: mtp: not in engine mode: vLLM runs MTP only" in out and "methods: vanilla, sps" in out
 
 
-def test_vllm_output_goes_to_the_run_folder_and_a_failure_shows_its_end(capfd, tiny_models, tmp_path, fake_vllm,
-                                                                        monkeypatch):
+def test_vllm_output_goes_to_the_run_folder_and_a_failure_shows_its_end(
+    capfd, tiny_models, tmp_path, fake_vllm, monkeypatch
+):
     """vLLM's own lines go to engine-logs/<method>.log, not between our progress lines; an engine that fails to
     build prints the end of its log and where the whole log is, then one error line."""
     target, _ = tiny_models
-    common = ["run", "--model", str(target), "--methods", "vanilla", "--limit", "1", "--max-new-tokens", "4",
-              "--no-noise-floor", "--no-report", "--engine", "vllm"]  # fmt: skip
+    common = [
+        "run",
+        "--model",
+        str(target),
+        "--methods",
+        "vanilla",
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--no-noise-floor",
+        "--no-report",
+        "--engine",
+        "vllm",
+    ]
     assert main([*common, "--out", str(tmp_path / "ok")]) == 0
     shown = capfd.readouterr()
     assert "fake vLLM" not in shown.out + shown.err and "vLLM's own output goes to" in shown.err
@@ -216,8 +280,23 @@ def test_the_bundled_family_in_vllm(tmp_path, monkeypatch):
         pytest.skip("the stand-in vLLM is loaded")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     out = tmp_path / "run"
-    code = main(["run", "--engine", "vllm", "--methods", "vanilla,sps,eagle", "--limit", "1", "--max-new-tokens",
-                 "24", "--no-noise-floor", "--no-report", "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "run",
+            "--engine",
+            "vllm",
+            "--methods",
+            "vanilla,sps,eagle",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "24",
+            "--no-noise-floor",
+            "--no-report",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     from specbench.results import read_answers
 

@@ -62,7 +62,9 @@ def test_calibration_times_both_layouts_on_the_models_own_layers():
     layers = [nn.Linear(64, 96), nn.Linear(96, 64, bias=False)]
     assert few_rows._faster_transposed(layers, 3) in (True, False)
     assert set(few_rows.describe(few_rows.calibrate(layers)).replace("-", ",").split(",")) <= {
-        "none", *map(str, range(1, few_rows.MOST + 1))}  # fmt: skip
+        "none",
+        *map(str, range(1, few_rows.MOST + 1)),
+    }
 
 
 def test_nothing_is_timed_unless_asked(monkeypatch):
@@ -123,8 +125,9 @@ def test_applied_to_plain_float32_cpu_linears_only():
 def test_the_bundled_target_and_heads_get_it():
     target = models.load_causal_lm(TINY_DIR / "target", torch.device("cpu"), torch.float32)
     assert isinstance(target.get_output_embeddings(), FewRowLinear)
-    res = methods.Resources("tiny", target, None, torch.device("cpu"), torch.float32,
-                            head_paths={"eagle": TINY_DIR / "eagle"})  # fmt: skip
+    res = methods.Resources(
+        "tiny", target, None, torch.device("cpu"), torch.float32, head_paths={"eagle": TINY_DIR / "eagle"}
+    )
     assert isinstance(res.head("eagle").fc, FewRowLinear)
 
 

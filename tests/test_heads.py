@@ -23,19 +23,38 @@ PROMPT = [1, 5, 7, 9, 5, 7, 9, 11, 3]
 
 # EAGLE-Vicuna-7B-v1.3's config.json key set, scaled down (no num_key_value_heads: it defaults to the heads).
 EAGLE_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
-    "hidden_size": HIDDEN, "initializer_range": 0.02, "intermediate_size": 2 * HIDDEN,
-    "max_position_embeddings": 1024, "model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": 1,
-    "pad_token_id": 0, "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "torch_dtype": "float16",
-    "transformers_version": "4.28.1", "use_cache": True, "vocab_size": VOCAB,
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": HIDDEN,
+    "initializer_range": 0.02,
+    "intermediate_size": 2 * HIDDEN,
+    "max_position_embeddings": 1024,
+    "model_type": "llama",
+    "num_attention_heads": 4,
+    "num_hidden_layers": 1,
+    "pad_token_id": 0,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "transformers_version": "4.28.1",
+    "use_cache": True,
+    "vocab_size": VOCAB,
+}
 EAGLE_KEYS = {
-    "embed_tokens.weight": [VOCAB, HIDDEN], "fc.weight": [HIDDEN, 2 * HIDDEN], "fc.bias": [HIDDEN],
-    "layers.0.self_attn.q_proj.weight": [HIDDEN, HIDDEN], "layers.0.self_attn.k_proj.weight": [HIDDEN, HIDDEN],
-    "layers.0.self_attn.v_proj.weight": [HIDDEN, HIDDEN], "layers.0.self_attn.o_proj.weight": [HIDDEN, HIDDEN],
-    "layers.0.mlp.gate_proj.weight": [2 * HIDDEN, HIDDEN], "layers.0.mlp.up_proj.weight": [2 * HIDDEN, HIDDEN],
-    "layers.0.mlp.down_proj.weight": [HIDDEN, 2 * HIDDEN], "layers.0.post_attention_layernorm.weight": [HIDDEN],
-}  # fmt: skip
+    "embed_tokens.weight": [VOCAB, HIDDEN],
+    "fc.weight": [HIDDEN, 2 * HIDDEN],
+    "fc.bias": [HIDDEN],
+    "layers.0.self_attn.q_proj.weight": [HIDDEN, HIDDEN],
+    "layers.0.self_attn.k_proj.weight": [HIDDEN, HIDDEN],
+    "layers.0.self_attn.v_proj.weight": [HIDDEN, HIDDEN],
+    "layers.0.self_attn.o_proj.weight": [HIDDEN, HIDDEN],
+    "layers.0.mlp.gate_proj.weight": [2 * HIDDEN, HIDDEN],
+    "layers.0.mlp.up_proj.weight": [2 * HIDDEN, HIDDEN],
+    "layers.0.mlp.down_proj.weight": [HIDDEN, 2 * HIDDEN],
+    "layers.0.post_attention_layernorm.weight": [HIDDEN],
+}
 
 
 @pytest.fixture(scope="module")

@@ -69,11 +69,21 @@ def one_line_error(capsys, argv: list[str]) -> str:
 
 
 def test_layout_prefers_safetensors_and_keeps_configs_and_tokenizer():
-    names = ["config.json", "pytorch_model-00001-of-00002.bin", "pytorch_model.bin.index.json",
-             "model.safetensors", "tokenizer.model", "README.md", "training_args.bin"]  # fmt: skip
+    names = [
+        "config.json",
+        "pytorch_model-00001-of-00002.bin",
+        "pytorch_model.bin.index.json",
+        "model.safetensors",
+        "tokenizer.model",
+        "README.md",
+        "training_args.bin",
+    ]
     assert hub.TRANSFORMERS.select(names) == [
-        "config.json", "model.safetensors", "pytorch_model.bin.index.json", "tokenizer.model"
-    ]  # fmt: skip
+        "config.json",
+        "model.safetensors",
+        "pytorch_model.bin.index.json",
+        "tokenizer.model",
+    ]
     pickles = [n for n in names if n != "model.safetensors"]
     assert "pytorch_model-00001-of-00002.bin" in hub.TRANSFORMERS.select(pickles)
     assert "training_args.bin" not in hub.TRANSFORMERS.select(pickles)
@@ -138,8 +148,21 @@ def _greedy_matches(run: Path, task: str = "quick") -> dict[str, list[bool]]:
 def test_all_methods_on_an_alias_run_from_the_hub_cache(hf_home, tmp_path, alias):
     run, two = tmp_path / "run", tmp_path / "two.jsonl"
     two.write_text('{"id": 1, "prompt": "Name a colour."}\n{"id": 2, "prompt": "Count to three."}\n')
-    args = ["run", "--methods", "all", "--model", alias, "--tasks", str(two), "--max-new-tokens", "8", "--out",
-            str(run), "--no-warmup", "--no-report"]  # fmt: skip
+    args = [
+        "run",
+        "--methods",
+        "all",
+        "--model",
+        alias,
+        "--tasks",
+        str(two),
+        "--max-new-tokens",
+        "8",
+        "--out",
+        str(run),
+        "--no-warmup",
+        "--no-report",
+    ]
     done = specbench(args, hf_home)
     assert done.returncode == 0, done.stderr
     manifest = json.loads((run / "manifest.json").read_text())
@@ -214,8 +237,9 @@ def test_naming_a_method_the_model_cannot_run(capsys, offline_cache):
 
 
 def test_a_head_for_another_hidden_size(capsys, offline_cache):
-    err = one_line_error(capsys, ["run", "--model", "vicuna-7b", "--methods", "eagle3", "--head",
-                                  f"eagle3={EAGLE3_13B}"])  # fmt: skip
+    err = one_line_error(
+        capsys, ["run", "--model", "vicuna-7b", "--methods", "eagle3", "--head", f"eagle3={EAGLE3_13B}"]
+    )
     assert "is for hidden size 80" in err and "has 64" in err and "--head eagle3=" in err
 
 

@@ -52,28 +52,36 @@ def model_folder(tmp_path, context: int):
 @pytest.mark.parametrize(
     ("method", "message"),
     [
-        ("eagle2[nonsense=3]",
-         "eagle2: unknown parameter 'nonsense'; its parameters are total_tokens, depth, top_k, sampled, draft_dtype, "
-         "draft_vocab"),
+        (
+            "eagle2[nonsense=3]",
+            "eagle2: unknown parameter 'nonsense'; its parameters are total_tokens, depth, top_k, sampled, "
+            "draft_dtype, draft_vocab",
+        ),
         ("vanilla[x=1]", "vanilla: unknown parameter 'x'; it has no parameters"),
         ("eagle2[depth=four]", "eagle2: parameter 'depth' takes a whole number (its preset's is 5), got four"),
         ("eagle2[depth=4.5]", "eagle2: parameter 'depth' takes a whole number (its preset's is 5), got 4.5"),
         ("medusa[sampled=1]", "medusa: parameter 'sampled' takes true or false (its preset's is false), got 1"),
-        ("suffix[min_token_prob=high]",
-         "suffix: parameter 'min_token_prob' takes a number (its preset's is 0.1), got high"),
+        (
+            "suffix[min_token_prob=high]",
+            "suffix: parameter 'min_token_prob' takes a number (its preset's is 0.1), got high",
+        ),
         ("lookahead[layout=3]", "lookahead: parameter 'layout' takes a string (its preset's is reference), got 3"),
         ("eagl2[depth=4]", "unknown method 'eagl2': choose from dflash, eagle, eagle2,"),
         ("eagle[tree=[[0]]", "method 'eagle[tree=[[0]]': cannot read tree=[[0]; give a number, true, false, null"),
     ],
-)  # fmt: skip
+)
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
 def test_a_bad_variant_is_one_line_naming_the_choices(capsys, no_plan, method, message, dry_run):
     assert one_line(capsys, ["run", "--methods", f"vanilla,{method}", *dry_run]).startswith(message)
 
 
 def test_variants_of_each_kind_pass():
-    variants = ["eagle2[depth=4,sampled=true,draft_dtype=bfloat16,draft_vocab=0.25]", "suffix[max_spec_factor=2]",
-                "medusa[nodes=8]", "eagle[tree=[[0]]]"]  # fmt: skip
+    variants = [
+        "eagle2[depth=4,sampled=true,draft_dtype=bfloat16,draft_vocab=0.25]",
+        "suffix[max_spec_factor=2]",
+        "medusa[nodes=8]",
+        "eagle[tree=[[0]]]",
+    ]
     inputs.check(RunConfig(methods=["all", *variants]))
 
 
@@ -86,19 +94,22 @@ def test_verify_and_tune_check_their_method_first(capsys, no_plan, command):
 TASKS = "calibrate, cnn_dm, gsm8k, mt_bench, quick, spec_bench, speed_bench, xsum"  # tasks/*.yaml
 BAD_OPTIONS = [
     (["--tasks", "quick,nosuch"], f"unknown task 'nosuch': choose from {TASKS}"),
-    (["--tasks", "missing.jsonl"],
-     f"task file missing.jsonl does not exist: give a .jsonl, .json, .csv, .parquet file or a task ({TASKS})"),
+    (
+        ["--tasks", "missing.jsonl"],
+        f"task file missing.jsonl does not exist: give a .jsonl, .json, .csv, .parquet file or a task ({TASKS})",
+    ),
     (["--tasks", __file__], f"{__file__}: a task file is .jsonl, .json, .csv, .parquet"),
     (["--limit", "0"], "--limit must be at least 1, got 0"),
     (["--dtype", "float8"], "bad --dtype 'float8': use auto, float32, float16, bfloat16"),
     (["--device", "tpu"], "bad --device 'tpu': use auto, cpu, cuda, cuda:N, mps"),
     (["--device", "cuda:01"], "bad --device 'cuda:01': use auto, cpu, cuda, cuda:N, mps"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("options", "message"), BAD_OPTIONS)
-@pytest.mark.parametrize("command", [["run"], ["run", "--dry-run"], ["verify", "--method", "sps"],
-                                     ["tune", "--method", "sps"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "command", [["run"], ["run", "--dry-run"], ["verify", "--method", "sps"], ["tune", "--method", "sps"]]
+)
 def test_a_bad_task_limit_dtype_or_device_is_one_line_naming_the_choices(capsys, no_plan, options, message, command):
     assert one_line(capsys, [*command, *options]) == message
 
@@ -132,10 +143,16 @@ def test_the_names_checked_first_are_the_ones_torch_resolves():
 
 @pytest.mark.parametrize(
     "argv",
-    [["run", "--methods", "eagle2[nonsense=3]"], ["run", "--tasks", "nosuch"], ["run", "--tasks", "./missing.jsonl"],
-     ["run", "--limit", "0"], ["run", "--dtype", "float8"], ["run", "--device", "tpu"],
-     ["tune", "--method", "sps", "--eval-task", "nosuch"]],
-)  # fmt: skip
+    [
+        ["run", "--methods", "eagle2[nonsense=3]"],
+        ["run", "--tasks", "nosuch"],
+        ["run", "--tasks", "./missing.jsonl"],
+        ["run", "--limit", "0"],
+        ["run", "--dtype", "float8"],
+        ["run", "--device", "tpu"],
+        ["tune", "--method", "sps", "--eval-task", "nosuch"],
+    ],
+)
 def test_a_mistake_costs_no_heavy_import(argv):
     """A fresh process: the error comes before torch, transformers, `datasets` or any method's module is imported."""
     heavy = ["torch", "transformers", "datasets", "specbench.methods", "specbench.run.plan"]
@@ -226,8 +243,12 @@ def test_a_prompt_beyond_the_context_is_refused_before_the_target_loads(capsys, 
 
     monkeypatch.setattr(loading, "load_causal_lm", no_weights)
     questions = tmp_path / "long.jsonl"
-    questions.write_text("".join(json.dumps({"question_id": qid, "turns": [text]}) + "\n"
-                                 for qid, text in [("short", "hi"), ("long", "word " * 5000)]))  # fmt: skip
+    questions.write_text(
+        "".join(
+            json.dumps({"question_id": qid, "turns": [text]}) + "\n"
+            for qid, text in [("short", "hi"), ("long", "word " * 5000)]
+        )
+    )
     out = tmp_path / "run"
     err = one_line(capsys, ["run", "--tasks", str(questions), "--methods", "vanilla", "--out", str(out)])
     assert err.startswith("question long: its prompt has ") and "more than the model's context of 4096" in err

@@ -34,8 +34,9 @@ def test_agreeing_questions_cannot_claim_less_than_the_noise():
     assert low > 1.0  # t alone: questions that agree by chance
     low, high = metrics.ratio_interval(logs, noise=0.1)
     mean = logs.mean()
-    assert (low, high) == pytest.approx((math.exp(mean - T_1 * 0.1 / math.sqrt(2)),
-                                         math.exp(mean + T_1 * 0.1 / math.sqrt(2))))  # fmt: skip
+    assert (low, high) == pytest.approx(
+        (math.exp(mean - T_1 * 0.1 / math.sqrt(2)), math.exp(mean + T_1 * 0.1 / math.sqrt(2)))
+    )
     assert low < 1.0 < high
 
 
@@ -124,8 +125,16 @@ def test_spearman_and_welch_match_scipy(seed):
 def aa_cell(ratios: list[float], positions: list[int], aa_after: list[bool]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(A/A turns, vanilla turns), one turn per question: vanilla 10 tokens in 1 s, the A/A at `ratios` of that."""
     n = len(ratios)
-    base = pd.DataFrame({"question_id": range(n), "turn": 0, "new_tokens": 10, "wall_time": 1.0,
-                         "position": positions, "slot": [0 if after else 1 for after in aa_after]})  # fmt: skip
+    base = pd.DataFrame(
+        {
+            "question_id": range(n),
+            "turn": 0,
+            "new_tokens": 10,
+            "wall_time": 1.0,
+            "position": positions,
+            "slot": [0 if after else 1 for after in aa_after],
+        }
+    )
     aa = base.assign(wall_time=[1.0 / r for r in ratios], slot=[1 if after else 0 for after in aa_after])
     return aa, base
 

@@ -140,6 +140,11 @@ def test_the_checks_catch_a_planted_upward_import_and_circle():
 def test_a_function_level_import_counts(tmp_path):
     path = tmp_path / "plan.py"
     path.write_text("def f():\n    from ..engines import vllm\n    from . import worker\n")
-    known = {"specbench.run", "specbench.run.plan", "specbench.run.worker", "specbench.engines",
-             "specbench.engines.vllm"}
+    known = {
+        "specbench.run",
+        "specbench.run.plan",
+        "specbench.run.worker",
+        "specbench.engines",
+        "specbench.engines.vllm",
+    }
     assert imports("specbench.run.plan", path, known) == {"specbench.engines.vllm", "specbench.run.worker"}

@@ -31,8 +31,11 @@ def test_specbench_train_trains_every_registered_family_and_says_so():
 
 
 def test_the_alias_table_lists_each_aliass_head_families():
-    rows = [line.split(" | ") for line in (ROOT / "docs" / "models-and-tasks.md").read_text().splitlines()
-            if line.startswith("| `")]  # fmt: skip
+    rows = [
+        line.split(" | ")
+        for line in (ROOT / "docs" / "models-and-tasks.md").read_text().splitlines()
+        if line.startswith("| `")
+    ]
     listed = {}
     for row in rows:
         name = row[0].strip("| `")

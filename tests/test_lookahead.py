@@ -44,11 +44,13 @@ def test_reference_layout_matches_a_hand_built_example():
     assert side.tokens == [11, 12, 20, 21, 22]
     assert side.positions == [1, 2, 1, 2, 3]
     #        r  a1 a2 b0 b1 b2
-    sees = [[1, 1, 0, 0, 0, 0],  # a1
-            [1, 1, 1, 0, 0, 0],  # a2
-            [1, 0, 0, 1, 0, 0],  # b0: the root's column
-            [1, 1, 0, 0, 1, 0],  # b1
-            [1, 1, 1, 0, 0, 1]]  # b2
+    sees = [
+        [1, 1, 0, 0, 0, 0],  # a1
+        [1, 1, 1, 0, 0, 0],  # a2
+        [1, 0, 0, 1, 0, 0],  # b0: the root's column
+        [1, 1, 0, 0, 1, 0],  # b1
+        [1, 1, 1, 0, 0, 1],
+    ]  # b2
     assert torch.equal(side.allowed, torch.tensor(sees, dtype=torch.bool))
     picks = [0, 0, 30, 31, 32]  # the target's argmax at a1, a2, b0, b1, b2
     assert window.advance(picks, root=10) == [[10, 20, 30], [11, 21, 31], [12, 22, 32]]  # column 0 keyed on r
@@ -185,8 +187,9 @@ def test_lookahead_passes_the_sampling_test(small_vocab):
     proposer = Lookahead(3, 3, 4, pool_from_prompt=True)
     generator = torch.Generator().manual_seed(1)
     runs = [
-        decode(CachedLM(model), proposer, prompt, max_new_tokens=3, temperature=1.0, stop_ids=set(),
-               generator=generator)
+        decode(
+            CachedLM(model), proposer, prompt, max_new_tokens=3, temperature=1.0, stop_ids=set(), generator=generator
+        )
         for _ in range(40)
     ]
     assert max(n for run in runs for n in run.accept_lengths) > 1  # the tree is exercised while sampling

@@ -14,8 +14,14 @@ def turns(*rows: tuple, **columns) -> pd.DataFrame:
 
 def steps(accepted: list[int], tested: list | None = None, question_id=1, group: str = "c") -> pd.DataFrame:
     """Step rows of one question."""
-    return pd.DataFrame({"question_id": question_id, "group": group, "accepted": accepted,
-                         "tested": tested if tested is not None else [None] * len(accepted)})
+    return pd.DataFrame(
+        {
+            "question_id": question_id,
+            "group": group,
+            "accepted": accepted,
+            "tested": tested if tested is not None else [None] * len(accepted),
+        }
+    )
 
 
 def test_tau_is_tokens_over_steps():
@@ -98,8 +104,9 @@ def test_paired_speedup_matches_brute_force(seed):
     assert got.pairs == expected.pairs == len(ratios)
     if ratios:
         assert got.value == pytest.approx(math.exp(sum(map(math.log, ratios)) / len(ratios)))
-        assert (got.value, got.low, got.high) == pytest.approx((expected.value, expected.low, expected.high),
-                                                               nan_ok=True)  # one pair: no interval
+        assert (got.value, got.low, got.high) == pytest.approx(
+            (expected.value, expected.low, expected.high), nan_ok=True
+        )  # one pair: no interval
     else:
         assert math.isnan(got.value)
 
@@ -122,8 +129,11 @@ def test_roofline_efficiency():
 
 def test_losslessness_counts():
     # the last question's check is on its turn-0 row; its turn 1 row leaves it missing, and the one before it has none
-    rows = turns(*((q, 1, 1.0, 1) for q in (0, 1, 2, 3, 3, 4)), greedy_match=[True, False, False, False, None, None],
-                 greedy_near_tie=[None, True, False, True, None, None])
+    rows = turns(
+        *((q, 1, 1.0, 1) for q in (0, 1, 2, 3, 3, 4)),
+        greedy_match=[True, False, False, False, None, None],
+        greedy_near_tie=[None, True, False, True, None, None],
+    )
     result = metrics.losslessness(rows)
     assert (result.questions, result.exact, result.near_ties, result.bugs) == (4, 1, 2, 1)
     assert math.isclose(result.exact_rate, 1 / 4)

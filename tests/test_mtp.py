@@ -24,18 +24,44 @@ from .conftest import random_llama
 VOCAB, HIDDEN = 64, 32
 PROMPT = [1, 5, 7, 9, 5, 7, 9, 11, 3]
 DEEPSEEK = dict(
-    vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, moe_intermediate_size=16, num_attention_heads=4,
-    num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
-    q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, n_group=1, topk_group=1,
+    vocab_size=VOCAB,
+    hidden_size=HIDDEN,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    q_lora_rank=16,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+    n_group=1,
+    topk_group=1,
     tie_word_embeddings=False,
-)  # fmt: skip
+)
 QWEN3_NEXT = dict(
-    vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, moe_intermediate_size=16,
-    shared_expert_intermediate_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4,
-    num_experts_per_tok=2, linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8,
-    linear_value_head_dim=8, tie_word_embeddings=False, num_hidden_layers=2,
+    vocab_size=VOCAB,
+    hidden_size=HIDDEN,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    shared_expert_intermediate_size=16,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    num_experts=4,
+    num_experts_per_tok=2,
+    linear_num_value_heads=2,
+    linear_num_key_heads=2,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    tie_word_embeddings=False,
+    num_hidden_layers=2,
     layer_types=["linear_attention", "full_attention"],
-)  # fmt: skip
+)
 
 
 def rms(x: torch.Tensor, weight: torch.Tensor, centred: bool = False, eps: float = 1e-6) -> torch.Tensor:
@@ -79,10 +105,12 @@ def deepseek(tmp_path_factory):
     target = DeepseekV3ForCausalLM(DeepseekV3Config(num_hidden_layers=2, **DEEPSEEK)).eval()
     donor = DeepseekV3ForCausalLM(DeepseekV3Config(num_hidden_layers=3, **DEEPSEEK)).eval()  # layer 2: a MoE layer
     own = {
-        "enorm.weight": torch.rand(HIDDEN) + 0.5, "hnorm.weight": torch.rand(HIDDEN) + 0.5,
-        "eh_proj.weight": torch.randn(HIDDEN, 2 * HIDDEN) * 0.1, "shared_head.norm.weight": torch.rand(HIDDEN) + 0.5,
+        "enorm.weight": torch.rand(HIDDEN) + 0.5,
+        "hnorm.weight": torch.rand(HIDDEN) + 0.5,
+        "eh_proj.weight": torch.randn(HIDDEN, 2 * HIDDEN) * 0.1,
+        "shared_head.norm.weight": torch.rand(HIDDEN) + 0.5,
         "shared_head.head.weight": torch.randn(VOCAB, HIDDEN) * 0.3,
-    }  # fmt: skip
+    }
     stored = {f"model.layers.2.{k}": v for k, v in {**published(donor.model.layers[2]), **own}.items()}
     folder = write_checkpoint(tmp_path_factory.mktemp("deepseek"), target, "num_nextn_predict_layers", stored)
     return folder, target, donor.model.layers[2], donor.model.rotary_emb, own

@@ -22,18 +22,35 @@ from specbench.cli.main import main
 from specbench.report.build import build_report
 from specbench.results import Answer, read_answers, read_file
 
-needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                               reason='Ray is not installed: pip install "specbench[ray]"')  # fmt: skip
+needs_ray = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason='Ray is not installed: pip install "specbench[ray]"'
+)
 
-RUN = ["run", "--model", "tiny", "--methods", "vanilla,sps", "--limit", "1", "--max-new-tokens", "12",
-       "--no-noise-floor", "--no-warmup", "--no-report"]  # fmt: skip
+RUN = [
+    "run",
+    "--model",
+    "tiny",
+    "--methods",
+    "vanilla,sps",
+    "--limit",
+    "1",
+    "--max-new-tokens",
+    "12",
+    "--no-noise-floor",
+    "--no-warmup",
+    "--no-report",
+]
 ANSWERS = 12  # the quick task's 6 questions (one per category) x 2 methods
 CLI = [sys.executable, "-c", "from specbench.cli import main; raise SystemExit(main())"]
 NODE = {"node_ip_address": "127.0.0.1", "object_store_memory": 80 * 2**20}  # Ray's least store is 75 MiB
 # A frozen node misses the GCS's health checks: three missed in a row (2 s each, a second apart) mark it dead, where
 # Ray's defaults take up to a minute; a live node would have to stall for 2 s three times running to be taken for dead.
-HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 1000, "health_check_timeout_ms": 2000,
-          "health_check_failure_threshold": 3}  # fmt: skip
+HEALTH = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 2000,
+    "health_check_failure_threshold": 3,
+}
 
 
 @pytest.fixture
@@ -114,8 +131,9 @@ def test_a_killed_node_is_replaced_and_each_answer_names_its_node(cluster, tmp_p
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     log = tmp_path / "stderr"
     with log.open("w") as stderr:  # a file, not a pipe: nobody reads a pipe while the test waits
-        proc = subprocess.Popen([*CLI, *RUN, "--workers", "2", "--ray-address", cluster.address, "--out", str(out)],
-                                env=env, stderr=stderr)  # fmt: skip
+        proc = subprocess.Popen(
+            [*CLI, *RUN, "--workers", "2", "--ray-address", cluster.address, "--out", str(out)], env=env, stderr=stderr
+        )
 
     def freeze_a_busy_node():
         """A node that has answered a question and is answering another, stopped (SIGSTOP) in the middle: it falls
@@ -165,15 +183,28 @@ def test_a_killed_node_is_replaced_and_each_answer_names_its_node(cluster, tmp_p
 
 def test_the_report_lists_each_nodes_answers_and_questions(tmp_path):
     """Sorted by host; a node's questions in order, the first 20 of them with the count after."""
-    nodes = {"b": {"worker": 1, "id": "b" * 56, "ip": "10.0.0.2", "host": "gpu-02"},
-             "a": {"worker": 2, "id": "a" * 56, "ip": "10.0.0.1", "host": "gpu-01"}}  # fmt: skip
+    nodes = {
+        "b": {"worker": 1, "id": "b" * 56, "ip": "10.0.0.2", "host": "gpu-02"},
+        "a": {"worker": 2, "id": "a" * 56, "ip": "10.0.0.1", "host": "gpu-01"},
+    }
     lines = []
     for qid in range(1, 24):
         node = nodes["b" if qid == 2 else "a"]
         for method, steps in (("vanilla", [1] * 8), ("sps", [3, 3, 2])):
-            a = Answer(question_id=qid, category="qa", group="qa", method=method, temperature=0.0, model="tiny",
-                       task="quick", new_tokens=[8], wall_time=[0.1 if method == "vanilla" else 0.05],
-                       decoding_steps=[len(steps)], accept_lengths=steps, node=node)  # fmt: skip
+            a = Answer(
+                question_id=qid,
+                category="qa",
+                group="qa",
+                method=method,
+                temperature=0.0,
+                model="tiny",
+                task="quick",
+                new_tokens=[8],
+                wall_time=[0.1 if method == "vanilla" else 0.05],
+                decoding_steps=[len(steps)],
+                accept_lengths=steps,
+                node=node,
+            )
             lines.append(json.dumps(a.to_record("tiny")) + "\n")
     (tmp_path / "run" / "answers").mkdir(parents=True)
     (tmp_path / "run" / "answers" / "quick.jsonl").write_text("".join(lines))

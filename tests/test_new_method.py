@@ -48,15 +48,41 @@ def test_a_method_from_a_plugin_folder_runs_verifies_and_reports(tmp_path, monke
     monkeypatch.setattr(registry, "IMPLEMENTATIONS", dict(registry.IMPLEMENTATIONS))
     target, _ = tiny_models
     run = tmp_path / "run"
-    argv = ["run", "--model", str(target), "--methods", "vanilla,repeat", "--limit", "1", "--max-new-tokens", "8",
-            "--out", str(run)]  # fmt: skip
+    argv = [
+        "run",
+        "--model",
+        str(target),
+        "--methods",
+        "vanilla,repeat",
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--out",
+        str(run),
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     rows = [json.loads(line) for line in (run / "answers" / "quick" / "repeat-temperature-0.jsonl").open()]
     assert len(rows) == 6 and all(r["specbench"]["greedy_check"]["match"] for r in rows)
     assert "repeat" in (run / "report" / "report.md").read_text()
     capsys.readouterr()
-    argv = ["verify", "--method", "repeat", "--model", str(target), "--limit", "1", "--max-new-tokens", "8",
-            "--samples", "300", "--horizon", "2", "--prompts", "1"]  # fmt: skip
+    argv = [
+        "verify",
+        "--method",
+        "repeat",
+        "--model",
+        str(target),
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--samples",
+        "300",
+        "--horizon",
+        "2",
+        "--prompts",
+        "1",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "greedy: 6/6 questions token-identical" in out and "verdict: pass" in out

@@ -84,8 +84,16 @@ class ClaimsUniform(conftest.ClaimsUniform, Pard):
 def small_sampling_test(make, samples):
     target = random_llama(8, layers=1, hidden=32, seed=0, init=0.5)
     draft = random_llama(8, layers=1, hidden=32, seed=1, init=0.5)
-    return sampling_test(CachedLM(target), make(CachedLM(draft), 7, 8, 2), [1, 2, 3, 1, 2], horizon=3,
-                         samples=samples, temperature=1.0, stop_ids=set(), seed=0)  # fmt: skip
+    return sampling_test(
+        CachedLM(target),
+        make(CachedLM(draft), 7, 8, 2),
+        [1, 2, 3, 1, 2],
+        horizon=3,
+        samples=samples,
+        temperature=1.0,
+        stop_ids=set(),
+        seed=0,
+    )
 
 
 def test_pard_passes_the_sampling_test_and_the_planted_mistake_fails():
@@ -134,9 +142,12 @@ def test_a_larger_drafter_vocabulary_is_refused(tmp_path, target):
 
 def test_engine_mode_maps_to_vllms_parallel_drafting(tmp_path):
     assert speculative_config("pard", {"pard head": tmp_path}) == {
-        "method": "draft_model", "model": str(tmp_path), "num_speculative_tokens": 8, "parallel_drafting": True,
+        "method": "draft_model",
+        "model": str(tmp_path),
+        "num_speculative_tokens": 8,
+        "parallel_drafting": True,
         "draft_sample_method": "probabilistic",
-    }  # fmt: skip
+    }
 
 
 def test_train_pard_makes_a_drafter_that_verify_passes(capsys, tiny_models, tmp_path):

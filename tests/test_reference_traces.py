@@ -40,8 +40,10 @@ def _trace(method: str) -> dict:
     for key, recorded in trace["weights_sha256"].items():
         path = WEIGHTS.get(f"{method}/{key}") or WEIGHTS[key]
         if _sha256(path) != recorded:
-            pytest.skip(f"the bundled {key} ({path}) is not the one the {method} trace was recorded with: "
-                        "the family was retrained, so the trace is stale (record it again with the reference code)")
+            pytest.skip(
+                f"the bundled {key} ({path}) is not the one the {method} trace was recorded with: "
+                "the family was retrained, so the trace is stale (record it again with the reference code)"
+            )
     return trace
 
 
@@ -77,9 +79,14 @@ def tiny():
     spec = ALIASES["tiny"]
     model = load_causal_lm(spec.target.id, torch.device("cpu"), torch.float32)
     resources = methods.Resources(
-        "tiny", model, None, torch.device("cpu"), torch.float32, draft_path=Path(spec.draft.id),
+        "tiny",
+        model,
+        None,
+        torch.device("cpu"),
+        torch.float32,
+        draft_path=Path(spec.draft.id),
         head_paths={family: Path(source.id) for family, source in spec.heads.items()},
-    )  # fmt: skip
+    )
     return model, resources
 
 
@@ -90,8 +97,15 @@ def test_steps_match_the_reference_at_shared_roots(tiny, method):
     compared = widest = 0
     for qid, q in list(trace["questions"].items())[:QUESTIONS]:
         recorder = Recorder(methods.build(method, resources))
-        gen = decode(CachedLM(model), recorder, q["prompt_ids"], max_new_tokens=128, temperature=0, stop_ids={2},
-                     rule=methods.rule(method))  # fmt: skip
+        gen = decode(
+            CachedLM(model),
+            recorder,
+            q["prompt_ids"],
+            max_new_tokens=128,
+            temperature=0,
+            stop_ids={2},
+            rule=methods.rule(method),
+        )
         assert gen.tokens == q["tokens"], f"question {qid}: the output differs from the reference run's"
         ours = {}
         root = -1  # our first tree hangs from the last prompt token

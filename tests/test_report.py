@@ -118,8 +118,9 @@ def test_spec_bench_report_labels_what_it_lacks(spec_bench_report):
     md = spec_bench_report[0].read_text()
     assert table_row(md, "Losslessness", "eagle")["questions checked"] == "not checked"
     assert "re-tokenises" in md and "new_tokens" in md
-    assert "vanilla" not in [line.split("|")[1].strip() for line in md.split("## Speedup")[0].splitlines()
-                             if line.startswith("| ")]  # the baseline is not a leaderboard row
+    assert "vanilla" not in [
+        line.split("|")[1].strip() for line in md.split("## Speedup")[0].splitlines() if line.startswith("| ")
+    ]  # the baseline is not a leaderboard row
 
 
 # ---------------------------------------------------------------- a synthetic run folder
@@ -127,9 +128,22 @@ def test_spec_bench_report_labels_what_it_lacks(spec_bench_report):
 
 def answer(qid: int, group: str, method: str, temperature: float, seconds: float, steps: list[int], **extra) -> Answer:
     """One single-turn question whose steps accepted `steps` tokens each."""
-    return Answer(question_id=qid, category=group, group=group, method=method, temperature=temperature,
-                  model="tiny", task="quick", new_tokens=[sum(steps)], wall_time=[seconds],
-                  decoding_steps=[len(steps)], accept_lengths=steps, turns=["text"], seed=qid, **extra)
+    return Answer(
+        question_id=qid,
+        category=group,
+        group=group,
+        method=method,
+        temperature=temperature,
+        model="tiny",
+        task="quick",
+        new_tokens=[sum(steps)],
+        wall_time=[seconds],
+        decoding_steps=[len(steps)],
+        accept_lengths=steps,
+        turns=["text"],
+        seed=qid,
+        **extra,
+    )
 
 
 def write(path: Path, answers: list[Answer]) -> None:
@@ -149,18 +163,64 @@ PROFILE = {"1": 0.010, "2": 0.011, "4": 0.013, "8": 0.020}
 def run_dir(tmp_path) -> Path:
     run = tmp_path / "run-a"
     run.mkdir()
-    (run / "manifest.json").write_text(json.dumps({"config": {"dtype": "float32"}, "model": {"name": "tiny"},
-                                                   "machine": {"device_name": "Fake GPU 9000"}}))
+    (run / "manifest.json").write_text(
+        json.dumps(
+            {"config": {"dtype": "float32"}, "model": {"name": "tiny"}, "machine": {"device_name": "Fake GPU 9000"}}
+        )
+    )
     (run / "forward_profile.json").write_text(json.dumps(PROFILE))
     groups = ["chat", "chat", "math"]
-    vanilla = [answer(q, groups[q], "vanilla", 0.0, 1.0, [1, 1, 1, 1], tested=[0] * 4, tree_size=[1] * 4,
-                      draft_time=0.0, verify_time=0.9) for q in range(3)]
-    sps = [answer(q, groups[q], "sps", 0.0, 0.5, [3, 1], tested=[3, 3], tree_size=[2, 4], draft_time=0.1,
-                  verify_time=0.3, greedy_check=GREEDY[q]) for q in range(3)]
-    lossy = [answer(q, groups[q], "medusa", 0.0, 0.25, [4], tested=[3], tree_size=[4], draft_time=0.0,
-                    verify_time=0.2, lossless_rule=False) for q in range(3)]
-    warm = [answer(q, groups[q], "sps", 0.7, 0.5, [2, 2], tested=[3, 3], tree_size=[4, 4], draft_time=0.1,
-                   verify_time=0.3) for q in range(3)]
+    vanilla = [
+        answer(
+            q,
+            groups[q],
+            "vanilla",
+            0.0,
+            1.0,
+            [1, 1, 1, 1],
+            tested=[0] * 4,
+            tree_size=[1] * 4,
+            draft_time=0.0,
+            verify_time=0.9,
+        )
+        for q in range(3)
+    ]
+    sps = [
+        answer(
+            q,
+            groups[q],
+            "sps",
+            0.0,
+            0.5,
+            [3, 1],
+            tested=[3, 3],
+            tree_size=[2, 4],
+            draft_time=0.1,
+            verify_time=0.3,
+            greedy_check=GREEDY[q],
+        )
+        for q in range(3)
+    ]
+    lossy = [
+        answer(
+            q,
+            groups[q],
+            "medusa",
+            0.0,
+            0.25,
+            [4],
+            tested=[3],
+            tree_size=[4],
+            draft_time=0.0,
+            verify_time=0.2,
+            lossless_rule=False,
+        )
+        for q in range(3)
+    ]
+    warm = [
+        answer(q, groups[q], "sps", 0.7, 0.5, [2, 2], tested=[3, 3], tree_size=[4, 4], draft_time=0.1, verify_time=0.3)
+        for q in range(3)
+    ]
     write(run / "answers" / "quick" / "vanilla-temperature-0.jsonl", vanilla)
     write(run / "answers" / "quick" / "sps-temperature-0.jsonl", sps)
     write(run / "answers" / "quick" / "medusa-temperature-0.jsonl", lossy)
@@ -170,10 +230,12 @@ def run_dir(tmp_path) -> Path:
 
 def test_reporting_and_listing_import_neither_torch_nor_a_method(run_dir, tmp_path):
     """A report reads answer files and presets: importing torch and every method cost a standalone report 6 s."""
-    code = ("import sys; from specbench.cli.main import main; "
-            f"assert main(['report', {str(run_dir)!r}, '--out', {str(tmp_path / 'out')!r}]) == 0; "
-            "assert main(['list', 'methods']) == 0; "
-            "print(sorted(m for m in ('torch', 'transformers', 'specbench.methods') if m in sys.modules))")  # fmt: skip
+    code = (
+        "import sys; from specbench.cli.main import main; "
+        f"assert main(['report', {str(run_dir)!r}, '--out', {str(tmp_path / 'out')!r}]) == 0; "
+        "assert main(['list', 'methods']) == 0; "
+        "print(sorted(m for m in ('torch', 'transformers', 'specbench.methods') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.splitlines()[-1] == "[]"
     assert (tmp_path / "out" / "report.md").is_file()
@@ -194,8 +256,12 @@ def test_synthetic_run_detail_roofline_and_losslessness(run_dir, tmp_path):
     assert table_row(md, "Per-method detail", "vanilla")["roofline efficiency"] == "100%"
 
     check = table_row(md, "Losslessness", "sps")
-    assert (check["questions checked"], check["exact match"], check["numerical divergences"],
-            check["mismatches (bugs)"]) == ("3", "33.3%", "1", "**1**")
+    assert (
+        check["questions checked"],
+        check["exact match"],
+        check["numerical divergences"],
+        check["mismatches (bugs)"],
+    ) == ("3", "33.3%", "1", "**1**")
     assert table_row(md, "Losslessness", "medusa (lossy)")["questions checked"] == "not checked"
     assert table_row(md, "Leaderboard", "medusa (lossy)")["Overall"].startswith("4.00× [4.00, 4.00]")
     assert table_row(md, "Leaderboard", "sps")["chat"] == "2.00× [2.00, 2.00]"
@@ -219,8 +285,10 @@ def test_cell_without_vanilla_shows_na(run_dir, tmp_path):
 def test_sources_never_mix(run_dir, tmp_path):
     other = tmp_path / "machine-b" / "run-a"
     other.mkdir(parents=True)
-    write(other / "answers" / "quick" / "sps-temperature-0.jsonl",
-          [answer(q, "chat", "sps", 0.0, 0.1, [4]) for q in range(3)])
+    write(
+        other / "answers" / "quick" / "sps-temperature-0.jsonl",
+        [answer(q, "chat", "sps", 0.0, 0.1, [4]) for q in range(3)],
+    )
     cells = collect_cells(sources.load_sources([run_dir, other]))
     assert [c.source.name for c in cells] == ["run-a", "run-a", "machine-b/run-a"]
     assert cells[2].baseline is None and math.isnan(cells[2].stats["sps"].paired["overall"].value)
@@ -235,27 +303,57 @@ def test_sources_never_mix(run_dir, tmp_path):
 
 
 def test_paper_figures_and_tables_for_several_runs(run_dir, tmp_path):
-    write(run_dir / "answers" / "quick" / "vanilla-temperature-0.7.jsonl",
-          [answer(q, "chat", "vanilla", 0.7, 1.0, [1, 1, 1, 1], tested=[0] * 4, tree_size=[1] * 4, draft_time=0.0,
-                  verify_time=0.9) for q in range(3)])
+    write(
+        run_dir / "answers" / "quick" / "vanilla-temperature-0.7.jsonl",
+        [
+            answer(
+                q,
+                "chat",
+                "vanilla",
+                0.7,
+                1.0,
+                [1, 1, 1, 1],
+                tested=[0] * 4,
+                tree_size=[1] * 4,
+                draft_time=0.0,
+                verify_time=0.9,
+            )
+            for q in range(3)
+        ],
+    )
     other = tmp_path / "machine-b"
-    write(other / "answers" / "quick" / "vanilla-temperature-0.jsonl",
-          [answer(q, "chat", "vanilla", 0.0, 0.5, [1, 1, 1, 1]) for q in range(3)])
-    write(other / "answers" / "quick" / "pld-temperature-0.jsonl",
-          [answer(q, "chat", "pld", 0.0, 0.4, [2, 2]) for q in range(3)])
+    write(
+        other / "answers" / "quick" / "vanilla-temperature-0.jsonl",
+        [answer(q, "chat", "vanilla", 0.0, 0.5, [1, 1, 1, 1]) for q in range(3)],
+    )
+    write(
+        other / "answers" / "quick" / "pld-temperature-0.jsonl",
+        [answer(q, "chat", "pld", 0.0, 0.4, [2, 2]) for q in range(3)],
+    )
     out = tmp_path / "out"
     md = report.build_report([run_dir, other], out).read_text()
 
     a0, b0 = "run-a-tiny-quick-t0", "machine-b-tiny-quick-t0"
-    expected = ["speedup_overview", "speedup_vs_temperature-run-a-tiny-quick", f"acceptance_by_position-{a0}",
-                f"tau_vs_tree_size-{a0}", f"time_split-{a0}", f"roofline-{a0}", f"speedup_by_category-{b0}"]
+    expected = [
+        "speedup_overview",
+        "speedup_vs_temperature-run-a-tiny-quick",
+        f"acceptance_by_position-{a0}",
+        f"tau_vs_tree_size-{a0}",
+        f"time_split-{a0}",
+        f"roofline-{a0}",
+        f"speedup_by_category-{b0}",
+    ]
     for stem in expected:
         for ext in ("png", "pdf"):
             assert (out / f"{stem}.{ext}").stat().st_size > 1000, stem
         assert f"![{stem}]({stem}.png)" in md
     # machine-b recorded no per-step fields, profile or second temperature: those figures are left out
-    for stem in (f"acceptance_by_position-{b0}", f"time_split-{b0}", f"roofline-{b0}",
-                 "speedup_vs_temperature-machine-b-tiny-quick"):
+    for stem in (
+        f"acceptance_by_position-{b0}",
+        f"time_split-{b0}",
+        f"roofline-{b0}",
+        "speedup_vs_temperature-machine-b-tiny-quick",
+    ):
         assert not (out / f"{stem}.png").exists()
     assert "### run-a (Fake GPU 9000) · tiny · quick: speedup against temperature" in md
 
@@ -275,8 +373,15 @@ def test_missing_source_is_a_user_error(tmp_path):
 def test_noise_floor_and_busy_machine_notes(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "manifest.json").write_text(json.dumps({"config": {"dtype": "float32"}, "model": {"name": "tiny"},
-                                                   "machine": {"device_name": "cpu", "cpu_count": 2}}))
+    (run / "manifest.json").write_text(
+        json.dumps(
+            {
+                "config": {"dtype": "float32"},
+                "model": {"name": "tiny"},
+                "machine": {"device_name": "cpu", "cpu_count": 2},
+            }
+        )
+    )
     quiet = [answer(q, "chat", "vanilla", 0.0, 1.0, [1, 1], busy_cpus=0.1) for q in range(4)]
     again = [answer(q, "chat", "vanilla-aa", 0.0, 1.0 + 0.01 * q, [1, 1], busy_cpus=0.1) for q in range(4)]
     busy = [answer(q, "chat", "sps", 0.0, 0.5, [2], busy_cpus=1.5 if q == 2 else 0.0) for q in range(4)]
@@ -291,20 +396,28 @@ def test_noise_floor_and_busy_machine_notes(tmp_path):
     (quiet_run / "answers").mkdir(parents=True)
     (quiet_run / "manifest.json").write_text((run / "manifest.json").read_text())
     write(quiet_run / "answers" / "quick" / "vanilla-temperature-0.jsonl", quiet)
-    write(quiet_run / "answers" / "quick" / "sps-temperature-0.jsonl", [answer(q, "chat", "sps", 0.0, 0.5, [2])
-                                                                          for q in range(4)])  # fmt: skip
+    write(
+        quiet_run / "answers" / "quick" / "sps-temperature-0.jsonl",
+        [answer(q, "chat", "sps", 0.0, 0.5, [2]) for q in range(4)],
+    )
     assert "busy machine" not in report.build_report([quiet_run], tmp_path / "out2").read_text()
-    profile = json.loads(next((tmp_path / "out" / "speculation_profiles").glob("*/sps/speculation_profile.json"))
-                         .read_text())  # fmt: skip
+    profile = json.loads(
+        next((tmp_path / "out" / "speculation_profiles").glob("*/sps/speculation_profile.json")).read_text()
+    )
     assert profile["mean_accept_length"] == 2.0 and profile["marginal_accept_rates"] == [1.0]
     assert not list((tmp_path / "out" / "speculation_profiles").glob("*/vanilla*"))
 
 
-@pytest.mark.parametrize(("manifest", "regime"), [
-    ({"config": {}}, "eager"), ({"config": {"compile": True}}, "eager+compile"),
-    ({"config": {"graphs": True}}, "graphs"), ({"config": {"graphs": True, "compile": True}}, "graphs+compile"),
-    ({"config": {}, "engine": {"name": "vllm", "version": "0.32.0"}}, "vllm 0.32.0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("manifest", "regime"),
+    [
+        ({"config": {}}, "eager"),
+        ({"config": {"compile": True}}, "eager+compile"),
+        ({"config": {"graphs": True}}, "graphs"),
+        ({"config": {"graphs": True, "compile": True}}, "graphs+compile"),
+        ({"config": {}, "engine": {"name": "vllm", "version": "0.32.0"}}, "vllm 0.32.0"),
+    ],
+)
 def test_a_runs_regime_says_graphs_compile_or_its_engine(manifest, regime):
     assert sources.Source(Path("run"), "run", [], manifest).regime == regime
 
@@ -323,9 +436,24 @@ def test_a_report_names_its_sources_relative_to_itself(run_dir, tmp_path, monkey
         assert not re.search(r"(^|[\s`\"'(\[])/\w", text), path  # no absolute path of any other folder either
 
 
-LONG_NAMES = ["vanilla", "vanilla-aa", "sps", "sps-68m-long-draft-name", "pld", "suffix", "lookahead",
-              "lookahead-shifted", "medusa", "medusa-typical", "eagle", "eagle2[top_k=6,depth=4]", "eagle3", "mtp",
-              "dflash", "pard"]  # fmt: skip
+LONG_NAMES = [
+    "vanilla",
+    "vanilla-aa",
+    "sps",
+    "sps-68m-long-draft-name",
+    "pld",
+    "suffix",
+    "lookahead",
+    "lookahead-shifted",
+    "medusa",
+    "medusa-typical",
+    "eagle",
+    "eagle2[top_k=6,depth=4]",
+    "eagle3",
+    "mtp",
+    "dflash",
+    "pard",
+]
 
 
 def _drawn_tick_labels(ax) -> list:
@@ -334,8 +462,10 @@ def _drawn_tick_labels(ax) -> list:
     out = []
     for axis in (ax.xaxis, ax.yaxis):
         low, high = sorted(axis.get_view_interval())
-        ticks = [*axis.get_major_ticks(len(axis.get_majorticklocs())),
-                 *axis.get_minor_ticks(len(axis.get_minorticklocs()))]
+        ticks = [
+            *axis.get_major_ticks(len(axis.get_majorticklocs())),
+            *axis.get_minor_ticks(len(axis.get_minorticklocs())),
+        ]
         out += [t.label1 for t in ticks if low - 1e-9 <= t.get_loc() <= high + 1e-9]
     return out
 
@@ -350,16 +480,32 @@ def test_no_figure_overlaps_its_labels_with_fifteen_long_method_names(tmp_path, 
     entries, axis labels, title) overlap. Side by side under bars, `lookahead-shifted` met its neighbours."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / "manifest.json").write_text(json.dumps({"config": {"dtype": "float32"}, "model": {"name": "tiny"},
-                                                   "machine": {"device_name": "Fake GPU 9000"}}))
+    (run / "manifest.json").write_text(
+        json.dumps(
+            {"config": {"dtype": "float32"}, "model": {"name": "tiny"}, "machine": {"device_name": "Fake GPU 9000"}}
+        )
+    )
     (run / "forward_profile.json").write_text(json.dumps(PROFILE))
     groups = ["chat", "math_reasoning", "summarization", "translation"]
     for i, method in enumerate(LONG_NAMES):
         deep = [1 + min(i, 6)] * 3 + [1 + (q % 12) for q in range(12)]  # deep drafts rest on few steps
         for temperature in (0.0, 1.0):
-            answers = [answer(q, groups[q % 4], method, temperature, 1.0 / (1 + 0.1 * i), deep,
-                              tested=[min(n, 12) for n in deep], tree_size=[1 + i] * len(deep), draft_time=0.01 * i,
-                              verify_time=0.5, lossless_rule=method != "medusa-typical") for q in range(8)]  # fmt: skip
+            answers = [
+                answer(
+                    q,
+                    groups[q % 4],
+                    method,
+                    temperature,
+                    1.0 / (1 + 0.1 * i),
+                    deep,
+                    tested=[min(n, 12) for n in deep],
+                    tree_size=[1 + i] * len(deep),
+                    draft_time=0.01 * i,
+                    verify_time=0.5,
+                    lossless_rule=method != "medusa-typical",
+                )
+                for q in range(8)
+            ]
             write(run / "answers" / "quick" / f"{method}-temperature-{temperature:g}.jsonl", answers)
     figures = []
 
@@ -371,18 +517,29 @@ def test_no_figure_overlaps_its_labels_with_fifteen_long_method_names(tmp_path, 
     monkeypatch.setattr(plots, "_save", keep)
     md = report.build_report([run], tmp_path / "out").read_text()
     drawn = {stem.split("-")[0] for stem, _ in figures}
-    assert drawn == {"speedup_overview", "speedup_vs_temperature", "speedup_by_category", "accept_length_hist",
-                     "acceptance_by_position", "tau_vs_tree_size", "time_split", "roofline"}
+    assert drawn == {
+        "speedup_overview",
+        "speedup_vs_temperature",
+        "speedup_by_category",
+        "accept_length_hist",
+        "acceptance_by_position",
+        "tau_vs_tree_size",
+        "time_split",
+        "roofline",
+    }
     assert f"fewer than {metrics.MIN_DRAFTS} drafts" in md  # the footnote says how thin points are drawn
     for stem, fig in figures:
         canvas = FigureCanvasAgg(fig)
         canvas.draw()
         texts = [t for ax in fig.axes for t in (*_drawn_tick_labels(ax), ax.xaxis.label, ax.yaxis.label, ax.title)]
         texts += [t for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
-        boxes = [(t.get_text(), t.get_window_extent(canvas.get_renderer())) for t in texts
-                 if t.get_visible() and t.get_text().strip()]  # fmt: skip
+        boxes = [
+            (t.get_text(), t.get_window_extent(canvas.get_renderer()))
+            for t in texts
+            if t.get_visible() and t.get_text().strip()
+        ]
         assert len(boxes) > len(LONG_NAMES) or not stem.startswith(("time_split", "roofline")), stem
-        clashes = [(a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1:] if _overlaps(box, other)]
+        clashes = [(a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1 :] if _overlaps(box, other)]
         assert not clashes, f"{stem}: {clashes}"
 
 
@@ -401,8 +558,10 @@ def test_one_question_cells_show_no_interval(tmp_path):
     run = tmp_path / "run"
     groups = ["chat", "math", "rag"]
     for method, seconds in (("vanilla", 1.0), ("vanilla-aa", 1.05), ("sps", 0.5)):
-        write(run / "answers" / "quick" / f"{method}-temperature-0.jsonl",
-              [answer(q, g, method, 0.0, seconds * (1 + 0.1 * q), [2, 2]) for q, g in enumerate(groups)])
+        write(
+            run / "answers" / "quick" / f"{method}-temperature-0.jsonl",
+            [answer(q, g, method, 0.0, seconds * (1 + 0.1 * q), [2, 2]) for q, g in enumerate(groups)],
+        )
     (cell,) = collect_cells(sources.load_sources([run]))
     md = report.build_report([run], tmp_path / "out").read_text()
     row = table_row(md, "Leaderboard", "sps")

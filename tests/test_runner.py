@@ -16,8 +16,16 @@ from .conftest import CUDA
 
 def config(tiny_models, out, **kw) -> RunConfig:
     target, draft = tiny_models
-    base = dict(model=str(target), draft=str(draft), methods=["vanilla", "sps", "pld"], tasks=["quick"], limit=1,
-                max_new_tokens=16, out=str(out), progress=False)
+    base = dict(
+        model=str(target),
+        draft=str(draft),
+        methods=["vanilla", "sps", "pld"],
+        tasks=["quick"],
+        limit=1,
+        max_new_tokens=16,
+        out=str(out),
+        progress=False,
+    )
     return RunConfig(**{**base, **kw})
 
 
@@ -108,13 +116,17 @@ def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path,
     assert len({tuple(o) for o in orders}) == 4, "the order rotates per question"
     aa = read_file(answer_path(out, "quick", runner.AA, 0.0))
     assert len(aa) == 6 and all(a.greedy_check["match"] for a in aa)
-    recorded = {(a.position, a.question_id, a.method): a.slot for m in ("vanilla", "sps", "pld", runner.AA)
-                for a in read_file(answer_path(out, "quick", m, 0.0))}  # fmt: skip
+    recorded = {
+        (a.position, a.question_id, a.method): a.slot
+        for m in ("vanilla", "sps", "pld", runner.AA)
+        for a in read_file(answer_path(out, "quick", m, 0.0))
+    }
     for position, qid in enumerate(by_question):  # each answer says where it ran
         timed = orders[position]
         assert {m: recorded[position, qid, m] for m in ("sps", "pld")} == {m: timed.index(m) for m in ("sps", "pld")}
         assert sorted([recorded[position, qid, "vanilla"], recorded[position, qid, runner.AA]]) == [
-            i for i, m in enumerate(timed) if m == "vanilla"]
+            i for i, m in enumerate(timed) if m == "vanilla"
+        ]
 
 
 def test_a_run_killed_inside_a_question_writes_none_of_it(tiny_models, tmp_path, monkeypatch):

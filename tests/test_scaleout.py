@@ -18,8 +18,20 @@ from specbench.results import read_answers
 
 pytest.importorskip("ray", reason='Ray is not installed: pip install "specbench[ray]"')
 
-RUN = ["run", "--model", "tiny", "--methods", "vanilla,sps,eagle2", "--limit", "1", "--max-new-tokens", "12",
-       "--no-noise-floor", "--no-warmup", "--no-report"]  # fmt: skip
+RUN = [
+    "run",
+    "--model",
+    "tiny",
+    "--methods",
+    "vanilla,sps,eagle2",
+    "--limit",
+    "1",
+    "--max-new-tokens",
+    "12",
+    "--no-noise-floor",
+    "--no-warmup",
+    "--no-report",
+]
 CLI = [sys.executable, "-c", "from specbench.cli import main; raise SystemExit(main())"]
 
 

@@ -12,8 +12,25 @@ from specbench.results import read_answers
 
 def run(tiny_models, out, *extra):
     target, draft = tiny_models
-    argv = ["run", "--model", str(target), "--draft", str(draft), "--methods", "vanilla,pld", "--out", str(out),
-            "--no-report", "--no-warmup", "--no-noise-floor", "--max-new-tokens", "4", "--limit", "1", *extra]
+    argv = [
+        "run",
+        "--model",
+        str(target),
+        "--draft",
+        str(draft),
+        "--methods",
+        "vanilla,pld",
+        "--out",
+        str(out),
+        "--no-report",
+        "--no-warmup",
+        "--no-noise-floor",
+        "--max-new-tokens",
+        "4",
+        "--limit",
+        "1",
+        *extra,
+    ]
     assert main(argv) == 0
 
 
@@ -43,7 +60,8 @@ def test_shards_split_the_questions_and_merge_back(shards, capsys):
     assert merged == whole  # the same greedy tokens
     (source,) = load_sources(parts)  # report and export take the shards directly
     assert source.name == "part" and sorted((a.method, str(a.question_id)) for a in source.answers) == keys(
-        shards / "whole")  # fmt: skip
+        shards / "whole"
+    )
 
 
 def error(capsys, argv) -> str:

@@ -49,8 +49,13 @@ def test_vanilla_equals_transformers_generate(smollm2):
         ids = prompt_ids(tokenizer, [{"role": "user", "content": text}])
         ours = decode(CachedLM(model), Vanilla(), ids, max_new_tokens=TOKENS, temperature=0.0, stop_ids=stops)
         with torch.no_grad():
-            theirs = model.generate(torch.tensor([ids]), max_new_tokens=TOKENS, do_sample=False,
-                                    eos_token_id=sorted(stops), pad_token_id=tokenizer.eos_token_id)  # fmt: skip
+            theirs = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=TOKENS,
+                do_sample=False,
+                eos_token_id=sorted(stops),
+                pad_token_id=tokenizer.eos_token_id,
+            )
         assert ours.tokens == theirs[0, len(ids) :].tolist()
 
 
@@ -71,16 +76,36 @@ def test_every_bundled_head_and_the_graphs_regime_give_vanillas_tokens(smollm2, 
     task = tmp_path / "one.jsonl"  # (one question: a 135M forward takes 0.1 s on one CPU thread)
     task.write_text(json.dumps({"question_id": 0, "category": "t", "turns": [PROMPTS[0]]}) + "\n")
     methods = ["vanilla", "pld", "suffix", "eagle3", "mtp"]
-    common = ["run", "--model", "smollm2-135m", "--methods", ",".join(methods), "--tasks", str(task), "--device",
-              "cpu", "--max-new-tokens", "16", "--no-report", "--no-noise-floor", "--no-warmup"]  # fmt: skip
+    common = [
+        "run",
+        "--model",
+        "smollm2-135m",
+        "--methods",
+        ",".join(methods),
+        "--tasks",
+        str(task),
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        "16",
+        "--no-report",
+        "--no-noise-floor",
+        "--no-warmup",
+    ]
     for regime in ("eager", "graphs"):
         flags = ["--graphs"] if regime == "graphs" else []
         assert main([*common, *flags, "--out", str(tmp_path / regime)]) == 0
     manifest = json.loads((tmp_path / "graphs" / "manifest.json").read_text())
     assert manifest["graphs"]["decoder"] == "owned"
-    runs = {regime: {(r["specbench"]["method"], r["question_id"]): r for f in (tmp_path / regime).rglob("*.jsonl")
-                     for line in f.read_text().splitlines() if (r := json.loads(line)).get("specbench")}
-            for regime in ("eager", "graphs")}  # fmt: skip
+    runs = {
+        regime: {
+            (r["specbench"]["method"], r["question_id"]): r
+            for f in (tmp_path / regime).rglob("*.jsonl")
+            for line in f.read_text().splitlines()
+            if (r := json.loads(line)).get("specbench")
+        }
+        for regime in ("eager", "graphs")
+    }
     assert sorted(runs["graphs"]) == sorted(runs["eager"]) and len(runs["eager"]) == len(methods)
     for key, eager in runs["eager"].items():
         graphs = runs["graphs"][key]

@@ -192,10 +192,17 @@ def test_suffix_passes_the_sampling_test():
     prompt = [1, 2, *decode(CachedLM(model), Vanilla(), [1, 2], max_new_tokens=8, temperature=0, stop_ids=set()).tokens]
     proposer = SuffixDecoding(max_spec_factor=3.0, min_token_prob=0.0)
     gens = [
-        decode(CachedLM(model), proposer, prompt, max_new_tokens=3, temperature=1.0, stop_ids=set(),
-               generator=torch.Generator().manual_seed(i))
+        decode(
+            CachedLM(model),
+            proposer,
+            prompt,
+            max_new_tokens=3,
+            temperature=1.0,
+            stop_ids=set(),
+            generator=torch.Generator().manual_seed(i),
+        )
         for i in range(20)
-    ]  # fmt: skip
+    ]
     assert max(n for g in gens for n in g.accept_lengths) > 1  # drafts are exercised while sampling
     result = sampling_test(
         CachedLM(model), proposer, prompt, horizon=3, samples=1500, temperature=1.0, stop_ids=set(), seed=0

@@ -122,10 +122,16 @@ def test_hub_tasks_read_the_pinned_revision_and_skip_placeholder_rows(monkeypatc
 
     def load_dataset(repo, config, split, revision):
         calls.append((repo, config, split, revision))
-        return datasets.Dataset.from_list([
-            {"question_id": 1, "category": "qa", "turns": ["Who wrote Emma?"]},
-            {"question_id": 2, "category": "rag", "turns": ["FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE"]},
-        ])  # fmt: skip
+        return datasets.Dataset.from_list(
+            [
+                {"question_id": 1, "category": "qa", "turns": ["Who wrote Emma?"]},
+                {
+                    "question_id": 2,
+                    "category": "rag",
+                    "turns": ["FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE"],
+                },
+            ]
+        )
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     task = tasks.load("speed_bench")

@@ -144,8 +144,23 @@ def test_token_counts_rank_a_trained_heads_draft_vocab(capsys, tiny_models, corp
     written = json.loads((out / "token_counts.json").read_text())
     trained = json.loads((out / "accuracy.json").read_text())["train_tokens"]
     assert written["tokens"] == sum(written["counts"]) == trained
-    verify = ["verify", "--method", "eagle2[draft_vocab=64]", "--mode", "greedy", "--limit", "1", "--max-new-tokens",
-              "8", "--device", "cpu", "--model", str(target_dir), "--head", f"eagle={out}"]  # fmt: skip
+    verify = [
+        "verify",
+        "--method",
+        "eagle2[draft_vocab=64]",
+        "--mode",
+        "greedy",
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--device",
+        "cpu",
+        "--model",
+        str(target_dir),
+        "--head",
+        f"eagle={out}",
+    ]
     (out / "token_counts.json").unlink()
     capsys.readouterr()
     assert main(verify) == 2

@@ -221,8 +221,16 @@ def small_sampling_test(model, proposer, samples=1000):
     )
 
 
-SAMPLED = ["medusa", "medusa-sampled", "eagle", "eagle2", "eagle-sampled", "eagle2-sampled", "eagle2-sampled-bfloat16",
-           "eagle2-sampled-shortlist"]  # fmt: skip
+SAMPLED = [
+    "medusa",
+    "medusa-sampled",
+    "eagle",
+    "eagle2",
+    "eagle-sampled",
+    "eagle2-sampled",
+    "eagle2-sampled-bfloat16",
+    "eagle2-sampled-shortlist",
+]
 
 
 @pytest.mark.parametrize("name", SAMPLED)
@@ -262,7 +270,6 @@ def test_typical_acceptance_is_labelled_lossy(small_vocab, tmp_path, monkeypatch
     assert len(gen.tokens) == 12
 
 
-
 @pytest.mark.parametrize("device", ["cpu", CUDA])
 def test_medusa_under_graphs_proposes_the_eager_trees(device):
     """The heads' forward and the pick of each node's candidate as one function (captured on a GPU) give the eager
@@ -277,6 +284,7 @@ def test_medusa_under_graphs_proposes_the_eager_trees(device):
         runs.append((gen.tokens, trees))
         top = medusa._logits(medusa.hidden).topk(10, dim=-1).indices.tolist()  # the last state's, by hand:
         tree = propose(gen.tokens, 20).tree  # node i is the rank-r guess of head d, r and d from its template path
-        assert tree.tokens == [top[d - 1][r] for d, r in zip(medusa.template.depths(), medusa.template.tokens,
-                                                             strict=True)]  # fmt: skip
+        assert tree.tokens == [
+            top[d - 1][r] for d, r in zip(medusa.template.depths(), medusa.template.tokens, strict=True)
+        ]
     assert runs[1] == runs[0] and len(runs[0][1]) > 1

@@ -99,15 +99,19 @@ def test_recorded_steps_score_the_run_own_accept_lengths(tiny_models):
     prompt = [3, 4, 5, 6, 7]
     gen = decode(CachedLM(model), recorder, prompt, max_new_tokens=24, temperature=0, stop_ids=set())
     full = prompt + gen.tokens
-    scored = [accepted(Proposal(nested.subtree(snap, {"num_draft_tokens": 5})).pruned(depth).tree, full[length:])
-              for length, depth, snap in recorder.records]  # fmt: skip
+    scored = [
+        accepted(Proposal(nested.subtree(snap, {"num_draft_tokens": 5})).pruned(depth).tree, full[length:])
+        for length, depth, snap in recorder.records
+    ]
     assert scored == gen.accept_lengths
     assert len(recorder.propose_times) == len(gen.steps)
 
 
 def test_variant_names_only_what_differs():
-    assert variant("eagle2", {"top_k": 10, "depth": 4, "total_tokens": 24}, {"top_k": 10, "depth": 5,
-                   "total_tokens": 60}) == "eagle2[depth=4,total_tokens=24]"  # fmt: skip
+    assert (
+        variant("eagle2", {"top_k": 10, "depth": 4, "total_tokens": 24}, {"top_k": 10, "depth": 5, "total_tokens": 60})
+        == "eagle2[depth=4,total_tokens=24]"
+    )
     assert variant("sps", {"num_draft_tokens": 4}, {"num_draft_tokens": 4}) == "sps"
     named = variant("eagle2", {"draft_dtype": "bfloat16", "tree": "null"}, {"draft_dtype": None, "tree": None})
     assert named == 'eagle2[draft_dtype=bfloat16,tree="null"]'  # a string that would read back as None is quoted
@@ -120,8 +124,20 @@ def test_tune_sps_end_to_end_then_run_with_the_tuned_variant(capsys, tiny_models
     target, draft = tiny_models
     file = tmp_path / "tuned.yaml"
     model = ["--model", str(target), "--draft", str(draft), "--limit", "1", "--max-new-tokens", "8", "--device", "cpu"]
-    code = main(["tune", "--method", "sps", *model, "--grid", "num_draft_tokens=1,2", "--tuned-file", str(file),
-                 "--out", str(tmp_path / "tune")])  # fmt: skip
+    code = main(
+        [
+            "tune",
+            "--method",
+            "sps",
+            *model,
+            "--grid",
+            "num_draft_tokens=1,2",
+            "--tuned-file",
+            str(file),
+            "--out",
+            str(tmp_path / "tune"),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "3 settings" in err  # 1, 2 and the default 4, from one run of the longest
@@ -140,8 +156,21 @@ def test_tune_sps_end_to_end_then_run_with_the_tuned_variant(capsys, tiny_models
     # a tuned variant that differs from the default runs beside it; the manifest and the report say so
     tuned.save(file, key, Path(target).name, "float32", "sps", {**entry, "variant": "sps[num_draft_tokens=2]"})
     run_dir = tmp_path / "run"
-    code = main(["run", *model, "--methods", "sps", "--tasks", "quick", "--tuned", str(file), "--out", str(run_dir),
-                 "--no-noise-floor"])  # fmt: skip
+    code = main(
+        [
+            "run",
+            *model,
+            "--methods",
+            "sps",
+            "--tasks",
+            "quick",
+            "--tuned",
+            str(file),
+            "--out",
+            str(run_dir),
+            "--no-noise-floor",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -155,11 +184,26 @@ def test_tuned_file_from_another_device_is_refused(capsys, tiny_models, tmp_path
     target, draft = tiny_models
     file = tmp_path / "tuned.yaml"
     tuned.save(file, "NVIDIA H100 80GB HBM3", Path(target).name, "float32", "sps", {"variant": "sps"})
-    err = error_of(capsys, ["run", "--model", str(target), "--draft", str(draft), "--tuned", str(file),
-                            "--device", "cpu", "--out", str(tmp_path / "run")])  # fmt: skip
+    err = error_of(
+        capsys,
+        [
+            "run",
+            "--model",
+            str(target),
+            "--draft",
+            str(draft),
+            "--tuned",
+            str(file),
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+    )
     assert "NVIDIA H100" in err and "not on this device" in err and "specbench tune" in err
-    err = error_of(capsys, ["run", "--model", str(target), "--tuned", str(tmp_path / "none.yaml"),
-                            "--out", str(tmp_path / "run")])  # fmt: skip
+    err = error_of(
+        capsys, ["run", "--model", str(target), "--tuned", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "run")]
+    )
     assert "no tuned presets" in err
 
 
@@ -174,8 +218,23 @@ def test_tuned_file_from_another_device_is_refused(capsys, tiny_models, tmp_path
 )
 def test_tune_mistakes_get_one_line(capsys, tiny_models, tmp_path, args, message):
     target, draft = tiny_models
-    err = error_of(capsys, ["tune", *args, "--model", str(target), "--draft", str(draft), "--limit", "1",
-                            "--max-new-tokens", "4", "--tuned-file", str(tmp_path / "t.yaml")])  # fmt: skip
+    err = error_of(
+        capsys,
+        [
+            "tune",
+            *args,
+            "--model",
+            str(target),
+            "--draft",
+            str(draft),
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--tuned-file",
+            str(tmp_path / "t.yaml"),
+        ],
+    )
     assert message in err
 
 
@@ -198,11 +257,14 @@ def test_first_keeps_the_listed_paths_whose_parents_are_kept():
             choices.first(listed, bad)
 
 
-@pytest.mark.parametrize(("name", "key", "largest", "smaller"), [
-    ("eagle", "nodes", None, (1, 4, 7, 12, 20)),
-    ("medusa", "nodes", None, (1, 4, 9, 16, 30, 48)),
-    ("mtp", "num_draft_tokens", 6, (1, 2, 3, 5)),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "key", "largest", "smaller"),
+    [
+        ("eagle", "nodes", None, (1, 4, 7, 12, 20)),
+        ("medusa", "nodes", None, (1, 4, 9, 16, 30, 48)),
+        ("mtp", "num_draft_tokens", 6, (1, 2, 3, 5)),
+    ],
+)
 def test_a_smaller_static_tree_or_mtp_chain_is_nested_in_the_larger(name, key, largest, smaller):
     """At T = 0 the first N paths of a static tree (EAGLE-1, Medusa) propose the whole tree's nodes on those
     paths, and a shorter MTP chain the longer one's first tokens: `specbench tune` scores them from one run."""
@@ -228,10 +290,23 @@ def test_evaluation_questions_are_predicted_from_calibration_questions_of_their_
     """Vanilla took 1 s (0.2 s fixed, 10 tokens) on each evaluation question. Calibration: a translation question
     with tau 2 and a qa one with tau 4, each at 0.1 s a step. An evaluation question of a group no calibration
     question has is predicted with every one in turn."""
-    vanilla = Turns(questions=[1, 2, 3, 4], tokens=[10] * 4, fixed=[0.2] * 4, wall=[1.0] * 4,
-                    groups={1: "translation", 2: "qa", 3: "qa", 4: "rag"})  # fmt: skip
-    score = Score({}, 3.0, 8.0, 0.0, 0.0, step=0.1, by_question={"c1": (2.0, 0.1), "c2": (4.0, 0.1)},
-                  groups={"c1": "translation", "c2": "qa"})  # fmt: skip
+    vanilla = Turns(
+        questions=[1, 2, 3, 4],
+        tokens=[10] * 4,
+        fixed=[0.2] * 4,
+        wall=[1.0] * 4,
+        groups={1: "translation", 2: "qa", 3: "qa", 4: "rag"},
+    )
+    score = Score(
+        {},
+        3.0,
+        8.0,
+        0.0,
+        0.0,
+        step=0.1,
+        by_question={"c1": (2.0, 0.1), "c2": (4.0, 0.1)},
+        groups={"c1": "translation", "c2": "qa"},
+    )
     on_1, on_2 = 1 / (0.2 + 10 / 2 * 0.1), 1 / (0.2 + 10 / 4 * 0.1)  # 1.43x and 2.22x
     expected = math.exp((1.5 * math.log(on_1) + 2.5 * math.log(on_2)) / 4)  # question 4: the mean of both logs
     assert geometric_mean(vanilla, score) == pytest.approx(expected)
@@ -252,9 +327,30 @@ def test_calibration_on_a_busy_machine_is_flagged(capsys, tiny_models, tmp_path,
 
     monkeypatch.setattr(calibration, "OtherLoad", Busy)
     target, draft = tiny_models
-    code = main(["tune", "--method", "sps", "--model", str(target), "--draft", str(draft), "--limit", "1",
-                 "--max-new-tokens", "4", "--device", "cpu", "--grid", "num_draft_tokens=1", "--no-verify",
-                 "--tuned-file", str(tmp_path / "t.yaml"), "--out", str(tmp_path / "tune")])  # fmt: skip
+    code = main(
+        [
+            "tune",
+            "--method",
+            "sps",
+            "--model",
+            str(target),
+            "--draft",
+            str(draft),
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--device",
+            "cpu",
+            "--grid",
+            "num_draft_tokens=1",
+            "--no-verify",
+            "--tuned-file",
+            str(tmp_path / "t.yaml"),
+            "--out",
+            str(tmp_path / "tune"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 0, err
     assert "busy during the calibration run of sps" in err
@@ -275,8 +371,19 @@ def test_an_evaluation_question_is_costed_at_its_own_context():
     evaluation question (10 tokens, 0.2 s fixed, 1 s for vanilla) after a context of 512 tokens verifies in
     1.1 * T(8, 512) = 44 ms a step."""
     cost = Cost({64: {1: 0.010, 8: 0.020}, 512: {1: 0.014, 8: 0.040}})
-    score = Score({}, 2.0, 8.0, 0.002, 0.0, step=0.023, by_question={"c": (2.0, 0.023)}, groups={"c": "qa"},
-                  rows_by_question={"c": 8.0}, verify_scale=1.1, cost=cost)  # fmt: skip
+    score = Score(
+        {},
+        2.0,
+        8.0,
+        0.002,
+        0.0,
+        step=0.023,
+        by_question={"c": (2.0, 0.023)},
+        groups={"c": "qa"},
+        rows_by_question={"c": 8.0},
+        verify_scale=1.1,
+        cost=cost,
+    )
     vanilla = Turns(questions=[1], tokens=[10], fixed=[0.2], wall=[1.0], groups={1: "qa"}, contexts={1: 512.0})
     assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * (0.002 + 1.1 * 0.040)))
     vanilla.contexts.clear()  # context unknown: the calibration question's own step cost
@@ -297,12 +404,32 @@ def test_a_step_moves_to_the_pace_of_the_vanilla_run_it_is_compared_with():
     1.21 times it (the machine 10% slower then): the setting's 2 + 1.1 * 20 = 24 ms step becomes 26.4 ms. Its
     own verification ran at 1.3 times the profile (its drafting evicts the target's weights): that stays in it."""
     cost = Cost({64: {1: 0.010, 8: 0.020}})
-    vanilla = Turns(questions=[1], tokens=[10], fixed=[0.2], wall=[1.0], groups={1: "qa"}, contexts={1: 64.0},
-                    step_contexts=[64] * 10, verify_seconds=10 * 0.0121)  # fmt: skip
+    vanilla = Turns(
+        questions=[1],
+        tokens=[10],
+        fixed=[0.2],
+        wall=[1.0],
+        groups={1: "qa"},
+        contexts={1: 64.0},
+        step_contexts=[64] * 10,
+        verify_seconds=10 * 0.0121,
+    )
     vanilla.speed = vanilla.speed_against(cost)
     assert vanilla.speed == pytest.approx(1.21)
-    score = Score({}, 2.0, 8.0, 0.002, 0.0, by_question={"c": (2.0, 0.024)}, groups={"c": "qa"},
-                  rows_by_question={"c": 8.0}, verify_scale=1.1, cost=cost, context=64.0, pace=1.1)  # fmt: skip
+    score = Score(
+        {},
+        2.0,
+        8.0,
+        0.002,
+        0.0,
+        by_question={"c": (2.0, 0.024)},
+        groups={"c": "qa"},
+        rows_by_question={"c": 8.0},
+        verify_scale=1.1,
+        cost=cost,
+        context=64.0,
+        pace=1.1,
+    )
     assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * 0.0264))
     own = replace(score, verify_scale=1.3)  # 2 + 1.3 * 20 = 28 ms at the calibration's pace, 30.8 at the evaluation's
     assert geometric_mean(vanilla, own) == pytest.approx(1 / (0.2 + 10 / 2 * 0.0308))
@@ -333,8 +460,14 @@ def test_calibration_answers_each_question_with_vanilla_just_before_the_method()
     tuner.cfg = TuneConfig("pld", RunConfig(methods=["pld"]))
     vanilla, turns = Turns(), Turns()
     yielded = list(tuner._answer("pld", methods.build("vanilla", None), turns, vanilla))
-    assert tuner.session.asked == [("vanilla", 1, 16), ("pld", 1, 16), ("vanilla", 1, 32), ("pld", 1, 32),
-                                   ("vanilla", 2, 32), ("pld", 2, 32)]  # fmt: skip
+    assert tuner.session.asked == [
+        ("vanilla", 1, 16),
+        ("pld", 1, 16),
+        ("vanilla", 1, 32),
+        ("pld", 1, 32),
+        ("vanilla", 2, 32),
+        ("pld", 2, 32),
+    ]
     assert len(yielded) == 2 and vanilla.questions == turns.questions == [1, 2]
 
 
@@ -382,9 +515,20 @@ def test_drafting_cost_follows_the_context_it_was_calibrated_at():
     assert draft_slope([100, 300], [0.014, 0.010]) == 0.0  # never cheaper with more context
     assert draft_slope([100, 100], [0.010, 0.014]) == 0.0  # one context: no slope known
     cost = Cost({64: {1: 0.010, 8: 0.020}})
-    score = Score({}, 2.0, 8.0, 0.012, 0.0, by_question={"c": (2.0, 0.033)}, groups={"c": "qa"},
-                  rows_by_question={"c": 8.0}, verify_scale=1.05, cost=cost, context=200.0,
-                  draft_slope=2e-5)  # fmt: skip
+    score = Score(
+        {},
+        2.0,
+        8.0,
+        0.012,
+        0.0,
+        by_question={"c": (2.0, 0.033)},
+        groups={"c": "qa"},
+        rows_by_question={"c": 8.0},
+        verify_scale=1.05,
+        cost=cost,
+        context=200.0,
+        draft_slope=2e-5,
+    )
     vanilla = Turns(questions=[1], tokens=[10], fixed=[0.2], wall=[1.0], groups={1: "qa"}, contexts={1: 500.0})
     assert geometric_mean(vanilla, score) == pytest.approx(1 / (0.2 + 10 / 2 * (0.018 + 1.05 * 0.020)))
 

@@ -142,8 +142,15 @@ def test_a_planted_real_bug_is_still_caught(small_vocab, monkeypatch):
     monkeypatch.setattr(acceptance, "greedy", off_by_one)
     ours = _greedy_run(target, Vanilla())
     assert ours.target_top1 is not None and ours.tokens != reference.tokens
-    check = greedy_check(target, [ours.tokens], [reference.tokens], [PROMPT], [ours.target_top1],
-                         [ours.target_margin], [reference.target_margin])  # fmt: skip
+    check = greedy_check(
+        target,
+        [ours.tokens],
+        [reference.tokens],
+        [PROMPT],
+        [ours.target_top1],
+        [ours.target_margin],
+        [reference.target_margin],
+    )
     assert check["verdict"] == "bug" and not check["near_tie"]
     assert check["method_top1"] != ours.tokens[check["position"]]
 
@@ -159,8 +166,9 @@ def test_a_forced_tie_is_numerical(small_vocab):
     reference = _greedy_run(target, Vanilla())
     first = reference.tokens[0]
     other = second if first == best else best
-    check = greedy_check(target, [[other]], [reference.tokens[:1]], [PROMPT], [[other]], [[0.0]],
-                         [reference.target_margin])  # fmt: skip
+    check = greedy_check(
+        target, [[other]], [reference.tokens[:1]], [PROMPT], [[other]], [[0.0]], [reference.target_margin]
+    )
     assert check["margin"] == 0.0 and check["verdict"] == "numerical" and check["near_tie"]
     clear = greedy_check(small_vocab[0], [[second]], [[best]], [PROMPT], [[second]], [[0.0]])
     assert clear["verdict"] == "bug"
@@ -180,8 +188,19 @@ def test_a_reused_prefill_samples_what_a_fresh_one_does(small_vocab):
 
     def draws(reuse):
         generator = torch.Generator().manual_seed(7)
-        return [decode(lm, DraftModel(draft, 2), PROMPT, max_new_tokens=4, temperature=1.0, stop_ids=set(),
-                       generator=generator, reuse_prefill=reuse).tokens for _ in range(6)]  # fmt: skip
+        return [
+            decode(
+                lm,
+                DraftModel(draft, 2),
+                PROMPT,
+                max_new_tokens=4,
+                temperature=1.0,
+                stop_ids=set(),
+                generator=generator,
+                reuse_prefill=reuse,
+            ).tokens
+            for _ in range(6)
+        ]
 
     fresh = draws(False)
     assert draws(True) == fresh

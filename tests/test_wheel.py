@@ -18,8 +18,11 @@ MOST_BYTES = 80 << 20  # the wheel, compressed (the tiny family's weights are mo
 def wheel(tmp_path_factory) -> Path:
     pytest.importorskip("hatchling", reason="building the wheel needs hatchling (the dev extra installs it)")
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(out)], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
+        check=True,
+        capture_output=True,
+    )
     return next(out.glob("specbench-*.whl"))
 
 
@@ -35,15 +38,38 @@ def test_the_wheel_carries_the_tiny_family_and_the_presets_not_the_smollm2_heads
 
 def test_the_default_run_works_from_the_wheel_alone(wheel, tmp_path):
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(site),
-                    str(wheel)], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     env = {**os.environ, "PYTHONPATH": str(site)}  # (ahead of the checkout's editable install)
-    where = subprocess.run([sys.executable, "-c", "import specbench; print(specbench.__file__)"], cwd=tmp_path,
-                           env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    where = subprocess.run(
+        [sys.executable, "-c", "import specbench; print(specbench.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert where.stdout.strip().startswith(str(site))
-    run = ["run", "--limit", "1", "--tasks", "quick", "--methods", "vanilla,eagle3", "--max-new-tokens", "6",
-           "--no-noise-floor", "--no-warmup", "--out", str(tmp_path / "run")]  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "specbench.cli", *run], cwd=tmp_path, env=env, capture_output=True,
-                          text=True)  # fmt: skip
+    run = [
+        "run",
+        "--limit",
+        "1",
+        "--tasks",
+        "quick",
+        "--methods",
+        "vanilla,eagle3",
+        "--max-new-tokens",
+        "6",
+        "--no-noise-floor",
+        "--no-warmup",
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "specbench.cli", *run], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "run" / "report" / "report.md").is_file()

@@ -17,10 +17,21 @@ from ..tasks import check as check_task
 def run_config(args, **settings) -> RunConfig:
     """The RunConfig of the options `run`, `tune` and `verify` share (the model, its draft and heads, the questions,
     device, dtype and seed), with a command's own `settings` on top."""
-    return RunConfig(model=args.model, draft=args.draft, heads=dict(args.head), revision=args.revision,
-                     trust_remote_code=args.trust_remote_code, data_dir=args.data_dir, fields=dict(args.field),
-                     limit=args.limit, max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
-                     seed=args.seed, **settings)  # fmt: skip
+    return RunConfig(
+        model=args.model,
+        draft=args.draft,
+        heads=dict(args.head),
+        revision=args.revision,
+        trust_remote_code=args.trust_remote_code,
+        data_dir=args.data_dir,
+        fields=dict(args.field),
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        **settings,
+    )
 
 
 def _tuned_file(value: str | None) -> str | None:
@@ -34,12 +45,25 @@ def _tuned_file(value: str | None) -> str | None:
 
 def run(args) -> None:
     cfg = run_config(
-        args, methods=args.methods, tasks=args.tasks, temperatures=args.temperatures, out=args.out,
-        warmup=not args.no_warmup, noise_floor=not args.no_noise_floor, repeats=args.repeats, shard=args.shard,
-        workers=args.workers, ray_address=args.ray_address, threads=args.threads, tuned=_tuned_file(args.tuned),
-        compile=args.compile, graphs=args.graphs, engine=args.engine, concurrency=args.concurrency,
+        args,
+        methods=args.methods,
+        tasks=args.tasks,
+        temperatures=args.temperatures,
+        out=args.out,
+        warmup=not args.no_warmup,
+        noise_floor=not args.no_noise_floor,
+        repeats=args.repeats,
+        shard=args.shard,
+        workers=args.workers,
+        ray_address=args.ray_address,
+        threads=args.threads,
+        tuned=_tuned_file(args.tuned),
+        compile=args.compile,
+        graphs=args.graphs,
+        engine=args.engine,
+        concurrency=args.concurrency,
         one_engine_at_a_time=args.one_engine_at_a_time,
-    )  # fmt: skip
+    )
     check(cfg)  # before the imports below (seconds of torch and every method): a mistake is one line at once
     if args.dry_run:
         from ..run import plan
@@ -70,8 +94,18 @@ def tune(args) -> None:
     from ..tune.command import tune as tune_method
     from ..tune.space import TuneConfig, grid_values
 
-    tune_method(TuneConfig(args.method, cfg, args.eval_task, args.budget, grid_values(args.grid), not args.no_verify,
-                           args.tuned_file, args.out))  # fmt: skip
+    tune_method(
+        TuneConfig(
+            args.method,
+            cfg,
+            args.eval_task,
+            args.budget,
+            grid_values(args.grid),
+            not args.no_verify,
+            args.tuned_file,
+            args.out,
+        )
+    )
 
 
 def verify(args) -> int:
@@ -161,8 +195,9 @@ def train(args) -> None:
     knobs = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}  # (every field is an option: cli.parser)
     cfg = train_config(args.kind, args.smoke, **knobs)
     device, dtype = device_and_dtype(args.device, args.dtype)
-    result = train_head(args.kind, args.target, data, args.out, cfg, device, dtype, args.smoke, args.compact,
-                        args.draft)
+    result = train_head(
+        args.kind, args.target, data, args.out, cfg, device, dtype, args.smoke, args.compact, args.draft
+    )
     accuracy = ", ".join(f"{a:.3f}" for a in result["top1_accuracy_by_depth"])
     print(f"{args.kind} head saved in {args.out}; held-out top-1 accuracy by depth: {accuracy}")
 
@@ -180,10 +215,18 @@ def regenerate(args) -> None:
 
     source = _text(args.prompts, "regenerate", "--prompts")
     answered, tokens, skipped = regenerate_text(
-        args.target, source, args.out, limit=args.limit, max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
-        seed=args.seed, smoke=args.smoke,
-    )  # fmt: skip
+        args.target,
+        source,
+        args.out,
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        batch_size=args.batch_size,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        smoke=args.smoke,
+    )
     note = f" ({skipped} prompts longer than the context left out)" if skipped else ""
     print(f"{answered} answered prompts, {tokens} tokens, written to {args.out}{note}")
 

@@ -103,9 +103,11 @@ def _device_options() -> argparse.ArgumentParser:
     """Where and how a model computes, and the seed: every command that loads one."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--device", default="auto", help=", ".join(DEVICES))
-    p.add_argument("--dtype", default="auto",
-                   help=f"auto (fp16 on CUDA, fp32 on CPU), {', '.join(DTYPES)} (the target's; heads train in "
-                   "float32)")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help=f"auto (fp16 on CUDA, fp32 on CPU), {', '.join(DTYPES)} (the target's; heads train in float32)",
+    )
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -120,8 +122,9 @@ def _target_options() -> argparse.ArgumentParser:
 def _model_options() -> argparse.ArgumentParser:
     """The model, its draft and heads, and the questions: every command that runs methods (run, tune, verify)."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--model", default="tiny",
-                   help="alias (see `specbench list models`), local folder, hub id or FILE.gguf")  # fmt: skip
+    p.add_argument(
+        "--model", default="tiny", help="alias (see `specbench list models`), local folder, hub id or FILE.gguf"
+    )
     p.add_argument(
         "--draft",
         help="draft model for sps and ouroboros: folder, hub id, ID@REVISION or FILE.gguf (default: the alias's)",
@@ -257,7 +260,8 @@ def parser() -> argparse.ArgumentParser:
     )
 
     tune = sub.add_parser(
-        "tune", parents=[model, device],
+        "tune",
+        parents=[model, device],
         help="the fastest setting of one method's size knobs on this device, predicted then verified",
     )
     tune.add_argument("--method", required=True, help="a method whose preset lists `tune:` values (or use --grid)")
@@ -343,15 +347,18 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--graphs", action="store_true", help="audit on static KV caches, as `run --graphs` decodes")
 
     train = sub.add_parser(
-        "train", parents=[target, device],
+        "train",
+        parents=[target, device],
         help="train Medusa or EAGLE heads, an MTP module or a DFlash drafter for a target by self-distillation on "
-             "text, or make a PARD drafter from a small model",
+        "text, or make a PARD drafter from a small model",
     )
     train.add_argument(
-        "kind", type=_family, metavar="FAMILY",
+        "kind",
+        type=_family,
+        metavar="FAMILY",
         help="a head family: medusa heads, an EAGLE-1/2 (eagle) or EAGLE-3 (eagle3) head, an MTP module (DeepSeek-V3 "
-             "layout), a DFlash drafter or a PARD drafter",
-    )  # fmt: skip
+        "layout), a DFlash drafter or a PARD drafter",
+    )
     train.add_argument(
         "--data",
         type=Path,
@@ -368,7 +375,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--smoke", action="store_true", help="a few tiny steps in seconds (tests, trying it out)")
 
     regen = sub.add_parser(
-        "regenerate", parents=[target, device],
+        "regenerate",
+        parents=[target, device],
         help="head training text: the target's own answers to training prompts (EAGLE-3's recipe)",
     )
     regen.add_argument(
@@ -384,7 +392,8 @@ def parser() -> argparse.ArgumentParser:
     regen.add_argument("--smoke", action="store_true", help="the smoke corpus of a data folder (tests)")
 
     counts = sub.add_parser(
-        "token-counts", parents=[target],
+        "token-counts",
+        parents=[target],
         help="count the tokens of an EAGLE head's training text beside it (ranks its draft_vocab)",
     )
     counts.add_argument("--data", type=Path, help="the head's training text, as `specbench train --data` takes it")

@@ -56,8 +56,16 @@ def margins(logits: torch.Tensor) -> torch.Tensor:
     return top[..., 0] - top[..., 1]
 
 
-def call(model, cache, ids: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor,
-         layers: tuple[int, ...] | None, last_only: bool = False, greedy: bool = False) -> Forward:  # fmt: skip
+def call(
+    model,
+    cache,
+    ids: torch.Tensor,
+    mask: torch.Tensor | None,
+    positions: torch.Tensor,
+    layers: tuple[int, ...] | None,
+    last_only: bool = False,
+    greedy: bool = False,
+) -> Forward:
     """One forward of a causal LM over `ids` [1, n] into `cache`: logits (the last row's only with `last_only`),
     when `layers` are asked for those hidden states as features of every row, and with `greedy` the picks."""
     inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
@@ -66,8 +74,11 @@ def call(model, cache, ids: torch.Tensor, mask: torch.Tensor | None, positions: 
         logits, features = out.logits[0], None
     else:
         decoder = model.get_decoder()
-        out = decoder(**inputs, **{cache_argument(type(decoder)): cache},  # type: ignore[arg-type]
-                      output_hidden_states=any(i != -1 for i in layers))  # fmt: skip
+        out = decoder(
+            **inputs,
+            **{cache_argument(type(decoder)): cache},  # type: ignore[arg-type]
+            output_hidden_states=any(i != -1 for i in layers),
+        )
         final = out.last_hidden_state[0]
         logits = model.get_output_embeddings()(final[-1:] if last_only else final)
         features = hidden_features(out, layers)[0]

@@ -15,8 +15,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 # 9.8 µs a layer there against 24.4 on the memory-efficient kernel (H200, vicuna-7b's shapes; docs/gpu-notes.md).
 # Uncaptured forwards keep it off (models.loading): it builds a plan for every shape it meets, which a captured
 # bucket does once.
-CAPTURED_ATTENTION = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                      SDPBackend.MATH]  # fmt: skip
+CAPTURED_ATTENTION = [
+    SDPBackend.CUDNN_ATTENTION,
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+]
 T = TypeVar("T")
 
 
@@ -81,8 +85,9 @@ def _write_over(old: Any, new: Any) -> None:
     dataclasses, None), which must keep their shapes, as a graph's outputs do."""
     if isinstance(old, torch.Tensor):
         if old.shape != new.shape:
-            raise RuntimeError(f"a replayed output changed shape, {tuple(old.shape)} -> {tuple(new.shape)}: a CUDA "
-                               "graph cannot")  # fmt: skip
+            raise RuntimeError(
+                f"a replayed output changed shape, {tuple(old.shape)} -> {tuple(new.shape)}: a CUDA graph cannot"
+            )
         old.copy_(new)
     elif isinstance(old, (tuple, list)):
         for a, b in zip(old, new, strict=True):

@@ -48,8 +48,9 @@ def two_ways(model: torch.nn.Module, ids: list[int], rows: int = SPREAD_ROWS) ->
     return one, many
 
 
-def classify(ours: int, method_top1: int | None, vanilla_margin: float, method_margin: float | None,
-             spread: float) -> str:  # fmt: skip
+def classify(
+    ours: int, method_top1: int | None, vanilla_margin: float, method_margin: float | None, spread: float
+) -> str:
     """A greedy mismatch's verdict: "bug" when the method emitted a token its own target forward did not pick, or
     when the two computations' margins are wider than rounding moves them; else "numerical".
 

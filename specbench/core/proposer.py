@@ -34,8 +34,9 @@ class Proposal:
 NO_PROPOSAL = Proposal(EMPTY)
 
 
-def chain_of_rows(logits: torch.Tensor, temperature: float, generator: torch.Generator | None,
-                  vocab: int | None = None) -> Proposal:  # fmt: skip
+def chain_of_rows(
+    logits: torch.Tensor, temperature: float, generator: torch.Generator | None, vocab: int | None = None
+) -> Proposal:
     """A chain whose tokens a drafter guessed in parallel, one per row of logits [k, V']: the argmax at T = 0, else
     one draw per row at the temperature, verified against its row's law (zero past V', up to the target's `vocab`)."""
     if temperature == 0:
@@ -76,8 +77,9 @@ def tree_prefix(key: str, paths: Callable[[Proposer, Proposal], tuple[list[tuple
         kept = {tuple(p) for p in first(listed, params[key])}
         return tree.subtree([i for i, p in enumerate(node_paths) if p in kept])
 
-    return Nested((key,), snapshot=lambda proposer, proposal: (proposal.tree, *paths(proposer, proposal)),
-                  subtree=subtree)  # fmt: skip
+    return Nested(
+        (key,), snapshot=lambda proposer, proposal: (proposal.tree, *paths(proposer, proposal)), subtree=subtree
+    )
 
 
 @dataclass(frozen=True)
@@ -125,5 +127,14 @@ class Proposer:
         """`tokens` now include the accepted path and the target's own token."""
 
 
-__all__ = ["NO_PROPOSAL", "Feedback", "Nested", "Proposal", "Proposer", "Turn", "chain_of_rows", "chain_prefix",
-           "tree_prefix"]
+__all__ = [
+    "NO_PROPOSAL",
+    "Feedback",
+    "Nested",
+    "Proposal",
+    "Proposer",
+    "Turn",
+    "chain_of_rows",
+    "chain_prefix",
+    "tree_prefix",
+]

@@ -25,8 +25,9 @@ class StaticRows:
         self.values: torch.Tensor | None = None
         self.length = 0  # rows committed
 
-    def update(self, keys: torch.Tensor, values: torch.Tensor, layer: int, *args: object,
-               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def update(
+        self, keys: torch.Tensor, values: torch.Tensor, layer: int, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write `layer`'s keys and values [B, kv heads, n, d] at the rows `write_rows` set; the layer's first
         `span` rows [B, kv heads, span, d]. (transformers' attention calls it too, with extra arguments.)"""
         if self.keys is None or self.values is None:  # (the allocating forward runs uncompiled: `allocating`)

@@ -88,9 +88,16 @@ class StaticCachedLM(CachedLM):
         self.prefilled = None
 
     @torch.inference_mode()
-    def run(self, tokens: list[int] | torch.Tensor, tree: Tree | None = None, *, last_only: bool = False,
-            layers: tuple[int, ...] | None = None, side: SideBranch | None = None,
-            greedy: bool = False) -> Forward:  # fmt: skip
+    def run(
+        self,
+        tokens: list[int] | torch.Tensor,
+        tree: Tree | None = None,
+        *,
+        last_only: bool = False,
+        layers: tuple[int, ...] | None = None,
+        side: SideBranch | None = None,
+        greedy: bool = False,
+    ) -> Forward:
         past, n = self.cached, len(tokens)
         if past + n > self.context_length:
             raise SpecbenchError(f"{past + n} tokens do not fit the static cache of {self.context_length} (--graphs)")
@@ -127,8 +134,11 @@ class StaticCachedLM(CachedLM):
                 out = forward()
         self.cache.length = past + n  # the rows of this forward, until commit keeps some
         rows = slice(n - 1, n) if last_only else slice(0, n)  # `last_only` spares logits; features are every row's
-        return Forward(out.logits[rows].clone(), None if out.features is None else out.features[:n].clone(),
-                       None if out.picks is None else (out.picks[0][:n], out.picks[1][:n]))  # (read at once)
+        return Forward(
+            out.logits[rows].clone(),
+            None if out.features is None else out.features[:n].clone(),
+            None if out.picks is None else (out.picks[0][:n], out.picks[1][:n]),
+        )  # (read at once)
 
     @torch.inference_mode()
     def commit(self, start: int, keep: list[int]) -> None:

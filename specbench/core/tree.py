@@ -98,8 +98,9 @@ class DeviceTree(Tree):
     bound: int
     read: tuple[list[int], list[int]] | None
 
-    def __init__(self, tokens: torch.Tensor, parents: torch.Tensor | list[int], depth: int,
-                 ancestors: torch.Tensor | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, tokens: torch.Tensor, parents: torch.Tensor | list[int], depth: int, ancestors: torch.Tensor | None = None
+    ) -> None:
         object.__setattr__(self, "ids", tokens)  # [n] long
         object.__setattr__(self, "links", parents)  # [n] long on the device, or the host's list
         object.__setattr__(self, "bound", depth)
@@ -300,5 +301,16 @@ def from_choices(choices: list[list[int]], max_rank: int | None = None) -> Tree:
     return Tree([p[-1] for p in paths], parents)
 
 
-__all__ = ["EMPTY", "DeviceTree", "Tree", "additive", "additive_mask", "ancestor_matrix", "attention_mask", "chain",
-           "from_choices", "position_ids", "trie"]
+__all__ = [
+    "EMPTY",
+    "DeviceTree",
+    "Tree",
+    "additive",
+    "additive_mask",
+    "ancestor_matrix",
+    "attention_mask",
+    "chain",
+    "from_choices",
+    "position_ids",
+    "trie",
+]

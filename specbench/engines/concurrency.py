@@ -58,12 +58,22 @@ def rows(sweep: Sweep, conversations: list, wall: float) -> list[dict]:
     for conv in conversations:
         for number, turn in enumerate(conv.turns):
             lengths, _, _ = step_lengths(len(turn.tokens), turn.accepted, turn.drafted)
-            out.append({
-                "task": sweep.task, "temperature": sweep.temperature, "method": sweep.method,
-                "concurrency": sweep.level, "question_id": conv.question.id, "turn": number,
-                "prompt_tokens": turn.prompt_tokens, "new_tokens": len(turn.tokens), "steps": len(lengths),
-                "ttft": turn.first, "latency": turn.end, "level_wall": wall,
-            })  # fmt: skip
+            out.append(
+                {
+                    "task": sweep.task,
+                    "temperature": sweep.temperature,
+                    "method": sweep.method,
+                    "concurrency": sweep.level,
+                    "question_id": conv.question.id,
+                    "turn": number,
+                    "prompt_tokens": turn.prompt_tokens,
+                    "new_tokens": len(turn.tokens),
+                    "steps": len(lengths),
+                    "ttft": turn.first,
+                    "latency": turn.end,
+                    "level_wall": wall,
+                }
+            )
     return out
 
 
@@ -73,9 +83,19 @@ def levels(rows: pd.DataFrame) -> pd.DataFrame:
     mean request latency."""
     rows = rows.assign(tpot=(rows.latency - rows.ttft) / (rows.new_tokens - 1).where(rows.new_tokens > 1))
     keys = ["task", "temperature", "method", "concurrency"]
-    out = rows.groupby(keys).agg(new_tokens=("new_tokens", "sum"), steps=("steps", "sum"), wall=("level_wall", "max"),
-                                 ttft=("ttft", "median"), tpot=("tpot", "mean"), latency=("latency", "mean"),
-                                 requests=("new_tokens", "size")).reset_index()  # fmt: skip
+    out = (
+        rows.groupby(keys)
+        .agg(
+            new_tokens=("new_tokens", "sum"),
+            steps=("steps", "sum"),
+            wall=("level_wall", "max"),
+            ttft=("ttft", "median"),
+            tpot=("tpot", "mean"),
+            latency=("latency", "mean"),
+            requests=("new_tokens", "size"),
+        )
+        .reset_index()
+    )
     out["throughput"] = out.new_tokens / out.wall
     out["tau"] = out.new_tokens / out.steps
     vanilla = out[out.method == "vanilla"].set_index(["task", "temperature", "concurrency"]).throughput

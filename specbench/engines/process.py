@@ -70,9 +70,14 @@ def sampling(config: EngineConfig, temperature: float, budget: int, seed: int) -
     from vllm.sampling_params import RequestOutputKind
 
     def params(turn: int):
-        return SamplingParams(temperature=temperature, max_tokens=budget, stop_token_ids=config.stop_ids,
-                              seed=seed + turn if temperature > 0 else None, detokenize=False,
-                              output_kind=RequestOutputKind.DELTA)  # fmt: skip
+        return SamplingParams(
+            temperature=temperature,
+            max_tokens=budget,
+            stop_token_ids=config.stop_ids,
+            seed=seed + turn if temperature > 0 else None,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
 
     return params
 
@@ -87,9 +92,15 @@ class Engine:
         options = options if config.spec else {}
         if config.memory_share:
             options["gpu_memory_utilization"] = config.memory_share
-        self.llm = LLM(model=config.target, tokenizer=config.target, dtype=config.dtype, seed=config.seed,
-                       trust_remote_code=config.trust_remote_code, enforce_eager=not config.compile,
-                       **options)  # fmt: skip
+        self.llm = LLM(
+            model=config.target,
+            tokenizer=config.target,
+            dtype=config.dtype,
+            seed=config.seed,
+            trust_remote_code=config.trust_remote_code,
+            enforce_eager=not config.compile,
+            **options,
+        )
         self.engine = self.llm.llm_engine
         self.tokenizer = loading.load_tokenizer(config.target, config.trust_remote_code)
         self.ids = itertools.count()
@@ -154,9 +165,15 @@ def _loop(config: EngineConfig, inbox, outbox) -> None:
                 outbox.put(("answer", conv.turns, conv.texts))
             else:
                 sweep = message[1]
-                convs = [Conversation(q, sampling(config, sweep.temperature, sweep.budget,
-                                                  question_seed(config.seed, q.id, sweep.temperature)))
-                         for q in sweep.questions]  # fmt: skip
+                convs = [
+                    Conversation(
+                        q,
+                        sampling(
+                            config, sweep.temperature, sweep.budget, question_seed(config.seed, q.id, sweep.temperature)
+                        ),
+                    )
+                    for q in sweep.questions
+                ]
                 wall = engine.serve(convs, sweep.level)
                 outbox.put(("rows", concurrency.rows(sweep, convs, wall)))
     except Exception as err:  # the pool turns it into one line naming the method
@@ -183,8 +200,9 @@ class EngineProcess:
                 message = self.outbox.get(timeout=5)
             except queue.Empty:
                 if not self.process.is_alive():
-                    raise SpecbenchError(f"{self.name}: vLLM's process ended (exit code {self.process.exitcode}); "
-                                         f"{self._why()}") from None  # fmt: skip
+                    raise SpecbenchError(
+                        f"{self.name}: vLLM's process ended (exit code {self.process.exitcode}); {self._why()}"
+                    ) from None
                 continue
             if message[0] == "error":
                 raise SpecbenchError(f"{self.name} in vLLM: {message[1]}; {self._why()}")

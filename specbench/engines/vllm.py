@@ -78,9 +78,18 @@ class VllmPool:
     def _config(self, name: str, engines: int = 1) -> EngineConfig:
         share = 0.9 / engines if self.device.type == "cuda" and engines > 1 else None  # of the GPU each
         log = str(self.logs / (re.sub(r"[^\w.=,-]", "_", name) + ".log")) if self.logs is not None else None
-        return EngineConfig(str(self.paths["target"]), speculative_config(name, self.paths),
-                            str(self.dtype).removeprefix("torch."), self.cfg.seed, self.cfg.trust_remote_code,
-                            self.cfg.compile, self.cfg.warmup, self.stop_ids, share, log)  # fmt: skip
+        return EngineConfig(
+            str(self.paths["target"]),
+            speculative_config(name, self.paths),
+            str(self.dtype).removeprefix("torch."),
+            self.cfg.seed,
+            self.cfg.trust_remote_code,
+            self.cfg.compile,
+            self.cfg.warmup,
+            self.stop_ids,
+            share,
+            log,
+        )
 
     def answers(self, units: list[Unit], bar) -> Iterator[tuple[int, list[Answer], list[dict]]]:
         """Every method's engine running at once, each question's methods back to back in the unit's rotated
@@ -126,17 +135,29 @@ class VllmPool:
 
     def _answer(self, name: str, unit: Unit, conv: Conversation, seed: int) -> Answer:
         turns = [TurnSteps(t.tokens, t.end, *step_lengths(len(t.tokens), t.accepted, t.drafted)) for t in conv.turns]
-        return answer(unit.question, unit.task, name, unit.temperature, self.plan.spec.name, seed,
-                      methods.preset(base_method(name)).lossless, conv.texts, turns)  # fmt: skip
+        return answer(
+            unit.question,
+            unit.task,
+            name,
+            unit.temperature,
+            self.plan.spec.name,
+            seed,
+            methods.preset(base_method(name)).lossless,
+            conv.texts,
+            turns,
+        )
 
     def _margin_model(self):
         """The target in transformers on the CPU, in the run's dtype, to measure a greedy mismatch's margin (vLLM's
         logits are not ours to read); loaded at the first mismatch, once."""
         if self.margin_model is None:
-            print("\nspecbench: a greedy mismatch in vLLM: loading the target in transformers to measure its margin",
-                  file=sys.stderr)  # fmt: skip
-            self.margin_model = loading.load_causal_lm(self.paths["target"], torch.device("cpu"), self.dtype,
-                                                       "target", self.cfg.trust_remote_code)  # fmt: skip
+            print(
+                "\nspecbench: a greedy mismatch in vLLM: loading the target in transformers to measure its margin",
+                file=sys.stderr,
+            )
+            self.margin_model = loading.load_causal_lm(
+                self.paths["target"], torch.device("cpu"), self.dtype, "target", self.cfg.trust_remote_code
+            )
         return self.margin_model
 
     def close(self) -> None:

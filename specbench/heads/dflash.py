@@ -65,7 +65,6 @@ def target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]
     return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 
-
 class DFlashAttention(nn.Module):
     """Queries from the block; keys and values from the context rows and the block (Qwen3's per-head norms)."""
 
@@ -125,14 +124,19 @@ class DFlashLayer(nn.Module):
     def own(self) -> None:
         """Its MLP and norms (the attention's per-head ones too) on the owned decoder's modules, same weights."""
         self.mlp = MLP.adopt(self.mlp)
-        for owner, name in ((self, "input_layernorm"), (self, "post_attention_layernorm"),
-                            (self.self_attn, "q_norm"), (self.self_attn, "k_norm")):  # fmt: skip
+        for owner, name in (
+            (self, "input_layernorm"),
+            (self, "post_attention_layernorm"),
+            (self.self_attn, "q_norm"),
+            (self.self_attn, "k_norm"),
+        ):
             setattr(owner, name, adopt_norm(getattr(owner, name)))
 
 
 class DFlashDraft(nn.Module):
-    def __init__(self, config: Qwen3Config, layer_ids: list[int], block_size: int, mask_token_id: int,
-                 target_hidden: int) -> None:  # fmt: skip
+    def __init__(
+        self, config: Qwen3Config, layer_ids: list[int], block_size: int, mask_token_id: int, target_hidden: int
+    ) -> None:
         super().__init__()
         self.config = config
         self.layer_ids = list(layer_ids)
@@ -190,8 +194,10 @@ def _setting(config, name: str, default):
 def build(raw: dict, target_hidden: int | None = None, what: str = "DFlash drafter") -> DFlashDraft:
     """The drafter a config.json describes (random weights)."""
     if "DFlash2DraftModel" in (raw.get("architectures") or []):
-        raise SpecbenchError(f"{what} is a DFlash2DraftModel (causal convolutions and a candidate selector): only "
-                             f"DFlashDraftModel checkpoints are supported")  # fmt: skip
+        raise SpecbenchError(
+            f"{what} is a DFlash2DraftModel (causal convolutions and a candidate selector): only "
+            f"DFlashDraftModel checkpoints are supported"
+        )
     settings = raw.get("dflash_config") or {}
     layer_ids = settings.get("target_layer_ids", raw.get("target_layer_ids"))
     mask = settings.get("mask_token_id", raw.get("mask_token_id"))
@@ -202,16 +208,21 @@ def build(raw: dict, target_hidden: int | None = None, what: str = "DFlash draft
         raise SpecbenchError(f"{what}: config.json needs dflash_config.mask_token_id, a token id below vocab_size")
     if not isinstance(block, int) or block < 2:
         raise SpecbenchError(f"{what}: block_size must be an integer >= 2, not {block!r}")
-    keys = {k: v for k, v in raw.items() if k not in ("architectures", "auto_map", "torch_dtype", "dtype",
-                                                       "transformers_version")}  # fmt: skip
+    keys = {
+        k: v
+        for k, v in raw.items()
+        if k not in ("architectures", "auto_map", "torch_dtype", "dtype", "transformers_version")
+    }
     try:
         config = Qwen3Config(**keys)
     except (TypeError, ValueError, KeyError) as err:
         raise SpecbenchError(f"{what}: config.json is not a Qwen3 config ({err})") from err
     sliding = [i for i, t in enumerate(config.layer_types or []) if t != "full_attention"]
     if sliding:
-        raise SpecbenchError(f"{what}: layer {sliding[0]} is {config.layer_types[sliding[0]]}; only full-attention "
-                             f"DFlash layers are supported")  # fmt: skip
+        raise SpecbenchError(
+            f"{what}: layer {sliding[0]} is {config.layer_types[sliding[0]]}; only full-attention "
+            f"DFlash layers are supported"
+        )
     config._attn_implementation = "sdpa"
     return DFlashDraft(config, layer_ids, block, mask, target_hidden or config.hidden_size)
 

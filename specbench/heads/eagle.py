@@ -25,9 +25,15 @@ from .checkpoint import check, config_shape, read_config, read_weights, save_saf
 
 FILES = ("pytorch_model.bin", "model.safetensors")
 CONFIG_KEYS = (
-    "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-    "max_position_embeddings", "rms_norm_eps", "hidden_act",
-)  # fmt: skip
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "hidden_act",
+)
 
 
 class EagleHead(nn.Module):

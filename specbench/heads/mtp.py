@@ -140,8 +140,14 @@ class MtpHead(nn.Module):
         if isinstance(self.block, Layer):
             x = self.block(x, rope, mask, cache)
         else:
-            x = self.block(hidden_states=x, attention_mask=mask, position_ids=positions, use_cache=cache is not None,
-                           **{self.cache_keyword: cache}, position_embeddings=rope)  # fmt: skip
+            x = self.block(
+                hidden_states=x,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=cache is not None,
+                **{self.cache_keyword: cache},
+                position_embeddings=rope,
+            )
         return self.norm(x) if self.layout.normed_output else x
 
     def own(self) -> None:

@@ -42,14 +42,18 @@ def load(source: str, target_model: nn.Module) -> nn.Module:
     what = f"PARD drafter '{source}'"
     raw = read_config(source, "PARD drafter")
     if pard_token(raw) is None:
-        raise SpecbenchError(f"{what}: config.json has no pard_token (the mask token id): not a PARD drafter; "
-                             f"make one with `specbench train pard`")  # fmt: skip
+        raise SpecbenchError(
+            f"{what}: config.json has no pard_token (the mask token id): not a PARD drafter; "
+            f"make one with `specbench train pard`"
+        )
     model = load_causal_lm(source, torch.device("cpu"), target_model.dtype, "PARD drafter")
     vocab = model.get_output_embeddings().weight.shape[0]
     target_vocab = target_model.get_output_embeddings().weight.shape[0]
     if vocab > target_vocab or pard_token(raw) >= vocab:
-        raise SpecbenchError(f"{what} reads out {vocab} tokens (mask {pard_token(raw)}), the target {target_vocab}: "
-                             f"use a drafter with the target's tokenizer")  # fmt: skip
+        raise SpecbenchError(
+            f"{what} reads out {vocab} tokens (mask {pard_token(raw)}), the target {target_vocab}: "
+            f"use a drafter with the target's tokenizer"
+        )
     model.pard_token = pard_token(raw)
     return model
 
@@ -99,8 +103,9 @@ def forward_rows(model: nn.Module, example: tuple[torch.Tensor, ...]) -> torch.T
     tokens, positions, allowed, _ = example
     device = model.get_output_embeddings().weight.device
     mask = additive_mask(allowed, next(model.parameters()).dtype, device)
-    return model(input_ids=tokens[None].to(device), position_ids=positions[None].to(device), attention_mask=mask,
-                 use_cache=False).logits[0]  # fmt: skip
+    return model(
+        input_ids=tokens[None].to(device), position_ids=positions[None].to(device), attention_mask=mask, use_cache=False
+    ).logits[0]
 
 
 def save(draft: nn.Module, source: Path, out: Path, mask_id: int, half: bool = False) -> None:

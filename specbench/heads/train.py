@@ -274,8 +274,9 @@ def dflash_anchors(batch: int, length: int, cfg: TrainConfig, generator: torch.G
     return order[:, : min(cfg.blocks, room)].sort(dim=1).values
 
 
-def dflash_blocks(draft: dflash.DFlashDraft, embedding: nn.Module, ids: torch.Tensor, features: torch.Tensor,
-                  anchors: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def dflash_blocks(
+    draft: dflash.DFlashDraft, embedding: nn.Module, ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor
+) -> torch.Tensor:
     """The drafter's final states [B, N, bs, H] for blocks at `anchors` [B, N] of windows ids [B, L] (features
     [B, L, F]), all in one forward, as the official training does: a block's first row is the anchor's token,
     the rest mask tokens; it sees itself (bidirectionally) and the context rows strictly before its anchor."""
@@ -330,8 +331,9 @@ def train_dflash(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, c
     return draft.eval(), raw, _evaluate(depth_hits, heldout, model, cfg, device, layers)
 
 
-def train_pard(draft: nn.Module, target: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig,
-               mask_id: int):  # fmt: skip
+def train_pard(
+    draft: nn.Module, target: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, mask_id: int
+):
     """Adapt `draft` (float32, trained in place) into a PARD drafter guessing cfg.pard_tokens tokens per forward,
     on the text's own next tokens (the target is not read). Returns it and its held-out top-1 accuracy by depth
     against the target's greedy tokens there."""
@@ -372,7 +374,15 @@ def mask_token(tokenizer, vocab: int) -> int:
 
 
 def train_head(
-    kind: str, target: str, data: Path, out: Path, cfg: TrainConfig, device, dtype, smoke: bool, compact: bool = False,
+    kind: str,
+    target: str,
+    data: Path,
+    out: Path,
+    cfg: TrainConfig,
+    device,
+    dtype,
+    smoke: bool,
+    compact: bool = False,
     draft: str | None = None,
 ) -> dict:
     """Load the target (alias, folder or hub id), train a `kind` head on `data`, save it in the official

@@ -24,12 +24,12 @@ class TrainConfig:
     eval_batches: int = knob(8, "held-out batches the accuracy is measured on")
     medusa_heads: int = knob(5, "medusa: number of heads (tree depth limit)")
     medusa_layers: int = knob(1, "medusa: residual blocks per head")
-    medusa_shared_lm_head: bool = knob(False, "medusa: no projections of their own; each head reads out through "
-                                              "the target's lm_head")  # fmt: skip
+    medusa_shared_lm_head: bool = knob(
+        False, "medusa: no projections of their own; each head reads out through the target's lm_head"
+    )
     eagle_cls_weight: float = knob(0.1, "eagle: weight of the tokens' cross-entropy beside the features' smooth-L1")
     eagle_noise: float = knob(0.1, "eagle: uniform noise U(-a, a) on the input features (EAGLE-1 paper)")
-    draft_vocab: int = knob(32000, "eagle3: draft vocabulary, the most frequent training tokens (at most the "
-                                   "target's)")  # fmt: skip
+    draft_vocab: int = knob(32000, "eagle3: draft vocabulary, the most frequent training tokens (at most the target's)")
     ttt_steps: int = knob(7, "eagle3, mtp: steps of the training-time test (the reference unrolls 7)")
     ttt_decay: float = knob(0.8, "eagle3, mtp: step s's loss weighs ttt_decay ** (s - 1)")
     block_size: int = knob(16, "dflash: rows per block, the root included (the released drafters' 16)")
@@ -43,19 +43,42 @@ class TrainConfig:
 
     def smoke(self) -> TrainConfig:
         """A few steps on short windows: the whole pipeline in seconds."""
-        return replace(self, steps=min(self.steps, 5), seq_len=min(self.seq_len, 32), batch_size=2, eval_batches=1,
-                       block_size=min(self.block_size, 8), blocks=min(self.blocks, 4),
-                       pard_tokens=min(self.pard_tokens, 4))  # fmt: skip
+        return replace(
+            self,
+            steps=min(self.steps, 5),
+            seq_len=min(self.seq_len, 32),
+            batch_size=2,
+            eval_batches=1,
+            block_size=min(self.block_size, 8),
+            blocks=min(self.blocks, 4),
+            pard_tokens=min(self.pard_tokens, 4),
+        )
 
 
 def train_config(kind: str, smoke: bool = False, lr: float | None = None, **knobs: Any) -> TrainConfig:
     """The TrainConfig of a `specbench train KIND` (knobs: TrainConfig's fields), checked, its learning rate set
     (`lr` None: 1e-3 for Medusa heads, 3e-4 for the others); `smoke`: a few tiny steps."""
     cfg = TrainConfig(lr=lr if lr is not None else 1e-3 if kind == "medusa" else 3e-4, **knobs)
-    if min(cfg.steps, cfg.seq_len, cfg.batch_size, cfg.medusa_heads, cfg.draft_vocab, cfg.ttt_steps,
-           cfg.draft_layers, cfg.eval_batches, cfg.blocks, cfg.medusa_layers) < 1 or cfg.pard_tokens < 2:  # fmt: skip
-        raise SpecbenchError("--steps, --batch-size, --eval-batches, --medusa-heads, --medusa-layers, --draft-vocab, "
-                             "--ttt-steps, --draft-layers and --blocks must be >= 1, --pard-tokens >= 2")
+    if (
+        min(
+            cfg.steps,
+            cfg.seq_len,
+            cfg.batch_size,
+            cfg.medusa_heads,
+            cfg.draft_vocab,
+            cfg.ttt_steps,
+            cfg.draft_layers,
+            cfg.eval_batches,
+            cfg.blocks,
+            cfg.medusa_layers,
+        )
+        < 1
+        or cfg.pard_tokens < 2
+    ):
+        raise SpecbenchError(
+            "--steps, --batch-size, --eval-batches, --medusa-heads, --medusa-layers, --draft-vocab, "
+            "--ttt-steps, --draft-layers and --blocks must be >= 1, --pard-tokens >= 2"
+        )
     if cfg.seq_len < 8:
         raise SpecbenchError("--seq-len must be >= 8")
     if kind == "dflash" and not 2 <= cfg.block_size <= cfg.seq_len // 2:

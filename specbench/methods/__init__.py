@@ -73,7 +73,21 @@ def rule(name: str) -> acceptance.Rule:
 
 
 __all__ = [  # the plug-in API first, then the library's use of presets
-    "NO_PROPOSAL", "Feedback", "Nested", "Proposal", "Proposer", "Resources", "Turn", "chain_prefix", "implementation",
+    "NO_PROPOSAL",
+    "Feedback",
+    "Nested",
+    "Proposal",
+    "Proposer",
+    "Resources",
+    "Turn",
+    "chain_prefix",
+    "implementation",
     "tree_prefix",
-    "available", "build", "needs", "preset", "rule", "variant", "variant_name",
-]  # fmt: skip
+    "available",
+    "build",
+    "needs",
+    "preset",
+    "rule",
+    "variant",
+    "variant_name",
+]

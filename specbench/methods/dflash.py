@@ -35,14 +35,23 @@ class BlockInputs:
 
 
 class DFlash(Proposer):
-    def __init__(self, draft: DFlashDraft, embedding: torch.nn.Module, readout: torch.nn.Module,
-                 num_draft_tokens: int, block_size: int | None = None, graphs: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        draft: DFlashDraft,
+        embedding: torch.nn.Module,
+        readout: torch.nn.Module,
+        num_draft_tokens: int,
+        block_size: int | None = None,
+        graphs: bool = False,
+    ) -> None:
         self.block = draft.block_size if block_size is None else block_size
         if not isinstance(self.block, int) or self.block < 2:
             raise ValueError("dflash needs block_size >= 2 (the root and at least one mask)")
         if not isinstance(num_draft_tokens, int) or not 1 <= num_draft_tokens < self.block:
-            raise ValueError(f"dflash drafts 1 to block_size - 1 = {self.block - 1} tokens per block, not "
-                             f"num_draft_tokens {num_draft_tokens}")  # fmt: skip
+            raise ValueError(
+                f"dflash drafts 1 to block_size - 1 = {self.block - 1} tokens per block, not "
+                f"num_draft_tokens {num_draft_tokens}"
+            )
         self.draft = draft
         self.embedding = embedding
         self.readout = readout
@@ -88,8 +97,9 @@ class DFlash(Proposer):
         on the slots: the padded, captured forward where c fits the padding, else the same forward at c rows."""
         span = min(-(-(read + len(features) + self.block) // SPAN) * SPAN, self.room)
         if len(features) > self.pad:
-            return self._block(features, *(upload(torch.tensor(v), self.device) for v in (len(features), read, token)),
-                               span)  # fmt: skip
+            return self._block(
+                features, *(upload(torch.tensor(v), self.device) for v in (len(features), read, token)), span
+            )
         inputs = self.inputs.get(span)
         if inputs is None:
             counts = torch.zeros(3, dtype=torch.long, device=self.device)
@@ -98,11 +108,13 @@ class DFlash(Proposer):
         inputs.count.fill_(len(features))
         inputs.read.fill_(read)  # (capture's warm-up runs write past the context's rows only)
         inputs.token.fill_(token)
-        return self.replays.run(span, lambda: self._block(inputs.features, inputs.count, inputs.read, inputs.token,
-                                                          span)).clone()  # fmt: skip
+        return self.replays.run(
+            span, lambda: self._block(inputs.features, inputs.count, inputs.read, inputs.token, span)
+        ).clone()
 
-    def _block(self, features: torch.Tensor, count: torch.Tensor, read: torch.Tensor, token: torch.Tensor,
-               span: int) -> torch.Tensor:  # fmt: skip
+    def _block(
+        self, features: torch.Tensor, count: torch.Tensor, read: torch.Tensor, token: torch.Tensor, span: int
+    ) -> torch.Tensor:
         """The block forward on the slots: context rows `count` of `features` [P, F] written after `read` (the rest
         into scratch rows past `room`), the block after them; attention over the first `span` rows up to the
         block's end. Logits [num_draft_tokens, V]."""

@@ -209,8 +209,11 @@ class Eagle(Proposer):
         [n], `value` n times."""
         key = (kind, n, value)
         if key not in self.constants:
-            self.constants[key] = (torch.arange(n * value, device=self.device) // value if kind == "rows"
-                                   else torch.full((n,), value, device=self.device))  # fmt: skip
+            self.constants[key] = (
+                torch.arange(n * value, device=self.device) // value
+                if kind == "rows"
+                else torch.full((n,), value, device=self.device)
+            )
         return self.constants[key]
 
     def _children(self, logits: torch.Tensor) -> Children:
@@ -232,8 +235,15 @@ class Eagle(Proposer):
         valid = torch.arange(drawn.shape[1], device=drawn.device) < real[:, None]
         return Children(to_target[drawn], torch.log(q.gather(1, drawn)), valid, laws)
 
-    def _feed(self, features: torch.Tensor, tokens: torch.Tensor, seen: torch.Tensor, root: int | torch.Tensor,
-              depth: int, ahead: Ahead) -> torch.Tensor:  # fmt: skip
+    def _feed(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        seen: torch.Tensor,
+        root: int | torch.Tensor,
+        depth: int,
+        ahead: Ahead,
+    ) -> torch.Tensor:
         """One draft forward over a level's growing nodes [n] from their parents' outputs features [n, H], at the
         position of the root (`root`, the committed pairs) + depth - 1; each row sees the committed prefix and what
         `seen` [n, fed + n] marks among the fed nodes and the level's own rows (its ancestors and itself; additive, 0
@@ -314,8 +324,9 @@ class StaticDrafting:
         cache.span = span
         full = depths == eagle.expansion.max_depth  # else a shallower tree (the budget's last steps): never compiled
         with contextlib.nullcontext() if full else uncompiled():
-            draft, *tree = self.replays.run((span, depths), lambda: self.draft(
-                inputs.features, inputs.ids, inputs.count, inputs.committed, depths))  # fmt: skip
+            draft, *tree = self.replays.run(
+                (span, depths), lambda: self.draft(inputs.features, inputs.ids, inputs.count, inputs.committed, depths)
+            )
         tokens, parents, ancestors = (t.clone() for t in tree)  # (the next replay writes over them)
         return draft._map(torch.clone), DeviceTree(tokens, parents, depths, ancestors)
 
@@ -323,8 +334,9 @@ class StaticDrafting:
         """The key rows a draft attends over: the pairs up to `end`, then its tree rows, rounded up to SPAN."""
         return min(-(-(end + (self.eagle.expansion.fed if depths > 1 else 0)) // SPAN) * SPAN, self.cache.capacity)
 
-    def _draft(self, features: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, committed: torch.Tensor,
-               depths: int) -> tuple[Draft, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    def _draft(
+        self, features: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, committed: torch.Tensor, depths: int
+    ) -> tuple[Draft, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Feed the first `count` pairs (features [P, F], ids [P]) after `committed`, then grow from the last one's
         output: the draft, and the tree to verify as its tokens [k], parents [k] and ancestor matrix [k+1, k+1] (all
         built here, so a captured step launches none of it)."""
@@ -376,8 +388,9 @@ def _static_paths(proposer: Eagle, proposal: Proposal) -> tuple[list[tuple], lis
     return [tree.paths[s] for s in (slots.tolist() if slots is not None else [])], tree.choices
 
 
-def _shortlist(res: Resources, family: str, draft_vocab: float | None, readable: torch.Tensor,
-               what: str) -> torch.Tensor | None:  # fmt: skip
+def _shortlist(
+    res: Resources, family: str, draft_vocab: float | None, readable: torch.Tensor, what: str
+) -> torch.Tensor | None:
     """Positions in `readable` (the target ids [V'] the head reads out, in its readout's order), ascending, of its
     most frequent tokens by the head's token counts (`heads.frequencies`): `draft_vocab` of them, or that share
     when below 1; None: all of them."""
@@ -386,8 +399,9 @@ def _shortlist(res: Resources, family: str, draft_vocab: float | None, readable:
     count = len(readable)
     size = round(draft_vocab * count) if isinstance(draft_vocab, float) and 0 < draft_vocab < 1 else draft_vocab
     if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= count:
-        raise ValueError(f"draft_vocab must be a token count from 1 to {what} {count}, a share of it between 0 "
-                         f"and 1, or null")  # fmt: skip
+        raise ValueError(
+            f"draft_vocab must be a token count from 1 to {what} {count}, a share of it between 0 and 1, or null"
+        )
     folder = res.head_paths[family]
     hint = f"count the text the head was trained on with `specbench token-counts --data TEXT --out {folder}`"
     counts = frequencies.read(folder, res.target_model.config.get_text_config().vocab_size, hint)
@@ -395,9 +409,12 @@ def _shortlist(res: Resources, family: str, draft_vocab: float | None, readable:
 
 
 def _on_target_head(
-    res: Resources, expansion: StaticTree | DynamicTree, sampled: bool, draft_dtype: str | None,
+    res: Resources,
+    expansion: StaticTree | DynamicTree,
+    sampled: bool,
+    draft_dtype: str | None,
     draft_vocab: float | None,
-) -> Eagle:  # fmt: skip
+) -> Eagle:
     """An EAGLE-1/2 head reading out through the target's lm_head, in `draft_dtype`, over the most frequent tokens
     of the head's training text only with `draft_vocab` (`_shortlist`)."""
     dtype = res.draft_dtype(draft_dtype)
@@ -406,8 +423,16 @@ def _on_target_head(
     ids = _shortlist(res, "eagle", draft_vocab, torch.arange(vocab, device=res.device), "the vocabulary's")
     if ids is None:
         return Eagle(head, res.readout(dtype), expansion, sampled=sampled, graphs=res.graphs, compile=res.compile)
-    return Eagle(head, res.readout(dtype, ids), expansion, target_ids=lambda drafted: ids[drafted],
-                 target_vocab=vocab, sampled=sampled, graphs=res.graphs, compile=res.compile)  # fmt: skip
+    return Eagle(
+        head,
+        res.readout(dtype, ids),
+        expansion,
+        target_ids=lambda drafted: ids[drafted],
+        target_vocab=vocab,
+        sampled=sampled,
+        graphs=res.graphs,
+        compile=res.compile,
+    )
 
 
 def _draft_params(params: dict) -> dict:

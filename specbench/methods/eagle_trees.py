@@ -52,8 +52,12 @@ class Draft:
         """The levels one after the other (each level's parents index the ones before it), joined once."""
         if len(levels) == 1:
             return levels[0]
-        return Draft(*(None if getattr(levels[0], f.name) is None else torch.cat([getattr(x, f.name) for x in levels])
-                       for f in fields(levels[0])))  # fmt: skip (fields of an instance: torch.compile traces it)
+        return Draft(
+            *(
+                None if getattr(levels[0], f.name) is None else torch.cat([getattr(x, f.name) for x in levels])
+                for f in fields(levels[0])
+            )
+        )  # (fields of an instance: torch.compile traces it)
 
     def tree(self, keep: torch.Tensor) -> Tree:
         """The tree of the nodes `keep` (ascending, closed under parents), re-indexed, read in one host transfer."""
@@ -74,8 +78,9 @@ def level_nodes(candidates: torch.Tensor, picked: torch.Tensor | None) -> torch.
     return flat if picked is None else flat[picked]
 
 
-def level_scores(reached: torch.Tensor, logps: torch.Tensor, rows: torch.Tensor,
-            picked: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+def level_scores(
+    reached: torch.Tensor, logps: torch.Tensor, rows: torch.Tensor, picked: torch.Tensor | None
+) -> torch.Tensor:
     """A level's node scores [n]: each parent's score (`reached` [F], float64) plus the node's log-probability
     (`logps` [F, k], float32, promoted in the sum: one kernel). With every candidate a node (`picked` None), one
     broadcast sum over the [F, k] top-k: no gather of the parents' scores."""

@@ -23,7 +23,6 @@ from .resources import Resources
 
 
 class Lookahead(Proposer):
-
     def __init__(
         self,
         ngram_size: int = 5,

@@ -45,8 +45,9 @@ class Medusa(Proposer):
             )
         self.choices = choices  # as listed (`tree_prefix` keeps a prefix of them)
         self.template = from_choices(choices, max_rank=vocab)  # tokens: each node's rank in its head's top-k
-        self.paths = [tuple(self.template.tokens[r - 1] for r in self.template.path(i + 1))
-                      for i in range(len(self.template))]  # each node's path of ranks  # fmt: skip
+        self.paths = [
+            tuple(self.template.tokens[r - 1] for r in self.template.path(i + 1)) for i in range(len(self.template))
+        ]  # each node's path of ranks
         self.depth = self.template.max_depth()
         if self.depth > len(heads):
             raise SpecbenchError(

@@ -20,5 +20,11 @@ def build(params: dict, res: Resources) -> Proposer:
     if not isinstance(drafts, int) or drafts < 1:
         raise ValueError("mtp needs num_draft_tokens >= 1")
     head: MtpHead = res.head("mtp")  # importing heads.mtp registers the family
-    return Eagle(head, head.logits, DynamicTree(total_tokens=drafts + 1, depth=drafts - 1, top_k=1), sampled=sampled,
-                 graphs=res.graphs, compile=res.compile)
+    return Eagle(
+        head,
+        head.logits,
+        DynamicTree(total_tokens=drafts + 1, depth=drafts - 1, top_k=1),
+        sampled=sampled,
+        graphs=res.graphs,
+        compile=res.compile,
+    )

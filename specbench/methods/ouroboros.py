@@ -32,7 +32,6 @@ from .resources import Resources
 
 
 class Ouroboros(Proposer):
-
     def __init__(
         self,
         draft_model,
@@ -88,8 +87,11 @@ class Ouroboros(Proposer):
         n = len(proposal.tree) + 1
         q_rows = [] if self.temperature == 0 else list(probabilities(step.output.logits[step.kept], self.temperature))
         new = step.new
-        self.drafter.update([*seq, *new], proposal, Feedback(step.accepted, side_logits=step.output.logits[n:],
-                                                                    side_picks=step.side_picks))
+        self.drafter.update(
+            [*seq, *new],
+            proposal,
+            Feedback(step.accepted, side_logits=step.output.logits[n:], side_picks=step.side_picks),
+        )
         return new, q_rows
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:

@@ -24,7 +24,6 @@ def find_continuation(tokens: list[int], max_ngram: int, num_pred: int) -> list[
 
 
 class PromptLookup(Proposer):
-
     def __init__(self, max_ngram_size: int = 3, num_pred_tokens: int = 10) -> None:
         if max_ngram_size < 1 or num_pred_tokens < 1:
             raise ValueError("pld needs max_ngram_size >= 1 and num_pred_tokens >= 1")

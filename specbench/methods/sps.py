@@ -13,7 +13,6 @@ from .resources import Resources
 
 
 class DraftModel(Proposer):
-
     def __init__(self, draft_model, num_draft_tokens: int = 4) -> None:
         if num_draft_tokens < 1:
             raise ValueError("sps needs num_draft_tokens >= 1")

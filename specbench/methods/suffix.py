@@ -30,7 +30,6 @@ LOCAL = 0  # the local index's one sequence id
 
 
 class SuffixDecoding(Proposer):
-
     def __init__(
         self,
         max_spec_tokens: int = 32,

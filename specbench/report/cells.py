@@ -203,7 +203,14 @@ def source_line(s: Source, folder: Path | None = None) -> str:
     extra = []
     if s.manifest:
         cfg, mach = s.manifest.get("config", {}), s.manifest.get("machine", {})
-        extra = [f"{k} {v}" for k, v in (("dtype", cfg.get("dtype")), ("torch", mach.get("torch")),
-                                          ("transformers", mach.get("transformers"))) if v]
+        extra = [
+            f"{k} {v}"
+            for k, v in (
+                ("dtype", cfg.get("dtype")),
+                ("torch", mach.get("torch")),
+                ("transformers", mach.get("transformers")),
+            )
+            if v
+        ]
     path = s.path if folder is None else s.where(folder)
     return f"**{s.label}**: `{path}`" + (f" ({', '.join(extra)})" if extra else "")

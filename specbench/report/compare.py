@@ -22,8 +22,13 @@ from .sources import Source, load_sources
 from .tables import md_table
 
 MACHINE_KEYS = (("config", "dtype"), ("machine", "device"), ("machine", "device_name"), ("machine", "cpu_count"))
-SOFTWARE_KEYS = (("machine", "torch"), ("machine", "transformers"), ("machine", "python"), ("machine", "git_revision"),
-                 ("machine", "source_digest"))  # fmt: skip
+SOFTWARE_KEYS = (
+    ("machine", "torch"),
+    ("machine", "transformers"),
+    ("machine", "python"),
+    ("machine", "git_revision"),
+    ("machine", "source_digest"),
+)
 DOWN, UP = "▼", "▲"  # the 95% interval lies below / above 1
 MIN_PAIRS = 5  # fewer shared questions: speed is not judged (the interval is too wide to gate a release on)
 
@@ -108,8 +113,11 @@ def _differences(baseline: Source, new: Source, keys: tuple[tuple[str, str], ...
 
 def machine_differences(baseline: Source, new: Source) -> list[str]:
     """Differences of dtype, device and CPU count; a run without a manifest counts as an unknown machine."""
-    missing = [f"{role} has no manifest.json (machine unknown)"
-               for role, s in (("baseline", baseline), ("new", new)) if not s.manifest]
+    missing = [
+        f"{role} has no manifest.json (machine unknown)"
+        for role, s in (("baseline", baseline), ("new", new))
+        if not s.manifest
+    ]
     return missing or _differences(baseline, new, MACHINE_KEYS)
 
 
@@ -117,8 +125,13 @@ def _vanilla_first(method: str) -> tuple[bool, str]:
     return method != BASELINE, method
 
 
-def speedup_change(base_method: pd.DataFrame, base_vanilla: pd.DataFrame, new_method: pd.DataFrame,
-                   new_vanilla: pd.DataFrame, noise: float = 0.0) -> metrics.Speedup:
+def speedup_change(
+    base_method: pd.DataFrame,
+    base_vanilla: pd.DataFrame,
+    new_method: pd.DataFrame,
+    new_vanilla: pd.DataFrame,
+    noise: float = 0.0,
+) -> metrics.Speedup:
     """Paired speedup over vanilla, new / baseline (turn rows of each): geometric mean over the questions present
     in all four; `noise`: the interval's floor."""
     throughputs = [metrics.question_throughput(t) for t in (base_method, base_vanilla, new_method, new_vanilla)]
@@ -134,14 +147,19 @@ def _beyond(change: metrics.Speedup | None, limit: float) -> bool:
 
 def _judge(row: Row, limits: Limits, lossy: bool) -> None:
     if not limits.speedup_only and _beyond(row.throughput, limits.max_slowdown):
-        row.failures.append(f"{row.label}: tokens/s {_pct(row.throughput)}, more than the "
-                            f"{limits.max_slowdown:.0%} allowed")
+        row.failures.append(
+            f"{row.label}: tokens/s {_pct(row.throughput)}, more than the {limits.max_slowdown:.0%} allowed"
+        )
     if _beyond(row.speedup_change, limits.max_slowdown):
-        row.failures.append(f"{row.label}: speedup over vanilla {_pct(row.speedup_change)}, more than the "
-                            f"{limits.max_slowdown:.0%} allowed")
+        row.failures.append(
+            f"{row.label}: speedup over vanilla {_pct(row.speedup_change)}, more than the "
+            f"{limits.max_slowdown:.0%} allowed"
+        )
     if row.tau_ratio < limits.min_tau_ratio:
-        row.failures.append(f"{row.label}: τ {row.tau[0]:.2f} → {row.tau[1]:.2f} ({row.tau_ratio:.3f}×), "
-                            f"below the {limits.min_tau_ratio:g}× allowed")
+        row.failures.append(
+            f"{row.label}: τ {row.tau[0]:.2f} → {row.tau[1]:.2f} ({row.tau_ratio:.3f}×), "
+            f"below the {limits.min_tau_ratio:g}× allowed"
+        )
     if row.bugs and not lossy and row.bugs[1] > row.bugs[0]:
         row.failures.append(f"{row.label}: real greedy mismatches with vanilla {row.bugs[0]} → {row.bugs[1]}")
 
@@ -165,12 +183,19 @@ def _rows(base: Cell, new: Cell, method: str, limits: Limits) -> tuple[list[Row]
             continue
         checked = cat == OVERALL and base.temperature == 0 and method != BASELINE
         row = Row(
-            base.model, base.task, base.temperature, method, cat,
+            base.model,
+            base.task,
+            base.temperature,
+            method,
+            cat,
             tokens_per_s=(metrics.tokens_per_second(b), metrics.tokens_per_second(n)),
             throughput=metrics.paired_speedup(n, b, math.hypot(base.noise, new.noise) / math.sqrt(2)),
             speedup=(base.stats[method].paired[cat], new.stats[method].paired[cat]) if vanilla else None,
-            speedup_change=speedup_change(b, select(base.baseline, cat), n, select(new.baseline, cat),
-                                          math.hypot(base.noise, new.noise)) if vanilla else None,
+            speedup_change=speedup_change(
+                b, select(base.baseline, cat), n, select(new.baseline, cat), math.hypot(base.noise, new.noise)
+            )
+            if vanilla
+            else None,
             tau=(metrics.tau(b), metrics.tau(n)),
             bugs=(metrics.losslessness(b).bugs, metrics.losslessness(n).bugs) if checked else None,
         )
@@ -181,17 +206,23 @@ def _rows(base: Cell, new: Cell, method: str, limits: Limits) -> tuple[list[Row]
 
 def compare(baseline: Path, new: Path, limits: Limits = Limits(), allow_different_machines: bool = False) -> Comparison:
     """Match the cells of two runs and judge every shared (model, task, temperature, method, category)."""
-    base_src, new_src = (load_sources([p], allow_different_machines, "--allow-different-machines")[0]
-                         for p in (baseline, new))
+    base_src, new_src = (
+        load_sources([p], allow_different_machines, "--allow-different-machines")[0] for p in (baseline, new)
+    )
     if base_src.engine.split()[0] != new_src.engine.split()[0]:
-        raise SpecbenchError(f"the baseline ran in {base_src.engine} and the new run in {new_src.engine}: compare runs "
-                             "of one engine (`specbench report` sets the two side by side)")
+        raise SpecbenchError(
+            f"the baseline ran in {base_src.engine} and the new run in {new_src.engine}: compare runs "
+            "of one engine (`specbench report` sets the two side by side)"
+        )
     differ = machine_differences(base_src, new_src)
     if differ and not allow_different_machines:
-        raise SpecbenchError(f"the runs are not from the same machine and dtype ({'; '.join(differ)}): their speeds "
-                             "are not comparable; pass --allow-different-machines to compare anyway")
-    base_cells, new_cells = ({(c.model, c.task, c.temperature): c for c in collect_cells([s])}
-                             for s in (base_src, new_src))
+        raise SpecbenchError(
+            f"the runs are not from the same machine and dtype ({'; '.join(differ)}): their speeds "
+            "are not comparable; pass --allow-different-machines to compare anyway"
+        )
+    base_cells, new_cells = (
+        {(c.model, c.task, c.temperature): c for c in collect_cells([s])} for s in (base_src, new_src)
+    )
     rows: list[Row] = []
     only_base, only_new = [], []
     for key in sorted(base_cells.keys() | new_cells.keys()):
@@ -208,10 +239,13 @@ def compare(baseline: Path, new: Path, limits: Limits = Limits(), allow_differen
                 only_base += got_base
                 only_new += got_new
     if not rows:
-        raise SpecbenchError(f"{baseline} and {new} share no (model, task, temperature, method) with common "
-                             "questions: nothing to compare")
-    return Comparison(base_src, new_src, limits, rows, only_base, only_new, differ,
-                      _differences(base_src, new_src, SOFTWARE_KEYS))
+        raise SpecbenchError(
+            f"{baseline} and {new} share no (model, task, temperature, method) with common "
+            "questions: nothing to compare"
+        )
+    return Comparison(
+        base_src, new_src, limits, rows, only_base, only_new, differ, _differences(base_src, new_src, SOFTWARE_KEYS)
+    )
 
 
 # ---------------------------------------------------------------- output
@@ -240,11 +274,33 @@ def _verdict(row: Row) -> str:
 
 
 def _table(rows: list[Row]) -> str:
-    header = ["method", "category", "pairs", "tokens/s", "tokens/s change [95% CI]", "speedup over vanilla",
-              "speedup change [95% CI]", "τ", "real mismatches", "verdict"]
-    body = [[r.method, r.category, str(r.throughput.pairs), _pair(r.tokens_per_s, ".1f"), _change(r.throughput),
-             _pair(tuple(s.value for s in r.speedup), ".2f") if r.speedup else MISSING, _change(r.speedup_change),
-             _pair(r.tau, ".2f"), _pair(r.bugs, "d") if r.bugs else MISSING, _verdict(r)] for r in rows]
+    header = [
+        "method",
+        "category",
+        "pairs",
+        "tokens/s",
+        "tokens/s change [95% CI]",
+        "speedup over vanilla",
+        "speedup change [95% CI]",
+        "τ",
+        "real mismatches",
+        "verdict",
+    ]
+    body = [
+        [
+            r.method,
+            r.category,
+            str(r.throughput.pairs),
+            _pair(r.tokens_per_s, ".1f"),
+            _change(r.throughput),
+            _pair(tuple(s.value for s in r.speedup), ".2f") if r.speedup else MISSING,
+            _change(r.speedup_change),
+            _pair(r.tau, ".2f"),
+            _pair(r.bugs, "d") if r.bugs else MISSING,
+            _verdict(r),
+        ]
+        for r in rows
+    ]
     return md_table(header, body, left=2)
 
 
@@ -258,16 +314,24 @@ def to_markdown(c: Comparison) -> str:
     loads = [((s.manifest or {}).get("machine") or {}).get("load_average") for s in (c.baseline, c.new)]
     if any(load is not None for load in loads):
         baseline, new = ("unknown" if load is None else f"{load:.1f}" for load in loads)
-        md += [f"Load average when the runs started (a busy machine distorts timings): baseline {baseline}, "
-               f"new {new}.", ""]
+        md += [
+            f"Load average when the runs started (a busy machine distorts timings): baseline {baseline}, new {new}.",
+            "",
+        ]
     if c.machine_differences:
-        md += [f"**Machines differ** (allowed by --allow-different-machines): {'; '.join(c.machine_differences)}. "
-               "Absolute tokens/s are not comparable; the speedups over vanilla are.", ""]
-    md += [f"A row fails when {speed} drops by more than {lim.max_slowdown:.0%} and the 95% interval of "
-           f"the change (over questions, paired by id; Student's t floored by both runs' A/A noise) excludes no "
-           f"change; when τ new/baseline falls below {lim.min_tau_ratio:g}; or when a lossless method has more real "
-           f"greedy mismatches with vanilla than in the baseline. Speed is judged only over at least {MIN_PAIRS} "
-           f"shared questions. {DOWN}/{UP}: a change beyond noise (interval below/above 1).", ""]
+        md += [
+            f"**Machines differ** (allowed by --allow-different-machines): {'; '.join(c.machine_differences)}. "
+            "Absolute tokens/s are not comparable; the speedups over vanilla are.",
+            "",
+        ]
+    md += [
+        f"A row fails when {speed} drops by more than {lim.max_slowdown:.0%} and the 95% interval of "
+        f"the change (over questions, paired by id; Student's t floored by both runs' A/A noise) excludes no "
+        f"change; when τ new/baseline falls below {lim.min_tau_ratio:g}; or when a lossless method has more real "
+        f"greedy mismatches with vanilla than in the baseline. Speed is judged only over at least {MIN_PAIRS} "
+        f"shared questions. {DOWN}/{UP}: a change beyond noise (interval below/above 1).",
+        "",
+    ]
     cells: dict[str, list[Row]] = {}
     for r in c.rows:
         cells.setdefault(_label(r.model, r.task, r.temperature), []).append(r)
@@ -304,15 +368,17 @@ def _run_json(s: Source) -> dict:
 
 def to_json(c: Comparison) -> dict:
     """The comparison as plain data (for `--json`): every row with its numbers, failures and the verdict."""
-    return _finite({
-        "baseline": _run_json(c.baseline),
-        "new": _run_json(c.new),
-        "limits": asdict(c.limits),
-        "machine_differences": c.machine_differences,
-        "software_differences": c.software_differences,
-        "rows": [{**asdict(r), "tau_ratio": r.tau_ratio, "speed_judged": r.speed_judged} for r in c.rows],
-        "only_in_baseline": c.only_in_baseline,
-        "only_in_new": c.only_in_new,
-        "failures": c.failures,
-        "passed": c.passed,
-    })
+    return _finite(
+        {
+            "baseline": _run_json(c.baseline),
+            "new": _run_json(c.new),
+            "limits": asdict(c.limits),
+            "machine_differences": c.machine_differences,
+            "software_differences": c.software_differences,
+            "rows": [{**asdict(r), "tau_ratio": r.tau_ratio, "speed_judged": r.speed_judged} for r in c.rows],
+            "only_in_baseline": c.only_in_baseline,
+            "only_in_new": c.only_in_new,
+            "failures": c.failures,
+            "passed": c.passed,
+        }
+    )

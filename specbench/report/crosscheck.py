@@ -29,8 +29,11 @@ def pairs(cells: list[Cell]) -> list[tuple[Cell, Cell]]:
     """(our loop's cell, an engine's cell) for every engine cell with an our-loop cell of the same model, task and
     temperature."""
     ours = {(c.model, c.task, c.temperature): c for c in cells if c.source.engine == "specbench"}
-    return [(ours[(c.model, c.task, c.temperature)], c) for c in cells
-            if c.source.engine != "specbench" and (c.model, c.task, c.temperature) in ours]  # fmt: skip
+    return [
+        (ours[(c.model, c.task, c.temperature)], c)
+        for c in cells
+        if c.source.engine != "specbench" and (c.model, c.task, c.temperature) in ours
+    ]
 
 
 def _alphas(steps) -> list[str]:
@@ -50,8 +53,7 @@ def table(ours: Cell, engine: Cell) -> str:
     for method in [m for m in ours.stats if m in engine.stats and m != BASELINE and not m.startswith("vanilla-")]:
         a, b = ours.stats[method], engine.stats[method]
         tree = [mean_tree_size(s.steps) for s in (a, b)]
-        row = [method, f"{a.tau:.2f} / {b.tau:.2f}",
-               " / ".join(MISSING if t is None else f"{t:.1f}" for t in tree)]  # fmt: skip
+        row = [method, f"{a.tau:.2f} / {b.tau:.2f}", " / ".join(MISSING if t is None else f"{t:.1f}" for t in tree)]
         row += [f"{x} / {y}" for x, y in zip(_alphas(a.steps), _alphas(b.steps), strict=True)]
         row.append(f"{_exact(a.turns)} / {_exact(b.turns)}")
         rows.append(row)

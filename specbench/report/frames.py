@@ -24,17 +24,33 @@ from ..results import Answer
 from .sources import Source, load_sources
 
 KEY = ["source", "model", "task", "temperature", "method", "question_id"]  # one answer
-ANSWER_FIELDS = [*KEY, "category", "group", "lossless_rule", "seed", "greedy_match", "greedy_near_tie", "busy_cpus",
-                 "position", "slot", "draft_time", "verify_time", "device", "dtype",
-                 "run_started"]  # _answer_row keys, also for no answers
+ANSWER_FIELDS = [
+    *KEY,
+    "category",
+    "group",
+    "lossless_rule",
+    "seed",
+    "greedy_match",
+    "greedy_near_tie",
+    "busy_cpus",
+    "position",
+    "slot",
+    "draft_time",
+    "verify_time",
+    "device",
+    "dtype",
+    "run_started",
+]  # _answer_row keys, also for no answers
 COUNTED_ONCE = ["greedy_match", "greedy_near_tie", "busy_cpus", "position", "slot"]  # missing on later turns
 SUMMED_ONCE = ["draft_time", "verify_time"]  # 0.0 on later turns
 
 
 def _answer_row(source: Source, answer: Answer) -> dict:
     if len(answer.accept_lengths) != sum(answer.decoding_steps):
-        raise SpecbenchError(f"{source.path}: question {answer.question_id} of {answer.method} records "
-                             f"{len(answer.accept_lengths)} accepted lengths for {sum(answer.decoding_steps)} steps")
+        raise SpecbenchError(
+            f"{source.path}: question {answer.question_id} of {answer.method} records "
+            f"{len(answer.accept_lengths)} accepted lengths for {sum(answer.decoding_steps)} steps"
+        )
     manifest, check = source.manifest or {}, answer.greedy_check or {}
     return {
         "source": source.name,
@@ -78,8 +94,11 @@ def _repeat(per_answer: pd.DataFrame, counts: np.ndarray) -> pd.DataFrame:
 
 def _joined(answers: list[Answer], name: str) -> list:
     """The per-step list `name` of every answer, one after another; None for each step where not recorded."""
-    return list(chain.from_iterable(
-        values if (values := getattr(a, name)) is not None else [None] * len(a.accept_lengths) for a in answers))
+    return list(
+        chain.from_iterable(
+            values if (values := getattr(a, name)) is not None else [None] * len(a.accept_lengths) for a in answers
+        )
+    )
 
 
 def _ints(values) -> np.ndarray:
@@ -102,17 +121,22 @@ def from_sources(sources: list[Source]) -> pd.DataFrame:
     tree = np.array(_joined(answers, "tree_size"), dtype=float)  # [steps], nan where not recorded
     tree_sum = np.bincount(np.repeat(np.arange(steps.size), steps), weights=tree, minlength=steps.size)
     with np.errstate(divide="ignore", invalid="ignore"):
-        per_turn = pd.DataFrame({
-            "turn": turn,
-            "new_tokens": new,
-            "wall_time": wall,
-            "steps": steps,
-            "tau": np.where(steps > 0, new / steps, np.nan),
-            "tokens_per_s": np.where(wall > 0, new / wall, np.nan),
-            "mean_tree_size": np.where(steps > 0, tree_sum / steps, np.nan),
-            "text": list(chain.from_iterable(
-                a.turns[:n] + [None] * (n - len(a.turns)) for a, n in zip(answers, n_turns, strict=True))),
-        })
+        per_turn = pd.DataFrame(
+            {
+                "turn": turn,
+                "new_tokens": new,
+                "wall_time": wall,
+                "steps": steps,
+                "tau": np.where(steps > 0, new / steps, np.nan),
+                "tokens_per_s": np.where(wall > 0, new / wall, np.nan),
+                "mean_tree_size": np.where(steps > 0, tree_sum / steps, np.nan),
+                "text": list(
+                    chain.from_iterable(
+                        a.turns[:n] + [None] * (n - len(a.turns)) for a, n in zip(answers, n_turns, strict=True)
+                    )
+                ),
+            }
+        )
     return pd.concat([data, per_turn], axis=1)
 
 

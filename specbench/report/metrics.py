@@ -243,8 +243,11 @@ def speculation_profile(steps: pd.DataFrame, k: int, method: str) -> dict:
     per_request = steps.groupby("question_id", sort=False).agg(group=("group", "first"), mean=("accepted", "mean"))
     by_group = per_request.groupby("group")["mean"].mean()
     implied = 1 + sum(at_least)
-    drops = [{"position": i, "value": m, "previous": at_least[i - 1]}
-             for i, m in enumerate(at_least) if i and m > at_least[i - 1] + 1e-9]  # fmt: skip
+    drops = [
+        {"position": i, "value": m, "previous": at_least[i - 1]}
+        for i, m in enumerate(at_least)
+        if i and m > at_least[i - 1] + 1e-9
+    ]
     return {
         "schema_version": PROFILE_SCHEMA,
         "measured": n > 0,
@@ -274,8 +277,6 @@ def speculation_profile(steps: pd.DataFrame, k: int, method: str) -> dict:
     }
 
 
-
-
 def format_ratio(
     value: float,
     low: float | None = None,
@@ -291,4 +292,3 @@ def format_ratio(
     if low is None or high is None or math.isnan(low) or math.isnan(high):
         return text
     return text + interval.format(f"{low:.{digits}f}", f"{high:.{digits}f}")
-

@@ -13,8 +13,21 @@ from .. import presets
 from . import metrics
 from .cells import BASELINE, OVERALL, Cell, MethodStats, draft_share, file_stem, mean_tree_size, roofline
 
-EXTRA_COLORS = ("#17becf", "#393b79", "#ad494a", "#637939", "#8c6d31", "#7b4173", "#3182bd", "#e6550d",
-                "#31a354", "#756bb1", "#e7ba52", "#6b6ecf", "#de9ed6")  # for methods whose presets name none
+EXTRA_COLORS = (
+    "#17becf",
+    "#393b79",
+    "#ad494a",
+    "#637939",
+    "#8c6d31",
+    "#7b4173",
+    "#3182bd",
+    "#e6550d",
+    "#31a354",
+    "#756bb1",
+    "#e7ba52",
+    "#6b6ecf",
+    "#de9ed6",
+)  # for methods whose presets name none
 TIME_COLORS = ("#525252", "#bdbdbd", "#ffffff")  # draft, verify, other: greys, so no method colour is reused
 
 
@@ -99,8 +112,15 @@ def plot_speedups(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) 
     x = np.arange(len(cats))
     for i, s in enumerate(rows):
         sp = [s.paired[c] for c in cats]
-        ax.bar(x + (i - (len(rows) - 1) / 2) * width, [p.value for p in sp], width, yerr=_yerr(sp), capsize=2,
-               label=s.display, color=colors[s.method])
+        ax.bar(
+            x + (i - (len(rows) - 1) / 2) * width,
+            [p.value for p in sp],
+            width,
+            yerr=_yerr(sp),
+            capsize=2,
+            label=s.display,
+            color=colors[s.method],
+        )
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
     ax.set_xticks(x, [c.replace("_", " ") for c in cats])
     ax.set_ylabel("speedup over vanilla (×)")
@@ -124,8 +144,13 @@ def plot_accept_lengths(cell: Cell, colors: dict[str, str], out_dir: Path, stem:
     width = 0.8 / len(lengths)
     for i, (m, v) in enumerate(lengths.items()):
         share = np.bincount(v, minlength=top + 1)[1:] / v.size
-        ax.bar(x + (i - (len(lengths) - 1) / 2) * width, share, width, color=colors[m],
-               label=f"{m} (τ={cell.stats[m].tau:.2f})")
+        ax.bar(
+            x + (i - (len(lengths) - 1) / 2) * width,
+            share,
+            width,
+            color=colors[m],
+            label=f"{m} (τ={cell.stats[m].tau:.2f})",
+        )
     ax.set_xticks(x)
     ax.set_xlabel("tokens accepted per step (target's own token included)")
     ax.set_ylabel("share of steps")
@@ -143,8 +168,9 @@ def plot_acceptance(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str
     """Per-position acceptance alpha_k against draft depth k, one line per method that drafts, and below it the
     drafts each alpha_k rests on: a deep alpha_k from two drafts is not drawn as firmly as one from hundreds
     (hollow markers on a dashed line under `metrics.MIN_DRAFTS`)."""
-    curves = [(s, metrics.acceptance_by_position(s.steps), metrics.acceptance_counts(s.steps))
-              for s in cell.stats.values()]  # fmt: skip
+    curves = [
+        (s, metrics.acceptance_by_position(s.steps), metrics.acceptance_counts(s.steps)) for s in cell.stats.values()
+    ]
     curves = [curve for curve in curves if curve[1]]
     if not curves:
         return []
@@ -156,13 +182,30 @@ def plot_acceptance(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str
         color = colors[s.method]
         if firm < len(alpha):  # dashed from the last firm point on (the firm line covers that one)
             thin = max(firm - 1, 0)
-            ax.plot(k[thin:], alpha[thin:], linestyle="--", linewidth=1, marker="o", markerfacecolor="white",
-                    color=color, label=None if firm else s.display, zorder=2)
+            ax.plot(
+                k[thin:],
+                alpha[thin:],
+                linestyle="--",
+                linewidth=1,
+                marker="o",
+                markerfacecolor="white",
+                color=color,
+                label=None if firm else s.display,
+                zorder=2,
+            )
         if firm:
             ax.plot(k[:firm], alpha[:firm], marker="o", color=color, label=s.display, zorder=3)
         below.plot(k, counts, marker="o", markersize=3, linewidth=1, color=color)
-    ax.plot([], [], linestyle="--", linewidth=1, marker="o", markerfacecolor="white", color="grey",
-            label=f"α_k from < {metrics.MIN_DRAFTS} drafts")
+    ax.plot(
+        [],
+        [],
+        linestyle="--",
+        linewidth=1,
+        marker="o",
+        markerfacecolor="white",
+        color="grey",
+        label=f"α_k from < {metrics.MIN_DRAFTS} drafts",
+    )
     below.axhline(metrics.MIN_DRAFTS, color="black", linestyle=":", linewidth=1)
     ax.plot([], [], color="black", linestyle=":", linewidth=1, label=f"{metrics.MIN_DRAFTS} drafts (below)")
     ax.set_ylim(0, 1.02)
@@ -268,14 +311,22 @@ def plot_speedup_vs_temperature(cells: list[Cell], colors: dict[str, str], out_d
         having = [c for c in cells if m in c.stats]
         sp = [c.stats[m].paired[OVERALL] for c in having]
         shown += sp
-        ax.errorbar([c.temperature for c in having], [p.value for p in sp], yerr=_yerr(sp), capsize=3, marker="o",
-                    color=colors[m], label=_display(having, m))
+        ax.errorbar(
+            [c.temperature for c in having],
+            [p.value for p in sp],
+            yerr=_yerr(sp),
+            capsize=3,
+            marker="o",
+            color=colors[m],
+            label=_display(having, m),
+        )
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
     ax.set_xlabel("temperature")
     ax.set_ylabel("speedup over vanilla (×)")
     c, cut = cells[0], _ratio_axis(ax, shown)
-    ax.set_title(f"Paired speedup against temperature, 95% CI{cut}\n{c.source.label} · {c.model} · {c.task}",
-                 fontsize=10)
+    ax.set_title(
+        f"Paired speedup against temperature, 95% CI{cut}\n{c.source.label} · {c.model} · {c.task}", fontsize=10
+    )
     _legend(ax)
     return _save(fig, out_dir, stem)
 
@@ -292,11 +343,19 @@ def plot_overview(cells: list[Cell], colors: dict[str, str], out_dir: Path, stem
     for i, m in enumerate(methods):
         xs = [j for j, c in enumerate(cells) if m in c.stats]
         sp = [cells[j].stats[m].paired[OVERALL] for j in xs]
-        ax.bar(np.array(xs) + (i - (len(methods) - 1) / 2) * width, [p.value for p in sp], width, yerr=_yerr(sp),
-               capsize=2, color=colors[m], label=_display(cells, m))
+        ax.bar(
+            np.array(xs) + (i - (len(methods) - 1) / 2) * width,
+            [p.value for p in sp],
+            width,
+            yerr=_yerr(sp),
+            capsize=2,
+            color=colors[m],
+            label=_display(cells, m),
+        )
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
-    ax.set_xticks(range(len(cells)), [f"{c.source.label}\n{c.model} · {c.task}\nT={c.temperature:g}" for c in cells],
-                  fontsize=8)
+    ax.set_xticks(
+        range(len(cells)), [f"{c.source.label}\n{c.model} · {c.task}\nT={c.temperature:g}" for c in cells], fontsize=8
+    )
     ax.set_ylabel("speedup over vanilla (×)")
     cut = _ratio_axis(ax, [s.paired[OVERALL] for c in cells for s in c.ranked()])
     ax.set_title(f"Overall paired speedup, 95% CI{cut}, every run side by side (speedups never mix runs)", fontsize=10)
@@ -304,9 +363,14 @@ def plot_overview(cells: list[Cell], colors: dict[str, str], out_dir: Path, stem
     return _save(fig, out_dir, stem)
 
 
-CELL_PLOTS = (("speedup_by_category", plot_speedups), ("accept_length_hist", plot_accept_lengths),
-              ("acceptance_by_position", plot_acceptance), ("tau_vs_tree_size", plot_tau_vs_tree),
-              ("time_split", plot_time_split), ("roofline", plot_roofline))
+CELL_PLOTS = (
+    ("speedup_by_category", plot_speedups),
+    ("accept_length_hist", plot_accept_lengths),
+    ("acceptance_by_position", plot_acceptance),
+    ("tau_vs_tree_size", plot_tau_vs_tree),
+    ("time_split", plot_time_split),
+    ("roofline", plot_roofline),
+)
 
 
 def all_plots(cells: list[Cell], out_dir: Path) -> list[tuple[str, list[Path]]]:

@@ -32,7 +32,7 @@ class Source:
 
     @property
     def engine(self) -> str:
-        """"specbench" (our loop) or the engine it ran in, with its version ("vllm 0.32.0")."""
+        """ "specbench" (our loop) or the engine it ran in, with its version ("vllm 0.32.0")."""
         engine = (self.manifest or {}).get("engine")
         return f"{engine['name']} {engine['version']}" if engine else "specbench"
 
@@ -94,9 +94,16 @@ def load_sources(paths: list[Path], mixed_devices: bool = False, flag: str = "--
         taken.add(name)
         profile = _read_json(root / "forward_profile.json")
         sweeps = concurrency.read(root / concurrency.FILE)
-        sources.append(Source(root, name, answers, _read_json(root / "manifest.json"),
-                              {int(k): float(v) for k, v in profile.items()} if profile else None,
-                              None if sweeps.empty else sweeps))  # fmt: skip
+        sources.append(
+            Source(
+                root,
+                name,
+                answers,
+                _read_json(root / "manifest.json"),
+                {int(k): float(v) for k, v in profile.items()} if profile else None,
+                None if sweeps.empty else sweeps,
+            )
+        )
     if not mixed_devices:
         for source in sources:
             _check_devices(source, flag)

@@ -11,8 +11,15 @@ import pandas as pd
 from . import metrics
 from .cells import BASELINE, MISSING, NA, OVERALL, Cell, draft_share, mean_tree_size, roofline
 
-TEX_LABELS = {"mt_bench": "MT", "translation": "Trans", "summarization": "Summ", "qa": "QA",
-              "math_reasoning": "Math", "rag": "RAG", OVERALL: "Overall"}
+TEX_LABELS = {
+    "mt_bench": "MT",
+    "translation": "Trans",
+    "summarization": "Summ",
+    "qa": "QA",
+    "math_reasoning": "Math",
+    "rag": "RAG",
+    OVERALL: "Overall",
+}
 ALPHA_DEPTH = 5  # per-position acceptance columns
 
 
@@ -40,8 +47,10 @@ def md_table(header: list[str], rows: list[list[str]], left: int = 1) -> str:
 
 def leaderboard_md(cell: Cell) -> str:
     cats = cell.groups
-    rows = [[s.display, *(fmt_speedup(s.paired[c]) for c in cats), f"{s.tau:.2f}", fmt_speedup(s.paired[OVERALL])]
-            for s in cell.ranked()]
+    rows = [
+        [s.display, *(fmt_speedup(s.paired[c]) for c in cats), f"{s.tau:.2f}", fmt_speedup(s.paired[OVERALL])]
+        for s in cell.ranked()
+    ]
     if not rows:
         return f"Only `{BASELINE}` was run here: nothing to compare."
     return md_table(["method", *cats, "τ", "Overall"], rows)
@@ -56,9 +65,17 @@ def tuned_md(cell: Cell) -> str:
         if default is None or mine is None:
             continue
         predicted = entry.get("predicted")
-        rows.append([method, fmt_speedup(default.paired[OVERALL]), f"{default.tau:.2f}", entry["variant"],
-                     fmt_speedup(mine.paired[OVERALL]), f"{mine.tau:.2f}",
-                     fmt_ratio(predicted) if predicted is not None else NA])  # fmt: skip
+        rows.append(
+            [
+                method,
+                fmt_speedup(default.paired[OVERALL]),
+                f"{default.tau:.2f}",
+                entry["variant"],
+                fmt_speedup(mine.paired[OVERALL]),
+                f"{mine.tau:.2f}",
+                fmt_ratio(predicted) if predicted is not None else NA,
+            ]
+        )
     header = ["method", "default", "τ", "tuned variant", "tuned", "τ (tuned)", "predicted by tune"]
     return md_table(header, rows) if rows else ""
 
@@ -80,8 +97,14 @@ def detail_rows(cell: Cell) -> tuple[list[str], list[list[str]]]:
     header += ["roofline efficiency"] if show_roof else []
     rows = []
     for s in stats:
-        row = [s.display, str(s.questions), f"{s.tau:.2f}", f"{metrics.tokens_per_second(s.turns):.1f}",
-               _num(mean_tree_size(s.steps), ".1f"), _num(draft_share(s.turns), ".1%")]
+        row = [
+            s.display,
+            str(s.questions),
+            f"{s.tau:.2f}",
+            f"{metrics.tokens_per_second(s.turns):.1f}",
+            _num(mean_tree_size(s.steps), ".1f"),
+            _num(draft_share(s.turns), ".1%"),
+        ]
         if show_alpha:
             a = alphas[s.method]
             row += [_num(a[k] if k < len(a) else None, ".2f") for k in range(ALPHA_DEPTH)]
@@ -111,8 +134,20 @@ def lossless_md(cells: list[Cell]) -> str:
                 rows.append([*where, str(check.questions), f"{check.exact_rate:.1%}", str(check.near_ties), bugs])
     if not rows:
         return "No temperature-0 runs of a method other than vanilla."
-    return md_table(["run", "model", "task", "method", "questions checked", "exact match", "numerical divergences",
-                     "mismatches (bugs)"], rows, left=4)
+    return md_table(
+        [
+            "run",
+            "model",
+            "task",
+            "method",
+            "questions checked",
+            "exact match",
+            "numerical divergences",
+            "mismatches (bugs)",
+        ],
+        rows,
+        left=4,
+    )
 
 
 def _tex(text: str) -> str:
@@ -134,10 +169,16 @@ def _tabular(comment: str, header: list[str], rows: list[list[str]]) -> str:
 def leaderboard_tex(cell: Cell) -> str:
     cats = cell.groups
     head = ["Method", *(_tex(TEX_LABELS.get(c, c)) for c in cats), r"$\tau$", "Overall"]
-    rows = [[_tex(s.display), *(_tex_speedup(s.paired[c]) for c in cats), f"{s.tau:.2f}",
-             _tex_speedup(s.paired[OVERALL])] for s in cell.ranked()]
-    return _tabular(f"{cell.title}: paired speedup over vanilla (geometric mean, 95% CI: t, A/A noise floor; none "
-                    "for one question); tau = mean accepted length", head, rows)
+    rows = [
+        [_tex(s.display), *(_tex_speedup(s.paired[c]) for c in cats), f"{s.tau:.2f}", _tex_speedup(s.paired[OVERALL])]
+        for s in cell.ranked()
+    ]
+    return _tabular(
+        f"{cell.title}: paired speedup over vanilla (geometric mean, 95% CI: t, A/A noise floor; none "
+        "for one question); tau = mean accepted length",
+        head,
+        rows,
+    )
 
 
 def _tex_header(name: str) -> str:
@@ -151,17 +192,38 @@ def _tex_header(name: str) -> str:
 def detail_tex(cell: Cell) -> str:
     """The per-method detail table in LaTeX, from the same rows as its Markdown form."""
     header, rows = detail_rows(cell)
-    return _tabular(f"{cell.title}: per-method detail", [_tex_header(h) for h in header],
-                    [[_tex(c) for c in row] for row in rows])
+    return _tabular(
+        f"{cell.title}: per-method detail", [_tex_header(h) for h in header], [[_tex(c) for c in row] for row in rows]
+    )
 
 
 def concurrency_md(levels: pd.DataFrame) -> str:
     """One task and temperature of an engine run's sweeps (`concurrency.levels`): a row per method and level."""
-    rows = [[r.method, str(r.concurrency), str(r.requests), f"{r.throughput:.1f}", fmt_ratio(r.speedup),
-             f"{r.tau:.2f}", _num(1000 * r.ttft, ".0f"), _num(1000 * r.tpot, ".1f"), f"{r.latency:.2f}"]
-            for r in levels.sort_values(["method", "concurrency"], key=_vanilla_first).itertuples()]  # fmt: skip
-    header = ["method", "in flight", "requests", "tokens/s", "× vanilla", "τ", "TTFT ms (median)",
-              "ms per token (mean)", "latency s (mean)"]  # fmt: skip
+    rows = [
+        [
+            r.method,
+            str(r.concurrency),
+            str(r.requests),
+            f"{r.throughput:.1f}",
+            fmt_ratio(r.speedup),
+            f"{r.tau:.2f}",
+            _num(1000 * r.ttft, ".0f"),
+            _num(1000 * r.tpot, ".1f"),
+            f"{r.latency:.2f}",
+        ]
+        for r in levels.sort_values(["method", "concurrency"], key=_vanilla_first).itertuples()
+    ]
+    header = [
+        "method",
+        "in flight",
+        "requests",
+        "tokens/s",
+        "× vanilla",
+        "τ",
+        "TTFT ms (median)",
+        "ms per token (mean)",
+        "latency s (mean)",
+    ]
     return md_table(header, rows)
 
 

@@ -22,9 +22,15 @@ def _greedy(session: Session, method: str, proposer, vanilla, questions, budget:
         s = question_seed(seed, q.id, 0.0)
         ref, ref_prompts, _ = session.answer("vanilla", vanilla, q, budget, 0.0, s)
         ours, _, _ = session.answer(method, proposer, q, budget, 0.0, s)
-        check = greedy_check(session.model, [g.tokens for g in ours], [g.tokens for g in ref], ref_prompts,
-                             [g.target_top1 for g in ours], [g.target_margin for g in ours],
-                             [g.target_margin for g in ref])  # fmt: skip
+        check = greedy_check(
+            session.model,
+            [g.tokens for g in ours],
+            [g.tokens for g in ref],
+            ref_prompts,
+            [g.target_top1 for g in ours],
+            [g.target_margin for g in ours],
+            [g.target_margin for g in ref],
+        )
         if check["match"]:
             exact += 1
             continue
@@ -40,8 +46,16 @@ def _greedy(session: Session, method: str, proposer, vanilla, questions, budget:
     return exact, ties, bugs
 
 
-def audit(cfg: RunConfig, method: str, mode: str = "both", temperature: float = 1.0, samples: int = 2000,
-          horizon: int = 3, prompts: int = 2, alpha: float = 1e-3) -> int:  # fmt: skip
+def audit(
+    cfg: RunConfig,
+    method: str,
+    mode: str = "both",
+    temperature: float = 1.0,
+    samples: int = 2000,
+    horizon: int = 3,
+    prompts: int = 2,
+    alpha: float = 1e-3,
+) -> int:
     """`specbench verify`: print the audit of `method` against vanilla on the first question of each category of
     cfg's tasks (cfg.limit of them); return 0 when it is lossless (or labelled lossy), 1 when it fails."""
     if samples < 10 or horizon < 1 or prompts < 1:
@@ -73,7 +87,7 @@ def audit(cfg: RunConfig, method: str, mode: str = "both", temperature: float = 
             f"sampling at T={temperature:g}: {samples} samples of {horizon} tokens per prompt, "
             f"chi-square against vanilla's exact law, alpha={alpha:g}"
         )
-        for q in questions[: prompts]:
+        for q in questions[:prompts]:
             ids = session.prompt(q, [])
             result = sampling_test(
                 session.target,

@@ -11,8 +11,20 @@ from pathlib import Path
 
 from ..errors import SpecbenchError
 
-SAME = ("model", "tasks", "temperatures", "limit", "max_new_tokens", "dtype", "device", "seed", "repeats",
-        "noise_floor", "data_dir", "fields")  # fmt: skip
+SAME = (
+    "model",
+    "tasks",
+    "temperatures",
+    "limit",
+    "max_new_tokens",
+    "dtype",
+    "device",
+    "seed",
+    "repeats",
+    "noise_floor",
+    "data_dir",
+    "fields",
+)
 
 
 def _manifest(run: Path) -> dict:
@@ -50,14 +62,19 @@ def merged_manifest(runs: list[Path], manifests: list[dict]) -> dict:
         )
     missing = sorted(set(range(1, counts[0] + 1)) - set(seen))
     if missing:
-        print(f"specbench: note: shards {', '.join(map(str, missing))} of {counts[0]} are not merged: their "
-              "questions are missing", file=sys.stderr)  # fmt: skip
+        print(
+            f"specbench: note: shards {', '.join(map(str, missing))} of {counts[0]} are not merged: their "
+            "questions are missing",
+            file=sys.stderr,
+        )
     methods = list(dict.fromkeys(name for m in manifests for name in m["config"]["methods"]))
     return {
         **first,
         "config": {**first["config"], "methods": methods, "shard": None},
-        "shards": [{"shard": m["config"]["shard"], "path": str(r), "started": m.get("started"),
-                    "machine": m["machine"]} for r, m in zip(runs, manifests, strict=True)],  # fmt: skip
+        "shards": [
+            {"shard": m["config"]["shard"], "path": str(r), "started": m.get("started"), "machine": m["machine"]}
+            for r, m in zip(runs, manifests, strict=True)
+        ],
     }
 
 

@@ -30,8 +30,10 @@ ENGINE_LOGS = "engine-logs"  # engine mode: each method's vLLM output, one file 
 
 def default_out(cfg: RunConfig) -> Path:
     """The same command resumes into the same folder."""
-    key = json.dumps([cfg.model, sorted(cfg.tasks), cfg.limit, cfg.max_new_tokens, cfg.dtype, cfg.seed]
-                     + ([cfg.engine] if cfg.engine != "specbench" else []))
+    key = json.dumps(
+        [cfg.model, sorted(cfg.tasks), cfg.limit, cfg.max_new_tokens, cfg.dtype, cfg.seed]
+        + ([cfg.engine] if cfg.engine != "specbench" else [])
+    )
     shard = f"-shard{cfg.shard[0]}of{cfg.shard[1]}" if cfg.shard else ""
     return (
         Path("results")
@@ -45,8 +47,17 @@ def _check_manifest(path: Path, manifest: dict) -> None:
         path.write_text(json.dumps(manifest, indent=2))
         return
     old = json.loads(path.read_text())
-    keys = {"model": None, "dtype": None, "device": None, "max_new_tokens": None, "seed": None, "limit": None,
-            "repeats": 1, "shard": None, "engine": "specbench"}  # key -> its value in manifests written before it
+    keys = {
+        "model": None,
+        "dtype": None,
+        "device": None,
+        "max_new_tokens": None,
+        "seed": None,
+        "limit": None,
+        "repeats": 1,
+        "shard": None,
+        "engine": "specbench",
+    }  # key -> its value in manifests written before it
     differ = [k for k, default in keys.items() if old["config"].get(k, default) != manifest["config"].get(k)]
     if old["machine"]["device_name"] != manifest["machine"]["device_name"]:
         differ.append("machine")
@@ -142,10 +153,11 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
         manifest["tuned"] = plan.tuned
     if cfg.graphs:  # which forwards ran on static caches, captured or not, and which drafting stayed eager
         manifest["graphs"] = {
-            "captured": infos[0]["device"] == "cuda", "buckets": list(BUCKETS),
+            "captured": infos[0]["device"] == "cuda",
+            "buckets": list(BUCKETS),
             "eager_drafting": [m for m in names if methods.eager_drafting(m)],
             "decoder": infos[0].get("decoder"),  # "owned" (models.decoder), or why the target ran on transformers
-        }  # fmt: skip
+        }
     for info in infos:
         warn_if_busy(info["machine"])
     _check_manifest(run_dir / "manifest.json", manifest)
@@ -168,8 +180,11 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
         busy = max((a.busy_cpus for a in answers if a.busy_cpus is not None), default=None)
         if too_busy(busy, cpus) and not warned:
             warned = True
-            print(f"\nspecbench: warning: other processes kept {busy:.1f} CPUs busy while question "
-                  f"{answers[0].question_id} was timed; the report flags the cells this touches", file=sys.stderr)
+            print(
+                f"\nspecbench: warning: other processes kept {busy:.1f} CPUs busy while question "
+                f"{answers[0].question_id} was timed; the report flags the cells this touches",
+                file=sys.stderr,
+            )
         minutes = (time.perf_counter() - start) / 60
         rates = {"per worker": " ".join(f"{n / minutes:.1f}" for n in done) + " answers/min"} if len(done) > 1 else {}
         for answer in answers:
@@ -195,8 +210,9 @@ def _sweeps(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) ->
     """The concurrency sweeps (engine mode) not yet on disk: every level for every method, task and temperature."""
     done = concurrency.done(run_dir / concurrency.FILE)
     return [
-        concurrency.Sweep(task.name, temperature, name, level, _budget(task, cfg),
-                          [q for _, q in _questions(task, cfg)])
+        concurrency.Sweep(
+            task.name, temperature, name, level, _budget(task, cfg), [q for _, q in _questions(task, cfg)]
+        )
         for task in task_list
         for temperature in cfg.temperatures
         for name in names
@@ -224,5 +240,3 @@ def _units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) -> 
                     vanilla = done["vanilla"].get(question.id)
                     units.append(Unit(task.name, question, budget, temperature, todo, vanilla, i))
     return units
-
-

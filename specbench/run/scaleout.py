@@ -29,8 +29,12 @@ class NodeWorker(Worker):
         super().__init__(cfg, plan, None, workdir)
         import ray  # imported already: this process is a Ray worker
 
-        self.node = {"worker": number, "id": ray.get_runtime_context().get_node_id(),
-                     "ip": ray.util.get_node_ip_address(), "host": platform.node()}  # fmt: skip
+        self.node = {
+            "worker": number,
+            "id": ray.get_runtime_context().get_node_id(),
+            "ip": ray.util.get_node_ip_address(),
+            "host": platform.node(),
+        }
 
     def answer(self, unit: Unit) -> list[Answer]:
         answers = super().answer(unit)
@@ -78,8 +82,9 @@ class RayPool:
         self.plan = plan
         self.threads = 1 if gpu else threads  # CPUs a worker keeps busy
         quiet = {"env_vars": {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}}  # no loading bars from N workers in the log
-        self.actor = ray.remote(NodeWorker).options(num_cpus=self.threads, num_gpus=1 if gpu else 0, max_restarts=0,
-                                                    runtime_env=quiet)  # fmt: skip
+        self.actor = ray.remote(NodeWorker).options(
+            num_cpus=self.threads, num_gpus=1 if gpu else 0, max_restarts=0, runtime_env=quiet
+        )
         self.actors = [self._spawn(i) for i in range(n)]
         self._infos = self._gather([a.info.remote() for a in self.actors], "a worker failed to start")
         self._tell_neighbours()

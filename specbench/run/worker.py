@@ -61,8 +61,9 @@ def forward_profile(
 class Worker:
     """The loaded target and proposers of one device, answering units as they come."""
 
-    def __init__(self, cfg: RunConfig, plan: Plan, paths: dict[str, Path] | None = None,
-                 workdir: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, cfg: RunConfig, plan: Plan, paths: dict[str, Path] | None = None, workdir: str | None = None
+    ) -> None:
         if workdir and Path(workdir).is_dir():  # a Ray worker starts elsewhere: relative paths are the driver's
             os.chdir(workdir)
         if cfg.threads:
@@ -85,8 +86,12 @@ class Worker:
         those a timing runs at."""
         device, dtype = self.session.device, self.session.dtype
         warm_gpu(device)
-        return {"machine": machine(device), "device": device.type, "dtype": str(dtype).removeprefix("torch."),
-                "decoder": self.session.decoder}  # fmt: skip
+        return {
+            "machine": machine(device),
+            "device": device.type,
+            "dtype": str(dtype).removeprefix("torch."),
+            "decoder": self.session.decoder,
+        }
 
     def set_neighbours(self, cpus: float) -> None:
         self.neighbours = cpus
@@ -113,17 +118,39 @@ class Worker:
             if not self.cfg.compile or compiled_graphs() == graphs:
                 break
             if attempt == RETIMES:
-                print(f"\nspecbench: warning: {name} still compiled new graphs on question {unit.question.id} after "
-                      f"{RETIMES} re-timings; its time includes compiling", file=sys.stderr)  # fmt: skip
+                print(
+                    f"\nspecbench: warning: {name} still compiled new graphs on question {unit.question.id} after "
+                    f"{RETIMES} re-timings; its time includes compiling",
+                    file=sys.stderr,
+                )
         return gens, texts, None if load.value is None else max(0.0, load.value - self.neighbours)
 
     def _record(self, name: str, unit: Unit, seed: int, gens: list, texts: list[str]) -> Answer:
-        turns = [TurnSteps(g.tokens, g.wall_time, [s.accept_length for s in g.steps], [s.tested for s in g.steps],
-                           [s.tree_size for s in g.steps], g.target_top1, g.target_margin) for g in gens]  # fmt: skip
-        return answer(unit.question, unit.task, name, unit.temperature, self.session.spec.name, seed,
-                      self.lossless[base_method(name)], texts, turns,
-                      draft_time=sum(g.prefill_draft_time + sum(s.draft_time for s in g.steps) for g in gens),
-                      verify_time=sum(sum(s.verify_time for s in g.steps) for g in gens))  # fmt: skip
+        turns = [
+            TurnSteps(
+                g.tokens,
+                g.wall_time,
+                [s.accept_length for s in g.steps],
+                [s.tested for s in g.steps],
+                [s.tree_size for s in g.steps],
+                g.target_top1,
+                g.target_margin,
+            )
+            for g in gens
+        ]
+        return answer(
+            unit.question,
+            unit.task,
+            name,
+            unit.temperature,
+            self.session.spec.name,
+            seed,
+            self.lossless[base_method(name)],
+            texts,
+            turns,
+            draft_time=sum(g.prefill_draft_time + sum(s.draft_time for s in g.steps) for g in gens),
+            verify_time=sum(sum(s.verify_time for s in g.steps) for g in gens),
+        )
 
     def answer(self, unit: Unit) -> list[Answer]:
         """The unit's answers, one per method in its order, each the median-time of `repeats` back-to-back rounds;
@@ -146,13 +173,20 @@ class Worker:
         answers = {}
         for name, runs in timed.items():
             if len({tuple(map(tuple, (g.tokens for g in r[1]))) for r in runs}) > 1:
-                print(f"\nspecbench: warning: {name} gave different tokens across the {self.cfg.repeats} repeats of "
-                      f"question {unit.question.id} (nondeterministic kernels?); the median-time repeat is kept",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"\nspecbench: warning: {name} gave different tokens across the {self.cfg.repeats} repeats of "
+                    f"question {unit.question.id} (nondeterministic kernels?); the median-time repeat is kept",
+                    file=sys.stderr,
+                )
             _, gens, texts, _ = sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]  # the median timing
             answers[name] = a = self._record(name, unit, seed, gens, texts)
             a.busy_cpus = max((r[3] for r in runs if r[3] is not None), default=None)
             a.position, a.slot = unit.position, unit.methods.index(name)
-        check_greedy(answers, answers.get("vanilla") or unit.vanilla, unit.question, self.session.tokenizer,
-                     lambda: self.session.model)  # fmt: skip
+        check_greedy(
+            answers,
+            answers.get("vanilla") or unit.vanilla,
+            unit.question,
+            self.session.tokenizer,
+            lambda: self.session.model,
+        )
         return list(answers.values())

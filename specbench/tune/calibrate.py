@@ -39,6 +39,7 @@ PROFILE_CONTEXTS = (64, 512)  # cached tokens the forward is profiled after (`Co
 
 CALIBRATION_SHARE = 0.6  # of the budget: no new calibration run starts past it (verification needs the rest)
 
+
 def accepted(tree: Tree, continuation: list[int]) -> int:
     """Tokens a greedy target appends verifying `tree` when its own tokens from the root on are `continuation`:
     the longest path of the tree the continuation follows, plus the target's next token (at most what is left)."""
@@ -51,9 +52,11 @@ def accepted(tree: Tree, continuation: list[int]) -> int:
         matched += 1
     return min(matched + 1, len(continuation))
 
+
 def _size(value) -> float:
     """A nested knob's value for ordering; None (a preset's "all", e.g. nodes: null) is the largest."""
     return math.inf if value is None else value
+
 
 class Recorder(Proposer):
     """Wraps the method's proposer: times each propose and keeps (committed length, depth budget, snapshot)."""
@@ -82,9 +85,11 @@ class Recorder(Proposer):
         self.records.clear()
         self.propose_times.clear()
 
+
 class Unbuildable(SpecbenchError):
     """A grid setting this model cannot run (e.g. `draft_vocab` for a head without token counts): tune goes on
     without it, saying why."""
+
 
 class Tuner:
     def __init__(self, cfg: TuneConfig, session: Session, questions: list, budget: int) -> None:
@@ -183,10 +188,21 @@ class Tuner:
                 draft = propose * self.propose_seconds(params, state) / own + update
             verify = scale * np.array([cost(n, c) for n, c in zip(rows[i], contexts, strict=True)])  # [steps]
             extra = float(np.mean(turns.fixed) - np.mean(vanilla.fixed))
-            score = Score(params, float(np.mean(accepts[i])), float(np.mean(rows[i])), draft, 0.0,
-                          float(verify.mean()) + draft, extra, groups=turns.groups, verify_scale=scale,
-                          cost=cost, context=float(np.mean(contexts)),
-                          draft_slope=slope * draft / (propose + update), pace=vanilla.speed)  # fmt: skip
+            score = Score(
+                params,
+                float(np.mean(accepts[i])),
+                float(np.mean(rows[i])),
+                draft,
+                0.0,
+                float(verify.mean()) + draft,
+                extra,
+                groups=turns.groups,
+                verify_scale=scale,
+                cost=cost,
+                context=float(np.mean(contexts)),
+                draft_slope=slope * draft / (propose + update),
+                pace=vanilla.speed,
+            )
             accepted_i, rows_i = np.array(accepts[i]), np.array(rows[i])
             for q, steps_q in mine.items():
                 score.by_question[q] = (float(accepted_i[steps_q].mean()), float(verify[steps_q].mean()) + draft)
@@ -201,18 +217,28 @@ class Tuner:
     def search(self) -> tuple[list[Score], bool]:
         """Every setting scored within the calibration share of the budget; True when the grid was cut short."""
         runs, settings = space(self.cfg.method, self.cfg.grid)
-        print(f"tune {self.cfg.method}: {len(runs)} calibration run(s) scoring {len(runs) * len(settings)} settings "
-              f"on {len(self.questions)} questions of {', '.join(self.cfg.run.tasks)}", file=sys.stderr)  # fmt: skip
+        print(
+            f"tune {self.cfg.method}: {len(runs)} calibration run(s) scoring {len(runs) * len(settings)} settings "
+            f"on {len(self.questions)} questions of {', '.join(self.cfg.run.tasks)}",
+            file=sys.stderr,
+        )
         state = self._state()
         target = self.session.target
         longest = target.context_length - max(PROFILE_SIZES) - 1
-        cost = Cost({c: forward_profile(target, context=c, sizes=PROFILE_SIZES)
-                     for c in sorted({min(c, longest) for c in PROFILE_CONTEXTS})})  # fmt: skip
+        cost = Cost(
+            {
+                c: forward_profile(target, context=c, sizes=PROFILE_SIZES)
+                for c in sorted({min(c, longest) for c in PROFILE_CONTEXTS})
+            }
+        )
         scores: list[Score] = []
         for i, plain in enumerate(runs):
             if i and self.elapsed() > CALIBRATION_SHARE * self.cfg.budget_minutes:
-                print(f"tune {self.cfg.method}: budget: {i} of {len(runs)} calibration runs done; raise --budget "
-                      "to score the rest", file=sys.stderr)  # fmt: skip
+                print(
+                    f"tune {self.cfg.method}: budget: {i} of {len(runs)} calibration runs done; raise --budget "
+                    "to score the rest",
+                    file=sys.stderr,
+                )
                 return scores, True
             try:
                 with OtherLoad() as load:
@@ -226,18 +252,23 @@ class Tuner:
             self._warn_if_busy(load, "the calibration run of " + name)
             scores += found
             best = max(found, key=lambda s: s.predicted)
-            print(f"  [{i + 1}/{len(runs)}] {name}: "
-                  f"best {variant_name(self.cfg.method, best.params, self.defaults)} tau {best.tau:.2f}, predicted "
-                  f"{best.predicted:.2f}x ({self.elapsed():.1f} min)", file=sys.stderr)  # fmt: skip
+            print(
+                f"  [{i + 1}/{len(runs)}] {name}: "
+                f"best {variant_name(self.cfg.method, best.params, self.defaults)} tau {best.tau:.2f}, predicted "
+                f"{best.predicted:.2f}x ({self.elapsed():.1f} min)",
+                file=sys.stderr,
+            )
         return scores, False
 
     def _warn_if_busy(self, load: OtherLoad, what: str) -> None:
         """Predictions are ratios of timings: one taken while other processes ran is wrong, and says so."""
         cpus = os.cpu_count() or 1
         if too_busy(load.value, cpus):
-            print(f"tune {self.cfg.method}: warning: other processes kept {load.value:.1f} of {cpus} CPUs busy during "
-                  f"{what}: the predictions from its timings are unreliable; tune on an idle machine",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"tune {self.cfg.method}: warning: other processes kept {load.value:.1f} of {cpus} CPUs busy during "
+                f"{what}: the predictions from its timings are unreliable; tune on an idle machine",
+                file=sys.stderr,
+            )
 
     def _state(self) -> list[int]:
         """A realistic committed sequence for the draft-cost timings: the first question's prompt and answer."""
@@ -246,11 +277,13 @@ class Tuner:
         gen = self.session.answer("vanilla", methods.build("vanilla", self.session.resources), q, self.budget, 0.0, 0)
         return ids + gen[0][0].tokens
 
+
 def measure(cfg: TuneConfig, names: list[str], out: Path, tokenizer) -> tuple[dict[str, metrics.Speedup], Turns, dict]:
     """Paired speedups over vanilla of `names` on the evaluation task (a `specbench run` into `out`), vanilla's
     turns there (with each question's mean context, from its prompts rebuilt), and each name's tau per question."""
-    run_cfg = replace(cfg.run, methods=["vanilla", *names], tasks=[cfg.eval_task], out=str(out), noise_floor=False,
-                      tuned=None)  # fmt: skip
+    run_cfg = replace(
+        cfg.run, methods=["vanilla", *names], tasks=[cfg.eval_task], out=str(out), noise_floor=False, tuned=None
+    )
     run_dir = runner.run(run_cfg)
     sources = load_sources([run_dir])
     turns = frames.from_sources(sources)

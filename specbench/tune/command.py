@@ -31,8 +31,10 @@ def tune(cfg: TuneConfig) -> dict:
     run_cfg = replace(cfg.run, methods=["vanilla", cfg.method])
     space(cfg.method, cfg.grid)  # a bad grid fails before anything loads
     if cfg.eval_task in run_cfg.tasks:
-        raise SpecbenchError(f"calibrate on another task than the evaluation task '{cfg.eval_task}' (--tasks), "
-                             "or the choice is checked on the questions it was fitted to")  # fmt: skip
+        raise SpecbenchError(
+            f"calibrate on another task than the evaluation task '{cfg.eval_task}' (--tasks), "
+            "or the choice is checked on the questions it was fitted to"
+        )
     session = Session.open(run_cfg)
     device, dtype = session.device, str(session.dtype).removeprefix("torch.")
     model = session.spec.name  # the name `run --tuned` looks the entry up by (plan.spec.name)
@@ -84,7 +86,7 @@ def tune(cfg: TuneConfig) -> dict:
             "max_new_tokens": budget,
             "settings_scored": len(scores),
             "cut_by_budget": cut,
-        },  # fmt: skip
+        },
         "evaluation_task": cfg.eval_task if cfg.verify else None,
         "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "specbench_revision": machine(device)["git_revision"],
@@ -97,17 +99,27 @@ def tune(cfg: TuneConfig) -> dict:
     print(f"\n{cfg.method}: kept {entry['variant']} ({note}); saved to {path} for {device_key}")
     return entry
 
+
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
+
 
 def _speedup(s: metrics.Speedup | None) -> dict | None:
     return None if s is None else {"value": round(s.value, 4), "low": round(s.low, 4), "high": round(s.high, 4)}
 
+
 def _row(s: Score, method: str, defaults: dict) -> dict:
-    return {"variant": variant_name(method, s.params, defaults), "tau": round(s.tau, 4), "rows": round(s.rows, 2),
-            "draft_ms": round(s.draft * 1e3, 3), "predicted": round(s.predicted, 4),
-            "predicted_if_drafting_were_free": round(s.free_draft, 4),
-            "predicted_eval": _round(s.predicted_eval), "measured": _speedup(s.measured)}  # fmt: skip
+    return {
+        "variant": variant_name(method, s.params, defaults),
+        "tau": round(s.tau, 4),
+        "rows": round(s.rows, 2),
+        "draft_ms": round(s.draft * 1e3, 3),
+        "predicted": round(s.predicted, 4),
+        "predicted_if_drafting_were_free": round(s.free_draft, 4),
+        "predicted_eval": _round(s.predicted_eval),
+        "measured": _speedup(s.measured),
+    }
+
 
 def summary(method: str, scores: list[Score], default: Score, best: Score, defaults: dict) -> str:
     """The five best predictions, the default and the winner, with what the verification measured."""
@@ -119,9 +131,30 @@ def summary(method: str, scores: list[Score], default: Score, best: Score, defau
         m = s.measured
         measured = metrics.format_ratio(m.value, m.low, m.high) if m is not None else ""
         on_eval, at_tau = (f"{x:.2f}x" if x is not None else "" for x in (s.predicted_eval, s.predicted_at_tau))
-        rows.append([variant_name(method, s.params, defaults), tag, f"{s.tau:.2f}", f"{s.rows:.1f}",
-                     f"{s.draft * 1e3:.1f}", f"{s.predicted:.2f}x", f"{s.free_draft:.2f}x", on_eval, at_tau,
-                     measured])  # fmt: skip
-    header = ["setting", "", "tau", "rows/step", "draft ms/step", "predicted (calibration)", "if drafting were free",
-              "predicted (evaluation)", "predicted at its measured tau", "measured (evaluation)"]  # fmt: skip
+        rows.append(
+            [
+                variant_name(method, s.params, defaults),
+                tag,
+                f"{s.tau:.2f}",
+                f"{s.rows:.1f}",
+                f"{s.draft * 1e3:.1f}",
+                f"{s.predicted:.2f}x",
+                f"{s.free_draft:.2f}x",
+                on_eval,
+                at_tau,
+                measured,
+            ]
+        )
+    header = [
+        "setting",
+        "",
+        "tau",
+        "rows/step",
+        "draft ms/step",
+        "predicted (calibration)",
+        "if drafting were free",
+        "predicted (evaluation)",
+        "predicted at its measured tau",
+        "measured (evaluation)",
+    ]
     return tabulate(rows, header, tablefmt="github")

@@ -35,6 +35,7 @@ class Cost:
         i = min(max(int(np.searchsorted(xs, context)) - 1, 0), len(xs) - 2)  # the segment, extended past the ends
         return ys[i] + (ys[i + 1] - ys[i]) * (context - xs[i]) / (xs[i + 1] - xs[i])
 
+
 @dataclass
 class Score:
     """One setting's calibration statistics and predicted speedup."""
@@ -60,9 +61,14 @@ class Score:
     pace: float | None = None  # `Turns.speed` of the vanilla answers beside the calibration run: the machine's pace
 
     def predict(
-        self, fixed: float, tokens: float, turns: int, question=None, context: float | None = None,
+        self,
+        fixed: float,
+        tokens: float,
+        turns: int,
+        question=None,
+        context: float | None = None,
         speed: float | None = None,
-    ) -> float:  # fmt: skip
+    ) -> float:
         """Seconds of a question whose vanilla answer spent `fixed` seconds outside its steps, for `tokens`
         new tokens over `turns` turns; with the tau and step cost of calibration question `question`. Given the
         question's mean `context`, the step is costed there instead: its verification (with that question's
@@ -80,6 +86,7 @@ class Score:
             step *= speed / self.pace
         return fixed + turns * self.extra + tokens / tau * step
 
+
 def draft_slope(contexts: list[int], seconds: list[float]) -> float:
     """Seconds of drafting per step more for each token of context more: the least-squares line through the
     calibration steps, never below zero (noise must not make a long context predict cheaper drafting)."""
@@ -87,12 +94,14 @@ def draft_slope(contexts: list[int], seconds: list[float]) -> float:
         return 0.0
     return max(float(np.polyfit(np.asarray(contexts, dtype=float), np.asarray(seconds), 1)[0]), 0.0)
 
+
 def verify_scale(measured: list[float], profiled: list[float]) -> float:
     """The calibration steps' verification seconds over their profiled forward seconds (same rows, same context).
     A ratio, not seconds added: the run verifies its largest tree only, and what separates it from the profile is
     mostly the machine's speed drifting between the two (acceptance and commit took ~1 ms of a 74 ms 60-row
     verification on the tiny target), which slows a smaller tree's forward in proportion."""
     return sum(measured) / sum(profiled) if sum(profiled) > 0 else 1.0
+
 
 @dataclass
 class Turns:
@@ -131,6 +140,7 @@ class Turns:
             out[q] = out.get(q, 0.0) + v
         return out
 
+
 def geometric_mean(vanilla: Turns, score: Score, calibration: bool = False) -> float:
     """The predicted paired speedup: the geometric mean over vanilla's questions of its measured seconds / the
     setting's predicted ones. The geometric mean weighs the questions a setting does badly on, as the measured
@@ -143,7 +153,12 @@ def geometric_mean(vanilla: Turns, score: Score, calibration: bool = False) -> f
     for q in wall:
         spread = [q] if calibration else [c for c in score.by_question if score.groups.get(c) == vanilla.groups.get(q)]
         context = vanilla.contexts.get(q)
-        logs.append(np.mean([math.log(wall[q] / score.predict(fixed[q], tokens[q], int(turns[q]), c, context,
-                                                              vanilla.speed))
-                             for c in spread or list(score.by_question) or [None]]))  # fmt: skip
+        logs.append(
+            np.mean(
+                [
+                    math.log(wall[q] / score.predict(fixed[q], tokens[q], int(turns[q]), c, context, vanilla.speed))
+                    for c in spread or list(score.by_question) or [None]
+                ]
+            )
+        )
     return math.exp(np.mean(logs))

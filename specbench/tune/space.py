@@ -26,6 +26,7 @@ class TuneConfig:
     tuned_file: Path | None = None  # None: tuned.default_path()
     out: Path | None = None
 
+
 def space(method: str, grid: dict[str, list]) -> tuple[list[dict], list[dict]]:
     """(the plain-knob values of each calibration run, the nested-knob settings each run scores); the preset's
     `tune:` values with `grid` replacing some, the default's value always among them."""
@@ -33,8 +34,10 @@ def space(method: str, grid: dict[str, list]) -> tuple[list[dict], list[dict]]:
     defaults = spec.params
     values = {**spec.tune, **grid}
     if not values:
-        raise SpecbenchError(f"method '{method}' has nothing to tune: its preset has no `tune:` values; "
-                             "pass --grid KEY=V1,V2 with a parameter of its preset")  # fmt: skip
+        raise SpecbenchError(
+            f"method '{method}' has nothing to tune: its preset has no `tune:` values; "
+            "pass --grid KEY=V1,V2 with a parameter of its preset"
+        )
     for key, vals in values.items():
         for value in vals:
             presets.check_params(method, defaults, {key: value})
@@ -47,6 +50,7 @@ def space(method: str, grid: dict[str, list]) -> tuple[list[dict], list[dict]]:
     runs.sort(key=lambda r: any(r[k] != defaults[k] for k in plain))  # the default's run first
     settings = [dict(zip(nested_keys, c, strict=True)) for c in itertools.product(*(values[k] for k in nested_keys))]
     return runs, settings
+
 
 def grid_values(pairs: list[str]) -> dict[str, list]:
     """--grid KEY=V1,V2 (repeatable) as {key: [values]}, values read as YAML scalars."""

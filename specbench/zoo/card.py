@@ -262,8 +262,14 @@ def write_card(out_dir: Path, data: CardData) -> Path:
 
 
 HEADS = "## Heads"
-HEAD_KINDS = {"eagle": "EAGLE-1/2 head", "eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "mtp": "MTP module",
-              "dflash": "DFlash drafter", "pard": "PARD drafter"}  # fmt: skip
+HEAD_KINDS = {
+    "eagle": "EAGLE-1/2 head",
+    "eagle3": "EAGLE-3 head",
+    "medusa": "Medusa heads",
+    "mtp": "MTP module",
+    "dflash": "DFlash drafter",
+    "pard": "PARD drafter",
+}
 
 
 def heads_section(family_dir: Path) -> list[str]:
@@ -282,7 +288,8 @@ def heads_section(family_dir: Path) -> list[str]:
         "target's own answers are easier to predict than the corpus.",
         "",
         "| head | training text | steps | lr | sequence length | size | "
-        + " | ".join(f"d={d}" for d in range(1, 9)) + " |",
+        + " | ".join(f"d={d}" for d in range(1, 9))
+        + " |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     found = False
@@ -308,8 +315,14 @@ def heads_section(family_dir: Path) -> list[str]:
             shared = ", reading out through the target's lm_head" if cfg.get("medusa_shared_lm_head") else ""
             extra = f", {cfg['medusa_heads']} heads{shared}"
         size = sum(f.stat().st_size for f in (family_dir / kind).iterdir() if f.is_file()) / 1e6
-        row = [f"{label}{extra}", _training_text(report), f"{cfg['steps']:,}", f"{cfg['lr']:g}", str(cfg["seq_len"]),
-               f"{size:.1f} MB"]  # fmt: skip
+        row = [
+            f"{label}{extra}",
+            _training_text(report),
+            f"{cfg['steps']:,}",
+            f"{cfg['lr']:g}",
+            str(cfg["seq_len"]),
+            f"{size:.1f} MB",
+        ]
         lines.append(f"| {' | '.join(row + accuracy)} |")
     return [*lines, ""] if found else []
 

@@ -108,9 +108,20 @@ def write_texts(tokenizer, sequences: list[list[int]], out: Path) -> int:
     return sum(map(len, sequences))
 
 
-def regenerate_text(target: str, source: Path, out: Path, *, limit: int | None, max_new_tokens: int,
-                    temperature: float, batch_size: int, device: str, dtype: str, seed: int,
-                    smoke: bool = False) -> tuple[int, int, int]:  # fmt: skip
+def regenerate_text(
+    target: str,
+    source: Path,
+    out: Path,
+    *,
+    limit: int | None,
+    max_new_tokens: int,
+    temperature: float,
+    batch_size: int,
+    device: str,
+    dtype: str,
+    seed: int,
+    smoke: bool = False,
+) -> tuple[int, int, int]:
     """`specbench regenerate`: the target (alias, folder or hub id) answers the prompts of `source`, written to `out`
     as training text. Returns (prompts answered, tokens written, prompts left out for not fitting the context)."""
     from ..models import aliases, loading
@@ -123,6 +134,13 @@ def regenerate_text(target: str, source: Path, out: Path, *, limit: int | None, 
     folder = aliases.target_folder(aliases.resolve(target))
     model = loading.load_causal_lm(folder, *loading.device_and_dtype(device, dtype), what="target")
     tokenizer = loading.load_tokenizer(folder)
-    sequences, skipped = regenerate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                    batch_size=batch_size, seed=seed)  # fmt: skip
+    sequences, skipped = regenerate(
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        batch_size=batch_size,
+        seed=seed,
+    )
     return len(sequences), write_texts(tokenizer, sequences, out), skipped

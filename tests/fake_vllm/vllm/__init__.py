@@ -83,10 +83,18 @@ class _Engine:
 
 
 class LLM:
-    def __init__(self, model: str, tokenizer: str, dtype: str, seed: int, trust_remote_code: bool,
-                 enforce_eager: bool, speculative_config: dict | None = None,
-                 per_request_spec_decode_metrics: str | None = None,
-                 gpu_memory_utilization: float = 0.9) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: str,
+        tokenizer: str,
+        dtype: str,
+        seed: int,
+        trust_remote_code: bool,
+        enforce_eager: bool,
+        speculative_config: dict | None = None,
+        per_request_spec_decode_metrics: str | None = None,
+        gpu_memory_utilization: float = 0.9,
+    ) -> None:
         print(f"INFO fake vLLM: building an engine for {model}")  # as vLLM, hundreds of lines a run
         print("WARNING fake vLLM: a notice nobody asked for", file=sys.stderr)
         if os.environ.get("FAKE_VLLM_FAIL"):
@@ -94,7 +102,16 @@ class LLM:
             raise RuntimeError(os.environ["FAKE_VLLM_FAIL"])
         if os.environ.get("FAKE_VLLM_LOG"):
             with open(os.environ["FAKE_VLLM_LOG"], "a") as f:
-                f.write(json.dumps({"model": model, "dtype": dtype, "speculative_config": speculative_config,
-                                    "metrics": per_request_spec_decode_metrics}) + "\n")  # fmt: skip
+                f.write(
+                    json.dumps(
+                        {
+                            "model": model,
+                            "dtype": dtype,
+                            "speculative_config": speculative_config,
+                            "metrics": per_request_spec_decode_metrics,
+                        }
+                    )
+                    + "\n"
+                )
         net = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
         self.llm_engine = _Engine(net, speculative_config)
