@@ -242,3 +242,52 @@ def test_every_training_knob_is_an_option_with_its_default_and_help():
     cfg = train_config(args.kind, **{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     assert (cfg.drop_ratio, cfg.medusa_shared_lm_head, cfg.blocks, cfg.seed, cfg.lr) == (0.5, True, 3, 4, 3e-4)
     assert train_config("medusa").lr == 1e-3 and train_config("medusa", lr=0.5).lr == 0.5
+
+
+def test_every_run_setting_is_an_option_with_its_default_and_reaches_the_run_config(monkeypatch):
+    """`specbench run`'s settings are RunConfig fields declared once (`config.option`): each is an option with the
+    field's default, and what is given reaches the RunConfig under the field's name."""
+    from dataclasses import fields
+
+    from specbench.cli import handlers
+    from specbench.cli.parser import parser as build_parser
+    from specbench.config import RunConfig
+
+    options = [f for f in fields(RunConfig) if f.metadata]
+    assert {f.name for f in options} >= {"methods", "tasks", "temperatures", "warmup", "noise_floor", "graphs"}
+    defaults = RunConfig()
+    args = build_parser().parse_args(["run"])
+    for f in options:
+        assert getattr(args, f.name) == getattr(defaults, f.name), f.name
+    given = [
+        "run",
+        "--methods",
+        "eagle2[top_k=6,depth=4],pld",
+        "--temperatures",
+        "0,1",
+        "--no-warmup",
+        "--repeats",
+        "3",
+        "--shard",
+        "2/4",
+        "--graphs",
+        "--engine",
+        "vllm",
+        "--concurrency",
+        "1,4",
+        "--tuned",
+        "t.yaml",
+    ]
+    made = []
+
+    def stop(cfg):  # the run's config, caught where the handler checks it (nothing loads)
+        made.append(cfg)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(handlers, "check", stop)
+    with pytest.raises(SystemExit):
+        handlers.run(build_parser().parse_args(given))
+    cfg = made[0]
+    assert cfg.methods == ["eagle2[top_k=6,depth=4]", "pld"] and cfg.temperatures == [0.0, 1.0]
+    assert (cfg.warmup, cfg.noise_floor, cfg.repeats, cfg.shard) == (False, True, 3, [2, 4])
+    assert (cfg.graphs, cfg.engine, cfg.concurrency, cfg.tuned) == (True, "vllm", [1, 4], "t.yaml")

@@ -1,13 +1,14 @@
-"""One list per concept: the head families are the registry's (each registered by the module that defines it), and
-every place that lists them agrees with it: the aliases' bundled families, `specbench train`'s families and help, the
-README's command table and the alias table of docs/models-and-tasks.md."""
+"""One list per concept: the head families are the registry's (each registered by the module that defines it), the
+methods and tasks their presets'. Every place that lists them by hand agrees: the aliases' bundled families, the
+README's train row, the alias table and the list of tasks in docs/models-and-tasks.md, the table of docs/methods.md
+(with each method's losslessness). `specbench train` reads the registry itself."""
 
 import re
 from pathlib import Path
 
 import pytest
 
-from specbench import methods  # noqa: F401  (registers the head families)
+from specbench import methods, tasks  # (importing the methods registers the head families)
 from specbench.cli.parser import parser
 from specbench.models import aliases
 from specbench.registry import HEADS
@@ -44,3 +45,24 @@ def test_the_alias_table_lists_each_aliass_head_families():
     for name, alias in aliases.ALIASES.items():
         if name in listed:  # (llama2-chat-7b/13b/70b share a row)
             assert listed[name] == set(alias.heads), name
+
+
+def test_the_method_table_lists_every_shipped_preset_and_its_losslessness():
+    """docs/methods.md's table of methods is the presets' list: a preset added or renamed without it fails here."""
+    rows = [
+        line.split(" | ")
+        for line in (ROOT / "docs" / "methods.md").read_text().splitlines()
+        if re.match(r"\| `[\w-]+` \|", line)
+    ]
+    table = {row[0].strip("| `"): row[-1].strip(" |") for row in rows}
+    assert sorted(table) == sorted(methods.available())
+    for name, lossless in table.items():
+        assert lossless.startswith("yes") == methods.preset(name).lossless, name
+
+
+def test_the_task_list_names_every_built_in_task():
+    """docs/models-and-tasks.md's list of tasks names each one `specbench list tasks` shows."""
+    text = (ROOT / "docs" / "models-and-tasks.md").read_text()
+    section = text.split("`--tasks` takes task names")[1].split("`--data-dir DIR`")[0]  # (the list of tasks)
+    listed = set(re.findall(r"`(\w+)`", section))
+    assert set(tasks.available()) <= listed, set(tasks.available()) - listed

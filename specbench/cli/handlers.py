@@ -44,26 +44,8 @@ def _tuned_file(value: str | None) -> str | None:
 
 
 def run(args) -> None:
-    cfg = run_config(
-        args,
-        methods=args.methods,
-        tasks=args.tasks,
-        temperatures=args.temperatures,
-        out=args.out,
-        warmup=not args.no_warmup,
-        noise_floor=not args.no_noise_floor,
-        repeats=args.repeats,
-        shard=args.shard,
-        workers=args.workers,
-        ray_address=args.ray_address,
-        threads=args.threads,
-        tuned=_tuned_file(args.tuned),
-        compile=args.compile,
-        graphs=args.graphs,
-        engine=args.engine,
-        concurrency=args.concurrency,
-        one_engine_at_a_time=args.one_engine_at_a_time,
-    )
+    settings = {f.name: getattr(args, f.name) for f in fields(RunConfig) if f.metadata}  # (cli.parser._run_options)
+    cfg = run_config(args, **{**settings, "tuned": _tuned_file(args.tuned)})
     check(cfg)  # before the imports below (seconds of torch and every method): a mistake is one line at once
     if args.dry_run:
         from ..run import plan

