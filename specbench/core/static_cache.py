@@ -1,6 +1,7 @@
 """A KV cache of preallocated rows (`--graphs`): a forward writes its keys and values where a device tensor says
 (a replayed graph writes wherever it says now), attends over the first `span` rows, and a commit moves the accepted
-rows in place. Rows past `length` are never attended to, so nothing is ever cleared."""
+rows in place. Rows past a sequence's length are never attended to, so nothing is ever cleared. `batch` sequences
+(slots) lie side by side, each with rows of its own."""
 
 from __future__ import annotations
 
@@ -10,60 +11,88 @@ from .transfer import upload
 
 
 class StaticRows:
-    """`capacity` rows for each of `layers` layers, allocated by the first forward. Every layer's rows lie in one
-    tensor, layer after layer, so torch.compile can take the layer's number as a symbol (every layer shares one
-    compiled graph) and still write the rows in place (into a view of a tensor, such as one layer's of a stack, it
-    copies the whole tensor). The batch dimension is there and is 1 today."""
+    """`capacity` rows for each of `layers` layers and `batch` slots, allocated by the first forward. Every layer's
+    rows lie in one tensor, layer after layer, so torch.compile can take the layer's number as a symbol (every
+    layer shares one compiled graph) and still write the rows in place (into a view of a tensor, such as one layer's
+    of a stack, it copies the whole tensor)."""
 
-    def __init__(self, layers: int, capacity: int) -> None:
+    def __init__(self, layers: int, capacity: int, batch: int = 1) -> None:
         self.capacity = capacity
         self.layers_count = layers
-        self.at: torch.Tensor | None = None  # [layers, n]: `write_rows`, offset into the one tensor
-        self.starts: torch.Tensor | None = None  # [layers, 1]: each layer's first row in the one tensor
+        self.batch = batch
+        self.at: torch.Tensor | None = None  # [layers, b or 1, n]: `write_rows`, offset into the one tensor
+        self.starts: torch.Tensor | None = None  # [layers, 1, 1]: each layer's first row in the one tensor
+        self.slot: int | None = None  # the one slot a forward runs over (None: all of them)
+        self.every: torch.Tensor | None = None  # [batch, 1]: all slots, the index a forward writes through
         self.span = capacity
         self.keys: torch.Tensor | None = None  # [batch, kv heads, layers * capacity, head dim]
         self.values: torch.Tensor | None = None
-        self.length = 0  # rows committed
+        self.length = 0  # rows committed (of slot 0: the one sequence of a batch of one)
 
     def update(
         self, keys: torch.Tensor, values: torch.Tensor, layer: int, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write `layer`'s keys and values [B, kv heads, n, d] at the rows `write_rows` set; the layer's first
-        `span` rows [B, kv heads, span, d]. (transformers' attention calls it too, with extra arguments.)"""
+        """Write `layer`'s keys and values [b, kv heads, n, d] at the rows `write_rows` set, in its slots; their
+        first `span` rows [b, kv heads, span, d]. (transformers' attention calls it too, with extra arguments.)"""
         if self.keys is None or self.values is None:  # (the allocating forward runs uncompiled: `allocating`)
             self.keys, self.values = (
-                states.new_zeros((*states.shape[:2], self.layers_count * self.capacity, states.shape[-1]))
+                states.new_zeros((self.batch, states.shape[1], self.layers_count * self.capacity, states.shape[-1]))
                 for states in (keys, values)
             )
+            self.every = torch.arange(self.batch, device=keys.device)[:, None]
         assert self.at is not None, "write_rows comes before a forward"
-        self.keys.index_copy_(2, self.at[layer], keys)
-        self.values.index_copy_(2, self.at[layer], values)
+        assert self.every is not None
         start = layer * self.capacity
-        return self.keys[:, :, start : start + self.span], self.values[:, :, start : start + self.span]
+        for states, stored in ((keys, self.keys), (values, self.values)):
+            if self.slot is not None:
+                stored = stored[self.slot : self.slot + 1]  # (a view: the writes land in the whole)
+            # [b, n, kv heads, d] into [slot, :, row]
+            stored[self.every[: len(stored)], :, self.at[layer]] = states.transpose(1, 2)
+        slots = slice(None) if self.slot is None else slice(self.slot, self.slot + 1)
+        return self.keys[slots, :, start : start + self.span], self.values[slots, :, start : start + self.span]
 
-    def write_rows(self, rows: torch.Tensor) -> None:
-        """The rows [n] of each layer the next forward writes (offset into the one tensor here, not once a layer)."""
+    def write_rows(self, rows: torch.Tensor, slot: int | None = None) -> None:
+        """The rows [n] (every slot's) or [b, n] (each slot's own) of each layer the next forward writes (offset into
+        the one tensor here, not once a layer), in every slot or in `slot` alone."""
+        rows = rows if rows.dim() == 2 else rows[None]
+        self.slot = slot
         if self.layers_count == 1:
             self.at = rows[None]
             return
         if self.starts is None:
-            self.starts = torch.arange(0, self.layers_count * self.capacity, self.capacity, device=rows.device)[:, None]
+            starts = torch.arange(0, self.layers_count * self.capacity, self.capacity, device=rows.device)
+            self.starts = starts[:, None, None]
         self.at = self.starts + rows
 
     def get_seq_length(self, layer: int | None = 0) -> int:
         return self.length
 
     def commit(self, start: int, keep: list[int]) -> None:
-        """Keep rows start + keep[i] as rows start + i, moved in place through every layer at once (four kernels:
-        the layers share one tensor); the rest are past the length, ignored."""
-        if keep != list(range(len(keep))) and self.keys is not None and self.values is not None:
-            firsts = range(start, self.layers_count * self.capacity, self.capacity)  # each layer's row `start`
-            source = [first + k for first in firsts for k in keep]
-            moves = upload(source + [first + i for first in firsts for i in range(len(keep))], self.keys.device)
-            moves = moves.view(2, -1)
-            for stored in (self.keys, self.values):
-                stored.index_copy_(2, moves[1], stored.index_select(2, moves[0]))
+        """A batch of one: `commit_rows` for slot 0, whose length becomes start + len(keep)."""
+        self.commit_rows([(0, start, keep)])
         self.length = start + len(keep)
+
+    def commit_rows(self, moves: list[tuple[int, int, list[int]]]) -> None:
+        """For each (slot, start, keep): the slot's rows start + keep[i] kept as rows start + i, moved in place through
+        every layer and slot at once (four kernels: the layers and slots share one tensor); the rest lie past the
+        slot's length, ignored."""
+        if self.keys is None or self.values is None:
+            return
+        slots: list[int] = []
+        source: list[int] = []
+        target: list[int] = []
+        for slot, start, keep in moves:
+            if keep == list(range(len(keep))):
+                continue
+            for first in range(start, self.layers_count * self.capacity, self.capacity):  # each layer's row `start`
+                slots += [slot] * len(keep)
+                source += [first + k for k in keep]
+                target += [first + i for i in range(len(keep))]
+        if not slots:
+            return
+        index = upload(slots + source + target, self.keys.device).view(3, -1)
+        for stored in (self.keys, self.values):
+            stored[index[0], :, index[2]] = stored[index[0], :, index[1]]
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)

@@ -1,10 +1,12 @@
-"""CachedLM for `--graphs`: the owned decoder (`models.decoder`) on a preallocated KV cache (`core.static_cache`).
-Every forward is padded to a bucket of rows (1, 2, 4, ... 128), so each bucket has fixed shapes, and on a GPU each
-bucket's forward is captured once as a CUDA graph and replayed (`core.capture`): no Python and no per-kernel launch
-cost per step. Attention reads the live rows only (rounded up to SPAN, a graph per span). The mask, positions and
-cache rows are built inside the graph from the ids, two counts and a tree's shape (`Inputs`). Padding rows attend to
-one cached row and are never committed. On a CPU the same cache and padding run without capture, which is what the
-tests check against the eager loop."""
+"""The owned decoder (`models.decoder`) on a preallocated KV cache (`core.static_cache`), for `--graphs` and for
+batches: `BatchedLM` runs one forward over the rows of `batch` sequences (slots), each with its own length, tree and
+positions; `StaticCachedLM` is a batch of one behind the CachedLM interface. Every forward is padded to a bucket of
+rows (1, 2, 4, ... 128), so each bucket has fixed shapes, and on a GPU each bucket's forward is captured once as a
+CUDA graph and replayed (`core.capture`): no Python and no per-kernel launch cost per step. Attention reads the live
+rows only (rounded up to SPAN, a graph per span). The mask, positions and cache rows are built inside the graph from
+the ids, two counts per slot and the trees' shapes (`Inputs`). Padding rows (and a slot with nothing to do) attend
+to one cached row and are never committed. On a CPU the same cache and padding run without capture, which is what
+the tests check against the eager loop."""
 
 from __future__ import annotations
 
@@ -34,60 +36,219 @@ def allocating(cache: StaticRows) -> contextlib.AbstractContextManager:
 @dataclass
 class Inputs:
     """One key's forward reads these and builds its mask, positions and cache rows from them on the device (inside
-    the captured graph), so a step sets only what changed: the ids, two counts and, for a tree, its shape."""
+    the captured graph), so a step sets only what changed: the ids, two counts per slot and, for a tree, its shape."""
 
-    ids: torch.Tensor  # [b]
-    past: torch.Tensor  # 0-d long: the rows cached before this forward
-    count: torch.Tensor  # 0-d long: its real rows (the rest pad the bucket)
-    local: torch.Tensor  # bool [b, b]: the forward's rows each row sees (a tree's: its ancestors and itself)
-    offsets: torch.Tensor  # [b]: each row's position after `past` (a tree's: its depth)
+    ids: torch.Tensor  # [B, b]
+    past: torch.Tensor  # [B] long: each slot's rows cached before this forward
+    count: torch.Tensor  # [B] long: its real rows (the rest pad the bucket)
+    local: torch.Tensor  # bool [B, b, b]: the forward's rows each row sees (a tree's: its ancestors and itself)
+    offsets: torch.Tensor  # [B, b]: each row's position after `past` (a tree's: its depth)
 
     @staticmethod
-    def chain(bucket: int, device: torch.device) -> Inputs:
-        """For a chain of up to `bucket` rows (a tree's `local` and `offsets` are written over at each forward)."""
+    def chain(batch: int, bucket: int, device: torch.device) -> Inputs:
+        """For chains of up to `bucket` rows (a tree's `local` and `offsets` are written over at each forward)."""
         rows = torch.arange(bucket, device=device)
         local = torch.ones(bucket, bucket, dtype=torch.bool, device=device).tril()
-        return Inputs(torch.zeros_like(rows), rows.new_zeros(()), rows.new_zeros(()), local, rows)
+        zeros = rows.new_zeros(batch)
+        return Inputs(
+            rows.new_zeros(batch, bucket), zeros, zeros.clone(), local.repeat(batch, 1, 1), rows.repeat(batch, 1)
+        )
 
     def built(self, span: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The additive mask [1, 1, b, span], positions [1, b] and cache rows [b] of the forward: real rows see the
-        cache and the rows `local` marks; padding rows see one cached row (a row of -inf gives NaN), sit at `past`
-        and are never kept."""
-        b, device = len(self.ids), self.ids.device
+        """The additive mask [B, 1, b, span], positions [B, b] and cache rows [B, b] of the forward: real rows see
+        their slot's cache and the rows `local` marks; padding rows see one cached row (a row of -inf gives NaN), sit
+        at `past` and are never kept."""
+        (batch, b), device = self.ids.shape, self.ids.device
         rows, cols = torch.arange(b, device=device), torch.arange(span, device=device)
-        rel = cols - self.past  # [span]: each key's row within this forward (negative: cached before it)
-        real = rows < self.count  # [b]
-        seen = (rel < 0) | ((rel < self.count) & self.local[:, rel.clamp(0, b - 1)])  # [b, span]
-        seen = torch.where(real[:, None], seen, cols == 0)
-        positions = self.past + torch.where(real, self.offsets, 0)
-        return additive(seen, dtype)[None, None], positions[None], self.past + rows
+        rel = cols - self.past[:, None]  # [B, span]: each key's row within this forward (negative: cached before it)
+        real = rows < self.count[:, None]  # [B, b]
+        inside = self.local.gather(2, rel.clamp(0, b - 1)[:, None].expand(batch, b, span))  # [B, b, span]
+        seen = (rel < 0)[:, None] | ((rel < self.count[:, None])[:, None] & inside)
+        seen = torch.where(real[..., None], seen, cols == 0)
+        positions = self.past[:, None] + torch.where(real, self.offsets, 0)
+        return additive(seen, dtype)[:, None], positions, self.past[:, None] + rows
+
+
+@dataclass(frozen=True)
+class Row:
+    """One slot's share of a batched forward: its tokens (a list, or ids on the device) and, for a verification,
+    the tree ([root] + tree tokens + side tokens) and side branch."""
+
+    slot: int
+    tokens: list[int] | torch.Tensor
+    tree: Tree | None = None
+    side: SideBranch | None = None
+
+    @property
+    def chained(self) -> bool:
+        return self.tree is None or (self.tree.is_chain and self.side is None)
+
+
+class BatchedLM:
+    """A `models.decoder.Decoder` (called as `model(ids, positions, mask, cache, features)` -> final states,
+    features) over StaticRows of `batch` slots of `context` tokens each (the model's context, MAX_CACHE at most, if
+    not given); `capture`: CUDA graphs per (bucket, span, layers, chained, greedy) (default: on CUDA)."""
+
+    def __init__(self, model, batch: int = 1, capture: bool | None = None, context: int | None = None) -> None:
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        own = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.context_length = min(own, MAX_CACHE, context or own)
+        self.capacity = self.context_length + BUCKETS[-1]
+        self.batch = batch
+        self.lengths = [0] * batch  # each slot's committed rows
+        self.replays = Replays(self.device)
+        self.replays.capture = self.replays.capture if capture is None else capture
+        self.inputs: dict[tuple, Inputs] = {}  # by (bucket, span, layers, chains only, greedy)
+        self.cache = StaticRows(len(model.layers), self.capacity, batch)
+
+    def _check(self, rows: list[Row]) -> None:
+        for row in rows:
+            if self.lengths[row.slot] + len(row.tokens) > self.context_length:
+                raise SpecbenchError(
+                    f"{self.lengths[row.slot] + len(row.tokens)} tokens do not fit the static cache of "
+                    f"{self.context_length} (--graphs)"
+                )
+
+    @torch.inference_mode()
+    def run(
+        self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False, last_only: bool = False
+    ) -> list[Forward]:
+        """One forward over every slot, `rows` the ones with work (the others pad); each row's output, in order.
+        `greedy`: every row's argmax and margin computed inside the forward (`Forward.picks`); `last_only`: the
+        last row's logits only. A row longer than any bucket (a prefill) runs alone: `prefill_slot`."""
+        self._check(rows)
+        n = max(len(row.tokens) for row in rows)
+        if n > BUCKETS[-1]:
+            if len(rows) > 1:
+                raise SpecbenchError(f"a forward of {n} rows runs one slot at a time (prefill_slot)")
+            return [self._alone(rows[0], layers, last_only)]
+        bucket = next(b for b in BUCKETS if b >= n)
+        past = [0] * self.batch  # (a slot without work pads at its row 0: its writes are never kept)
+        count = [0] * self.batch
+        for row in rows:
+            past[row.slot], count[row.slot] = self.lengths[row.slot], len(row.tokens)
+        end = max(p + bucket for p in past)
+        span = min(-(-end // SPAN) * SPAN, self.capacity)  # keys attended: the live rows, rounded up
+        chained = all(row.chained for row in rows)
+        key = (bucket, span, layers, chained, greedy)
+        inputs = self.inputs.get(key)
+        if inputs is None:
+            inputs = self.inputs[key] = Inputs.chain(self.batch, bucket, self.device)
+        counts = upload(past + count, self.device)
+        inputs.past.copy_(counts[: self.batch])  # (capture's warm-up runs write past the committed rows only)
+        inputs.count.copy_(counts[self.batch :])
+        listed = [row for row in rows if not isinstance(row.tokens, torch.Tensor)]
+        if listed:  # every host row's ids in one copy
+            ids = torch.zeros(len(listed), bucket, dtype=torch.long)
+            for i, row in enumerate(listed):
+                ids[i, : len(row.tokens)] = torch.tensor(row.tokens)
+            inputs.ids[upload([row.slot for row in listed], self.device)] = upload(ids, self.device)
+        for row in rows:
+            if isinstance(row.tokens, torch.Tensor):
+                inputs.ids[row.slot, : len(row.tokens)] = row.tokens.to(self.device)
+            if not chained:
+                self._shape(inputs, row, bucket)
+
+        def forward() -> Forward:
+            mask, positions, at = inputs.built(span, self.dtype)
+            self.cache.write_rows(at)
+            self.cache.span = span
+            final, features = self.model(inputs.ids, positions, mask, self.cache, layers or ())
+            logits = self.model.get_output_embeddings()(final)  # [B, b, V]
+            picks = (logits.argmax(dim=-1), margins(logits)) if greedy else None
+            return Forward(logits, features, picks)
+
+        if self.cache.keys is not None:
+            out = self.replays.run(key, forward)
+        else:  # the forward that allocates the cache: never captured
+            with allocating(self.cache):
+                out = forward()
+        for row in rows:  # the rows of this forward, until commit keeps some
+            self.lengths[row.slot] += len(row.tokens)
+        return [self._output(out, row.slot, len(row.tokens), last_only) for row in rows]
+
+    def _shape(self, inputs: Inputs, row: Row, bucket: int) -> None:
+        """A row's tree shape into `inputs` (a chain's where another step's tree may have left one)."""
+        m = len(row.tokens)
+        if row.chained:
+            inputs.local[row.slot] = torch.ones(bucket, bucket, dtype=torch.bool, device=self.device).tril()
+            inputs.offsets[row.slot] = torch.arange(bucket, device=self.device)
+            return
+        assert row.tree is not None
+        side = row.side
+        inputs.local[row.slot, :m, :m] = upload(new_rows_allowed(row.tree, side.allowed if side else None), self.device)
+        inputs.offsets[row.slot, :m] = position_ids(row.tree, 0, self.device, side.positions if side else None)[0]
+
+    def _alone(self, row: Row, layers: tuple[int, ...] | None, last_only: bool) -> Forward:
+        """A forward over one slot's rows only (a prefill longer than any bucket, or a slot refilled mid-batch):
+        never captured."""
+        n, past = len(row.tokens), self.lengths[row.slot]
+        span = min(-(-(past + n) // SPAN) * SPAN, self.capacity)
+        inputs = Inputs.chain(1, n, self.device)
+        inputs.ids[0] = as_ids(row.tokens, self.device)
+        inputs.past.fill_(past)
+        inputs.count.fill_(n)
+        if not row.chained:
+            self._shape(inputs, Row(0, row.tokens, row.tree, row.side), n)
+        with allocating(self.cache):
+            mask, positions, at = inputs.built(span, self.dtype)
+            self.cache.write_rows(at, row.slot)
+            self.cache.span = span
+            final, features = self.model(inputs.ids, positions, mask, self.cache, layers or ())
+            self.cache.slot = None
+            logits = self.model.get_output_embeddings()(final[:, -1:] if last_only else final)
+        self.lengths[row.slot] += n
+        return Forward(logits[0], None if features is None else features[0])
+
+    def prefill_slot(self, slot: int, prompt: list[int], layers: tuple[int, ...] | None = None) -> Forward | None:
+        """Empty `slot` and fill it with all of `prompt` but its last token (the first root), alone."""
+        self.lengths[slot] = 0
+        if len(prompt) < 2:
+            return None
+        self._check([Row(slot, prompt[:-1])])
+        return self._alone(Row(slot, prompt[:-1]), layers, last_only=True)
+
+    @staticmethod
+    def _output(out: Forward, slot: int, n: int, last_only: bool) -> Forward:
+        """One slot's rows of a (replayed) forward, copied (the next replay writes over it): logits [n or 1, V],
+        features [n, F], picks [n] each."""
+        rows = slice(n - 1, n) if last_only else slice(0, n)  # `last_only` spares logits; features are every row's
+        return Forward(
+            out.logits[slot, rows].clone(),
+            None if out.features is None else out.features[slot, :n].clone(),
+            None if out.picks is None else (out.picks[0][slot, :n], out.picks[1][slot, :n]),
+        )
+
+    @torch.inference_mode()
+    def commit(self, moves: list[tuple[int, int, list[int]]]) -> None:
+        """For each (slot, start, keep): rows start + keep[i] of the last forward kept as rows start + i, the rest
+        dropped; every slot's moves at once."""
+        self.cache.commit_rows(moves)
+        for slot, start, keep in moves:
+            self.lengths[slot] = start + len(keep)
 
 
 class StaticCachedLM(CachedLM):
-    """The CachedLM interface over StaticRows for a `models.decoder.Decoder` (called as
-    `model(ids, positions, mask, cache, features)` -> final states, features); `capture`: CUDA graphs per (bucket,
-    span, layers) (default: on CUDA)."""
-
-    cache: StaticRows
+    """The CachedLM interface over a BatchedLM of one slot: the target, a draft model or PARD's drafter under
+    `--graphs`."""
 
     def __init__(self, model, capture: bool | None = None) -> None:
         super().__init__(model)
-        self.capacity = min(self.context_length, MAX_CACHE) + BUCKETS[-1]
-        self.context_length = self.capacity - BUCKETS[-1]
-        self.replays = Replays(self.device)
-        self.replays.capture = self.replays.capture if capture is None else capture
-        self.inputs: dict[tuple, Inputs] = {}  # by (bucket, span, layers, chain or not, greedy)
-        self.cache = StaticRows(len(model.layers), self.capacity)
+        self.batched = BatchedLM(model, 1, capture)
+        self.context_length = self.batched.context_length
+        self.cache = self.batched.cache
+        self.replays = self.batched.replays
 
     @property
     def cached(self) -> int:
-        return self.cache.length
+        return self.batched.lengths[0]
 
     def reset(self) -> None:
-        self.cache.length = 0  # rows past `length` are never attended to, so nothing needs clearing
+        self.batched.lengths[0] = 0  # rows past the length are never attended to, so nothing needs clearing
         self.prefilled = None
 
-    @torch.inference_mode()
     def run(
         self,
         tokens: list[int] | torch.Tensor,
@@ -98,51 +259,10 @@ class StaticCachedLM(CachedLM):
         side: SideBranch | None = None,
         greedy: bool = False,
     ) -> Forward:
-        past, n = self.cached, len(tokens)
-        if past + n > self.context_length:
-            raise SpecbenchError(f"{past + n} tokens do not fit the static cache of {self.context_length} (--graphs)")
-        bucket = next((b for b in BUCKETS if b >= n), n)  # longer (a prefill): its own length, never captured
-        span = min(-(-(past + bucket) // SPAN) * SPAN, self.capacity)  # keys attended: the live rows, rounded up
-        chained = tree is None or (tree.is_chain and side is None)
-        key = (bucket, span, layers, chained, greedy)
-        inputs = self.inputs.get(key)
-        if inputs is None:
-            inputs = Inputs.chain(bucket, self.device)
-            if bucket in BUCKETS:  # (a longer prefill's are never met again)
-                self.inputs[key] = inputs
-        inputs.ids[:n] = as_ids(tokens, self.device)
-        inputs.past.fill_(past)  # (capture's warm-up runs write past the committed rows only)
-        inputs.count.fill_(n)
-        if not chained:
-            assert tree is not None
-            inputs.local[:n, :n] = upload(new_rows_allowed(tree, side.allowed if side else None), self.device)
-            inputs.offsets[:n] = position_ids(tree, 0, self.device, side.positions if side else None)[0]
+        return self.batched.run([Row(0, tokens, tree, side)], layers=layers, greedy=greedy, last_only=last_only)[0]
 
-        def forward() -> Forward:
-            mask, positions, rows = inputs.built(span, self.dtype)
-            self.cache.write_rows(rows)
-            self.cache.span = span
-            final, features = self.model(inputs.ids[None], positions, mask, self.cache, layers or ())
-            logits = self.model.get_output_embeddings()(final[0])
-            picks = (logits.argmax(dim=-1), margins(logits)) if greedy else None
-            return Forward(logits, None if features is None else features[0], picks)
-
-        if bucket in BUCKETS and self.cache.keys is not None:
-            out = self.replays.run(key, forward)
-        else:  # a prefill longer than any bucket, or the forward that allocates the cache: never captured
-            with allocating(self.cache):
-                out = forward()
-        self.cache.length = past + n  # the rows of this forward, until commit keeps some
-        rows = slice(n - 1, n) if last_only else slice(0, n)  # `last_only` spares logits; features are every row's
-        return Forward(
-            out.logits[rows].clone(),
-            None if out.features is None else out.features[:n].clone(),
-            None if out.picks is None else (out.picks[0][:n], out.picks[1][:n]),
-        )  # (read at once)
-
-    @torch.inference_mode()
     def commit(self, start: int, keep: list[int]) -> None:
-        self.cache.commit(start, keep)
+        self.batched.commit([(0, start, keep)])
 
     def crop(self, length: int) -> None:
-        self.cache.crop(length)
+        self.batched.lengths[0] = min(self.batched.lengths[0], length)
