@@ -1,18 +1,23 @@
-"""The one decode loop every method shares: propose -> verify -> accept -> commit -> update."""
+"""The one decode loop every method shares: propose -> verify -> accept -> commit -> update, for a batch of
+sequences (slots) at once. Each slot has its own proposer and its own turn to answer; one target forward verifies
+every slot's proposal, each slot accepts and commits on its own, and a slot whose turn ends takes the next turn
+waiting (the batch is refilled, so it stays full while work remains: the batch size a serving engine holds).
+`decode` is a batch of one."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import SpecbenchError
 from . import acceptance
-from .cached_lm import CachedLM
+from .cached_lm import CachedLM, Forward
 from .proposer import Feedback, Proposer, Turn
-from .step import verify
+from .static_lm import BatchedLM, Row
+from .step import inputs, judge, outcome
 
 
 @dataclass(frozen=True)
@@ -20,8 +25,8 @@ class Step:
     accept_length: int  # tokens this step appended (the target's own token included)
     tested: int  # draft depth examined along the accepted path (see acceptance.Accepted)
     tree_size: int  # tokens sent to the target in the verification forward
-    draft_time: float
-    verify_time: float  # the target's forward, acceptance and cache commit
+    draft_time: float  # this sequence's drafting (its proposer's propose and update)
+    verify_time: float  # the target's forward, acceptance and cache commit (every slot's, in a batch)
 
 
 @dataclass
@@ -32,10 +37,23 @@ class Generation:
     prefill_draft_time: float = 0.0  # the proposer's own set-up for this turn (e.g. the draft's prefill)
     target_top1: list[int] | None = None  # T=0, per new token: the target's argmax in the forward that chose it
     target_margin: list[float] | None = None  # ... and its top-1/top-2 logit margin there
+    started: float = 0.0  # in a batch: seconds from the batch's start to this turn's prefill, and to its end
+    ended: float = 0.0
 
     @property
     def accept_lengths(self) -> list[int]:
         return [s.accept_length for s in self.steps]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One turn to answer: its prompt, token budget, temperature, random stream and name (`Turn.request`)."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float
+    generator: torch.Generator | None = None
+    request: tuple[Hashable, int] | None = None
 
 
 def clock(device: torch.device) -> float:
@@ -46,9 +64,9 @@ def clock(device: torch.device) -> float:
 
 
 class Marks:
-    """Moments within a turn, marked without waiting on the device: CUDA events on the device's own timeline on a GPU
-    (read when the turn ends), the host's clock elsewhere (where an op's work is done when it returns). A step's
-    draft and verification times come from these, so timing them adds no wait to the step."""
+    """Moments within a run, marked without waiting on the device: CUDA events on the device's own timeline on a GPU
+    (read when the run ends), the host's clock elsewhere (where an op's work is done when it returns). Step, turn
+    and drafting times come from these, so timing them adds no wait to the step."""
 
     def __init__(self, device: torch.device) -> None:
         self.events = device.type == "cuda"
@@ -72,6 +90,157 @@ class Marks:
         return [self.marks[0].elapsed_time(event) / 1000 for event in self.marks]
 
 
+class OneSlot:
+    """A CachedLM (the eager cache, or a static one) as the loop's batch of one. `reuse`: a prefill of the prompt
+    just prefilled crops back to it (`CachedLM.prefill`; the sampling audit's)."""
+
+    batch = 1
+
+    def __init__(self, model: CachedLM, reuse: bool = False) -> None:
+        self.model, self.reuse = model, reuse
+        self.device, self.context_length = model.device, model.context_length
+
+    @property
+    def lengths(self) -> list[int]:
+        return [self.model.cached]
+
+    def prefill_slot(self, slot: int, prompt: list[int], layers: tuple[int, ...] | None = None) -> Forward | None:
+        return self.model.prefill(prompt, layers, reuse=self.reuse)
+
+    def run(self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False) -> list[Forward]:
+        (row,) = rows
+        return [self.model.run(row.tokens, row.tree, layers=layers, side=row.side, greedy=greedy)]
+
+    def commit(self, moves: list[tuple[int, int, list[int]]]) -> None:
+        ((_, start, keep),) = moves
+        self.model.commit(start, keep)
+
+
+@dataclass
+class _Turn:
+    """A slot's turn in progress: its committed tokens, what it generated, and the marks of its steps."""
+
+    job: Job
+    tokens: list[int]
+    gen: Generation
+    budget: int
+    marks: tuple[int, int, int]  # before the prefill, after it, after the proposer's start
+    steps: list[tuple[int, int, int, tuple[int, int, int, int, int, int]]] = field(default_factory=list)
+    picked: list[tuple[list[int], torch.Tensor]] = field(default_factory=list)  # T=0: the target's picks per step
+    end: int = 0  # the mark at its last step's end
+
+
+def decode_batch(
+    target: BatchedLM | OneSlot,
+    proposers: list[Proposer],
+    next_job: Callable[[], Job | None],
+    finished: Callable[[Job, Generation], None],
+    *,
+    stop_ids: set[int],
+    rule: acceptance.Rule = acceptance.EXACT,
+) -> float:
+    """Answer turns in `target.batch` slots, slot i drafting with `proposers[i]` (one method: they share feature
+    layers), until `next_job` has none left; `finished` gets each turn's generation as it ends (so it may queue the
+    conversation's next turn; the timings are filled in when the batch ends). Returns the batch's wall seconds
+    (device synchronised). `rule` is the method's acceptance rule (its preset's, through `methods.rule`)."""
+    device = target.device
+    layers = proposers[0].feature_layers
+    slots: list[_Turn | None] = [None] * target.batch
+    done: list[_Turn] = []
+    start = clock(device)
+    mark = Marks(device)
+    mark()
+
+    def begin(slot: int, job: Job) -> _Turn:
+        if job.max_new_tokens <= 0:
+            raise SpecbenchError(f"max_new_tokens must be positive, got {job.max_new_tokens}")
+        if len(job.prompt) >= target.context_length:
+            raise SpecbenchError(
+                f"prompt of {len(job.prompt)} tokens does not fit the model's context of {target.context_length} tokens"
+            )
+        m0 = mark()
+        prefill = target.prefill_slot(slot, job.prompt, layers)
+        m1 = mark()
+        features = prefill.features if prefill is not None else None
+        proposers[slot].start(Turn(job.prompt, job.temperature, job.generator, features, job.request))
+        budget = min(job.max_new_tokens, target.context_length - len(job.prompt))
+        return _Turn(job, list(job.prompt), Generation([]), budget, (m0, m1, mark()))
+
+    def end(slot: int) -> None:
+        turn = slots[slot]
+        assert turn is not None
+        turn.end, slots[slot] = mark(), None
+        done.append(turn)
+        finished(turn.job, turn.gen)
+
+    while True:
+        for slot in range(target.batch):  # refill: a free slot takes the next turn waiting
+            if slots[slot] is None and (job := next_job()) is not None:
+                slots[slot] = begin(slot, job)
+        active = [(slot, turn) for slot, turn in enumerate(slots) if turn is not None]
+        if not active:
+            break
+        proposals, draft_marks = [], []
+        for slot, turn in active:
+            depth = turn.budget - len(turn.gen.tokens) - 1  # drafted tokens the budget has room for
+            draft_marks.append(mark())
+            proposals.append(proposers[slot].propose(turn.tokens, depth).pruned(depth))
+        draft_marks.append(v0 := mark())
+        past = [target.lengths[slot] for slot, _ in active]
+        rows = [
+            Row(slot, inputs(turn.tokens[-1], p), p.tree, p.side)
+            for (slot, turn), p in zip(active, proposals, strict=True)
+        ]
+        greedy = all(turn.job.temperature == 0 for _, turn in active)
+        outs = target.run(rows, layers=layers, greedy=greedy)
+        verdicts = [
+            judge(p, out, rule, turn.job.temperature, turn.job.generator)
+            for (_, turn), p, out in zip(active, proposals, outs, strict=True)
+        ]
+        target.commit([(slot, p0, [0, *v[0].rows]) for (slot, _), p0, v in zip(active, past, verdicts, strict=True)])
+        v1 = mark()
+        for i, (slot, turn) in enumerate(active):
+            proposal, out, (accepted, best) = proposals[i], outs[i], verdicts[i]
+            step = outcome(proposal, out, accepted, best)
+            remaining = turn.budget - len(turn.gen.tokens)
+            new = step.new
+            stop_at = next((j for j, t in enumerate(new) if t in stop_ids), None)
+            if stop_at is not None:
+                new = new[: stop_at + 1]
+            new = new[:remaining]
+            if step.picks is not None:
+                turn.picked.append((step.picks[0][: len(new)], step.picks[1][: len(new)]))
+            turn.tokens.extend(new)
+            turn.gen.tokens.extend(new)
+            n = len(proposal.tree) + 1
+            feedback = Feedback(
+                step.accepted,
+                out.features[step.kept_rows] if out.features is not None else None,
+                out.logits[n:] if proposal.side else None,
+                step.side_picks if proposal.side else None,
+            )
+            u0 = mark()
+            proposers[slot].update(turn.tokens, proposal, feedback)
+            marks = (draft_marks[i], draft_marks[i + 1], v0, v1, u0, mark())
+            turn.steps.append((len(new), step.accepted.tested, len(out.logits), marks))
+            if stop_at is not None or len(turn.gen.tokens) >= turn.budget:
+                end(slot)
+    wall = clock(device) - start
+    at = mark.seconds()
+    for turn in done:
+        m0, m1, m2 = turn.marks
+        gen = turn.gen
+        gen.started, gen.ended = at[m0], at[turn.end]
+        gen.wall_time, gen.prefill_draft_time = at[turn.end] - at[m0], at[m2] - at[m1]
+        for new_tokens, tested, size, (d0, d1, v0, v1, u0, u1) in turn.steps:
+            drafting = at[d1] - at[d0] + at[u1] - at[u0]
+            gen.steps.append(Step(new_tokens, tested, size, drafting, at[v1] - at[v0]))
+        if turn.picked:  # read after the clock stops
+            gen.target_top1 = [top1 for p in turn.picked for top1 in p[0]]
+            gen.target_margin = torch.cat([p[1] for p in turn.picked]).tolist()
+    return wall
+
+
 def decode(
     target: CachedLM,
     proposer: Proposer,
@@ -85,63 +254,18 @@ def decode(
     request: tuple[Hashable, int] | None = None,
     reuse_prefill: bool = False,
 ) -> Generation:
-    """Generate up to max_new_tokens after `prompt`, timing prefill to last token (device synchronised).
-    `rule` is the method's acceptance rule (its preset's, through `methods.rule`); `request` names what is
-    answered (`Turn.request`); `reuse_prefill`: the target's cache of the same prompt is kept from the last call
-    (`CachedLM.prefill`), for the sampling audit only: its prefill time would be wrong."""
-    if max_new_tokens <= 0:
-        raise SpecbenchError(f"max_new_tokens must be positive, got {max_new_tokens}")
-    if len(prompt) >= target.context_length:
-        raise SpecbenchError(
-            f"prompt of {len(prompt)} tokens does not fit the model's context of {target.context_length} tokens"
-        )
-    budget = min(max_new_tokens, target.context_length - len(prompt))
-    device = target.device
-    start = clock(device)
-    layers = proposer.feature_layers
-    prefill = target.prefill(prompt, layers, reuse=reuse_prefill)
-    t0 = clock(device)
-    features = prefill.features if prefill is not None else None
-    proposer.start(Turn(prompt, temperature, generator, features, request))
-    tokens = list(prompt)
-    gen = Generation([], prefill_draft_time=clock(device) - t0)
-    picked: list[tuple[list[int], torch.Tensor]] = []  # T=0: the target's picks per step (margins on the device)
-    mark = Marks(device)
-    steps: list[tuple[int, int, int, tuple[int, int, int, int]]] = []  # (accepted, tested, tree size, marks)
-    while len(gen.tokens) < budget:
-        remaining = budget - len(gen.tokens)
-        depth = remaining - 1  # drafted tokens the budget has room for after the target's own token
-        t0 = mark()
-        proposal = proposer.propose(tokens, depth).pruned(depth)
-        t1 = mark()
-        step = verify(target, tokens[-1], proposal, rule, temperature, generator, layers)
-        new = step.new
-        stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
-        if stop_at is not None:
-            new = new[: stop_at + 1]
-        new = new[:remaining]
-        if step.picks is not None:
-            picked.append((step.picks[0][: len(new)], step.picks[1][: len(new)]))
-        tokens.extend(new)
-        gen.tokens.extend(new)
-        t2 = mark()
-        n = len(proposal.tree) + 1
-        out = step.output
-        feedback = Feedback(
-            step.accepted,
-            out.features[step.kept_rows] if out.features is not None else None,
-            out.logits[n:] if proposal.side else None,
-            step.side_picks if proposal.side else None,
-        )
-        proposer.update(tokens, proposal, feedback)
-        steps.append((len(new), step.accepted.tested, len(out.logits), (t0, t1, t2, mark())))
-        if stop_at is not None:
-            break
-    gen.wall_time = clock(device) - start
-    at = mark.seconds() if steps else []
-    for new_tokens, tested, size, (t0, t1, t2, t3) in steps:
-        gen.steps.append(Step(new_tokens, tested, size, at[t1] - at[t0] + at[t3] - at[t2], at[t2] - at[t1]))
-    if picked:  # read after the clock stops
-        gen.target_top1 = [top1 for p in picked for top1 in p[0]]
-        gen.target_margin = torch.cat([p[1] for p in picked]).tolist()
-    return gen
+    """Generate up to max_new_tokens after `prompt`, timing prefill to last token (device synchronised): the loop
+    for a batch of one. `request` names what is answered (`Turn.request`); `reuse_prefill`: the target's cache of
+    the same prompt is kept from the last call (`CachedLM.prefill`), for the sampling audit only: its prefill time
+    would be wrong."""
+    jobs = [Job(prompt, max_new_tokens, temperature, generator, request)]
+    out: list[Generation] = []
+    decode_batch(
+        OneSlot(target, reuse_prefill),
+        [proposer],
+        lambda: jobs.pop() if jobs else None,
+        lambda job, gen: out.append(gen),
+        stop_ids=stop_ids,
+        rule=rule,
+    )
+    return out[0]

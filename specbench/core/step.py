@@ -1,5 +1,6 @@
 """One verification step, shared by the decode loop and by drafts that verify their own proposals (Ouroboros):
-a forward over [root] + tree (+ side branch), the acceptance rule, and the accepted path committed to the cache."""
+a forward over [root] + tree (+ side branch), the acceptance rule, and the accepted path committed to the cache.
+The batched loop runs the same rule and bookkeeping on each slot's share of one forward (`judge`, `outcome`)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,38 @@ class Verified:
     side_picks: list[int] | None = None  # T=0: the target's argmax at each side-branch token
 
 
+def inputs(root: int, proposal: Proposal) -> list[int] | torch.Tensor:
+    """A verification's tokens: [root] + tree (+ side branch)."""
+    tree, side = proposal.tree, proposal.side
+    return tree.rows(root) if side is None else [root, *tree.tokens, *side.tokens]
+
+
+def judge(
+    proposal: Proposal, out: Forward, rule: acceptance.Rule, temperature: float, generator: torch.Generator | None
+) -> tuple[acceptance.Accepted, list[int] | None]:
+    """The rule's verdict on a proposal from its forward's output (greedy at T = 0), and at T = 0 every row's argmax
+    (the side branch's too, read with the tree if it is still on the device: one read of the device)."""
+    tree = proposal.tree
+    n = len(tree) + 1
+    if temperature == 0:
+        best = tree.read_along(out.logits.argmax(dim=-1) if out.picks is None else out.picks[0])
+        return acceptance.greedy(tree, best[:n]), best
+    return rule(tree, out.logits[:n], proposal.draft_probs, temperature, generator), None
+
+
+def outcome(proposal: Proposal, out: Forward, accepted: acceptance.Accepted, best: list[int] | None) -> Verified:
+    """What a verdict appends and keeps; at T = 0 the kept rows' picks, their margins gathered before the model's
+    next forward writes over a captured one's."""
+    kept = [0, *accepted.rows]
+    new = [proposal.tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
+    rows = upload(kept, out.logits.device)
+    picks = side_picks = None
+    if best is not None:
+        picks = [best[r] for r in kept], margins(out.logits[rows]) if out.picks is None else out.picks[1][rows]
+        side_picks = best[len(proposal.tree) + 1 :]
+    return Verified(accepted, new, out, kept, rows, picks, side_picks)
+
+
 def verify(
     model: CachedLM,
     root: int,
@@ -44,21 +77,8 @@ def verify(
     argmax, the side branch's too, with the tree if it is still on the device; a captured forward computed them,
     and the margins the losslessness check compares, inside its graph."""
     past = model.cached
-    tree, side = proposal.tree, proposal.side
-    tokens = tree.rows(root) if side is None else [root, *tree.tokens, *side.tokens]
     greedy = temperature == 0
-    out = model.run(tokens, tree, layers=layers, side=side, greedy=greedy)
-    n = len(tree) + 1
-    if greedy:
-        best = tree.read_along(out.logits.argmax(dim=-1) if out.picks is None else out.picks[0])
-        accepted, side_picks = acceptance.greedy(tree, best[:n]), best[n:]
-    else:
-        accepted, side_picks = rule(tree, out.logits[:n], proposal.draft_probs, temperature, generator), None
-    kept = [0, *accepted.rows]
-    model.commit(past, kept)
-    new = [tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
-    rows = upload(kept, out.logits.device)
-    picks = None
-    if greedy:  # (the kept rows' margins gathered before the model's next forward writes over a captured one's)
-        picks = [best[r] for r in kept], margins(out.logits[rows]) if out.picks is None else out.picks[1][rows]
-    return Verified(accepted, new, out, kept, rows, picks, side_picks)
+    out = model.run(inputs(root, proposal), proposal.tree, layers=layers, side=proposal.side, greedy=greedy)
+    accepted, best = judge(proposal, out, rule, temperature, generator)
+    model.commit(past, [0, *accepted.rows])
+    return outcome(proposal, out, accepted, best)
