@@ -104,6 +104,14 @@ class RunConfig:
         kind="ints",
         metavar="N1,N2,...",
     )
+    batch: list[int] = option(
+        [1],
+        "batch sizes: each task's questions answered B at a time in our loop for every method (each sequence drafts "
+        "and accepts on its own; one target forward verifies them all; a finished sequence's slot takes the next "
+        "turn), speedups paired with vanilla at the same B; B > 1 runs the target on the owned decoder's static cache",
+        kind="ints",
+        metavar="B1,B2,...",
+    )
     one_engine_at_a_time: bool = option(
         False,
         "with --engine vllm: run the methods one after another, each with the whole device, instead of every "
@@ -150,3 +158,17 @@ class Unit:
     methods: list[str]
     vanilla: Answer | None  # vanilla's answer from an earlier, resumed part of the run
     position: int = 0  # the question's index in its task's run order (recorded, so a report can test order effects)
+
+
+@dataclass
+class BatchUnit:
+    """A task's questions at one temperature and batch size: the methods still to answer them (vanilla first), each
+    answering every question `batch` at a time."""
+
+    task: str
+    questions: list[Question]
+    budget: int
+    temperature: float
+    methods: list[str]
+    batch: int
+    vanilla: dict[int | str, Answer] = field(default_factory=dict)  # vanilla's answers at this batch size, on disk

@@ -42,6 +42,8 @@ class Answer:
     position: int | None = None  # the question's place in its task's run order (at this temperature)
     slot: int | None = None  # the method's place among the methods timed on this question, in the order they ran
     node: dict | None = None  # --workers: the worker (its number) and Ray node (id, ip, host) that answered it
+    batch_size: int = 1  # sequences decoded together (`--batch`)
+    batch_times: list[list[float]] | None = None  # per turn, B > 1: [start, end] in seconds from the batch's start
     target_top1: list[list[int]] | None = None  # per turn, T=0, in memory only: core.decode.Generation's
     target_margin: list[list[float]] | None = None
 
@@ -81,6 +83,8 @@ class Answer:
                 "slot": self.slot,
                 "node": self.node,
                 "greedy_check": self.greedy_check,
+                "batch_size": self.batch_size,
+                "batch_times": self.batch_times,
             },
         }
 
@@ -218,6 +222,8 @@ def from_record(record: dict, source: Path) -> Answer:
         position=extra.get("position"),
         slot=extra.get("slot"),
         node=extra.get("node"),
+        batch_size=int(extra.get("batch_size") or 1),
+        batch_times=extra.get("batch_times"),
     )
 
 

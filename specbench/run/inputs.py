@@ -113,5 +113,13 @@ def _settings(cfg: RunConfig) -> None:
         raise SpecbenchError(f"--concurrency levels must be at least 1, got {min(cfg.concurrency)}")
     if cfg.engine == "vllm" and (cfg.workers or cfg.repeats > 1):
         raise SpecbenchError(f"--{'workers' if cfg.workers else 'repeats'} applies to our loop, not to --engine vllm")
+    if min(cfg.batch, default=0) < 1:
+        raise SpecbenchError(f"--batch sizes must be at least 1, got {','.join(map(str, cfg.batch)) or 'none'}")
+    if max(cfg.batch) > 1 and (cfg.engine == "vllm" or cfg.workers or cfg.repeats > 1):
+        flag = "--engine vllm" if cfg.engine == "vllm" else "--workers" if cfg.workers else "--repeats"
+        raise SpecbenchError(
+            f"--batch above 1 runs in our loop on one device, timed once: drop {flag} (engine mode batches with "
+            "--concurrency)"
+        )
     if cfg.graphs and cfg.engine == "vllm":
         raise SpecbenchError("--graphs captures our loop's own forwards: drop --engine vllm (one regime per run)")

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import methods, tasks
-from ..config import AA, RunConfig, Unit
+from ..config import AA, BatchUnit, RunConfig, Unit
 from ..core.static_lm import BUCKETS
 from ..engines import concurrency
 from ..errors import SpecbenchError
@@ -79,8 +79,9 @@ def _check_manifest(path: Path, manifest: dict) -> None:
     path.write_text(json.dumps(merged, indent=2))
 
 
-def answer_path(run_dir: Path, task: str, method: str, temperature: float) -> Path:
-    return run_dir / "answers" / task / f"{method}-temperature-{temperature:g}.jsonl"
+def answer_path(run_dir: Path, task: str, method: str, temperature: float, batch: int = 1) -> Path:
+    suffix = f"-batch-{batch}" if batch > 1 else ""
+    return run_dir / "answers" / task / f"{method}-temperature-{temperature:g}{suffix}.jsonl"
 
 
 class LocalPool:
@@ -98,10 +99,16 @@ class LocalPool:
     def check(self, units: list[Unit]) -> None:
         self.worker.check(units)
 
-    def answers(self, units: list[Unit], bar: Progress) -> Iterator[tuple[int, list[Answer], list[dict]]]:
+    def answers(self, units: list[Unit | BatchUnit], bar: Progress) -> Iterator[tuple[int, list[Answer], list[dict]]]:
         for unit in units:
-            bar.set_description(f"{unit.task} T={unit.temperature:g} question {unit.question.id}")
-            yield 0, self.worker.answer(unit), []
+            if isinstance(unit, BatchUnit):
+                what = f"{len(unit.questions)} questions at batch {unit.batch}, {', '.join(unit.methods)}"
+                bar.set_description(f"{unit.task} T={unit.temperature:g} {what}")
+                for answers in self.worker.answer_batch(unit):  # one method's at a time
+                    yield 0, answers, []
+            else:
+                bar.set_description(f"{unit.task} T={unit.temperature:g} question {unit.question.id}")
+                yield 0, self.worker.answer(unit), []
 
     def close(self) -> None:
         self.worker.close()
@@ -165,11 +172,13 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
     if not profile_path.exists():
         profile_path.write_text(json.dumps(pool.profile()))
 
-    units = _units(run_dir, task_list, cfg, names)
-    pool.check(units)
+    units: list[Unit | BatchUnit] = [*_units(run_dir, task_list, cfg, names)]
+    pool.check([u for u in units if isinstance(u, Unit)])
+    units += _batch_units(run_dir, task_list, cfg, names)
     if cfg.concurrency:
         pool.set_sweeps(_sweeps(run_dir, task_list, cfg, names))
-    bar = Progress(sum(len(u.methods) for u in units), "answers", "answers", enabled=cfg.progress)
+    total = sum(len(u.methods) * (len(u.questions) if isinstance(u, BatchUnit) else 1) for u in units)
+    bar = Progress(total, "answers", "answers", enabled=cfg.progress)
     done = [0] * len(infos)
     start, warned = time.perf_counter(), False
     for worker, answers, rows in pool.answers(units, bar):  # a unit's answers are written once all are done
@@ -188,7 +197,7 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
         minutes = (time.perf_counter() - start) / 60
         rates = {"per worker": " ".join(f"{n / minutes:.1f}" for n in done) + " answers/min"} if len(done) > 1 else {}
         for answer in answers:
-            path = answer_path(run_dir, answer.task, answer.method, answer.temperature)
+            path = answer_path(run_dir, answer.task, answer.method, answer.temperature, answer.batch_size)
             append(path, answer, f"{plan.spec.name}-{answer.method}-temperature-{answer.temperature:g}")
             bar.update(1, **rates)
     bar.close()
@@ -224,6 +233,8 @@ def _sweeps(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) ->
 def _units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) -> list[Unit]:
     """Work in question order; each question's methods rotate by one place per question, so no method always
     runs first (or right after another) and slow drift of the machine spreads over all of them."""
+    if 1 not in cfg.batch:
+        return []
     columns = [*names, AA] if cfg.noise_floor else names
     units = []
     for task in task_list:
@@ -240,3 +251,35 @@ def _units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) -> 
                     vanilla = done["vanilla"].get(question.id)
                     units.append(Unit(task.name, question, budget, temperature, todo, vanilla, i))
     return units
+
+
+def _batch_units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) -> list[BatchUnit]:
+    """For each batch size above 1, task and temperature: the methods (vanilla first, then the A/A column) whose
+    answers at that batch size are not on disk yet. A method's answers at a batch size are written together, once
+    it has answered every question, so a file on disk is a whole one."""
+    columns = [*names, AA] if cfg.noise_floor else names
+    units = []
+    for batch in sorted(b for b in set(cfg.batch) if b > 1):
+        for task in task_list:
+            questions = [q for _, q in _questions(task, cfg)]
+            for temperature in cfg.temperatures:
+                todo = [
+                    n for n in columns if not _whole(answer_path(run_dir, task.name, n, temperature, batch), questions)
+                ]
+                if not todo:
+                    continue
+                vanilla = answer_path(run_dir, task.name, "vanilla", temperature, batch)
+                done = {a.question_id: a for a in read_file(vanilla)} if vanilla.exists() else {}
+                units.append(BatchUnit(task.name, questions, _budget(task, cfg), temperature, todo, batch, done))
+    return units
+
+
+def _whole(path: Path, questions: list[tasks.Question]) -> bool:
+    """Whether an answer file of a batch holds every question; one cut short by a killed run is removed (its
+    method answers them all again, together)."""
+    if not path.exists():
+        return False
+    if {a.question_id for a in read_file(path)} >= {q.id for q in questions}:
+        return True
+    path.unlink()
+    return False

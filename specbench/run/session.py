@@ -4,6 +4,7 @@ tokenizer, and one question answered turn by turn with a method's proposer."""
 from __future__ import annotations
 
 import sys
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -12,8 +13,9 @@ from .. import methods, tasks
 from ..config import Plan, RunConfig
 from ..core import acceptance
 from ..core.cached_lm import CachedLM
-from ..core.decode import Generation, decode
-from ..core.static_lm import StaticCachedLM
+from ..core.decode import Generation, Job, decode, decode_batch
+from ..core.static_lm import BatchedLM, StaticCachedLM
+from ..errors import SpecbenchError
 from ..models import decoder, loading
 from ..models.chat import fitting_prompt
 from . import plan as planning
@@ -48,12 +50,20 @@ class Session:
         self.device, self.dtype = loading.device_and_dtype(cfg.device, cfg.dtype)
         self.tokenizer = loading.load_tokenizer(paths["target"], cfg.trust_remote_code)
         self.model = loading.load_causal_lm(paths["target"], self.device, self.dtype, "target", cfg.trust_remote_code)
-        owned = loading.owned_decoder(self.model, "target") if cfg.graphs else None
+        batched = max(cfg.batch) > 1
+        owned = loading.owned_decoder(self.model, "target") if cfg.graphs or batched else None
+        if batched and owned is None:
+            raise SpecbenchError(
+                f"--batch {max(cfg.batch)} needs a target the owned decoder runs (the Llama family); "
+                f"{paths['target'].name} has {decoder.unsupported(self.model)}: run it with --batch 1"
+            )
         # what the manifest records of --graphs: the owned decoder, or why the target ran on transformers
         self.decoder = "owned" if owned is not None else decoder.unsupported(self.model) if cfg.graphs else None
         if cfg.compile:  # (once per run: every method verifies on this one target)
             loading.compile_forward(owned or self.model, graphs=owned is not None)
-        self.target = StaticCachedLM(owned) if owned is not None else CachedLM(self.model)
+        self.owned = owned
+        self.target = StaticCachedLM(owned) if owned is not None and cfg.graphs else CachedLM(self.model)
+        self._batched: BatchedLM | None = None
         self.stop_ids = loading.stop_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.rules: dict[str, acceptance.Rule] = {}  # method -> its acceptance rule, read from its preset once
         self.resources = methods.Resources(
@@ -116,3 +126,63 @@ class Session:
             prompts.append(ids)
             texts.append(text)
         return gens, prompts, texts
+
+    def batched(self, batch: int, context: int) -> BatchedLM:
+        """The target on a static cache of `batch` slots of `context` tokens (kept while the next batch fits in it;
+        captured on a GPU with --graphs)."""
+        old = self._batched
+        if old is None or old.batch != batch or old.context_length < context:
+            self._batched = None  # (the old cache's memory first)
+            self._batched = BatchedLM(self.owned, batch, capture=None if self.cfg.graphs else False, context=context)
+        return self._batched
+
+    def answer_batch(
+        self,
+        method: str,
+        target: BatchedLM,
+        proposers: list,
+        questions: list[tasks.Question],
+        max_new_tokens: int,
+        temperature: float,
+        seeds: list[int],
+    ) -> tuple[list[tuple[list[Generation], list[str]]], float]:
+        """Every turn of every question decoded `target.batch` at a time, slot i drafting with `proposers[i]`: a
+        question's next turn (its prompt holding the model's own answers) takes the slot its last turn freed, and
+        otherwise the next question does. Returns each question's generations and texts, in order, and the wall
+        seconds of the whole batch."""
+        if method not in self.rules:
+            self.rules[method] = methods.rule(method)
+        answered: list[tuple[list[Generation], list[str]]] = [([], []) for _ in questions]
+        queue = deque(
+            Job(
+                self.prompt(q, []),
+                max_new_tokens,
+                temperature,
+                torch.Generator(self.device).manual_seed(seed),
+                ((q.group, q.id), 0),
+            )
+            for q, seed in zip(questions, seeds, strict=True)
+        )
+        index = {(q.group, q.id): i for i, q in enumerate(questions)}
+
+        def finished(job: Job, gen: Generation) -> None:
+            assert job.request is not None
+            key, number = job.request
+            i = index[key]
+            gens, texts = answered[i]
+            gens.append(gen)
+            texts.append(self.tokenizer.decode(gen.tokens, skip_special_tokens=True).strip())
+            question = questions[i]
+            if number + 1 < len(question.turns):  # its next turn, first in line
+                prompt = self.prompt(question, texts)
+                queue.appendleft(Job(prompt, max_new_tokens, temperature, job.generator, (key, number + 1)))
+
+        wall = decode_batch(
+            target,
+            proposers,
+            lambda: queue.popleft() if queue else None,
+            finished,
+            stop_ids=self.stop_ids,
+            rule=self.rules[method],
+        )
+        return answered, wall

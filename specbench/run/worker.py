@@ -4,16 +4,18 @@ drives one Worker in its own process; `scaleout` drives one per Ray actor."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .. import methods
-from ..config import Plan, RunConfig, Unit, base_method, question_seed
+from ..config import BatchUnit, Plan, RunConfig, Unit, base_method, question_seed
 from ..core.cached_lm import CachedLM
 from ..interference import OtherLoad, set_aside, take_back, without_gc
 from ..machine import machine, warm_gpu
@@ -21,6 +23,7 @@ from ..results import Answer, TurnSteps, answer, check_greedy
 from .plan import fetch
 from .session import Session
 
+CONTEXT_SLACK = 16  # tokens a turn's answer may grow by when its text is tokenized again in the next prompt
 RETIMES = 3  # --compile: a timed decode during which torch.compile built a new graph runs again, at most this often
 
 
@@ -73,6 +76,8 @@ class Worker:
         self.proposers = {name: methods.build(name, self.session.resources) for name in plan.methods}
         self.lossless = {name: methods.preset(name).lossless for name in plan.methods}
         self.warmed: set[str] = set()
+        self.slot_proposers: dict[str, list] = {}  # method -> its proposers for batches, one per slot
+        self.warmed_batches: set[tuple[str, int]] = set()  # (method, batch size) warmed up
         self.neighbours = 0.0  # CPUs other workers on this machine may keep busy: not a foreign load
         set_aside()  # what it loaded lives as long as it does
 
@@ -125,7 +130,7 @@ class Worker:
                 )
         return gens, texts, None if load.value is None else max(0.0, load.value - self.neighbours)
 
-    def _record(self, name: str, unit: Unit, seed: int, gens: list, texts: list[str]) -> Answer:
+    def _record(self, name: str, unit: Unit | BatchUnit, question, seed: int, gens: list, texts: list[str]) -> Answer:
         turns = [
             TurnSteps(
                 g.tokens,
@@ -139,7 +144,7 @@ class Worker:
             for g in gens
         ]
         return answer(
-            unit.question,
+            question,
             unit.task,
             name,
             unit.temperature,
@@ -179,7 +184,7 @@ class Worker:
                     file=sys.stderr,
                 )
             _, gens, texts, _ = sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]  # the median timing
-            answers[name] = a = self._record(name, unit, seed, gens, texts)
+            answers[name] = a = self._record(name, unit, unit.question, seed, gens, texts)
             a.busy_cpus = max((r[3] for r in runs if r[3] is not None), default=None)
             a.position, a.slot = unit.position, unit.methods.index(name)
         check_greedy(
@@ -190,3 +195,51 @@ class Worker:
             lambda: self.session.model,
         )
         return list(answers.values())
+
+    def _proposers(self, name: str, batch: int) -> list:
+        """`batch` proposers of the method `name` (the A/A column's are vanilla's), one per slot: each keeps its own
+        state (its draft's cache, its pools); built once, the first being the one batch 1 uses."""
+        method = base_method(name)
+        built = self.slot_proposers.setdefault(method, [self.proposers[method]])
+        while len(built) < batch:
+            built.append(methods.build(method, self.session.resources))
+        return built[:batch]
+
+    def answer_batch(self, unit: BatchUnit) -> Iterator[list[Answer]]:
+        """The unit's methods one after another (vanilla first), each answering every question `unit.batch` at a
+        time after a discarded warm-up of one batch of first turns: each method's answers, in question order, with
+        their greedy checks against vanilla's at the same batch size."""
+        session, questions = self.session, unit.questions
+        seeds = [question_seed(self.cfg.seed, q.id, unit.temperature) for q in questions]
+        turns = max(len(q.turns) for q in questions)
+        longest = max(len(session.prompt(q, [""] * (len(q.turns) - 1))) for q in questions)
+        target = session.batched(unit.batch, longest + turns * (unit.budget + CONTEXT_SLACK))
+        reference = dict(unit.vanilla)
+        for slot, name in enumerate(unit.methods):
+            proposers = self._proposers(name, unit.batch)
+            method = base_method(name)
+            if self.cfg.warmup and (method, unit.batch) not in self.warmed_batches:
+                first = [dataclasses.replace(q, turns=q.turns[:1]) for q in questions[: unit.batch]]
+                session.answer_batch(
+                    method, target, proposers, first, unit.budget, unit.temperature, seeds[: len(first)]
+                )
+                self.warmed_batches.add((method, unit.batch))
+                warm_gpu(session.device)
+            with without_gc(), OtherLoad() as load:
+                answered, _ = session.answer_batch(
+                    method, target, proposers, questions, unit.budget, unit.temperature, seeds
+                )
+            busy = None if load.value is None else max(0.0, load.value - self.neighbours)
+            answers = []
+            for position, (question, seed, (gens, texts)) in enumerate(zip(questions, seeds, answered, strict=True)):
+                a = self._record(name, unit, question, seed, gens, texts)
+                a.batch_size, a.batch_times = unit.batch, [[g.started, g.ended] for g in gens]
+                a.busy_cpus, a.position, a.slot = busy, position, slot
+                if name == "vanilla":
+                    reference[question.id] = a
+                else:
+                    check_greedy(
+                        {name: a}, reference.get(question.id), question, session.tokenizer, lambda: session.model
+                    )
+                answers.append(a)
+            yield answers
