@@ -108,7 +108,7 @@ class BatchedLM:
             if self.lengths[row.slot] + len(row.tokens) > self.context_length:
                 raise SpecbenchError(
                     f"{self.lengths[row.slot] + len(row.tokens)} tokens do not fit the static cache of "
-                    f"{self.context_length} (--graphs)"
+                    f"{self.context_length} tokens (--graphs, --batch)"
                 )
 
     @torch.inference_mode()

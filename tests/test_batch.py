@@ -1,0 +1,116 @@
+"""`--batch`: sequences decoded together in our loop (core.decode.decode_batch over core.static_lm.BatchedLM). Each
+slot's greedy tokens and accepted lengths are its batch-of-one's, for every kind of method; slots of different
+lengths, finishing at different steps, never see each other's rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specbench.cli.main import main
+from specbench.core import acceptance
+from specbench.core.decode import Job, decode, decode_batch
+from specbench.core.static_lm import BatchedLM, Row, StaticCachedLM
+from specbench.core.tree import Tree
+from specbench.methods.sps import DraftModel
+from specbench.models.decoder import Decoder
+
+from .conftest import random_llama
+
+# one of each kind: no drafter, a draft model's chain, EAGLE's tree from the target's features, a Jacobi side
+# branch, a host-side index across questions
+METHODS = ("vanilla", "sps", "eagle2", "lookahead", "suffix")
+ACROSS_QUESTIONS = {"suffix"}  # its global index holds the answers its own slot gave: acceptance moves with B
+
+
+@pytest.fixture(scope="module")
+def target():
+    return Decoder.adopt(random_llama(64, layers=2, seed=4, init=0.3))
+
+
+def test_every_slot_sees_its_own_rows_only(target):
+    """Two slots of different lengths in one forward (a tree in one, a chain in the other, a third slot idle) give
+    the logits each gives alone; rows past a slot's length hold large garbage, planted, and reach nobody (NaN would
+    reach everybody: a masked key still multiplies); a commit in one slot moves nothing in the other."""
+    batched, alone = BatchedLM(target, 3, context=64), [StaticCachedLM(target) for _ in range(2)]
+    prompts = [[5, 9, 11, 3, 7, 21, 30, 2, 8], [40, 41]]
+    for slot, prompt in enumerate(prompts):
+        ours, theirs = batched.prefill_slot(slot, prompt), alone[slot].prefill(prompt)
+        torch.testing.assert_close(ours.logits, theirs.logits, rtol=1e-5, atol=1e-5)
+    for stored in (batched.cache.keys, batched.cache.values):  # every row no slot holds: garbage
+        for slot, length in enumerate(batched.lengths):
+            for layer in range(2):
+                rows = stored[slot, :, layer * batched.capacity + length : (layer + 1) * batched.capacity]
+                rows.copy_(torch.randn(rows.shape) * 1e3)
+    tree = Tree([12, 13, 14], [-1, -1, 0])
+    rows = [Row(0, tree.rows(8), tree), Row(1, [2, 17, 18])]
+    outs = batched.run(rows)
+    expected = [alone[0].run(tree.rows(8), tree), alone[1].run([2, 17, 18])]
+    for ours, theirs in zip(outs, expected, strict=True):
+        torch.testing.assert_close(ours.logits, theirs.logits, rtol=1e-5, atol=1e-5)
+    batched.commit([(0, 8, [0, 2]), (1, 1, [0, 1, 2])])
+    alone[0].commit(8, [0, 2])
+    alone[1].commit(1, [0, 1, 2])
+    assert batched.lengths == [10, 4, 0]
+    outs = batched.run([Row(0, [20]), Row(1, [21])])  # after the commits
+    for ours, lm, token in zip(outs, alone, [20, 21], strict=True):
+        torch.testing.assert_close(ours.logits, lm.run([token]).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_slots_refilled_as_turns_end_give_each_turns_tokens_alone(target):
+    """Five turns of different lengths and budgets through two slots (one ends at a stop token, the others at their
+    budgets), sps drafting in each slot: every turn's tokens, accepted lengths and picks are its batch of one's."""
+    draft = Decoder.adopt(random_llama(64, layers=1, seed=5, init=0.3))
+    prompts = [[5, 9, 11], [40, 41, 42, 43, 44, 45, 46], [7], [3, 3, 3, 9], [12, 30]]
+    budgets = [9, 3, 12, 6, 7]
+    single = StaticCachedLM(target)
+    alone = [
+        decode(single, DraftModel(StaticCachedLM(draft), 3), p, max_new_tokens=b, temperature=0, stop_ids={17})
+        for p, b in zip(prompts, budgets, strict=True)
+    ]
+    jobs = [Job(p, b, 0.0, request=(i, 0)) for i, (p, b) in enumerate(zip(prompts, budgets, strict=True))]
+    ended: dict[int, object] = {}
+    wall = decode_batch(
+        BatchedLM(target, 2, context=64),
+        [DraftModel(StaticCachedLM(draft), 3) for _ in range(2)],
+        lambda: jobs.pop(0) if jobs else None,
+        lambda job, gen: ended.__setitem__(job.request[0], gen),
+        stop_ids={17},
+        rule=acceptance.EXACT,
+    )
+    assert sorted(ended) == list(range(5))
+    for i, gen in ended.items():
+        assert (gen.tokens, gen.accept_lengths) == (alone[i].tokens, alone[i].accept_lengths), i
+        assert gen.target_top1 == alone[i].target_top1
+        assert 0 <= gen.started < gen.ended <= wall
+    assert len({len(g.tokens) for g in alone}) > 2  # (the turns do end at different steps)
+
+
+def test_methods_at_batch_3_give_their_batch_1_tokens(tmp_path):
+    """A run at batch sizes 1 and 3: each method's tokens at B = 3 are its own at B = 1 (and vanilla's, the greedy
+    check), question by question; so are the accepted lengths, but where a method's proposals draw on other
+    questions' answers (suffix's global index: per slot at B > 1)."""
+    out = tmp_path / "run"
+    argv = ["run", "--methods", ",".join(METHODS), "--batch", "1,3", "--limit", "1", "--tasks", "quick"]
+    argv += ["--max-new-tokens", "12", "--no-report", "--no-noise-floor", "--no-warmup", "--out", str(out)]
+    assert main(argv) == 0
+    answers: dict[tuple, dict] = {}
+    for path in (out / "answers" / "quick").glob("*.jsonl"):
+        for line in path.open():
+            record = json.loads(line)
+            ours = record["specbench"]
+            answers[ours["method"], ours["batch_size"], record["question_id"]] = record
+    assert {b for _, b, _ in answers} == {1, 3}
+    for (method, batch, question), record in answers.items():
+        if batch == 1:
+            continue
+        one = answers[method, 1, question]
+        assert record["specbench"]["output_ids"] == one["specbench"]["output_ids"], (method, question)
+        assert len(record["specbench"]["batch_times"]) == len(one["specbench"]["output_ids"])  # a span per turn
+        if method != "vanilla":
+            assert record["specbench"]["greedy_check"]["match"], (method, question)
+        if method not in ACROSS_QUESTIONS:
+            same = record["choices"][0]["accept_lengths"] == one["choices"][0]["accept_lengths"]
+            assert same, (method, question)
