@@ -11,7 +11,7 @@ import numpy as np
 
 from ..engines import concurrency
 from ..interference import BUSY_SHARE
-from . import crosscheck, metrics, regimes
+from . import batches, crosscheck, metrics, regimes
 from .cells import AA, BASELINE, OVERALL, Cell, collect_cells, file_stem, from_spec_bench, source_line
 from .plots import all_plots, method_colors, plot_concurrency
 from .sources import Source, load_sources
@@ -220,6 +220,15 @@ def build_report(sources: list[Path], out_dir: Path, title: str | None = None, m
     md += ["## Leaderboard: paired speedup over vanilla [95% CI]", ""]
     for c in cells:
         md += [f"### {c.title}", "", leaderboard_md(c), ""]
+    if sweeps_b := batches.groups(cells):
+        colors = method_colors({m for g in sweeps_b for c in g for m in c.by_method})
+        md += ["## Batch sweep: speedup and throughput against batch size", "", batches.NOTES, ""]
+        for group in sweeps_b:
+            c = group[0]
+            stem = file_stem("batches", c.source.name, c.model, c.task, f"t{c.temperature:g}")
+            figure = batches.plot(group, colors, out_dir, stem)[0]
+            md += [f"### {c.source.label} · {c.model} · {c.task} · T={c.temperature:g}", "", batches.table(group), ""]
+            md += [f"![{figure.stem}]({figure.name})", ""]
     if tuned := [(c, table) for c in cells if (table := tuned_md(c))]:
         md += ["## Tuned vs default (`specbench tune`, run with --tuned)", ""]
         md += [line for c, table in tuned for line in (f"### {c.title}", "", table, "")]

@@ -24,7 +24,7 @@ AA = "vanilla-aa"  # the runner's A/A column: vanilla timed twice per question i
 OVERALL = "overall"
 NA = "n/a"  # no baseline to compare with
 MISSING = "—"  # not recorded
-CELL_KEY = ["model", "task", "temperature"]  # within one source
+CELL_KEY = ["model", "task", "temperature", "batch_size"]  # within one source
 
 
 @dataclass
@@ -63,16 +63,19 @@ class Cell:
     model: str
     task: str
     temperature: float
+    batch_size: int
     turns: pd.DataFrame
     steps: pd.DataFrame
 
     @property
     def title(self) -> str:
-        return f"{self.source.label} · {self.model} · {self.task} · T={self.temperature:g}"
+        batch = f" · B={self.batch_size}" if self.batch_size > 1 else ""
+        return f"{self.source.label} · {self.model} · {self.task} · T={self.temperature:g}{batch}"
 
     @property
     def slug(self) -> str:
-        return file_stem(self.source.name, self.model, self.task, f"t{self.temperature:g}")
+        batch = [f"b{self.batch_size}"] if self.batch_size > 1 else []
+        return file_stem(self.source.name, self.model, self.task, f"t{self.temperature:g}", *batch)
 
     @cached_property
     def by_method(self) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
@@ -154,7 +157,10 @@ def collect_cells(sources: list[Source]) -> list[Cell]:
         turns, steps = from_sources([source]), steps_from_sources([source])
         steps_of = dict(list(steps.groupby(CELL_KEY)))
         for key, cell_turns in turns.groupby(CELL_KEY):
-            cells.append(Cell(source, *key, cell_turns, steps_of.get(key, steps.iloc[:0])))
+            model, task, temperature, batch = key
+            cells.append(
+                Cell(source, model, task, temperature, int(batch), cell_turns, steps_of.get(key, steps.iloc[:0]))
+            )
     return cells
 
 

@@ -221,7 +221,8 @@ def compare(baseline: Path, new: Path, limits: Limits = Limits(), allow_differen
             "are not comparable; pass --allow-different-machines to compare anyway"
         )
     base_cells, new_cells = (
-        {(c.model, c.task, c.temperature): c for c in collect_cells([s])} for s in (base_src, new_src)
+        {(c.model, c.task, c.temperature): c for c in collect_cells([s]) if c.batch_size == 1}
+        for s in (base_src, new_src)
     )
     rows: list[Row] = []
     only_base, only_new = [], []

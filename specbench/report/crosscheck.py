@@ -28,7 +28,7 @@ taken across engines. Where τ differs, look first at how each drafts:
 def pairs(cells: list[Cell]) -> list[tuple[Cell, Cell]]:
     """(our loop's cell, an engine's cell) for every engine cell with an our-loop cell of the same model, task and
     temperature."""
-    ours = {(c.model, c.task, c.temperature): c for c in cells if c.source.engine == "specbench"}
+    ours = {(c.model, c.task, c.temperature): c for c in cells if c.source.engine == "specbench" and c.batch_size == 1}
     return [
         (ours[(c.model, c.task, c.temperature)], c)
         for c in cells

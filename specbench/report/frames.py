@@ -8,7 +8,8 @@ from the sources they loaded, with `from_sources` and `steps_from_sources`). Col
 An answer records some fields once for all its turns. They sit on its turn-0 row, so that sums and counts over
 rows take each answer once: `draft_time` and `verify_time` (seconds, all turns) are 0.0 on later turns;
 `greedy_match`, `greedy_near_tie`, `busy_cpus`, `position` and `slot` are missing there. Where an answer did not
-record one, it is missing on all its rows.
+record one, it is missing on all its rows. `batch_size` is the number of sequences decoded together (1 unless
+run with `--batch`); `batch_start` and `batch_end`, a batched turn's span in seconds from its batch's start.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..errors import SpecbenchError
 from ..results import Answer
 from .sources import Source, load_sources
 
-KEY = ["source", "model", "task", "temperature", "method", "question_id"]  # one answer
+KEY = ["source", "model", "task", "temperature", "batch_size", "method", "question_id"]  # one answer
 ANSWER_FIELDS = [
     *KEY,
     "category",
@@ -57,6 +58,7 @@ def _answer_row(source: Source, answer: Answer) -> dict:
         "model": answer.model,
         "task": answer.task,
         "temperature": answer.temperature,
+        "batch_size": answer.batch_size,
         "method": answer.method,
         "question_id": answer.question_id,
         "category": answer.category,
@@ -118,6 +120,10 @@ def from_sources(sources: list[Source]) -> pd.DataFrame:
     steps = _ints(chain.from_iterable(a.decoding_steps for a in answers))  # [turns]
     new = _ints(chain.from_iterable(a.new_tokens for a in answers))
     wall = np.fromiter(chain.from_iterable(a.wall_time for a in answers), dtype=float)
+    spans = np.array(
+        [span for a, n in zip(answers, n_turns, strict=True) for span in (a.batch_times or [[np.nan, np.nan]] * n)],
+        dtype=float,
+    ).reshape(-1, 2)  # [turns, 2]: a batched turn's start and end in its batch
     tree = np.array(_joined(answers, "tree_size"), dtype=float)  # [steps], nan where not recorded
     tree_sum = np.bincount(np.repeat(np.arange(steps.size), steps), weights=tree, minlength=steps.size)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -129,6 +135,8 @@ def from_sources(sources: list[Source]) -> pd.DataFrame:
                 "steps": steps,
                 "tau": np.where(steps > 0, new / steps, np.nan),
                 "tokens_per_s": np.where(wall > 0, new / wall, np.nan),
+                "batch_start": spans[:, 0],
+                "batch_end": spans[:, 1],
                 "mean_tree_size": np.where(steps > 0, tree_sum / steps, np.nan),
                 "text": list(
                     chain.from_iterable(

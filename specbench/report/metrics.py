@@ -61,7 +61,16 @@ def question_throughput(turns: pd.DataFrame) -> pd.Series:
 
 
 def tokens_per_second(turns: pd.DataFrame) -> float:
+    """Σ new tokens / Σ wall time: at batch 1 the run's rate, in a batch the rate one user sees (per-user)."""
     return float(turns.new_tokens.sum() / turns.wall_time.sum())
+
+
+def total_throughput(turns: pd.DataFrame) -> float:
+    """Σ new tokens / the time they took together: in a batch from its first turn's start to its last turn's end
+    (the turns overlap); at batch 1 Σ wall time (the turns ran one after another)."""
+    if len(turns) and turns.batch_end.notna().all():
+        return float(turns.new_tokens.sum() / (turns.batch_end.max() - turns.batch_start.min()))
+    return tokens_per_second(turns)
 
 
 @dataclass(frozen=True)

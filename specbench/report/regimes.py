@@ -27,7 +27,7 @@ def groups(cells: list[Cell]) -> list[list[Cell]]:
     order = {"eager": 0, "eager+compile": 1, "graphs": 2, "graphs+compile": 3}
     by_key: dict[tuple, list[Cell]] = {}
     for c in cells:
-        by_key.setdefault((c.model, c.task, c.temperature), []).append(c)
+        by_key.setdefault((c.model, c.task, c.temperature, c.batch_size), []).append(c)
     out = []
     for group in by_key.values():
         if len({c.source.regime for c in group}) > 1:
