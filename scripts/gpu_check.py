@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from specbench.machine import gpu_clocks, warm_gpu
-from specbench.report import cells, frames, metrics, regimes
+from specbench.report import batches, cells, frames, metrics, regimes, sources
 
 COPY_BYTES = 2 << 30
 
@@ -92,7 +92,8 @@ def _ms(seconds: float) -> str:
 def summary(args) -> None:
     roof = json.loads(args.roofline.read_text())
     turns = frames.frame([args.run])
-    turns = turns[turns.temperature == 0]
+    batched = turns[(turns.temperature == 0) & (turns.batch_size > 1)]
+    turns = turns[(turns.temperature == 0) & (turns.batch_size == 1)]
     profile = {int(k): v for k, v in json.loads((args.run / "forward_profile.json").read_text()).items()}
     limit = roof["roofline_tokens_per_s"]
     config = json.loads((args.run / "manifest.json").read_text())["config"]
@@ -111,7 +112,7 @@ def summary(args) -> None:
     )
     base = turns[turns.method == "vanilla"]
     steps = frames.steps_frame([args.run])
-    steps = steps[steps.temperature == 0]
+    steps = steps[(steps.temperature == 0) & (steps.batch_size == 1)]
     rows = [
         "| method | tokens/s | share of roofline | speedup [95% CI] | τ | ms/step (× vanilla's) | target forward "
         "(rows) | drafting | rest (host) |",
@@ -137,6 +138,30 @@ def summary(args) -> None:
         s = metrics.paired_speedup(aa, base)
         verdict = "contains 1.00" if s.low <= 1 <= s.high else "does NOT contain 1.00: the timings did not hold still"
         print(f"\nA/A floor (vanilla timed twice): {metrics.format_ratio(s.value, s.low, s.high)}, {verdict}.")
+    if not batched.empty:
+        _batch_summary(args.run, limit)
+
+
+def _batch_summary(run: Path, limit: float) -> None:
+    """The run's batch sweep (`run --batch`): per method and B, total and per-user tokens/s, the speedup over vanilla
+    at the same B, τ, and vanilla's total against its own at B = 1 (the throughput batching buys)."""
+    for group in batches.groups(cells.collect_cells(sources.load_sources([run]))):
+        if group[0].temperature != 0:
+            continue
+        data = batches.rows(group)
+        one = data[(data.method == "vanilla") & (data.batch == 1)].total
+        print(f"\nBatch sweep ({group[0].task}; total tokens/s over the roofline's {limit:.0f} one-sequence rate):\n")
+        header = (
+            "| method | B | total tokens/s | per-user tokens/s | speedup at the same B [95% CI] | τ | total ÷ B=1's |"
+        )
+        print(header)
+        print("|---|---|---|---|---|---|---|")
+        for r in data.sort_values(["method", "batch"]).itertuples():
+            speedup = (
+                "1.00×" if r.speedup is None else metrics.format_ratio(r.speedup.value, r.speedup.low, r.speedup.high)
+            )
+            gain = f"{r.total / one.iloc[0]:.1f}×" if len(one) else "—"
+            print(f"| {r.method} | {r.batch} | {r.total:.1f} | {r.per_user:.1f} | {speedup} | {r.tau:.2f} | {gain} |")
 
 
 def _draft_steps(proposer, tokens: list[int], vocab: int, count: int = 1) -> list[int]:

@@ -4,8 +4,9 @@
 # layouts (nothing downloaded), the bandwidth roofline after a warm-up, then every
 # method in the eager loop and under --graphs, each regime with the A/A noise floor and T(n) of the target's
 # forward, a report each, and the summary tables a closing note quotes (summary.md). $GPU_CHECK_REGIMES picks among
-# eager, graphs and compiled (default eager and graphs; compiled: vanilla under --graphs --compile, or the methods
-# in $GPU_CHECK_COMPILED_METHODS, whose warm-ups compile for long at 7B on an H200 — vanilla and eagle3 did not
+# eager, graphs, compiled and batches (default eager and graphs; batches: `--batch $GPU_CHECK_BATCHES`, default
+# 1,8,32,64, over 64 one-turn questions for $GPU_CHECK_BATCH_METHODS, default vanilla,sps; compiled: vanilla under
+# --graphs --compile, or the methods in $GPU_CHECK_COMPILED_METHODS, whose warm-ups compile for long at 7B on an H200 — vanilla and eagle3 did not
 # finish in 170 s, EAGLE's whole drafting step being one graph — for ~10% of a one-token forward's kernel time, so
 # it is asked for by name: GPU_CHECK_REGIMES="eager graphs compiled"). A regime whose run
 # fails is named in summary.md and the next one runs; the script then exits non-zero. $GPU_CHECK_LIMIT (seconds)
@@ -46,16 +47,23 @@ echo "checkpoints written in $((SECONDS - written)) s: $options"
 failed=
 for regime in ${GPU_CHECK_REGIMES:-eager graphs}; do  # the eager loop (comparable with papers), --graphs
   methods=${GPU_CHECK_METHODS:-all}
+  tasks="--tasks quick --limit 1"
   case $regime in
     eager) flags= ;;
     graphs) flags=--graphs ;;
     compiled) flags="--graphs --compile" methods=${GPU_CHECK_COMPILED_METHODS:-vanilla} ;;
-    *) echo "gpu_check: unknown regime '$regime' in GPU_CHECK_REGIMES: use eager, graphs or compiled" >&2; exit 2 ;;
+    batches)  # `run --batch`: 64 one-turn questions, B sequences at a time; drafting is per sequence (a drafter per slot)
+      "$py" -c "import json, sys; [print(json.dumps({'turns': [f'Question {i}: tell me about the number {i}.']})) for i in range(64)]" \
+        > "$out/batch-questions.jsonl"
+      flags="--graphs --batch ${GPU_CHECK_BATCHES:-1,8,32,64} --no-noise-floor"
+      tasks="--tasks $out/batch-questions.jsonl" methods=${GPU_CHECK_BATCH_METHODS:-vanilla,sps} ;;
+    *) echo "gpu_check: unknown regime '$regime' in GPU_CHECK_REGIMES: use eager, graphs, compiled or batches" >&2
+      exit 2 ;;
   esac
   # shellcheck disable=SC2086  # $options and $flags are lists of options
   rc=0
   timeout "${GPU_CHECK_LIMIT:-0}" "$py" -m specbench.cli run $options $flags --methods "$methods" --device cuda \
-    --dtype float16 --tasks quick --limit 1 --max-new-tokens 48 --out "$out/$regime" --no-report || rc=$?
+    --dtype float16 $tasks --max-new-tokens 48 --out "$out/$regime" --no-report || rc=$?
   if ((rc)); then
     why="failed (its error above)"
     ((rc == 124)) && why="ran over its limit of ${GPU_CHECK_LIMIT} s (GPU_CHECK_LIMIT)"

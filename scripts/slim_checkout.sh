@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Moves the bundled weights (specbench/zoo/*/**.safetensors) out of the checkout and back. A lent GPU machine takes a
-# working tree of at most 64 MiB, and the bundled families weigh more than that; `scripts/gpu_check.sh` needs none
-# of them (only the tiny tokenizer, which stays). Files missing from the working tree do not travel, tracked or not.
+# working tree of at most 64 MiB, and the bundled families weigh more than that; `scripts/gpu_check.sh` needs only
+# the tiny tokenizer and the tiny target (36 MB: its CUDA tests load it), which stay. Files missing from the working tree do not travel, tracked or not.
 #   bash scripts/slim_checkout.sh out   # before the device call
 #   bash scripts/slim_checkout.sh in    # after it (git status is clean again)
 set -euo pipefail
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 stash=${SLIM_STASH:-/tmp/specbench-slim-stash}
 case "${1:-}" in
   out)
-    git ls-files 'specbench/zoo/*.safetensors' | while read -r f; do
+    git ls-files 'specbench/zoo/*.safetensors' | grep -v '^specbench/zoo/tiny/target/' | while read -r f; do
       mkdir -p "$stash/$(dirname "$f")" && mv "$f" "$stash/$f"
     done
     echo "moved $(find "$stash" -name '*.safetensors' | wc -l) weight files to $stash" ;;
