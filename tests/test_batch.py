@@ -42,11 +42,13 @@ def test_every_slot_sees_its_own_rows_only(target, device):
     for slot, prompt in enumerate(prompts):
         ours, theirs = batched.prefill_slot(slot, prompt), alone[slot].prefill(prompt)
         torch.testing.assert_close(ours.logits, theirs.logits, rtol=1e-5, atol=1e-5)
-    for stored in (batched.cache.keys, batched.cache.values):  # every row no slot holds: garbage
-        for slot, length in enumerate(batched.lengths):
-            for layer in range(2):
-                rows = stored[slot, :, layer * batched.capacity + length : (layer + 1) * batched.capacity]
-                rows.copy_(torch.randn(rows.shape, device=device) * 1e3)
+    assert not batched.cache.keys.requires_grad  # (a prefill outside inference mode chained every write's graph)
+    with torch.inference_mode():  # every row no slot holds: garbage
+        for stored in (batched.cache.keys, batched.cache.values):
+            for slot, length in enumerate(batched.lengths):
+                for layer in range(2):
+                    rows = stored[slot, :, layer * batched.capacity + length : (layer + 1) * batched.capacity]
+                    rows.copy_(torch.randn(rows.shape, device=device) * 1e3)
     tree = Tree([12, 13, 14], [-1, -1, 0])
     rows = [Row(0, tree.rows(8), tree), Row(1, [2, 17, 18])]
     outs = batched.run(rows)

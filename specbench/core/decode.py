@@ -18,6 +18,7 @@ from .cached_lm import CachedLM, Forward
 from .proposer import Feedback, Proposer, Turn
 from .static_lm import BatchedLM, Row
 from .step import inputs, judge, outcome
+from .transfer import upload
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class Step:
     accept_length: int  # tokens this step appended (the target's own token included)
     tested: int  # draft depth examined along the accepted path (see acceptance.Accepted)
     tree_size: int  # tokens sent to the target in the verification forward
-    draft_time: float  # this sequence's drafting (its proposer's propose and update)
+    draft_time: float  # this sequence's drafting (its proposer's propose and update; in a batch, its share)
     verify_time: float  # the target's forward, acceptance and cache commit (every slot's, in a batch)
 
 
@@ -95,6 +96,7 @@ class OneSlot:
     just prefilled crops back to it (`CachedLM.prefill`; the sampling audit's)."""
 
     batch = 1
+    last = None  # (a batch's whole output: one sequence's is its own)
 
     def __init__(self, model: CachedLM, reuse: bool = False) -> None:
         self.model, self.reuse = model, reuse
@@ -107,7 +109,9 @@ class OneSlot:
     def prefill_slot(self, slot: int, prompt: list[int], layers: tuple[int, ...] | None = None) -> Forward | None:
         return self.model.prefill(prompt, layers, reuse=self.reuse)
 
-    def run(self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False) -> list[Forward]:
+    def run(
+        self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False, copies: bool = True
+    ) -> list[Forward]:
         (row,) = rows
         return [self.model.run(row.tokens, row.tree, layers=layers, side=row.side, greedy=greedy)]
 
@@ -125,7 +129,8 @@ class _Turn:
     gen: Generation
     budget: int
     marks: tuple[int, int, int]  # before the prefill, after it, after the proposer's start
-    steps: list[tuple[int, int, int, tuple[int, int, int, int, int, int]]] = field(default_factory=list)
+    steps: list[tuple[int, int, int, tuple[int, int, int, int, int]]] = field(default_factory=list)  # with the
+    # step's marks: before drafting, before and after the forward, after the updates; and the slots that shared it
     picked: list[tuple[list[int], torch.Tensor]] = field(default_factory=list)  # T=0: the target's picks per step
     end: int = 0  # the mark at its last step's end
 
@@ -180,28 +185,43 @@ def decode_batch(
         active = [(slot, turn) for slot, turn in enumerate(slots) if turn is not None]
         if not active:
             break
-        proposals, draft_marks = [], []
+        proposals = []
+        d0 = mark()  # (a phase's marks, not a slot's: each slot's share of the drafting is the phase over the slots)
         for slot, turn in active:
             depth = turn.budget - len(turn.gen.tokens) - 1  # drafted tokens the budget has room for
-            draft_marks.append(mark())
             proposals.append(proposers[slot].propose(turn.tokens, depth).pruned(depth))
-        draft_marks.append(v0 := mark())
+        v0 = mark()
         past = [target.lengths[slot] for slot, _ in active]
         rows = [
             Row(slot, inputs(turn.tokens[-1], p), p.tree, p.side)
             for (slot, turn), p in zip(active, proposals, strict=True)
         ]
         greedy = all(turn.job.temperature == 0 for _, turn in active)
-        outs = target.run(rows, layers=layers, greedy=greedy)
+        batched = isinstance(target, BatchedLM)  # (one read and one gather for every slot; views, not copies)
+        outs = target.run(rows, layers=layers, greedy=greedy, copies=not batched)
+        whole = target.last if batched else None
+        host = whole.picks[0].tolist() if whole is not None and whole.picks is not None else None
         verdicts = [
-            judge(p, out, rule, turn.job.temperature, turn.job.generator)
-            for (_, turn), p, out in zip(active, proposals, outs, strict=True)
+            judge(p, out, rule, turn.job.temperature, turn.job.generator, host and host[row.slot][: len(row.tokens)])
+            for (_, turn), p, out, row in zip(active, proposals, outs, rows, strict=True)
         ]
-        target.commit([(slot, p0, [0, *v[0].rows]) for (slot, _), p0, v in zip(active, past, verdicts, strict=True)])
+        kept = [[0, *accepted.rows] for accepted, _ in verdicts]
+        target.commit([(slot, p0, k) for (slot, _), p0, k in zip(active, past, kept, strict=True)])
+        kept_margins, kept_features = [None] * len(active), [None] * len(active)
+        if whole is not None:  # every slot's kept rows gathered at once
+            index = upload([slot for (slot, _), k in zip(active, kept, strict=True) for _ in k], device)
+            rows_kept = upload([r for k in kept for r in k], device)
+            sizes = [len(k) for k in kept]
+            if whole.picks is not None:
+                kept_margins = list(whole.picks[1][index, rows_kept].split(sizes))
+            if whole.features is not None:
+                kept_features = list(whole.features[index, rows_kept].split(sizes))
         v1 = mark()
+        steps: list[tuple[_Turn, int, int, int]] = []
+        ending: list[int] = []
         for i, (slot, turn) in enumerate(active):
             proposal, out, (accepted, best) = proposals[i], outs[i], verdicts[i]
-            step = outcome(proposal, out, accepted, best)
+            step = outcome(proposal, out, accepted, best, kept_margins[i])
             remaining = turn.budget - len(turn.gen.tokens)
             new = step.new
             stop_at = next((j for j, t in enumerate(new) if t in stop_ids), None)
@@ -213,18 +233,24 @@ def decode_batch(
             turn.tokens.extend(new)
             turn.gen.tokens.extend(new)
             n = len(proposal.tree) + 1
+            features = kept_features[i]
+            if whole is None and out.features is not None:
+                features = out.features[step.kept_rows]
             feedback = Feedback(
                 step.accepted,
-                out.features[step.kept_rows] if out.features is not None else None,
+                features,
                 out.logits[n:] if proposal.side else None,
                 step.side_picks if proposal.side else None,
             )
-            u0 = mark()
             proposers[slot].update(turn.tokens, proposal, feedback)
-            marks = (draft_marks[i], draft_marks[i + 1], v0, v1, u0, mark())
-            turn.steps.append((len(new), step.accepted.tested, len(out.logits), marks))
+            steps.append((turn, len(new), step.accepted.tested, len(out.logits)))
             if stop_at is not None or len(turn.gen.tokens) >= turn.budget:
-                end(slot)
+                ending.append(slot)
+        marks = (d0, v0, v1, mark(), len(active))
+        for turn, *numbers in steps:
+            turn.steps.append((*numbers, marks))
+        for slot in ending:
+            end(slot)
     wall = clock(device) - start
     at = mark.seconds()
     for turn in done:
@@ -232,8 +258,8 @@ def decode_batch(
         gen = turn.gen
         gen.started, gen.ended = at[m0], at[turn.end]
         gen.wall_time, gen.prefill_draft_time = at[turn.end] - at[m0], at[m2] - at[m1]
-        for new_tokens, tested, size, (d0, d1, v0, v1, u0, u1) in turn.steps:
-            drafting = at[d1] - at[d0] + at[u1] - at[u0]
+        for new_tokens, tested, size, (d0, v0, v1, u1, slots) in turn.steps:
+            drafting = (at[v0] - at[d0] + at[u1] - at[v1]) / slots
             gen.steps.append(Step(new_tokens, tested, size, drafting, at[v1] - at[v0]))
         if turn.picked:  # read after the clock stops
             gen.target_top1 = [top1 for p in turn.picked for top1 in p[0]]

@@ -102,6 +102,7 @@ class BatchedLM:
         self.replays.capture = self.replays.capture if capture is None else capture
         self.inputs: dict[tuple, Inputs] = {}  # by (bucket, span, layers, chains only, greedy)
         self.cache = StaticRows(len(model.layers), self.capacity, batch)
+        self.last: Forward | None = None  # the last forward's output, every slot's rows [B, b, ...]
 
     def _check(self, rows: list[Row]) -> None:
         for row in rows:
@@ -113,11 +114,18 @@ class BatchedLM:
 
     @torch.inference_mode()
     def run(
-        self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False, last_only: bool = False
+        self,
+        rows: list[Row],
+        *,
+        layers: tuple[int, ...] | None = None,
+        greedy: bool = False,
+        last_only: bool = False,
+        copies: bool = True,
     ) -> list[Forward]:
-        """One forward over every slot, `rows` the ones with work (the others pad); each row's output, in order.
-        `greedy`: every row's argmax and margin computed inside the forward (`Forward.picks`); `last_only`: the
-        last row's logits only. A row longer than any bucket (a prefill) runs alone: `prefill_slot`."""
+        """One forward over every slot, `rows` the ones with work (the others pad); each row's output, in order,
+        and every slot's in `last` ([B, b, ...]). `greedy`: every row's argmax and margin computed inside the forward
+        (`Forward.picks`); `last_only`: the last row's logits only; `copies`: each row's output copied (else views
+        that the next forward writes over). A row longer than any bucket (a prefill) runs alone: `prefill_slot`."""
         self._check(rows)
         n = max(len(row.tokens) for row in rows)
         if n > BUCKETS[-1]:
@@ -141,10 +149,9 @@ class BatchedLM:
         inputs.count.copy_(counts[self.batch :])
         listed = [row for row in rows if not isinstance(row.tokens, torch.Tensor)]
         if listed:  # every host row's ids in one copy
-            ids = torch.zeros(len(listed), bucket, dtype=torch.long)
-            for i, row in enumerate(listed):
-                ids[i, : len(row.tokens)] = torch.tensor(row.tokens)
-            inputs.ids[upload([row.slot for row in listed], self.device)] = upload(ids, self.device)
+            ids = [t for row in listed for t in [*row.tokens, *[0] * (bucket - len(row.tokens))]]
+            at = upload([row.slot for row in listed], self.device)
+            inputs.ids[at] = upload(ids, self.device).view(len(listed), bucket)
         for row in rows:
             if isinstance(row.tokens, torch.Tensor):
                 inputs.ids[row.slot, : len(row.tokens)] = row.tokens.to(self.device)
@@ -167,7 +174,8 @@ class BatchedLM:
                 out = forward()
         for row in rows:  # the rows of this forward, until commit keeps some
             self.lengths[row.slot] += len(row.tokens)
-        return [self._output(out, row.slot, len(row.tokens), last_only) for row in rows]
+        self.last = out
+        return [self._output(out, row.slot, len(row.tokens), last_only, copies) for row in rows]
 
     def _shape(self, inputs: Inputs, row: Row, bucket: int) -> None:
         """A row's tree shape into `inputs` (a chain's where another step's tree may have left one)."""
@@ -202,6 +210,7 @@ class BatchedLM:
         self.lengths[row.slot] += n
         return Forward(logits[0], None if features is None else features[0])
 
+    @torch.inference_mode()
     def prefill_slot(self, slot: int, prompt: list[int], layers: tuple[int, ...] | None = None) -> Forward | None:
         """Empty `slot` and fill it with all of `prompt` but its last token (the first root), alone."""
         self.lengths[slot] = 0
@@ -211,13 +220,14 @@ class BatchedLM:
         return self._alone(Row(slot, prompt[:-1]), layers, last_only=True)
 
     @staticmethod
-    def _output(out: Forward, slot: int, n: int, last_only: bool) -> Forward:
-        """One slot's rows of a (replayed) forward, copied (the next replay writes over it): logits [n or 1, V],
-        features [n, F], picks [n] each."""
+    def _output(out: Forward, slot: int, n: int, last_only: bool, copies: bool) -> Forward:
+        """One slot's rows of a (replayed) forward, copied unless `copies` is off (the next replay writes over it):
+        logits [n or 1, V], features [n, F], picks [n] each."""
         rows = slice(n - 1, n) if last_only else slice(0, n)  # `last_only` spares logits; features are every row's
+        logits, features = out.logits[slot, rows], None if out.features is None else out.features[slot, :n]
         return Forward(
-            out.logits[slot, rows].clone(),
-            None if out.features is None else out.features[slot, :n].clone(),
+            logits.clone() if copies else logits,
+            features.clone() if copies and features is not None else features,
             None if out.picks is None else (out.picks[0][slot, :n], out.picks[1][slot, :n]),
         )
 

@@ -25,7 +25,7 @@ class Verified:
     new: list[int]  # accepted draft tokens, then the target's own
     output: Forward  # logits (and features) of every input row, side-branch rows included
     kept: list[int]  # input rows now in the cache: the root and the accepted nodes
-    kept_rows: torch.Tensor  # the same [k] on the logits' device
+    kept_rows: torch.Tensor | None  # the same [k] on the logits' device (None: a batch gathered them for every slot)
     picks: tuple[list[int], torch.Tensor] | None = None  # T=0: the target's top-1 [k] and top-1/2 margin [k] at
     # the kept rows, i.e. for each token of `new`; the margins on the device (read once per turn: no extra host sync)
     side_picks: list[int] | None = None  # T=0: the target's argmax at each side-branch token
@@ -38,27 +38,42 @@ def inputs(root: int, proposal: Proposal) -> list[int] | torch.Tensor:
 
 
 def judge(
-    proposal: Proposal, out: Forward, rule: acceptance.Rule, temperature: float, generator: torch.Generator | None
+    proposal: Proposal,
+    out: Forward,
+    rule: acceptance.Rule,
+    temperature: float,
+    generator: torch.Generator | None,
+    picks: list[int] | None = None,
 ) -> tuple[acceptance.Accepted, list[int] | None]:
     """The rule's verdict on a proposal from its forward's output (greedy at T = 0), and at T = 0 every row's argmax
-    (the side branch's too, read with the tree if it is still on the device: one read of the device)."""
+    (the side branch's too, read with the tree if it is still on the device: one read of the device; `picks`: the
+    argmax already on the host, read with a batch's other slots')."""
     tree = proposal.tree
     n = len(tree) + 1
     if temperature == 0:
-        best = tree.read_along(out.logits.argmax(dim=-1) if out.picks is None else out.picks[0])
-        return acceptance.greedy(tree, best[:n]), best
+        if picks is None or tree.on_device:
+            picks = tree.read_along(out.logits.argmax(dim=-1) if out.picks is None else out.picks[0])
+        return acceptance.greedy(tree, picks[:n]), picks
     return rule(tree, out.logits[:n], proposal.draft_probs, temperature, generator), None
 
 
-def outcome(proposal: Proposal, out: Forward, accepted: acceptance.Accepted, best: list[int] | None) -> Verified:
+def outcome(
+    proposal: Proposal,
+    out: Forward,
+    accepted: acceptance.Accepted,
+    best: list[int] | None,
+    kept_margins: torch.Tensor | None = None,
+) -> Verified:
     """What a verdict appends and keeps; at T = 0 the kept rows' picks, their margins gathered before the model's
-    next forward writes over a captured one's."""
+    next forward writes over a captured one's (`kept_margins`: gathered already, with a batch's other slots')."""
     kept = [0, *accepted.rows]
     new = [proposal.tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
-    rows = upload(kept, out.logits.device)
+    rows = None if kept_margins is not None else upload(kept, out.logits.device)
     picks = side_picks = None
     if best is not None:
-        picks = [best[r] for r in kept], margins(out.logits[rows]) if out.picks is None else out.picks[1][rows]
+        if kept_margins is None:
+            kept_margins = margins(out.logits[rows]) if out.picks is None else out.picks[1][rows]
+        picks = [best[r] for r in kept], kept_margins
         side_picks = best[len(proposal.tree) + 1 :]
     return Verified(accepted, new, out, kept, rows, picks, side_picks)
 

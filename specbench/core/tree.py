@@ -69,6 +69,11 @@ class Tree:
         """`values` (integers) on the host; a tree still on the device comes with them, in the same transfer."""
         return values.tolist()
 
+    @property
+    def on_device(self) -> bool:
+        """Whether its tokens are still on the device (`read_along` brings them)."""
+        return False
+
     def children(self) -> list[list[int]]:
         """Input-row indices of the children of every input row (row 0 = root)."""
         kids: list[list[int]] = [[] for _ in range(len(self) + 1)]
@@ -145,6 +150,10 @@ class DeviceTree(Tree):
         if self.read is not None:
             return Tree.rows(self, root)
         return torch.cat([self.ids.new_full((1,), root), self.ids])
+
+    @property
+    def on_device(self) -> bool:
+        return self.read is None
 
     def read_along(self, values: torch.Tensor) -> list[int]:
         if self.read is not None:

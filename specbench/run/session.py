@@ -132,6 +132,7 @@ class Session:
         captured on a GPU with --graphs)."""
         old = self._batched
         if old is None or old.batch != batch or old.context_length < context:
+            del old
             self._batched = None  # (the old cache's memory first)
             self._batched = BatchedLM(self.owned, batch, capture=None if self.cfg.graphs else False, context=context)
         return self._batched
