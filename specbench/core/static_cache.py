@@ -46,8 +46,10 @@ class StaticRows:
         for states, stored in ((keys, self.keys), (values, self.values)):
             if self.slot is not None:
                 stored = stored[self.slot : self.slot + 1]  # (a view: the writes land in the whole)
-            # [b, n, kv heads, d] into [slot, :, row]
-            stored[self.every[: len(stored)], :, self.at[layer]] = states.transpose(1, 2)
+            if self.batch == 1:  # one sequence: the write session 37's measured loop made (see docs/gpu-notes.md)
+                stored.index_copy_(2, self.at[layer][0], states)
+            else:  # [b, n, kv heads, d] into [slot, :, row]
+                stored[self.every[: len(stored)], :, self.at[layer]] = states.transpose(1, 2)
         slots = slice(None) if self.slot is None else slice(self.slot, self.slot + 1)
         return self.keys[slots, :, start : start + self.span], self.values[slots, :, start : start + self.span]
 
