@@ -247,8 +247,8 @@ def decode_batch(
             if stop_at is not None or len(turn.gen.tokens) >= turn.budget:
                 ending.append(slot)
         marks = (d0, v0, v1, mark(), len(active))
-        for turn, *numbers in steps:
-            turn.steps.append((*numbers, marks))
+        for turn, accepted_length, tested, size in steps:
+            turn.steps.append((accepted_length, tested, size, marks))
         for slot in ending:
             end(slot)
     wall = clock(device) - start
@@ -258,8 +258,8 @@ def decode_batch(
         gen = turn.gen
         gen.started, gen.ended = at[m0], at[turn.end]
         gen.wall_time, gen.prefill_draft_time = at[turn.end] - at[m0], at[m2] - at[m1]
-        for new_tokens, tested, size, (d0, v0, v1, u1, slots) in turn.steps:
-            drafting = (at[v0] - at[d0] + at[u1] - at[v1]) / slots
+        for new_tokens, tested, size, (d0, v0, v1, u1, sharing) in turn.steps:
+            drafting = (at[v0] - at[d0] + at[u1] - at[v1]) / sharing
             gen.steps.append(Step(new_tokens, tested, size, drafting, at[v1] - at[v0]))
         if turn.picked:  # read after the clock stops
             gen.target_top1 = [top1 for p in turn.picked for top1 in p[0]]
