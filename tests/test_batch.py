@@ -12,13 +12,16 @@ import torch
 
 from specbench.cli.main import main
 from specbench.core import acceptance
+from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import Job, decode, decode_batch
+from specbench.core.losslessness import sampling_test
 from specbench.core.static_lm import BatchedLM, Row, StaticCachedLM
 from specbench.core.tree import Tree
 from specbench.methods.sps import DraftModel
 from specbench.models.decoder import Decoder
 
 from .conftest import CUDA, random_llama
+from .test_verify import UniformClaimDraft
 
 # one of each kind: no drafter, a draft model's chain, EAGLE's tree from the target's features, a Jacobi side
 # branch, a host-side index across questions
@@ -121,3 +124,16 @@ def test_methods_at_batch_3_give_their_batch_1_tokens(tmp_path):
         if method not in ACROSS_QUESTIONS:
             same = record["choices"][0]["accept_lengths"] == one["choices"][0]["accept_lengths"]
             assert same, (method, question)
+
+
+@pytest.mark.parametrize("proposer", [DraftModel, UniformClaimDraft], ids=["sps", "planted-mistake"])
+def test_the_sampling_audit_at_batch_4(proposer):
+    """Samples drawn four at a time (`verify --batch 4`'s): sps passes the chi-square against vanilla's exact law;
+    a draft that claims uniform draft probabilities fails it."""
+    target, draft = (random_llama(8, layers=1, hidden=32, seed=s, init=0.5) for s in (0, 1))
+    slots = (BatchedLM(Decoder.adopt(target), 4, context=16), [proposer(CachedLM(draft), 3) for _ in range(4)])
+    prompt = [1, 2, 3, 1, 2]
+    result = sampling_test(
+        CachedLM(target), slots[1][0], prompt, horizon=2, samples=1500, temperature=1.0, stop_ids=set(), batch=slots
+    )
+    assert result.passed == (proposer is DraftModel), result

@@ -91,7 +91,7 @@ def tune(args) -> None:
 
 
 def verify(args) -> int:
-    cfg = run_config(args, methods=["vanilla", args.method], tasks=args.tasks, graphs=args.graphs)
+    cfg = run_config(args, methods=["vanilla", args.method], tasks=args.tasks, graphs=args.graphs, batch=[args.batch])
     check(cfg)  # before the imports below, as `run` does
     from ..run.audit import audit
 

@@ -283,6 +283,14 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--samples", type=int, default=2000, help="samples per prompt in the sampling test")
     verify.add_argument("--horizon", type=int, default=3, help="tokens per sample in the sampling test")
     verify.add_argument("--prompts", type=int, default=2, help="prompts in the sampling test")
+    verify.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        metavar="B",
+        help="the method answers B questions, and draws B samples, at a time (each sequence with a proposer of its "
+        "own, one target forward for all; run --batch's loop)",
+    )
     verify.add_argument("--alpha", type=float, default=1e-3, help="significance of the sampling test")
     verify.add_argument("--graphs", action="store_true", help="audit on static KV caches, as `run --graphs` decodes")
 

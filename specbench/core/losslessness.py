@@ -13,9 +13,10 @@ from ..errors import SpecbenchError
 from ..progress import Progress
 from . import acceptance
 from .cached_lm import CachedLM, margins
-from .decode import decode
+from .decode import Job, decode, decode_batch
 from .proposer import Proposer
 from .sampling import probabilities
+from .static_lm import BatchedLM
 from .tree import trie
 
 
@@ -191,8 +192,10 @@ def sampling_test(
     alpha: float = 1e-3,
     seed: int = 0,
     rule: acceptance.Rule = acceptance.EXACT,
+    batch: tuple[BatchedLM, list[Proposer]] | None = None,
 ) -> SamplingTest:
-    """Chi-square goodness of fit of the method's first `horizon` sampled tokens against vanilla's exact law.
+    """Chi-square goodness of fit of the method's first `horizon` sampled tokens against vanilla's exact law; with
+    `batch` (a target of B slots and a proposer per slot) the samples are drawn B at a time.
 
     Continuations of probability >= 1/samples are enumerated exactly and grouped into bins of expected
     count >= 5 (most probable first); the rest forms one more bin. A lossless method passes at `alpha`.
@@ -211,8 +214,23 @@ def sampling_test(
     counts = np.zeros(len(expected))
     generator = torch.Generator(target.device).manual_seed(seed)
     bar = Progress(samples, "sampling audit", "samples")
-    for _ in range(samples):
+
+    def count(tokens: list[int]) -> None:
         bar.update()
+        counts[min(of.get(tuple(tokens), len(masses) - 1), len(expected) - 1)] += 1
+
+    if batch is not None:  # every sample a turn of its own, `batch` at a time, one random stream for them all
+        lm, proposers = batch
+        jobs = [Job(prompt, horizon, temperature, generator) for _ in range(samples)]
+        decode_batch(
+            lm,
+            proposers,
+            lambda: jobs.pop() if jobs else None,
+            lambda _, gen: count(gen.tokens),
+            stop_ids=stop_ids,
+            rule=rule,
+        )
+    for _ in range(samples if batch is None else 0):
         out = decode(
             target,
             proposer,
@@ -224,7 +242,7 @@ def sampling_test(
             rule=rule,
             reuse_prefill=True,  # the prompt's cache rows are computed once, not per sample
         )
-        counts[min(of.get(tuple(out.tokens), len(masses) - 1), len(expected) - 1)] += 1
+        count(out.tokens)
     bar.close()
     expected *= samples / expected.sum()
     statistic, p_value = stats.chisquare(counts, expected)

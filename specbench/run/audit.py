@@ -7,6 +7,7 @@ from dataclasses import replace
 from .. import methods, tasks
 from ..config import RunConfig, question_seed
 from ..core.losslessness import greedy_check, sampling_test
+from ..core.static_lm import BUCKETS
 from ..errors import SpecbenchError
 from ..progress import Progress
 from .session import Session
@@ -14,14 +15,22 @@ from .session import Session
 GREEDY_TOKENS = 128  # default per-turn budget of the greedy audit when the task's own is longer
 
 
-def _greedy(session: Session, method: str, proposer, vanilla, questions, budget: int, seed: int) -> tuple:
+def _greedy(
+    session: Session, method: str, proposers: list, vanilla, questions, budget: int, seed: int, batch: int
+) -> tuple:
+    """Each question answered by vanilla alone and by the method (`batch` questions at a time when above 1), and
+    compared token by token."""
     exact = ties = bugs = 0
+    seeds = [question_seed(seed, q.id, 0.0) for q in questions]
+    batched = None
+    if batch > 1:
+        target = session.batched(batch, session.slot_context(questions, budget))
+        batched = session.answer_batch(method, target, proposers, questions, budget, 0.0, seeds)[0]
     bar = Progress(len(questions), "greedy audit", "questions")
-    for q in questions:
+    for i, (q, s) in enumerate(zip(questions, seeds, strict=True)):
         bar.update()
-        s = question_seed(seed, q.id, 0.0)
         ref, ref_prompts, _ = session.answer("vanilla", vanilla, q, budget, 0.0, s)
-        ours, _, _ = session.answer(method, proposer, q, budget, 0.0, s)
+        ours = batched[i][0] if batched is not None else session.answer(method, proposers[0], q, budget, 0.0, s)[0]
         check = greedy_check(
             session.model,
             [g.tokens for g in ours],
@@ -57,7 +66,8 @@ def audit(
     alpha: float = 1e-3,
 ) -> int:
     """`specbench verify`: print the audit of `method` against vanilla on the first question of each category of
-    cfg's tasks (cfg.limit of them); return 0 when it is lossless (or labelled lossy), 1 when it fails."""
+    cfg's tasks (cfg.limit of them); return 0 when it is lossless (or labelled lossy), 1 when it fails. With
+    cfg.batch [B] above 1 the method answers B questions (and draws B samples) at a time."""
     if samples < 10 or horizon < 1 or prompts < 1:
         raise SpecbenchError("--samples must be >= 10, --horizon and --prompts >= 1")
     if mode != "greedy" and temperature <= 0:
@@ -65,7 +75,8 @@ def audit(
     lossless = methods.preset(method).lossless
     cfg = replace(cfg, methods=["vanilla", method])
     session = Session.open(cfg)
-    proposer = methods.build(method, session.resources)
+    batch = max(cfg.batch)
+    proposers = [methods.build(method, session.resources) for _ in range(batch)]  # one per slot
     vanilla = methods.build("vanilla", session.resources)
     questions = [
         q
@@ -73,10 +84,11 @@ def audit(
         for q in tasks.limit_per_category(tasks.load(t, cfg.data_dir, cfg.fields).questions, cfg.limit or 1)
     ]
     failed = False
-    print(f"verify {method} on {session.spec.name} ({'lossless rule' if lossless else 'LOSSY rule'})")
+    at = f", {batch} sequences at a time" if batch > 1 else ""
+    print(f"verify {method} on {session.spec.name} ({'lossless rule' if lossless else 'LOSSY rule'}{at})")
     if mode in ("greedy", "both"):
         budget = cfg.max_new_tokens or GREEDY_TOKENS
-        exact, ties, bugs = _greedy(session, method, proposer, vanilla, questions, budget, cfg.seed)
+        exact, ties, bugs = _greedy(session, method, proposers, vanilla, questions, budget, cfg.seed, batch)
         print(
             f"greedy: {exact}/{len(questions)} questions token-identical to vanilla, {ties} numerical divergences "
             f"(margins within the measured rounding spread), {bugs} real mismatches -> {'FAIL' if bugs else 'pass'}"
@@ -89,9 +101,10 @@ def audit(
         )
         for q in questions[:prompts]:
             ids = session.prompt(q, [])
+            slots = (session.batched(batch, len(ids) + horizon + BUCKETS[-1]), proposers) if batch > 1 else None
             result = sampling_test(
                 session.target,
-                proposer,
+                proposers[0],
                 ids,
                 horizon=horizon,
                 samples=samples,
@@ -100,6 +113,7 @@ def audit(
                 alpha=alpha,
                 seed=cfg.seed,
                 rule=methods.rule(method),
+                batch=slots,
             )
             verdict = "pass" if result.passed else ("FAIL" if lossless else "differs (lossy by design)")
             print(

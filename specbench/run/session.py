@@ -14,12 +14,14 @@ from ..config import Plan, RunConfig
 from ..core import acceptance
 from ..core.cached_lm import CachedLM
 from ..core.decode import Generation, Job, decode, decode_batch
-from ..core.static_lm import BatchedLM, StaticCachedLM
+from ..core.static_lm import BUCKETS, BatchedLM, StaticCachedLM
 from ..errors import SpecbenchError
 from ..models import decoder, loading
 from ..models.chat import fitting_prompt
 from . import plan as planning
 from . import tuned
+
+CONTEXT_SLACK = 16  # tokens an answer may grow by when tokenized again in the next prompt
 
 
 def prepare(cfg: RunConfig) -> Plan:
@@ -126,6 +128,12 @@ class Session:
             prompts.append(ids)
             texts.append(text)
         return gens, prompts, texts
+
+    def slot_context(self, questions: list[tasks.Question], budget: int) -> int:
+        """The tokens a batch's slot holds at most for `questions`: the longest conversation's prompts and answers
+        (an answer may grow by CONTEXT_SLACK tokens when tokenized again), and a verification's widest rows."""
+        longest = max(len(self.prompt(q, [""] * (len(q.turns) - 1))) for q in questions)
+        return longest + max(len(q.turns) for q in questions) * (budget + CONTEXT_SLACK) + BUCKETS[-1]
 
     def batched(self, batch: int, context: int) -> BatchedLM:
         """The target on a static cache of `batch` slots of `context` tokens (kept while the next batch fits in it;

@@ -17,14 +17,12 @@ import torch
 from .. import methods
 from ..config import BatchUnit, Plan, RunConfig, Unit, base_method, question_seed
 from ..core.cached_lm import CachedLM
-from ..core.static_lm import BUCKETS
 from ..interference import OtherLoad, set_aside, take_back, without_gc
 from ..machine import machine, warm_gpu
 from ..results import Answer, TurnSteps, answer, check_greedy
 from .plan import fetch
 from .session import Session
 
-CONTEXT_SLACK = 16  # tokens an answer may grow by when tokenized again in the next prompt (BUCKETS[-1] on top)
 RETIMES = 3  # --compile: a timed decode during which torch.compile built a new graph runs again, at most this often
 
 
@@ -212,9 +210,7 @@ class Worker:
         their greedy checks against vanilla's at the same batch size."""
         session, questions = self.session, unit.questions
         seeds = [question_seed(self.cfg.seed, q.id, unit.temperature) for q in questions]
-        turns = max(len(q.turns) for q in questions)
-        longest = max(len(session.prompt(q, [""] * (len(q.turns) - 1))) for q in questions)
-        target = session.batched(unit.batch, longest + turns * (unit.budget + CONTEXT_SLACK) + BUCKETS[-1])
+        target = session.batched(unit.batch, session.slot_context(questions, unit.budget))
         reference = dict(unit.vanilla)
         for slot, name in enumerate(unit.methods):
             proposers = self._proposers(name, unit.batch)
