@@ -67,10 +67,12 @@ def test_every_slot_sees_its_own_rows_only(target, device):
         torch.testing.assert_close(ours.logits, lm.run([token]).logits, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["draft-per-slot", "shared-draft"])
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-def test_slots_refilled_as_turns_end_give_each_turns_tokens_alone(target, device):
+def test_slots_refilled_as_turns_end_give_each_turns_tokens_alone(target, device, shared):
     """Five turns of different lengths and budgets through two slots (one ends at a stop token, the others at their
-    budgets), sps drafting in each slot: every turn's tokens, accepted lengths and picks are its batch of one's."""
+    budgets), sps drafting in each slot, with a draft of its own or its slot of one draft for both (drafting them
+    together, `DraftModel.propose_all`): every turn's tokens, accepted lengths and picks are its batch of one's."""
     target = copy.deepcopy(target).to(device)
     draft = Decoder.adopt(random_llama(64, layers=1, seed=5, init=0.3)).to(device)
     prompts = [[5, 9, 11], [40, 41, 42, 43, 44, 45, 46], [7], [3, 3, 3, 9], [12, 30]]
@@ -82,9 +84,13 @@ def test_slots_refilled_as_turns_end_give_each_turns_tokens_alone(target, device
     ]
     jobs = [Job(p, b, 0.0, request=(i, 0)) for i, (p, b) in enumerate(zip(prompts, budgets, strict=True))]
     ended: dict[int, object] = {}
+    together, widths = BatchedLM(draft, 2, context=64), []
+    run = together.run
+    together.run = lambda rows, **options: widths.append(len(rows)) or run(rows, **options)
+    drafts = [StaticCachedLM(draft, batched=together, slot=i) if shared else StaticCachedLM(draft) for i in range(2)]
     wall = decode_batch(
         BatchedLM(target, 2, context=64),
-        [DraftModel(StaticCachedLM(draft), 3) for _ in range(2)],
+        [DraftModel(d, 3) for d in drafts],
         lambda: jobs.pop(0) if jobs else None,
         lambda job, gen: ended.__setitem__(job.request[0], gen),
         stop_ids={17},
@@ -96,6 +102,7 @@ def test_slots_refilled_as_turns_end_give_each_turns_tokens_alone(target, device
         assert gen.target_top1 == alone[i].target_top1
         assert 0 <= gen.started < gen.ended <= wall + 1e-3  # (a GPU's marks are its events)
     assert len({len(g.tokens) for g in alone}) > 2  # (the turns do end at different steps)
+    assert (max(widths, default=0) == 2) == shared  # (a shared draft drafted both slots in one forward)
 
 
 def test_methods_at_batch_3_give_their_batch_1_tokens(tmp_path):

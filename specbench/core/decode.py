@@ -185,11 +185,12 @@ def decode_batch(
         active = [(slot, turn) for slot, turn in enumerate(slots) if turn is not None]
         if not active:
             break
-        proposals = []
         d0 = mark()  # (a phase's marks, not a slot's: each slot's share of the drafting is the phase over the slots)
-        for slot, turn in active:
-            depth = turn.budget - len(turn.gen.tokens) - 1  # drafted tokens the budget has room for
-            proposals.append(proposers[slot].propose(turn.tokens, depth).pruned(depth))
+        depths = [turn.budget - len(turn.gen.tokens) - 1 for _, turn in active]  # drafts the budget has room for
+        drafting = type(proposers[0]).propose_all(
+            [proposers[s] for s, _ in active], [t.tokens for _, t in active], depths
+        )
+        proposals = [p.pruned(depth) for p, depth in zip(drafting, depths, strict=True)]
         v0 = mark()
         past = [target.lengths[slot] for slot, _ in active]
         rows = [

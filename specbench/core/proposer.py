@@ -126,6 +126,12 @@ class Proposer:
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
         """`tokens` now include the accepted path and the target's own token."""
 
+    @classmethod
+    def propose_all(cls, proposers: list[Proposer], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
+        """A batch's proposals, one per slot (`proposers[i]` with its `tokens[i]` and `max_depths[i]`): one slot
+        after another, unless a method drafts its slots together (one drafter forward per depth for all)."""
+        return [p.propose(t, d) for p, t, d in zip(proposers, tokens, max_depths, strict=True)]
+
 
 __all__ = [
     "NO_PROPOSAL",

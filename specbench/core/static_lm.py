@@ -241,23 +241,31 @@ class BatchedLM:
 
 
 class StaticCachedLM(CachedLM):
-    """The CachedLM interface over a BatchedLM of one slot: the target, a draft model or PARD's drafter under
-    `--graphs`."""
+    """The CachedLM interface over one slot of a BatchedLM: by default a batch of one of its own (the target, a draft
+    model or PARD's drafter under `--graphs`); `batched` and `slot`: one slot of a batch's shared draft model, whose
+    proposers draft together (`Proposer.propose_all`)."""
 
-    def __init__(self, model, capture: bool | None = None) -> None:
+    def __init__(self, model, capture: bool | None = None, *, batched: BatchedLM | None = None, slot: int = 0) -> None:
         super().__init__(model)
-        self.batched = BatchedLM(model, 1, capture)
+        self.batched = batched or BatchedLM(model, 1, capture)
+        self.slot = slot
         self.context_length = self.batched.context_length
         self.cache = self.batched.cache
         self.replays = self.batched.replays
 
     @property
     def cached(self) -> int:
-        return self.batched.lengths[0]
+        return self.batched.lengths[self.slot]
 
     def reset(self) -> None:
-        self.batched.lengths[0] = 0  # rows past the length are never attended to, so nothing needs clearing
+        self.batched.lengths[self.slot] = 0  # rows past the length are never attended to, so nothing needs clearing
         self.prefilled = None
+
+    def prefill(self, prompt: list[int], layers: tuple[int, ...] | None = None, reuse: bool = False) -> Forward | None:
+        if self.batched.batch == 1:
+            return super().prefill(prompt, layers, reuse)
+        self.prefilled = None
+        return self.batched.prefill_slot(self.slot, prompt, layers)  # (its slot alone, not every slot padded)
 
     def run(
         self,
@@ -269,10 +277,11 @@ class StaticCachedLM(CachedLM):
         side: SideBranch | None = None,
         greedy: bool = False,
     ) -> Forward:
-        return self.batched.run([Row(0, tokens, tree, side)], layers=layers, greedy=greedy, last_only=last_only)[0]
+        row = Row(self.slot, tokens, tree, side)
+        return self.batched.run([row], layers=layers, greedy=greedy, last_only=last_only)[0]
 
     def commit(self, start: int, keep: list[int]) -> None:
-        self.batched.commit([(0, start, keep)])
+        self.batched.commit([(self.slot, start, keep)])
 
     def crop(self, length: int) -> None:
-        self.batched.lengths[0] = min(self.batched.lengths[0], length)
+        self.batched.lengths[self.slot] = min(self.batched.lengths[self.slot], length)

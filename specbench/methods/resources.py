@@ -3,14 +3,16 @@ run fetched before loading anything heavy."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..core.cached_lm import CachedLM
-from ..core.static_lm import StaticCachedLM
+from ..core.static_lm import BatchedLM, StaticCachedLM
 from ..errors import SpecbenchError
 from ..heads.checkpoint import trained_for_other_target
 from ..models.few_rows import use_few_row_layout
@@ -32,6 +34,8 @@ class Resources:
     graphs: bool = False  # --graphs: the draft model on a static cache, its forwards captured on a GPU
     owned: dict[int, torch.nn.Module | None] = field(default_factory=dict)  # id of a model -> its owned decoder
     _draft: torch.nn.Module | None = None
+    _slot: tuple[int, int] | None = None  # (slot, slots) while a batch's proposer is built (`slot_of`)
+    _shared: dict[tuple[int, int], BatchedLM] = field(default_factory=dict)  # (id(model), slots) -> a shared draft
     _readouts: dict[tuple, torch.nn.Module] = field(default_factory=dict)  # (dtype, rows) -> lm_head copy
 
     def draft_model(self) -> torch.nn.Module:
@@ -47,22 +51,48 @@ class Resources:
                 compile_forward(owned or self._draft, graphs=owned is not None)
         return self._draft
 
-    def owned_decoder(self, model: torch.nn.Module, what: str) -> torch.nn.Module | None:
-        """Under --graphs, the owned decoder on `model`'s weights, built once per model (None: eager, or a model
-        outside the Llama family)."""
-        if self.graphs and id(model) not in self.owned:
+    def owned_decoder(self, model: torch.nn.Module, what: str, batch: bool = False) -> torch.nn.Module | None:
+        """Under --graphs (or for a batch's shared draft: `batch`), the owned decoder on `model`'s weights, built
+        once per model (None: eager, or a model outside the Llama family)."""
+        if not (self.graphs or batch):
+            return None
+        if id(model) not in self.owned:
             self.owned[id(model)] = owned_decoder(model, what)
-        return self.owned.get(id(model))
+        return self.owned[id(model)]
+
+    @contextlib.contextmanager
+    def slot_of(self, slot: int, slots: int) -> Iterator[None]:
+        """While the proposer of `slot` in a batch of `slots` is built: a draft it asks to share (`draft_lm`) is
+        that slot of one draft model's static cache for the whole batch, so the method can draft every slot in one
+        forward per depth (`Proposer.propose_all`)."""
+        self._slot = (slot, slots)
+        try:
+            yield
+        finally:
+            self._slot = None
 
     def cached_lm(self, model: torch.nn.Module, what: str = "draft model") -> CachedLM:
         """`model` with a KV cache of its own: on the owned decoder and a static cache with --graphs."""
         owned = self.owned_decoder(model, what)
         return StaticCachedLM(owned) if owned is not None else CachedLM(model)
 
-    def draft_lm(self) -> CachedLM:
+    def draft_lm(self, shared: bool = False) -> CachedLM:
         """The draft model with a KV cache of its own (each method drafting with it gets one), on the static cache
-        with --graphs."""
-        return self.cached_lm(self.draft_model())
+        with --graphs; `shared`, while a batch's proposer is built (`slot_of`): its slot of one static cache for the
+        batch (a Llama-family draft; else a cache of its own)."""
+        model = self.draft_model()
+        if not shared or self._slot is None or self._slot[1] == 1:
+            return self.cached_lm(model)
+        owned = self.owned_decoder(model, "draft model", batch=True)
+        if owned is None:
+            return CachedLM(model)
+        slot, slots = self._slot
+        key = (id(model), slots)
+        if key not in self._shared:
+            for other in [k for k in self._shared if k[1] != slots]:  # (one batch size's at a time)
+                del self._shared[other]
+            self._shared[key] = BatchedLM(owned, slots, capture=None if self.graphs else False)
+        return StaticCachedLM(owned, batched=self._shared[key], slot=slot)
 
     def draft_dtype(self, name: str | None) -> torch.dtype:
         """The dtype a method's draft computes in: the run's (None) or the one named. A draft may compute more

@@ -7,6 +7,7 @@ import torch
 from ..core.cached_lm import CachedLM
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_prefix
 from ..core.sampling import probabilities, sample
+from ..core.static_lm import BUCKETS, BatchedLM, Row, StaticCachedLM
 from ..core.tree import chain
 from ..registry import implementation
 from .resources import Resources
@@ -46,7 +47,32 @@ class DraftModel(Proposer):
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
         self.draft.follow(tokens)
 
+    @classmethod
+    def propose_all(cls, proposers: list, tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
+        """At T = 0, slots of one shared draft (`Resources.draft_lm(shared=True)`) draft together: one draft forward
+        over every slot's new tokens, then one per depth, each slot's argmax fed back on the device. Otherwise (a
+        draft of its own, or sampling) one slot after another."""
+        shared = {id(p.draft.batched) if isinstance(p.draft, StaticCachedLM) else None for p in proposers}
+        if len(proposers) < 2 or shared == {None} or len(shared) > 1 or any(p.temperature != 0 for p in proposers):
+            return super().propose_all(proposers, tokens, max_depths)
+        lm: BatchedLM = proposers[0].draft.batched
+        ks = [
+            min(p.k, d) if len(t) + min(p.k, d) <= p.draft.context_length else 0
+            for p, t, d in zip(proposers, tokens, max_depths, strict=True)
+        ]
+        drafted: list[list[torch.Tensor]] = [[] for _ in proposers]
+        feeding = [(i, t[p.draft.cached :]) for i, (p, t, k) in enumerate(zip(proposers, tokens, ks, strict=True)) if k]
+        if any(len(fed) > BUCKETS[-1] for _, fed in feeding):  # (a long catch-up runs alone)
+            return super().propose_all(proposers, tokens, max_depths)
+        for depth in range(max(ks, default=0)):
+            if depth:
+                feeding = [(i, drafted[i][-1]) for i, k in enumerate(ks) if k > depth]
+            outs = lm.run([Row(proposers[i].draft.slot, fed) for i, fed in feeding], greedy=True)
+            for (i, _), out in zip(feeding, outs, strict=True):
+                drafted[i].append(out.picks[0][-1:].clone())  # [1]: its argmax (the next forward writes over it)
+        return [Proposal(chain(torch.cat(d))) if d else NO_PROPOSAL for d in drafted]
+
 
 @implementation("sps", nested=chain_prefix("num_draft_tokens"))
 def build(params: dict, res: Resources) -> Proposer:
-    return DraftModel(res.draft_lm(), **params)
+    return DraftModel(res.draft_lm(shared=True), **params)

@@ -75,7 +75,7 @@ class Worker:
         self.proposers = {name: methods.build(name, self.session.resources) for name in plan.methods}
         self.lossless = {name: methods.preset(name).lossless for name in plan.methods}
         self.warmed: set[str] = set()
-        self.slot_proposers: dict[str, list] = {}  # method -> its proposers for batches, one per slot
+        self.slot_proposers: dict[tuple[str, int], list] = {}  # (method, batch size) -> its proposers, one per slot
         self.warmed_batches: set[tuple[str, int]] = set()  # (method, batch size) warmed up
         self.neighbours = 0.0  # CPUs other workers on this machine may keep busy: not a foreign load
         set_aside()  # what it loaded lives as long as it does
@@ -196,13 +196,19 @@ class Worker:
         return list(answers.values())
 
     def _proposers(self, name: str, batch: int) -> list:
-        """`batch` proposers of the method `name` (the A/A column's are vanilla's), one per slot: each keeps its own
-        state (its draft's cache, its pools); built once, the first being the one batch 1 uses."""
+        """`batch` proposers of the method `name` (the A/A column's are vanilla's), one per slot, each built as its
+        slot's (`Resources.slot_of`): each keeps its own state (its pools, its draft's rows); built once per batch
+        size, those of other batch sizes let go."""
         method = base_method(name)
-        built = self.slot_proposers.setdefault(method, [self.proposers[method]])
-        while len(built) < batch:
-            built.append(methods.build(method, self.session.resources))
-        return built[:batch]
+        for key in [k for k in self.slot_proposers if k[1] != batch]:
+            del self.slot_proposers[key]
+        if (method, batch) not in self.slot_proposers:
+            built = []
+            for slot in range(batch):
+                with self.session.resources.slot_of(slot, batch):
+                    built.append(methods.build(method, self.session.resources))
+            self.slot_proposers[method, batch] = built
+        return self.slot_proposers[method, batch]
 
     def answer_batch(self, unit: BatchUnit) -> Iterator[list[Answer]]:
         """The unit's methods one after another (vanilla first), each answering every question `unit.batch` at a
