@@ -65,6 +65,8 @@ def test_every_slot_sees_its_own_rows_only(target, device):
     outs = batched.run([Row(0, [20]), Row(1, [21])])  # after the commits
     for ours, lm, token in zip(outs, alone, [20, 21], strict=True):
         torch.testing.assert_close(ours.logits, lm.run([token]).logits, rtol=1e-5, atol=1e-5)
+    batched.run([Row(0, [22, 23, 24])])  # slot 1 idle, its rows kept: the padding must not land on them
+    torch.testing.assert_close(batched.run([Row(1, [25])])[0].logits, alone[1].run([25]).logits, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["draft-per-slot", "shared-draft"])

@@ -133,10 +133,10 @@ class BatchedLM:
                 raise SpecbenchError(f"a forward of {n} rows runs one slot at a time (prefill_slot)")
             return [self._alone(rows[0], layers, last_only)]
         bucket = next(b for b in BUCKETS if b >= n)
-        past = [0] * self.batch  # (a slot without work pads at its row 0: its writes are never kept)
+        past = list(self.lengths)  # (a slot without work pads past its committed rows: its writes are never kept)
         count = [0] * self.batch
         for row in rows:
-            past[row.slot], count[row.slot] = self.lengths[row.slot], len(row.tokens)
+            count[row.slot] = len(row.tokens)
         end = max(p + bucket for p in past)
         span = min(-(-end // SPAN) * SPAN, self.capacity)  # keys attended: the live rows, rounded up
         chained = all(row.chained for row in rows)
