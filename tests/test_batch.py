@@ -113,7 +113,7 @@ def test_methods_at_batch_3_give_their_batch_1_tokens(tmp_path):
     questions' answers (suffix's global index: per slot at B > 1)."""
     out = tmp_path / "run"
     argv = ["run", "--methods", ",".join(METHODS), "--batch", "1,3", "--limit", "1", "--tasks", "quick"]
-    argv += ["--max-new-tokens", "12", "--no-report", "--no-noise-floor", "--no-warmup", "--out", str(out)]
+    argv += ["--max-new-tokens", "8", "--no-report", "--no-noise-floor", "--no-warmup", "--out", str(out)]
     assert main(argv) == 0
     answers: dict[tuple, dict] = {}
     for path in (out / "answers" / "quick").glob("*.jsonl"):
@@ -143,6 +143,6 @@ def test_the_sampling_audit_at_batch_4(proposer):
     slots = (BatchedLM(Decoder.adopt(target), 4, context=16), [proposer(CachedLM(draft), 3) for _ in range(4)])
     prompt = [1, 2, 3, 1, 2]
     result = sampling_test(
-        CachedLM(target), slots[1][0], prompt, horizon=2, samples=1500, temperature=1.0, stop_ids=set(), batch=slots
+        CachedLM(target), slots[1][0], prompt, horizon=2, samples=1000, temperature=1.0, stop_ids=set(), batch=slots
     )
     assert result.passed == (proposer is DraftModel), result

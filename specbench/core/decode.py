@@ -187,9 +187,8 @@ def decode_batch(
             break
         d0 = mark()  # (a phase's marks, not a slot's: each slot's share of the drafting is the phase over the slots)
         depths = [turn.budget - len(turn.gen.tokens) - 1 for _, turn in active]  # drafts the budget has room for
-        drafted = type(proposers[0]).propose_all(
-            [proposers[s] for s, _ in active], [t.tokens for _, t in active], depths
-        )
+        propose_all = getattr(type(proposers[0]), "propose_all", Proposer.propose_all)  # (a duck-typed one too)
+        drafted = propose_all([proposers[s] for s, _ in active], [t.tokens for _, t in active], depths)
         proposals = [p.pruned(depth) for p, depth in zip(drafted, depths, strict=True)]
         v0 = mark()
         past = [target.lengths[slot] for slot, _ in active]
