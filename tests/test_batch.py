@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 
+import pandas as pd
 import pytest
 import torch
 
@@ -19,6 +20,9 @@ from specbench.core.static_lm import BatchedLM, Row, StaticCachedLM
 from specbench.core.tree import Tree
 from specbench.methods.sps import DraftModel
 from specbench.models.decoder import Decoder
+from specbench.report import batches, metrics
+from specbench.report.cells import collect_cells
+from specbench.report.sources import load_sources
 
 from .conftest import CUDA, random_llama
 from .test_verify import UniformClaimDraft
@@ -133,6 +137,23 @@ def test_methods_at_batch_3_give_their_batch_1_tokens(tmp_path):
         if method not in ACROSS_QUESTIONS:
             same = record["choices"][0]["accept_lengths"] == one["choices"][0]["accept_lengths"]
             assert same, (method, question)
+    (group,) = batches.groups(collect_cells(load_sources([out])))  # the report's batch sweep: B = 1 and 3 side by side
+    rows = batches.rows(group)
+    assert sorted(zip(rows.method, rows.batch, strict=True)) == sorted((m, b) for m in METHODS for b in (1, 3))
+    assert (rows.total >= rows.per_user).all()
+    table = batches.table(group).splitlines()
+    assert len(table) == 2 + len(rows) and any(line.startswith("| vanilla ") and "|   3 |" in line for line in table)
+
+
+def test_total_throughput_hand_worked():
+    """Two turns of one batch, 10 and 30 tokens over [0, 2] and [1, 4] s: 40 tokens in 4 s together, 40 in 5 s of
+    their own spans (per-user); a batch of one sums its wall times."""
+    turns = pd.DataFrame(
+        {"new_tokens": [10, 30], "wall_time": [2.0, 3.0], "batch_start": [0.0, 1.0], "batch_end": [2.0, 4.0]}
+    )
+    assert metrics.total_throughput(turns) == 10.0 and metrics.tokens_per_second(turns) == 8.0
+    alone = turns.assign(batch_start=float("nan"), batch_end=float("nan"))
+    assert metrics.total_throughput(alone) == 8.0
 
 
 @pytest.mark.parametrize("proposer", [DraftModel, UniformClaimDraft], ids=["sps", "planted-mistake"])

@@ -253,3 +253,20 @@ def test_a_prompt_beyond_the_context_is_refused_before_the_target_loads(capsys, 
     err = one_line(capsys, ["run", "--tasks", str(questions), "--methods", "vanilla", "--out", str(out)])
     assert err.startswith("question long: its prompt has ") and "more than the model's context of 4096" in err
     assert not out.exists()
+
+
+BATCH = "--batch above 1 runs in our loop on one device, timed once: drop {} (engine mode batches with --concurrency)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--batch", "1,0"], "--batch sizes must be at least 1, got 1,0"),
+        (["verify", "--method", "sps", "--batch", "0"], "--batch sizes must be at least 1, got 0"),
+        (["run", "--batch", "1,4", "--workers", "2"], BATCH.format("--workers")),
+        (["run", "--batch", "4", "--repeats", "3"], BATCH.format("--repeats")),
+        (["run", "--batch", "4", "--engine", "vllm"], BATCH.format("--engine vllm")),
+    ],
+)
+def test_a_batch_size_it_cannot_run_is_one_line(capsys, no_plan, argv, message):
+    assert one_line(capsys, argv) == message
