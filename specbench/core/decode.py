@@ -152,6 +152,8 @@ def decode_batch(
     layers = proposers[0].feature_layers
     slots: list[_Turn | None] = [None] * target.batch
     done: list[_Turn] = []
+    propose_all = getattr(type(proposers[0]), "propose_all", Proposer.propose_all)  # (a duck-typed one too)
+    batched = isinstance(target, BatchedLM)  # (one read and one gather for every slot; views, not copies)
     start = clock(device)
     mark = Marks(device)
     mark()
@@ -187,7 +189,6 @@ def decode_batch(
             break
         d0 = mark()  # (a phase's marks, not a slot's: each slot's share of the drafting is the phase over the slots)
         depths = [turn.budget - len(turn.gen.tokens) - 1 for _, turn in active]  # drafts the budget has room for
-        propose_all = getattr(type(proposers[0]), "propose_all", Proposer.propose_all)  # (a duck-typed one too)
         drafted = propose_all([proposers[s] for s, _ in active], [t.tokens for _, t in active], depths)
         proposals = [p.pruned(depth) for p, depth in zip(drafted, depths, strict=True)]
         v0 = mark()
@@ -197,7 +198,6 @@ def decode_batch(
             for (slot, turn), p in zip(active, proposals, strict=True)
         ]
         greedy = all(turn.job.temperature == 0 for _, turn in active)
-        batched = isinstance(target, BatchedLM)  # (one read and one gather for every slot; views, not copies)
         outs = target.run(rows, layers=layers, greedy=greedy, copies=not batched)
         whole = target.last if batched else None
         host = whole.picks[0].tolist() if whole is not None and whole.picks is not None else None

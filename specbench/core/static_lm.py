@@ -101,6 +101,7 @@ class BatchedLM:
         self.replays = Replays(self.device)
         self.replays.capture = self.replays.capture if capture is None else capture
         self.inputs: dict[tuple, Inputs] = {}  # by (bucket, span, layers, chains only, greedy)
+        self.chains: dict[int, Inputs] = {}  # by bucket: a chain's shape, written over a tree's (`_shape`)
         self.cache = StaticRows(len(model.layers), self.capacity, batch)
         self.last: Forward | None = None  # the last forward's output, every slot's rows [B, b, ...]
 
@@ -159,10 +160,7 @@ class BatchedLM:
                 self._shape(inputs, row, bucket)
 
         def forward() -> Forward:
-            mask, positions, at = inputs.built(span, self.dtype)
-            self.cache.write_rows(at)
-            self.cache.span = span
-            final, features = self.model(inputs.ids, positions, mask, self.cache, layers or ())
+            final, features = self._decoded(inputs, span, layers)
             logits = self.model.get_output_embeddings()(final)  # [B, b, V]
             picks = (logits.argmax(dim=-1), margins(logits)) if greedy else None
             return Forward(logits, features, picks)
@@ -181,8 +179,12 @@ class BatchedLM:
         """A row's tree shape into `inputs` (a chain's where another step's tree may have left one)."""
         m = len(row.tokens)
         if row.chained:
-            inputs.local[row.slot] = torch.ones(bucket, bucket, dtype=torch.bool, device=self.device).tril()
-            inputs.offsets[row.slot] = torch.arange(bucket, device=self.device)
+            if bucket not in self.chains:
+                self.chains[bucket] = Inputs.chain(1, bucket, self.device)
+            inputs.local[row.slot], inputs.offsets[row.slot] = (
+                self.chains[bucket].local[0],
+                self.chains[bucket].offsets[0],
+            )
             return
         assert row.tree is not None
         side = row.side
@@ -201,14 +203,24 @@ class BatchedLM:
         if not row.chained:
             self._shape(inputs, Row(0, row.tokens, row.tree, row.side), n)
         with allocating(self.cache):
-            mask, positions, at = inputs.built(span, self.dtype)
-            self.cache.write_rows(at, row.slot)
-            self.cache.span = span
-            final, features = self.model(inputs.ids, positions, mask, self.cache, layers or ())
-            self.cache.slot = None
+            final, features = self._decoded(inputs, span, layers, row.slot)
             logits = self.model.get_output_embeddings()(final[:, -1:] if last_only else final)
         self.lengths[row.slot] += n
+        self.last = None  # (not every slot's output)
         return Forward(logits[0], None if features is None else features[0])
+
+    def _decoded(
+        self, inputs: Inputs, span: int, layers: tuple[int, ...] | None, slot: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The decoder over `inputs` (every slot's, or `slot`'s alone), attending over `span` keys: final states
+        [B, b, H] and the features `layers` asks for."""
+        mask, positions, at = inputs.built(span, self.dtype)
+        self.cache.write_rows(at, slot)
+        self.cache.span = span
+        try:
+            return self.model(inputs.ids, positions, mask, self.cache, layers or ())
+        finally:
+            self.cache.slot = None
 
     @torch.inference_mode()
     def prefill_slot(self, slot: int, prompt: list[int], layers: tuple[int, ...] | None = None) -> Forward | None:

@@ -60,6 +60,16 @@ def build(name: str, res: Resources, overrides: dict | None = None) -> Proposer:
         raise SpecbenchError(f"bad parameters for method '{name}': {err}") from err
 
 
+def build_slots(name: str, res: Resources, batch: int) -> list[Proposer]:
+    """`batch` proposers of `name`, one per slot of a batch, each built as its slot's (`Resources.slot_of`: a
+    method that drafts its slots together shares one draft among them)."""
+    built = []
+    for slot in range(batch):
+        with res.slot_of(slot, batch):
+            built.append(build(name, res))
+    return built
+
+
 def rule(name: str) -> acceptance.Rule:
     """The method's acceptance rule from its preset (`acceptance:`, default exact), which must match its label."""
     spec = preset(name)

@@ -76,7 +76,7 @@ def audit(
     cfg = replace(cfg, methods=["vanilla", method])
     session = Session.open(cfg)
     batch = max(cfg.batch)
-    proposers = [methods.build(method, session.resources) for _ in range(batch)]  # one per slot
+    proposers = methods.build_slots(method, session.resources, batch)
     vanilla = methods.build("vanilla", session.resources)
     questions = [
         q

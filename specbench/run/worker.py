@@ -203,11 +203,7 @@ class Worker:
         for key in [k for k in self.slot_proposers if k[1] != batch]:
             del self.slot_proposers[key]
         if (method, batch) not in self.slot_proposers:
-            built = []
-            for slot in range(batch):
-                with self.session.resources.slot_of(slot, batch):
-                    built.append(methods.build(method, self.session.resources))
-            self.slot_proposers[method, batch] = built
+            self.slot_proposers[method, batch] = methods.build_slots(method, self.session.resources, batch)
         return self.slot_proposers[method, batch]
 
     def answer_batch(self, unit: BatchUnit) -> Iterator[list[Answer]]:
