@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+from specbench import methods
 from specbench.cli.main import main
 from specbench.core import acceptance
 from specbench.core.cached_lm import CachedLM
@@ -19,10 +20,13 @@ from specbench.core.losslessness import sampling_test
 from specbench.core.static_lm import BatchedLM, Row, StaticCachedLM
 from specbench.core.tree import Tree
 from specbench.methods.sps import DraftModel
+from specbench.models.chat import prompt_ids
 from specbench.models.decoder import Decoder
+from specbench.models.loading import load_causal_lm, load_tokenizer
 from specbench.report import batches, metrics
 from specbench.report.cells import collect_cells
 from specbench.report.sources import load_sources
+from specbench.zoo import TINY_DIR
 
 from .conftest import CUDA, random_llama
 from .test_verify import UniformClaimDraft
@@ -31,6 +35,15 @@ from .test_verify import UniformClaimDraft
 # features, a Jacobi side branch. (Suffix decoding's global index holds the answers its own slot gave, so its
 # acceptance moves with B: docs/metrics.md.)
 METHODS = ("vanilla", "sps", "eagle2", "lookahead")
+HEADS = {family: TINY_DIR / family for family in ("pard", "medusa")}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny family's target, and a chat prompt for it."""
+    target = load_causal_lm(TINY_DIR / "target", torch.device("cpu"), torch.float32)
+    tokenizer = load_tokenizer(TINY_DIR / "target")
+    return target, prompt_ids(tokenizer, [{"role": "user", "content": "Name three uses of a paperclip."}])
 
 
 @pytest.fixture(scope="module")
@@ -156,12 +169,63 @@ def test_total_throughput_hand_worked():
 
 @pytest.mark.parametrize("proposer", [DraftModel, UniformClaimDraft], ids=["sps", "planted-mistake"])
 def test_the_sampling_audit_at_batch_4(proposer):
-    """Samples drawn four at a time (`verify --batch 4`'s): sps passes the chi-square against vanilla's exact law;
-    a draft that claims uniform draft probabilities fails it."""
+    """Samples drawn four at a time (`verify --batch 4`'s), the slots drafting together from one shared draft (each
+    slot's draws from its own generator, `DraftModel.propose_all`): sps passes the chi-square against vanilla's exact
+    law; a draft that claims uniform draft probabilities fails it (its own `propose` overrides the batched drafting,
+    `core.proposer.batch_drafting`)."""
     target, draft = (random_llama(8, layers=1, hidden=32, seed=s, init=0.5) for s in (0, 1))
-    slots = (BatchedLM(Decoder.adopt(target), 4, context=16), [proposer(CachedLM(draft), 3) for _ in range(4)])
+    draft = Decoder.adopt(draft)
+    shared, widths = BatchedLM(draft, 4, context=16), []
+    run = shared.run
+    shared.run = lambda rows, **options: widths.append(len(rows)) or run(rows, **options)
+    slots = [proposer(StaticCachedLM(draft, batched=shared, slot=i), 3) for i in range(4)]
     prompt = [1, 2, 3, 1, 2]
     result = sampling_test(
-        CachedLM(target), slots[1][0], prompt, horizon=2, samples=800, temperature=1.0, stop_ids=set(), batch=slots
+        CachedLM(target),
+        slots[0],
+        prompt,
+        horizon=2,
+        samples=800,
+        temperature=1.0,
+        stop_ids=set(),
+        batch=(BatchedLM(Decoder.adopt(target), 4, context=16), slots),
     )
     assert result.passed == (proposer is DraftModel), result
+    assert (max(widths) > 1) == (proposer is DraftModel)  # (sps drafted its slots in one forward per depth)
+
+
+@pytest.mark.parametrize("method", ["pard", "medusa"])
+def test_model_drafters_draft_their_slots_together(tiny, method):
+    """Two slots of a batch share one drafter (PARD's model, Medusa's heads: loaded once) and draft in one forward
+    per step; each slot's tokens and accepted lengths are its batch of one's."""
+    target, prompt = tiny
+    res = methods.Resources("tiny", target, None, torch.device("cpu"), torch.float32, head_paths=HEADS)
+    prompts = [prompt, prompt[: len(prompt) // 2]]
+    alone = [
+        decode(CachedLM(target), methods.build(method, res), p, max_new_tokens=16, temperature=0, stop_ids=set())
+        for p in prompts
+    ]
+    slots = methods.build_slots(method, res, 2)
+    widths: list[int] = []
+    if method == "pard":
+        shared = slots[0].drafter.batched
+        assert slots[1].drafter.batched is shared and slots[0].drafter.slot != slots[1].drafter.slot
+        run = shared.run
+        shared.run = lambda rows, **options: widths.append(len(rows)) or run(rows, **options)
+    else:
+        assert slots[0].heads is slots[1].heads
+        top = slots[0]._top
+        slots[0]._top = lambda hidden: widths.append(len(hidden)) or top(hidden)
+    jobs = [Job(p, 16, 0.0, request=(i, 0)) for i, p in enumerate(prompts)]
+    ended: dict[int, object] = {}
+    decode_batch(
+        BatchedLM(Decoder.adopt(target), 2),
+        slots,
+        lambda: jobs.pop(0) if jobs else None,
+        lambda job, gen: ended.__setitem__(job.request[0], gen),
+        stop_ids=set(),
+    )
+    for i, gen in ended.items():
+        assert (gen.tokens, gen.accept_lengths) == (alone[i].tokens, alone[i].accept_lengths), i
+        assert max(gen.accept_lengths) > 1  # (its drafts were accepted: the check compared real drafting)
+    assert max(widths) == 2

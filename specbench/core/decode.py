@@ -15,7 +15,7 @@ import torch
 from ..errors import SpecbenchError
 from . import acceptance
 from .cached_lm import CachedLM, Forward
-from .proposer import Feedback, Proposer, Turn
+from .proposer import Feedback, Proposer, Turn, batch_drafting
 from .static_lm import BatchedLM, Row
 from .step import inputs, judge, outcome
 from .transfer import upload
@@ -152,7 +152,7 @@ def decode_batch(
     layers = proposers[0].feature_layers
     slots: list[_Turn | None] = [None] * target.batch
     done: list[_Turn] = []
-    propose_all = getattr(type(proposers[0]), "propose_all", Proposer.propose_all)  # (a duck-typed one too)
+    propose_all = batch_drafting(type(proposers[0]))  # (a duck-typed one too)
     batched = isinstance(target, BatchedLM)  # (one read and one gather for every slot; views, not copies)
     start = clock(device)
     mark = Marks(device)

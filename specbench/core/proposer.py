@@ -133,6 +133,15 @@ class Proposer:
         return [p.propose(t, d) for p, t, d in zip(proposers, tokens, max_depths, strict=True)]
 
 
+def batch_drafting(cls: type) -> Callable[[list, list[list[int]], list[int]], list[Proposal]]:
+    """How a batch of `cls` proposers drafts: its `propose_all`, unless a subclass overrode `propose` below the class
+    that drafts its slots together (whose batched drafting would skip the override): then one slot after another."""
+    owner = next((c for c in cls.__mro__ if "propose_all" in vars(c)), None)
+    if owner is None or getattr(cls, "propose", None) is not getattr(owner, "propose", None):
+        return Proposer.propose_all
+    return cls.propose_all  # type: ignore[attr-defined]
+
+
 __all__ = [
     "NO_PROPOSAL",
     "Feedback",
@@ -142,5 +151,6 @@ __all__ = [
     "Turn",
     "chain_of_rows",
     "chain_prefix",
+    "batch_drafting",
     "tree_prefix",
 ]

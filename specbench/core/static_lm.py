@@ -297,3 +297,12 @@ class StaticCachedLM(CachedLM):
 
     def crop(self, length: int) -> None:
         self.batched.lengths[self.slot] = min(self.batched.lengths[self.slot], length)
+
+
+def one_batch(lms: list[CachedLM]) -> BatchedLM | None:
+    """The BatchedLM whose slots `lms` all are (a batch's shared draft: its proposers can draft together), or None
+    (one slot alone, or caches of their own)."""
+    batches = {id(lm.batched) if isinstance(lm, StaticCachedLM) else None for lm in lms}
+    if len(lms) < 2 or len(batches) > 1 or batches == {None}:
+        return None
+    return lms[0].batched  # type: ignore[attr-defined]

@@ -456,10 +456,11 @@ def build_eagle2(params: dict, res: Resources) -> Proposer:
 def build_eagle3(params: dict, res: Resources) -> Proposer:
     sampled, draft = params.pop("sampled", False), _draft_params(params)
     head = res.head("eagle3", res.draft_dtype(draft["draft_dtype"]))
-    readable = head.target_ids(torch.arange(head.config.draft_vocab_size, device=res.device))
-    keep = _shortlist(res, "eagle3", draft["draft_vocab"], readable, "the draft vocabulary's")
-    if keep is not None:
-        head.restrict(keep)
+    if not head.restricted:  # (a batch's slots share one head: restricted with slot 0's build)
+        readable = head.target_ids(torch.arange(head.config.draft_vocab_size, device=res.device))
+        keep = _shortlist(res, "eagle3", draft["draft_vocab"], readable, "the draft vocabulary's")
+        if keep is not None:
+            head.restrict(keep)
     text = res.target_model.config.get_text_config()
     return Eagle(
         head,

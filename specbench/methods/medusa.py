@@ -18,6 +18,7 @@ from ..core import choices
 from ..core.capture import Replays
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, tree_prefix
 from ..core.sampling import draw_distinct, probabilities
+from ..core.static_lm import BUCKETS
 from ..core.tree import DeviceTree, Tree, from_choices
 from ..errors import SpecbenchError
 from ..heads.medusa import MedusaHeads
@@ -72,7 +73,7 @@ class Medusa(Proposer):
         )
         self.hidden: torch.Tensor | None = None  # [H]: the target's last state, the one that produced the root
         self.replays = Replays(device) if graphs else None
-        self.static: torch.Tensor | None = None  # [H]: the captured graph's input
+        self.static: dict[int, torch.Tensor] = {}  # by bucket: the captured graph's input states [bucket, H]
 
     def start(self, turn: Turn) -> None:
         super().start(turn)
@@ -84,22 +85,43 @@ class Medusa(Proposer):
             return NO_PROPOSAL
         if self.sampled and self.temperature > 0:
             return self._sampled(probabilities(self._logits(self.hidden), self.temperature))
+        return Proposal(DeviceTree(self._top(self.hidden[None])[0], self.template.parents, self.depth))
+
+    @classmethod
+    def propose_all(cls, proposers: list, tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
+        """Slots sharing one set of heads (a batch's: `Resources.slot_of`) pick their top-k trees in one heads
+        forward over every slot's last state; sampled trees (T > 0 with `sampled`) are drawn one slot after another."""
+        ready = [i for i, p in enumerate(proposers) if p.hidden is not None and not (p.sampled and p.temperature > 0)]
+        if len(ready) < 2 or len({id(p.heads) for p in proposers}) > 1:
+            return super().propose_all(proposers, tokens, max_depths)
+        slots = enumerate(zip(proposers, tokens, max_depths, strict=True))
+        found = {i: p.propose(t, d) for i, (p, t, d) in slots if i not in ready}
+        with torch.inference_mode():
+            picked = proposers[0]._top(torch.stack([proposers[i].hidden for i in ready]))  # [n, nodes]
+        trees = iter(DeviceTree(row, proposers[0].template.parents, proposers[0].depth) for row in picked)
+        return [found[i] if i in found else Proposal(next(trees)) for i in range(len(proposers))]
+
+    def _top(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Each template node's token [n, nodes] for the states `hidden` [n, H]; under --graphs one captured graph
+        per bucket of n (padded with zero states)."""
         if self.replays is None:
-            picked = self._picked(self.hidden)
-        else:
-            if self.static is None:
-                self.static = self.hidden.clone()
-            self.static.copy_(self.hidden)
-            picked = self.replays.run("tree", lambda: self._picked(self.static)).clone()  # the next replay rewrites it
-        return Proposal(DeviceTree(picked, self.template.parents, self.depth))
+            return self._picked(hidden)
+        n = len(hidden)
+        bucket = next((b for b in BUCKETS if b >= n), n)
+        if bucket not in self.static:
+            self.static[bucket] = hidden.new_zeros(bucket, hidden.shape[1])
+        self.static[bucket][:n] = hidden
+        picked = self.replays.run(("tree", bucket), lambda: self._picked(self.static[bucket]))
+        return picked[:n].clone()  # (the next replay writes over it)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.heads(hidden.to(self.lm_head.weight.dtype), self.lm_head)[: self.depth]  # [depth, V]
+        return self.heads(hidden.to(self.lm_head.weight.dtype), self.lm_head)[: self.depth]  # [depth, ..., V]
 
     def _picked(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Each template node's token [n]: the candidate of its rank among its head's top-k."""
-        top = self._logits(hidden).topk(max(self.template.tokens) + 1, dim=-1).indices  # [depth, k]
-        return top[self.slot]
+        """Each template node's token [n, nodes] for the states [n, H]: the candidate of its rank among its head's
+        top-k."""
+        top = self._logits(hidden).topk(max(self.template.tokens) + 1, dim=-1).indices  # [depth, n, k]
+        return top[self.slot[0], :, self.slot[1]].T  # [nodes, n] -> [n, nodes]
 
     def _sampled(self, q: torch.Tensor) -> Proposal:
         """Every family's children drawn at once from q [depth, V] of the head at their depth. A row with less

@@ -35,6 +35,7 @@ class Resources:
     owned: dict[int, torch.nn.Module | None] = field(default_factory=dict)  # id of a model -> its owned decoder
     _draft: torch.nn.Module | None = None
     _slot: tuple[int, int] | None = None  # (slot, slots) while a batch's proposer is built (`slot_of`)
+    _heads: dict[tuple[str, torch.dtype], torch.nn.Module] = field(default_factory=dict)  # the batch's heads
     _shared: dict[tuple[int, int], BatchedLM] = field(default_factory=dict)  # (id(model), slots) -> a shared draft
     _readouts: dict[tuple, torch.nn.Module] = field(default_factory=dict)  # (dtype, rows) -> lm_head copy
 
@@ -62,28 +63,26 @@ class Resources:
 
     @contextlib.contextmanager
     def slot_of(self, slot: int, slots: int) -> Iterator[None]:
-        """While the proposer of `slot` in a batch of `slots` is built: a draft it asks to share (`draft_lm`) is
-        that slot of one draft model's static cache for the whole batch, so the method can draft every slot in one
-        forward per depth (`Proposer.propose_all`)."""
+        """While the proposer of `slot` in a batch of `slots` is built: a draft it asks to share (`cached_lm`) is
+        that slot of one static cache for the whole batch, so the method can draft every slot in one forward per
+        depth (`Proposer.propose_all`), and its heads are slot 0's (one copy of the weights for the batch, which
+        its `propose_all` may run once for every slot). Slot 0 begins a method's batch."""
+        if slot == 0:
+            self._heads.clear()
         self._slot = (slot, slots)
         try:
             yield
         finally:
             self._slot = None
 
-    def cached_lm(self, model: torch.nn.Module, what: str = "draft model") -> CachedLM:
-        """`model` with a KV cache of its own: on the owned decoder and a static cache with --graphs."""
-        owned = self.owned_decoder(model, what)
-        return StaticCachedLM(owned) if owned is not None else CachedLM(model)
-
-    def draft_lm(self, shared: bool = False) -> CachedLM:
-        """The draft model with a KV cache of its own (each method drafting with it gets one), on the static cache
-        with --graphs; `shared`, while a batch's proposer is built (`slot_of`): its slot of one static cache for the
-        batch (a Llama-family draft; else a cache of its own)."""
-        model = self.draft_model()
+    def cached_lm(self, model: torch.nn.Module, what: str = "draft model", shared: bool = False) -> CachedLM:
+        """`model` with a KV cache of its own: on the owned decoder and a static cache with --graphs; `shared`,
+        while a batch's proposer is built (`slot_of`): its slot of one static cache for the batch, so the method
+        drafts every slot in one forward per depth (a Llama-family model; else a cache of its own)."""
         if not shared or self._slot is None or self._slot[1] == 1:
-            return self.cached_lm(model)
-        owned = self.owned_decoder(model, "draft model", batch=True)
+            owned = self.owned_decoder(model, what)
+            return StaticCachedLM(owned) if owned is not None else CachedLM(model)
+        owned = self.owned_decoder(model, what, batch=True)
         if owned is None:
             return CachedLM(model)
         slot, slots = self._slot
@@ -93,6 +92,11 @@ class Resources:
                 del self._shared[other]
             self._shared[key] = BatchedLM(owned, slots, capture=None if self.graphs else False)
         return StaticCachedLM(owned, batched=self._shared[key], slot=slot)
+
+    def draft_lm(self, shared: bool = False) -> CachedLM:
+        """The draft model with a KV cache of its own (each method drafting with it gets one); `shared`: as
+        `cached_lm`'s."""
+        return self.cached_lm(self.draft_model(), shared=shared)
 
     def draft_dtype(self, name: str | None) -> torch.dtype:
         """The dtype a method's draft computes in: the run's (None) or the one named. A draft may compute more
@@ -121,7 +125,11 @@ class Resources:
         return self._readouts[key]
 
     def head(self, family: str, dtype: torch.dtype | None = None) -> torch.nn.Module:
-        """The head of `family` loaded for this target, on the run's device, in the run's dtype or `dtype`."""
+        """The head of `family` loaded for this target, on the run's device, in the run's dtype or `dtype`; while a
+        batch's proposers are built, loaded once for all its slots (`slot_of`)."""
+        key = (family, dtype or self.dtype)
+        if self._slot is not None and self._slot[1] > 1 and key in self._heads:
+            return self._heads[key]
         path = self.head_paths.get(family)
         if path is None:
             raise SpecbenchError(
@@ -146,4 +154,6 @@ class Resources:
         owned = self.owned_decoder(head, f"{family} head") if hasattr(head, "get_decoder") else None
         if self.compile:
             compile_forward(owned or head, graphs=owned is not None)
+        if self._slot is not None and self._slot[1] > 1:
+            self._heads[key] = head
         return head

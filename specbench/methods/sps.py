@@ -7,7 +7,7 @@ import torch
 from ..core.cached_lm import CachedLM
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_prefix
 from ..core.sampling import probabilities, sample
-from ..core.static_lm import BUCKETS, BatchedLM, Row, StaticCachedLM
+from ..core.static_lm import BUCKETS, Row, one_batch
 from ..core.tree import chain
 from ..registry import implementation
 from .resources import Resources
@@ -49,28 +49,36 @@ class DraftModel(Proposer):
 
     @classmethod
     def propose_all(cls, proposers: list, tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
-        """At T = 0, slots of one shared draft (`Resources.draft_lm(shared=True)`) draft together: one draft forward
-        over every slot's new tokens, then one per depth, each slot's argmax fed back on the device. Otherwise (a
-        draft of its own, or sampling) one slot after another."""
-        shared = {id(p.draft.batched) if isinstance(p.draft, StaticCachedLM) else None for p in proposers}
-        if len(proposers) < 2 or shared == {None} or len(shared) > 1 or any(p.temperature != 0 for p in proposers):
-            return super().propose_all(proposers, tokens, max_depths)
-        lm: BatchedLM = proposers[0].draft.batched
+        """Slots of one shared draft (`Resources.draft_lm(shared=True)`) draft together: one draft forward over
+        every slot's new tokens, then one per depth; at T = 0 each slot's argmax is fed back on the device, at T > 0
+        each slot's draw from its own generator, as it draws alone. Otherwise (a draft of its own) one slot after
+        another."""
+        lm = one_batch([p.draft for p in proposers])
+        temperatures = {p.temperature for p in proposers}
         ks = [
             min(p.k, d) if len(t) + min(p.k, d) <= p.draft.context_length else 0
             for p, t, d in zip(proposers, tokens, max_depths, strict=True)
         ]
-        drafted: list[list[torch.Tensor]] = [[] for _ in proposers]
         feeding = [(i, t[p.draft.cached :]) for i, (p, t, k) in enumerate(zip(proposers, tokens, ks, strict=True)) if k]
-        if any(len(fed) > BUCKETS[-1] for _, fed in feeding):  # (a long catch-up runs alone)
-            return super().propose_all(proposers, tokens, max_depths)
+        if lm is None or len(temperatures) > 1 or any(len(fed) > BUCKETS[-1] for _, fed in feeding):
+            return super().propose_all(proposers, tokens, max_depths)  # (a long catch-up runs alone)
+        greedy = temperatures == {0}
+        drafted: list[list] = [[] for _ in proposers]  # per slot: argmax ids [1] on the device, or drawn ids
+        laws: list[list[torch.Tensor]] = [[] for _ in proposers]  # per slot at T > 0: each draw's law [V]
         for depth in range(max(ks, default=0)):
             if depth:
-                feeding = [(i, drafted[i][-1]) for i, k in enumerate(ks) if k > depth]
-            outs = lm.run([Row(proposers[i].draft.slot, fed) for i, fed in feeding], greedy=True)
+                feeding = [(i, drafted[i][-1] if greedy else drafted[i][-1:]) for i, k in enumerate(ks) if k > depth]
+            outs = lm.run([Row(proposers[i].draft.slot, fed) for i, fed in feeding], greedy=greedy, last_only=True)
             for (i, _), out in zip(feeding, outs, strict=True):
-                drafted[i].append(out.picks[0][-1:].clone())  # [1]: its argmax (the next forward writes over it)
-        return [Proposal(chain(torch.cat(d))) if d else NO_PROPOSAL for d in drafted]
+                if greedy:
+                    drafted[i].append(out.picks[0][-1:].clone())  # [1]: its argmax (the next forward writes over it)
+                    continue
+                q = probabilities(out.logits[-1], proposers[i].temperature)
+                laws[i].append(q)
+                drafted[i].append(sample(q, proposers[i].generator))
+        if greedy:
+            return [Proposal(chain(torch.cat(d))) if d else NO_PROPOSAL for d in drafted]
+        return [Proposal(chain(d), torch.stack(q)) if d else NO_PROPOSAL for d, q in zip(drafted, laws, strict=True)]
 
 
 @implementation("sps", nested=chain_prefix("num_draft_tokens"))
