@@ -68,6 +68,7 @@ class TaskPreset(Strict):
     category: str | None = None  # the category of every question without one
     category_groups: dict[str, list[str]] = {}  # reporting group -> the category labels it holds, in order
     max_new_tokens: int | None = None
+    input_tokens: int | None = None  # a length bucket's prompt tokens: refused where prompt and answer cannot fit
     placeholder: str | None = None  # text standing in for data that is not redistributed: such questions skipped
 
     @model_validator(mode="after")

@@ -15,6 +15,7 @@ from . import presets
 from .errors import SpecbenchError
 
 CACHE_DIR = Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
+MAX_NEW_TOKENS = 256  # tokens per answer of a task that sets none, without --max-new-tokens
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def _source_file(source: presets.TaskSource, data: Path | None, download: bool =
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}  # suffix -> datasets builder
 
 
-def _is_file(name: str) -> bool:
+def is_file(name: str) -> bool:
     """Whether `name` is a task file (by its suffix, or an existing file) rather than a preset's name."""
     return Path(name).suffix.lower() in FORMATS or Path(name).is_file()
 
@@ -148,7 +149,7 @@ def check(name: str) -> None:
     """What `load` would refuse before reading a question, here without `datasets`, torch or the network, so a run
     names a mistake before its heavy imports: an unknown preset, a preset's bad YAML, a task file that is missing
     or of a format not read."""
-    if _is_file(name):
+    if is_file(name):
         _builder(_existing(Path(name)))
     else:
         presets.load("tasks", name)
@@ -234,7 +235,7 @@ def load(
     name: str, data: str | Path | None = None, field_map: dict[str, str] | None = None, download: bool = True
 ) -> Task:
     """A preset name from tasks/, or a path to a task file; `download=False` raises NotDownloaded instead."""
-    if _is_file(name):
+    if is_file(name):
         return from_file(name, field_map)
     spec = presets.load("tasks", name)
     fields = spec.fields or {"turns": "turns"}

@@ -91,7 +91,10 @@ def test_verify_and_tune_check_their_method_first(capsys, no_plan, command):
     assert err == "sps: unknown parameter 'gamma'; its parameters are num_draft_tokens"
 
 
-TASKS = "calibrate, cnn_dm, gsm8k, mt_bench, quick, spec_bench, speed_bench, xsum"  # tasks/*.yaml
+TASKS = (  # tasks/*.yaml
+    "calibrate, cnn_dm, gsm8k, mt_bench, quick, spec_bench, speed_bench, speed_bench_throughput_16k, "
+    "speed_bench_throughput_1k, speed_bench_throughput_2k, speed_bench_throughput_32k, speed_bench_throughput_8k, xsum"
+)
 BAD_OPTIONS = [
     (["--tasks", "quick,nosuch"], f"unknown task 'nosuch': choose from {TASKS}"),
     (
@@ -151,6 +154,7 @@ def test_the_names_checked_first_are_the_ones_torch_resolves():
         ["run", "--dtype", "float8"],
         ["run", "--device", "tpu"],
         ["tune", "--method", "sps", "--eval-task", "nosuch"],
+        ["run", "--tasks", "speed_bench_throughput_32k"],
     ],
 )
 def test_a_mistake_costs_no_heavy_import(argv):
@@ -187,6 +191,40 @@ def test_graphs_hold_the_budget_to_the_static_cache(tmp_path):
     inputs.check(RunConfig(model=str(folder), max_new_tokens=5000))
     with pytest.raises(SpecbenchError, match=r"static KV cache of --graphs \(4096 tokens\).*pass at most 4095"):
         inputs.check(RunConfig(model=str(folder), max_new_tokens=5000, graphs=True))
+
+
+FITS = "run speed_bench_throughput_1k or speed_bench_throughput_2k"
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_a_length_bucket_beyond_the_context_is_refused_with_the_buckets_that_fit(capsys, no_plan, dry_run):
+    """SPEED-Bench's throughput buckets: a bucket whose prompts and answers cannot fit the target's context is one
+    line at once naming the context and the buckets that fit, not a failure at its first question."""
+    err = one_line(capsys, ["run", "--tasks", "speed_bench_throughput_32k,quick,speed_bench_throughput_8k", *dry_run])
+    assert err == (
+        "tasks speed_bench_throughput_8k, speed_bench_throughput_32k: prompts of about 8000 tokens or more and answers "
+        f"of up to 1024 do not fit tiny's context of 4096 tokens: {FITS}, or use a model with a longer context"
+    )
+    err = one_line(capsys, ["run", "--tasks", "speed_bench_throughput_2k", "--max-new-tokens", "2500", *dry_run])
+    assert err == (
+        "task speed_bench_throughput_2k: prompts of about 2000 tokens and answers of up to 2500 do not fit tiny's "
+        "context of 4096 tokens: run speed_bench_throughput_1k, pass --max-new-tokens 2096 or fewer, or use a model "
+        "with a longer context"
+    )
+    inputs.check(RunConfig(tasks=["speed_bench_throughput_1k", "speed_bench_throughput_2k"]))
+
+
+def test_a_batch_holds_the_length_buckets_to_its_static_cache(tmp_path):
+    """At --batch above 1 the target decodes on a static cache of 4096 tokens whatever its context (as --graphs)."""
+    folder = model_folder(tmp_path, 131072)
+    inputs.check(RunConfig(model=str(folder), tasks=["speed_bench_throughput_32k"], batch=[1]))
+    with pytest.raises(SpecbenchError) as refused:
+        inputs.check(RunConfig(model=str(folder), tasks=["speed_bench_throughput_8k"], batch=[1, 4]))
+    assert str(refused.value) == (
+        "task speed_bench_throughput_8k: prompts of about 8000 tokens and answers of up to 1024 do not fit the static "
+        f"KV cache of --batch (4096 tokens): {FITS}, or keep --batch at 1"
+    )
+    inputs.check(RunConfig(model=str(folder), tasks=["speed_bench_throughput_2k"], batch=[1, 4, 16]))
 
 
 def test_a_hub_config_is_read_from_the_cache_and_a_missing_one_says_nothing(monkeypatch, tmp_path):

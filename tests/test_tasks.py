@@ -181,3 +181,52 @@ def test_a_bad_jsonl_line_prints_only_our_error(tmp_path, capfd):
         tasks.read_records(bad)
     captured = capfd.readouterr()
     assert "Failed to load" not in captured.err + captured.out and "pyarrow" not in captured.err + captured.out
+
+
+BUCKETS = ["1k", "2k", "8k", "16k", "32k"]
+SPEED_BENCH = DATA / "speed_bench" / "throughput.jsonl"  # made-up rows in the throughput configs' layout
+
+
+@pytest.mark.parametrize("bucket", BUCKETS)
+def test_speed_bench_throughput_buckets_read_their_config_with_the_tiers_as_categories(
+    bucket, monkeypatch, capsys, tmp_path
+):
+    import datasets
+
+    calls = []
+
+    def load_dataset(repo, config, split, revision):
+        calls.append((repo, config, split, revision))
+        return datasets.Dataset.from_list(tasks.read_jsonl(SPEED_BENCH))
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.delenv("SPECBENCH_DATA_DIR", raising=False)
+    name = f"speed_bench_throughput_{bucket}"
+    task = tasks.load(name)
+    assert calls == [("nvidia/SPEED-Bench", f"throughput_{bucket}", "test", "487aa718444e816458d1a0a52bfce7a454285cf4")]
+    assert f"{bucket} bucket: 1,536 prompts of about {int(bucket[:-1]) * 1000:,} input tokens" in task.description
+    assert [q.group for q in task.questions] == ["low_entropy"] * 2 + ["mixed"] * 2 + ["high_entropy"] * 2
+    assert all(q.category == q.group and len(str(q.id)) == 32 and len(q.turns) == 1 for q in task.questions)
+    assert f"task {name}: 3 of 9 questions skipped: their data is not redistributed" in capsys.readouterr().err
+    with pytest.raises(tasks.NotDownloaded, match="hub dataset nvidia/SPEED-Bench at 487aa71"):
+        tasks.load(name, tmp_path, download=False)  # a dry run reads nothing: the data dir has no file of it
+    assert len(calls) == 1
+
+
+def test_a_rebuilt_throughput_file_in_the_data_dir_comes_before_the_hub(monkeypatch, capsys, tmp_path):
+    """specdec_bench's prepare_data.py writes the complete parquet (no placeholder left): read instead of the hub."""
+    import pandas as pd
+
+    def no_hub(hub):
+        raise AssertionError(f"read {hub.id} from the hub although the data dir has the file")
+
+    monkeypatch.setattr(tasks, "hub_records", no_hub)
+    rows = pd.read_json(SPEED_BENCH, lines=True)
+    rows["turns"] = [[f"Rebuilt prompt {i}."] for i in range(len(rows))]
+    path = tmp_path / "speed_bench" / "throughput_8k" / "test.parquet"
+    path.parent.mkdir(parents=True)
+    rows.to_parquet(path, index=False)
+    task = tasks.load("speed_bench_throughput_8k", tmp_path)
+    assert [q.turns for q in task.questions] == [[f"Rebuilt prompt {i}."] for i in range(9)]
+    assert {q.category for q in task.questions} == {"low_entropy", "mixed", "high_entropy"}
+    assert "skipped" not in capsys.readouterr().err

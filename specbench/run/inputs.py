@@ -1,9 +1,9 @@
 """A run's options checked before anything heavy is imported or loaded: the settings (--device and --dtype by
-name), each method and variant (from the presets' YAML alone), each task (a preset's name or a file that exists)
-and --max-new-tokens against the target's context (its config.json, where it is on this machine). A mistake is one
-line and exit status 2 within a second or two, not after the target has loaded; `plan.make` then checks what needs
-the methods' code or the hub (what the model can run, the checkpoints), and `fit_prompts` the questions once the
-target's tokenizer is on this machine."""
+name), each method and variant (from the presets' YAML alone), each task (a preset's name or a file that exists),
+and --max-new-tokens and the tasks of a length bucket against the target's context (its config.json, where it is on
+this machine). A mistake is one line and exit status 2 within a second or two, not after the target has loaded;
+`plan.make` then checks what needs the methods' code or the hub (what the model can run, the checkpoints), and
+`fit_prompts` the questions once the target's tokenizer is on this machine."""
 
 from __future__ import annotations
 
@@ -28,10 +28,11 @@ def check(cfg: RunConfig) -> None:
     fit_context(cfg, spec.name, hub.local_file(spec.target, "config.json"))
 
 
-def _context(cfg: RunConfig, model: str, config: Path | None) -> tuple[int, str] | None:
-    """The tokens prompt and answer may fill together, and how to name that limit: config.json's
-    max_position_embeddings, as the decode loop reads it (with --graphs, at most the static cache's). None when the
-    config is not on this machine (a hub target not cached), unreadable or without the key: the load says more."""
+def _context(cfg: RunConfig, model: str, config: Path | None) -> tuple[int, str, str] | None:
+    """The tokens prompt and answer may fill together, how to name that limit, and how to get more: config.json's
+    max_position_embeddings, as the decode loop reads it (with --graphs or a batch above 1, at most the static
+    cache's). None when the config is not on this machine (a hub target not cached), unreadable or without the key:
+    the load says more."""
     if config is None:
         return None
     try:
@@ -40,30 +41,58 @@ def _context(cfg: RunConfig, model: str, config: Path | None) -> tuple[int, str]
         return None
     if not isinstance(context, int):
         return None
-    where = f"{model}'s context of {context} tokens"
-    if cfg.graphs:
-        from ..core.static_lm import MAX_CACHE  # imports torch: only with --graphs
+    where, more = f"{model}'s context of {context} tokens", "use a model with a longer context"
+    static = "--graphs" if cfg.graphs else "--batch" if max(cfg.batch, default=1) > 1 else None
+    if static:
+        from ..core.static_lm import MAX_CACHE  # imports torch: only with a static cache
 
         if context > MAX_CACHE:
-            context, where = MAX_CACHE, f"the static KV cache of --graphs ({MAX_CACHE} tokens)"
-    return context, where
+            context, where = MAX_CACHE, f"the static KV cache of {static} ({MAX_CACHE} tokens)"
+            more = "drop --graphs" if cfg.graphs else "keep --batch at 1"
+    return context, where, more
 
 
 def fit_context(cfg: RunConfig, model: str, config: Path | None) -> None:
-    """Refuse a --max-new-tokens the target's context (`_context`) cannot hold beside a one-token prompt, rather
-    than cap it: decoding would stop where prompt and answer fill the context, so the setting asked for would not be
-    the one measured."""
-    if cfg.max_new_tokens is None:
+    """Refuse what the target's context (`_context`) cannot hold, rather than cap it: a --max-new-tokens beside a
+    one-token prompt, and a length bucket's task (`input_tokens`) beside its answers. Decoding would stop where
+    prompt and answer fill the context, so the setting asked for would not be the one measured; and a bucket's
+    prompts all have about its length, so a bucket that does not fit is refused at once, with those that do, rather
+    than question by question once the target is fetched."""
+    buckets = _buckets(cfg, cfg.tasks)
+    if cfg.max_new_tokens is None and not buckets:
         return
     limit = _context(cfg, model, config)
     if limit is None:
         return
-    context, where = limit
-    if cfg.max_new_tokens >= context:
+    context, where, more = limit
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens >= context:
         raise SpecbenchError(
             f"--max-new-tokens {cfg.max_new_tokens} does not fit {where}, prompt and answer together: "
             f"pass at most {context - 1}"
         )
+    too_long = [name for name, (prompt, answer) in buckets.items() if prompt + answer > context]
+    if too_long:
+        prompt, answer = buckets[too_long[0]]
+        fit = [name for name, (p, a) in _buckets(cfg, tasks.available()).items() if p + a <= context]
+        ways = [f"run {' or '.join(fit)}"] if fit else []
+        if cfg.max_new_tokens is not None and prompt < context:
+            ways.append(f"pass --max-new-tokens {context - prompt} or fewer")
+        raise SpecbenchError(
+            f"task{'s' * (len(too_long) > 1)} {', '.join(too_long)}: prompts of about {prompt} tokens"
+            f"{' or more' * (len(too_long) > 1)} and answers of up to {answer} do not fit {where}: "
+            + ", ".join(ways + [f"or {more}" if ways else more])
+        )
+
+
+def _buckets(cfg: RunConfig, names: list[str]) -> dict[str, tuple[int, int]]:
+    """The length buckets' tasks among `names` (presets with `input_tokens`), shortest first: name -> (their
+    prompts' length, the run's tokens per answer)."""
+    out = {}
+    for name in names:
+        spec = None if tasks.is_file(name) else presets.load("tasks", name)
+        if spec is not None and spec.input_tokens is not None:
+            out[name] = (spec.input_tokens, cfg.max_new_tokens or spec.max_new_tokens or tasks.MAX_NEW_TOKENS)
+    return dict(sorted(out.items(), key=lambda item: item[1]))
 
 
 def fit_prompts(cfg: RunConfig, model: str, target: Path, questions: list[tasks.Question]) -> None:
@@ -73,7 +102,7 @@ def fit_prompts(cfg: RunConfig, model: str, target: Path, questions: list[tasks.
     limit = _context(cfg, model, target / "config.json")
     if limit is None:
         return
-    context, _ = limit
+    context = limit[0]
     from ..models.chat import fitting_prompt
     from ..models.loading import load_tokenizer  # imports torch: the run has by now
 

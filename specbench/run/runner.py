@@ -212,7 +212,7 @@ def _questions(task, cfg: RunConfig) -> list[tuple[int, tasks.Question]]:
 
 
 def _budget(task, cfg: RunConfig) -> int:
-    return cfg.max_new_tokens or task.max_new_tokens or 256
+    return cfg.max_new_tokens or task.max_new_tokens or tasks.MAX_NEW_TOKENS
 
 
 def _sweeps(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) -> list[concurrency.Sweep]:

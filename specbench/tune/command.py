@@ -40,7 +40,7 @@ def tune(cfg: TuneConfig) -> dict:
     model = session.spec.name  # the name `run --tuned` looks the entry up by (plan.spec.name)
     loaded = [tasks.load(t, run_cfg.data_dir, run_cfg.fields) for t in run_cfg.tasks]
     questions = [q for t in loaded for q in tasks.limit_per_category(t.questions, run_cfg.limit)]
-    budget = run_cfg.max_new_tokens or max(t.max_new_tokens or 256 for t in loaded)  # as `specbench run`
+    budget = run_cfg.max_new_tokens or max(t.max_new_tokens or tasks.MAX_NEW_TOKENS for t in loaded)  # as `run`
     tuner = Tuner(cfg, session, questions, budget)
     scores, cut = tuner.search()
     tokenizer = session.tokenizer
