@@ -4,31 +4,97 @@ Our loop, engine mode and Ray workers all speak these types."""
 
 from __future__ import annotations
 
+import copy
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from .models.aliases import ModelSpec
 from .models.hub import Checkpoint
+from .models.placement import DEVICES, DTYPES
 from .results import Answer
 from .tasks import Question
 
 AA = "vanilla-aa"  # vanilla timed a second time in the same interleaving: its "speedup" is the run's noise floor
 
 
-def option(default: Any, help: str, flag: str | None = None, kind: str | None = None, **argparse: Any) -> Any:
-    """A RunConfig field that `specbench run` takes as an option, written once: its default, its help, its flag
-    (default: --field-name; a `--no-...` flag stores False), the parser of its text (`kind`, cli.parser's: names,
-    floats, ints, shard) and any other argparse keywords (choices, nargs, metavar)."""
-    about = {"help": help, "flag": flag, "kind": kind, "argparse": argparse}
-    if isinstance(default, list):  # (a mutable default: each RunConfig its own copy)
-        return field(default_factory=lambda: list(default), metadata=about)
+def option(
+    default: Any,
+    help: str | None,
+    flag: str | None = None,
+    kind: str | None = None,
+    group: str | None = None,
+    shown: bool = True,
+    **argparse: Any,
+) -> Any:
+    """A RunConfig field that the command line takes as an option, written once: its default, its help (`shown`: the
+    help ends with the default), its flag (default: --field-name; a `--no-...` flag stores False), the parser of its
+    text (`kind`, cli.parser's: names, floats, ints, shard, head, field; a dict field's option repeats, its KEY=VALUE
+    pairs made the dict) and any other argparse keywords (choices, nargs, metavar). `specbench run` takes the fields
+    without a `group`; a group is a parent parser several commands share (model: run, verify and tune; device: also
+    the commands that load a model without a RunConfig, train and regenerate)."""
+    about = {"help": help, "flag": flag, "kind": kind, "group": group, "shown": shown, "argparse": argparse}
+    if isinstance(default, (list, dict)):  # (a mutable default: each RunConfig its own copy)
+        return field(default_factory=lambda: copy.copy(default), metadata=about)
     return field(default=default, metadata=about)
 
 
 @dataclass
 class RunConfig:
-    model: str = "tiny"
+    # the model, its draft and heads, and the questions: every command that runs methods (run, verify, tune)
+    model: str = option(
+        "tiny", "alias (see `specbench list models`), local folder, hub id or FILE.gguf", group="model", shown=False
+    )
+    draft: str | None = option(
+        None,
+        "draft model for sps and ouroboros: folder, hub id, ID@REVISION or FILE.gguf (default: the alias's)",
+        group="model",
+    )
+    revision: str | None = option(
+        None, "commit, branch or tag of a --model given as a hub id (aliases pin their own)", group="model"
+    )
+    trust_remote_code: bool = option(
+        False,
+        "let transformers run code shipped with a hub model (off by default: only for repos you trust)",
+        group="model",
+    )
+    heads: dict[str, str] = option(  # head family (or "*": every family) -> head checkpoint
+        {},
+        "head checkpoint (folder, hub id or ID@REVISION) of a head family, e.g. eagle=DIR, or a bare PATH for every "
+        "family (default: the alias's)",
+        flag="--head",
+        kind="head",
+        group="model",
+        metavar="[FAMILY=]PATH",
+    )
+    data_dir: str | None = option(
+        None, "folder with task data files (default: $SPECBENCH_DATA_DIR, else download)", group="model"
+    )
+    fields: dict[str, str] = option(
+        {},
+        "field mapping for a JSONL task: id=, category=, prompt= or turns=",
+        flag="--field",
+        kind="field",
+        group="model",
+        metavar="KEY=NAME",
+    )
+    limit: int | None = option(None, "questions per category", group="model")
+    max_new_tokens: int | None = option(
+        None,
+        "tokens per turn (default: the task's own); at most the model's context less one (more is refused, not "
+        "capped: an answer stops where prompt and answer fill the context)",
+        group="model",
+    )
+    # where and how a model computes, and the seed: every command that loads one
+    device: str = option("auto", ", ".join(DEVICES), group="device", shown=False)
+    dtype: str = option(
+        "auto",
+        f"auto (fp16 on CUDA, fp32 on CPU), {', '.join(DTYPES)} (the target's; heads train in float32)",
+        group="device",
+        shown=False,
+    )
+    seed: int = option(0, None, group="device")
+    # `specbench run`'s own
     methods: list[str] = option(
         ["default"],
         "comma-separated names; all (every method the model can run) or default (vanilla, sps, pld: those the model "
@@ -37,18 +103,7 @@ class RunConfig:
     )
     tasks: list[str] = option(["quick"], "task names or .jsonl/.json/.csv/.parquet files, by commas", kind="names")
     temperatures: list[float] = option([0.0], "comma-separated, e.g. 0,1", kind="floats")
-    limit: int | None = None  # questions per category
-    max_new_tokens: int | None = None  # None: each task's own default
-    device: str = "auto"
-    dtype: str = "auto"
     out: str | None = option(None, "run folder (default: results/<model>-<tasks>-<hash>; re-running resumes)")
-    data_dir: str | None = None
-    seed: int = 0
-    draft: str | None = None
-    heads: dict[str, str] = field(default_factory=dict)  # method family (or "*") -> head checkpoint (--head)
-    revision: str | None = None  # of a hub target given by id (aliases pin their own)
-    trust_remote_code: bool = False
-    fields: dict[str, str] = field(default_factory=dict)
     warmup: bool = option(True, "skip the discarded warm-up question per method", flag="--no-warmup")
     progress: bool = True
     noise_floor: bool = option(

@@ -245,15 +245,15 @@ def test_every_training_knob_is_an_option_with_its_default_and_help():
 
 
 def test_every_run_setting_is_an_option_with_its_default_and_reaches_the_run_config(monkeypatch):
-    """`specbench run`'s settings are RunConfig fields declared once (`config.option`): each is an option with the
-    field's default, and what is given reaches the RunConfig under the field's name."""
+    """`specbench run`'s own settings are RunConfig fields declared once (`config.option`, no group): each is an option
+    with the field's default, and what is given reaches the RunConfig under the field's name."""
     from dataclasses import fields
 
     from specbench.cli import handlers
     from specbench.cli.parser import parser as build_parser
     from specbench.config import RunConfig
 
-    options = [f for f in fields(RunConfig) if f.metadata]
+    options = [f for f in fields(RunConfig) if f.metadata and not f.metadata["group"]]
     assert {f.name for f in options} >= {"methods", "tasks", "temperatures", "warmup", "noise_floor", "graphs"}
     defaults = RunConfig()
     args = build_parser().parse_args(["run"])
@@ -291,3 +291,47 @@ def test_every_run_setting_is_an_option_with_its_default_and_reaches_the_run_con
     assert cfg.methods == ["eagle2[top_k=6,depth=4]", "pld"] and cfg.temperatures == [0.0, 1.0]
     assert (cfg.warmup, cfg.noise_floor, cfg.repeats, cfg.shard) == (False, True, 3, [2, 4])
     assert (cfg.graphs, cfg.engine, cfg.concurrency, cfg.tuned) == (True, "vllm", [1, 4], "t.yaml")
+
+
+def test_every_shared_option_is_an_option_of_run_verify_and_tune_and_reaches_the_run_config(monkeypatch):
+    """The options `run`, `verify` and `tune` share are RunConfig fields of a group (`option(..., group=...)`, one
+    parent parser each): each is an option of the three commands with RunConfig's default, and a command line giving
+    every one of them reaches the RunConfig (--head and --field repeated, made its dicts)."""
+    from dataclasses import fields
+
+    from specbench.cli import handlers
+    from specbench.cli.parser import parser as build_parser
+    from specbench.config import RunConfig
+
+    grouped = [f.name for f in fields(RunConfig) if f.metadata.get("group")]
+    given = {
+        "model": ("--model m", "m"),
+        "draft": ("--draft d@abc", "d@abc"),
+        "revision": ("--revision r", "r"),
+        "trust_remote_code": ("--trust-remote-code", True),
+        "heads": ("--head eagle=E --head H", {"eagle": "E", "*": "H"}),
+        "data_dir": ("--data-dir D", "D"),
+        "fields": ("--field prompt=q --field id=idx", {"prompt": "q", "id": "idx"}),
+        "limit": ("--limit 2", 2),
+        "max_new_tokens": ("--max-new-tokens 7", 7),
+        "device": ("--device cpu", "cpu"),
+        "dtype": ("--dtype float16", "float16"),
+        "seed": ("--seed 5", 5),
+    }
+    assert sorted(given) == sorted(grouped), "a shared option without a value here: add one"
+    made = []
+
+    def stop(cfg):  # the command's config, caught where its handler checks it (nothing loads)
+        made.append(cfg)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(handlers, "check", stop)
+    defaults, line = RunConfig(), " ".join(flags for flags, _ in given.values()).split()
+    for command in (["run"], ["verify", "--method", "pld"], ["tune", "--method", "pld"]):
+        for argv in (command, command + line):
+            with pytest.raises(SystemExit):
+                getattr(handlers, command[0])(build_parser().parse_args(argv))
+        bare, full = made[-2:]
+        for name, (_, value) in given.items():
+            assert getattr(bare, name) == getattr(defaults, name), (command[0], name)
+            assert getattr(full, name) == value, (command[0], name)

@@ -12,26 +12,14 @@ from ..config import RunConfig
 from ..errors import SpecbenchError
 from ..run.inputs import check
 from ..tasks import check as check_task
+from .parser import config_values
 
 
 def run_config(args, **settings) -> RunConfig:
-    """The RunConfig of the options `run`, `tune` and `verify` share (the model, its draft and heads, the questions,
-    device, dtype and seed), with a command's own `settings` on top."""
-    return RunConfig(
-        model=args.model,
-        draft=args.draft,
-        heads=dict(args.head),
-        revision=args.revision,
-        trust_remote_code=args.trust_remote_code,
-        data_dir=args.data_dir,
-        fields=dict(args.field),
-        limit=args.limit,
-        max_new_tokens=args.max_new_tokens,
-        device=args.device,
-        dtype=args.dtype,
-        seed=args.seed,
-        **settings,
-    )
+    """The RunConfig of the options `run`, `tune` and `verify` share (RunConfig's fields of the model and device
+    groups, read back by name), with a command's own `settings` on top."""
+    shared = config_values(args, RunConfig, "model") | config_values(args, RunConfig, "device")
+    return RunConfig(**(shared | settings))
 
 
 def _tuned_file(value: str | None) -> str | None:
@@ -44,8 +32,7 @@ def _tuned_file(value: str | None) -> str | None:
 
 
 def run(args) -> None:
-    settings = {f.name: getattr(args, f.name) for f in fields(RunConfig) if f.metadata}  # (cli.parser._run_options)
-    cfg = run_config(args, **{**settings, "tuned": _tuned_file(args.tuned)})
+    cfg = run_config(args, **{**config_values(args, RunConfig), "tuned": _tuned_file(args.tuned)})
     check(cfg)  # before the imports below (seconds of torch and every method): a mistake is one line at once
     if args.dry_run:
         from ..run import plan

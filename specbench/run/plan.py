@@ -33,8 +33,8 @@ def need_source(need: Need, spec: ModelSpec, draft: str | None, heads: dict[str,
 def why_missing(need: Need, spec: ModelSpec) -> str:
     if need.kind == "draft":
         return f"{spec.name} has no draft model; pass --draft PATH_OR_HUB_ID"
-    title = HEADS[need.family].title
-    return f"{spec.name} has no {title} head; pass --head {need.family}=PATH_OR_HUB_ID"
+    fix = f" ({spec.heads_fix})" if spec.heads_fix else ""
+    return f"{spec.name} has no {HEADS[need.family].title} head{fix}; pass --head {need.family}=PATH_OR_HUB_ID"
 
 
 def choose_methods(
