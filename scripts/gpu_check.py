@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 import time
@@ -184,7 +185,7 @@ def drafting(args) -> None:
 
     from specbench.core.proposer import Turn
     from specbench.heads import eagle, eagle3
-    from specbench.methods.eagle import Eagle
+    from specbench.methods.eagle import Eagle, StaticDrafting
     from specbench.methods.eagle_trees import DynamicTree
     from specbench.models.aliases import TINY_DIR
 
@@ -227,7 +228,8 @@ def drafting(args) -> None:
         if regime not in ("eager", "static", "captured", "compiled"):
             raise SystemExit(f"unknown regime '{regime}': use eager, static, captured or compiled")
         head, options = built(owned=regime != "eager")
-        proposer = Eagle(head, graphs=regime != "eager", compile=regime == "compiled", **options)
+        static = functools.partial(StaticDrafting, compile=regime == "compiled")
+        proposer = Eagle(head, drafting=None if regime == "eager" else static, **options)
         if regime == "static":
             proposer.static.replays.capture = False
         tokens = torch.randint(vocab, (args.prompt,)).tolist()

@@ -35,7 +35,7 @@ from .test_verify import UniformClaimDraft
 # features, a Jacobi side branch. (Suffix decoding's global index holds the answers its own slot gave, so its
 # acceptance moves with B: docs/metrics.md.)
 METHODS = ("vanilla", "sps", "eagle2", "lookahead")
-HEADS = {family: TINY_DIR / family for family in ("pard", "medusa")}
+HEADS = {family: TINY_DIR / family for family in ("pard", "medusa", "eagle", "eagle3", "mtp")}
 
 
 @pytest.fixture(scope="module")
@@ -194,15 +194,16 @@ def test_the_sampling_audit_at_batch_4(proposer):
     assert (max(widths) > 1) == (proposer is DraftModel)  # (sps drafted its slots in one forward per depth)
 
 
-@pytest.mark.parametrize("method", ["pard", "medusa"])
+@pytest.mark.parametrize("method", ["pard", "medusa", "eagle", "eagle3", "mtp"])
 def test_model_drafters_draft_their_slots_together(tiny, method):
-    """Two slots of a batch share one drafter (PARD's model, Medusa's heads: loaded once) and draft in one forward
-    per step; each slot's tokens and accepted lengths are its batch of one's."""
+    """Two slots of a batch share one drafter (PARD's model, Medusa's heads, EAGLE's head on one static cache: loaded
+    once) and draft in one forward per step (per level for EAGLE's trees); each slot's tokens and accepted lengths
+    are its batch of one's."""
     target, prompt = tiny
     res = methods.Resources("tiny", target, None, torch.device("cpu"), torch.float32, head_paths=HEADS)
     prompts = [prompt, prompt[: len(prompt) // 2]]
     alone = [
-        decode(CachedLM(target), methods.build(method, res), p, max_new_tokens=16, temperature=0, stop_ids=set())
+        decode(CachedLM(target), methods.build(method, res), p, max_new_tokens=32, temperature=0, stop_ids=set())
         for p in prompts
     ]
     slots = methods.build_slots(method, res, 2)
@@ -212,11 +213,16 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
         assert slots[1].drafter.batched is shared and slots[0].drafter.slot != slots[1].drafter.slot
         run = shared.run
         shared.run = lambda rows, **options: widths.append(len(rows)) or run(rows, **options)
-    else:
+    elif method == "medusa":
         assert slots[0].heads is slots[1].heads
         top = slots[0]._top
         slots[0]._top = lambda hidden: widths.append(len(hidden)) or top(hidden)
-    jobs = [Job(p, 16, 0.0, request=(i, 0)) for i, p in enumerate(prompts)]
+    else:
+        drafting = slots[0].static
+        assert slots[1].static is drafting and slots[0].head is slots[1].head and drafting.batch == 2
+        together = drafting._together
+        drafting._together = lambda members, depths: widths.append(len(members)) or together(members, depths)
+    jobs = [Job(p, 32, 0.0, request=(i, 0)) for i, p in enumerate(prompts)]
     ended: dict[int, object] = {}
     decode_batch(
         BatchedLM(Decoder.adopt(target), 2),

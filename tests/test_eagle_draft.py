@@ -13,7 +13,7 @@ from specbench.core.decode import decode
 from specbench.core.proposer import Turn
 from specbench.core.static_cache import StaticRows
 from specbench.heads.eagle import build, config_from_target
-from specbench.methods.eagle import DYNAMIC, Eagle
+from specbench.methods.eagle import DYNAMIC, Eagle, StaticDrafting
 from specbench.methods.eagle_trees import Draft, DynamicTree, StaticTree
 
 from .conftest import CUDA, random_llama, recording
@@ -189,7 +189,8 @@ def test_static_drafting_proposes_the_eager_trees_step_by_step(model, head, expa
         for prompt in PROMPTS:
             runs = []
             for graphs in (False, True):
-                proposer = Eagle(head, model.get_output_embeddings(), expansion, sampled=sampled, graphs=graphs)
+                static = {"drafting": StaticDrafting} if graphs else {}
+                proposer = Eagle(head, model.get_output_embeddings(), expansion, sampled=sampled, **static)
                 trees = recording(proposer)
                 gen = decode(
                     CachedLM(model),

@@ -184,7 +184,7 @@ class UnconditionedSiblings(Eagle):
 
     def _children(self, logits):
         children = super()._children(logits)
-        return children._replace(laws=torch.softmax(logits.float(), dim=-1)[:, None].expand_as(children.laws))
+        return children._replace(laws=torch.softmax(logits.float(), dim=-1).unsqueeze(-2).expand_as(children.laws))
 
 
 SMALL_STATIC = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]  # two deep: a horizon of 3 verifies two drafted levels

@@ -152,7 +152,7 @@ def decode_batch(
     layers = proposers[0].feature_layers
     slots: list[_Turn | None] = [None] * target.batch
     done: list[_Turn] = []
-    propose_all = batch_drafting(type(proposers[0]))  # (a duck-typed one too)
+    propose_all = batch_drafting(proposers)  # (a duck-typed one too)
     batched = isinstance(target, BatchedLM)  # (one read and one gather for every slot; views, not copies)
     start = clock(device)
     mark = Marks(device)

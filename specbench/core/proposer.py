@@ -133,11 +133,14 @@ class Proposer:
         return [p.propose(t, d) for p, t, d in zip(proposers, tokens, max_depths, strict=True)]
 
 
-def batch_drafting(cls: type) -> Callable[[list, list[list[int]], list[int]], list[Proposal]]:
-    """How a batch of `cls` proposers drafts: its `propose_all`, unless a subclass overrode `propose` below the class
-    that drafts its slots together (whose batched drafting would skip the override): then one slot after another."""
+def batch_drafting(proposers: list) -> Callable[[list, list[list[int]], list[int]], list[Proposal]]:
+    """How a batch of these proposers (one class) drafts: its `propose_all`, unless `propose` was overridden below
+    the class that drafts its slots together (by a subclass, or on a proposer itself), which its batched drafting
+    would skip: then one slot after another."""
+    cls = type(proposers[0])
     owner = next((c for c in cls.__mro__ if "propose_all" in vars(c)), None)
-    if owner is None or getattr(cls, "propose", None) is not getattr(owner, "propose", None):
+    overridden = any("propose" in getattr(p, "__dict__", {}) for p in proposers)
+    if owner is None or overridden or getattr(cls, "propose", None) is not getattr(owner, "propose", None):
         return Proposer.propose_all
     return cls.propose_all  # type: ignore[attr-defined]
 

@@ -223,15 +223,15 @@ def ancestor_matrix(tree: Tree) -> torch.Tensor:
 
 
 def ancestors_from(parents: torch.Tensor, depth: int) -> torch.Tensor:
-    """The ancestor matrix [n+1, n+1] of the tree whose nodes' parents are `parents` [n] (-1: the root), none
-    deeper than `depth`, on their device."""
-    n, home = len(parents) + 1, parents.device
-    parent = torch.cat([parents.new_full((1,), -1), parents]) + 1  # each row's parent row; the root's is itself
-    node = torch.arange(n, device=home)
-    allowed = torch.eye(n, dtype=torch.bool, device=home)
+    """The ancestor matrix [..., n+1, n+1] of the trees whose nodes' parents are `parents` [..., n] (-1: the root;
+    a batch's trees [B, n], each its own), none deeper than `depth`, on their device."""
+    lead, n, home = parents.shape[:-1], parents.shape[-1] + 1, parents.device
+    parent = torch.cat([parents.new_full((*lead, 1), -1), parents], dim=-1) + 1  # each row's parent row; the root's
+    node = torch.arange(n, device=home).expand_as(parent)  # is itself
+    allowed = torch.eye(n, dtype=torch.bool, device=home).expand(*lead, n, n).clone()
     for _ in range(depth):  # climb one level at a time: whole rows at once, not node by node
-        node = parent[node]
-        allowed.scatter_(1, node[:, None], True)  # not `allowed[rows, node] = True`: its value is a host tensor,
+        node = parent.gather(-1, node)
+        allowed.scatter_(-1, node[..., None], True)  # not `allowed[rows, node] = True`: its value is a host tensor,
     return allowed  # which a CUDA graph's capture refuses to copy
 
 

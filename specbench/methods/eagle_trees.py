@@ -22,7 +22,8 @@ from ..core.tree import Tree
 @dataclass
 class Draft:
     """Drafted candidates in creation order: level by level, within a level by parent then by rank, so parents
-    come first and the nodes of depth <= d are a prefix. Tensors on the head's device, first dimension [n]."""
+    come first and the nodes of depth <= d are a prefix. Tensors on the head's device, [n] for one sequence or
+    [B, n] for a batch's (drafted together: `row` is one of them)."""
 
     tokens: torch.Tensor  # target ids (long)
     parents: torch.Tensor  # the parent's index (long); -1 is the root
@@ -37,10 +38,14 @@ class Draft:
         return Draft(none, none, torch.empty(0, dtype=torch.float64, device=device), none)
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return self.tokens.shape[-1]
 
     def _map(self, op: Callable[[torch.Tensor], torch.Tensor]) -> Draft:
         return Draft(*(None if (t := getattr(self, f.name)) is None else op(t) for f in fields(self)))
+
+    def row(self, i: int) -> Draft:
+        """Sequence i's draft of a batch's."""
+        return self._map(lambda t: t[i])
 
     def upto(self, depth: int) -> Draft:
         """The nodes of depth <= depth (a prefix)."""
@@ -54,7 +59,9 @@ class Draft:
             return levels[0]
         return Draft(
             *(
-                None if getattr(levels[0], f.name) is None else torch.cat([getattr(x, f.name) for x in levels])
+                None
+                if getattr(levels[0], f.name) is None
+                else torch.cat([getattr(x, f.name) for x in levels], dim=-2 if f.name == "laws" else -1)
                 for f in fields(levels[0])
             )
         )  # (fields of an instance: torch.compile traces it)
@@ -65,33 +72,34 @@ class Draft:
         return Tree(tokens, parents)
 
     def kept(self, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The tokens [k] and parents [k] (indices into `keep`; -1 the root) of the nodes `keep` (ascending, closed
-        under parents), on the device."""
-        index = torch.full((len(self) + 1,), -1, device=self.parents.device)  # old index + 1 -> new index
-        index[keep + 1] = torch.arange(len(keep), device=keep.device)
-        return self.tokens[keep], index[self.parents[keep] + 1]
+        """The tokens [..., k] and parents [..., k] (indices into `keep`; -1 the root) of the nodes `keep` [..., k]
+        (ascending, closed under parents; a batch's: each sequence's own), on the device."""
+        index = self.parents.new_full((*self.parents.shape[:-1], len(self) + 1), -1)  # old index + 1 -> new index
+        index.scatter_(-1, keep + 1, torch.arange(keep.shape[-1], device=keep.device).expand_as(keep))
+        return self.tokens.gather(-1, keep), index.gather(-1, self.parents.gather(-1, keep) + 1)
 
 
 def level_nodes(candidates: torch.Tensor, picked: torch.Tensor | None) -> torch.Tensor:
-    """A level's nodes [n] of its candidates [F, k]: those `picked` (flat positions), or all of them (None)."""
-    flat = candidates.flatten()
-    return flat if picked is None else flat[picked]
+    """A level's nodes [B, n] of its candidates [B, F, k]: those `picked` (flat positions), or all of them (None)."""
+    flat = candidates.flatten(-2)
+    return flat if picked is None else flat[..., picked]
 
 
 def level_scores(
     reached: torch.Tensor, logps: torch.Tensor, rows: torch.Tensor, picked: torch.Tensor | None
 ) -> torch.Tensor:
-    """A level's node scores [n]: each parent's score (`reached` [F], float64) plus the node's log-probability
-    (`logps` [F, k], float32, promoted in the sum: one kernel). With every candidate a node (`picked` None), one
-    broadcast sum over the [F, k] top-k: no gather of the parents' scores."""
+    """A level's node scores [B, n]: each parent's score (`reached` [B, F], float64) plus the node's
+    log-probability (`logps` [B, F, k], float32, promoted in the sum: one kernel). With every candidate a node
+    (`picked` None), one broadcast sum over the [B, F, k] top-k: no gather of the parents' scores."""
     if picked is None:
-        return (reached[:, None] + logps).flatten()
-    return reached[rows] + logps.flatten()[picked]
+        return (reached[..., None] + logps).flatten(-2)
+    return reached[..., rows] + logps.flatten(-2)[..., picked]
 
 
 def best(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Positions of the k highest scores [n], ties to the earlier one (a parent before its child), ascending."""
-    return torch.sort(scores, descending=True, stable=True).indices[:k].sort().values
+    """Positions of the k highest scores [..., n] (each sequence's), ties to the earlier one (a parent before its
+    child), ascending."""
+    return torch.sort(scores, descending=True, stable=True).indices[..., :k].sort().values
 
 
 class StaticTree:
@@ -147,9 +155,11 @@ class StaticTree:
         return child[slots + 1, :k]
 
     def grow(self, level: Draft) -> torch.Tensor:
-        """The positions in a level's nodes of those that have children in the tree, ascending."""
+        """The positions [..., F'] in a level's nodes [..., n] of those that have children in the tree, ascending
+        (a level of sampled children, whose count depends on the draws, is one sequence's)."""
         _, inner = self._on(level.slots.device)
-        return inner[level.slots].nonzero().squeeze(1)
+        growing = inner[level.slots]
+        return growing.nonzero()[:, -1].view(*growing.shape[:-1], -1)
 
     def select(self, draft: Draft) -> torch.Tensor:
         return torch.arange(len(draft), device=draft.tokens.device)
@@ -171,12 +181,13 @@ class DynamicTree:
         return None  # every candidate is a node
 
     def grow(self, level: Draft) -> torch.Tensor:
-        """The positions in a level's nodes of its top_k best, ties to the earlier one, ascending."""
+        """The positions [B, top_k] in a level's nodes of its top_k best, ties to the earlier one, ascending."""
         return best(level.scores, self.branch)
 
     def select(self, draft: Draft) -> torch.Tensor:
-        """The nodes verified with the root (ascending): the best `total_tokens - 1` of the draft; a smaller
-        depth's tree with the same top_k is its select of `draft.upto(depth + 1)` (those levels grow alike)."""
+        """The nodes verified with the root (ascending, [..., k]: each sequence's): the best `total_tokens - 1` of the
+        draft; a smaller depth's tree with the same top_k is its select of `draft.upto(depth + 1)` (those levels
+        grow alike)."""
         if draft.laws is not None:  # sampled: which nodes are verified must not depend on their own draws
             return torch.arange(min(self.drafts, len(draft)), device=draft.tokens.device)
         return best(draft.scores, self.drafts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..core.proposer import Proposer, chain_prefix
 from ..heads.mtp import MtpHead
 from ..registry import implementation, unless_sampled
-from .eagle import Eagle
+from .eagle import Eagle, static_drafting
 from .eagle_trees import DynamicTree
 from .resources import Resources
 
@@ -25,6 +25,5 @@ def build(params: dict, res: Resources) -> Proposer:
         head.logits,
         DynamicTree(total_tokens=drafts + 1, depth=drafts - 1, top_k=1),
         sampled=sampled,
-        graphs=res.graphs,
-        compile=res.compile,
+        **static_drafting(res),
     )

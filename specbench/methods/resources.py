@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
@@ -18,6 +19,8 @@ from ..heads.checkpoint import trained_for_other_target
 from ..models.few_rows import use_few_row_layout
 from ..models.loading import DTYPES, compile_forward, load_causal_lm, owned_decoder
 from ..registry import HEADS, train_hint
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Resources:
     _draft: torch.nn.Module | None = None
     _slot: tuple[int, int] | None = None  # (slot, slots) while a batch's proposer is built (`slot_of`)
     _heads: dict[tuple[str, torch.dtype], torch.nn.Module] = field(default_factory=dict)  # the batch's heads
+    _per_batch: dict[str, Any] = field(default_factory=dict)  # what the batch's slots share (`per_batch`)
     _shared: dict[tuple[int, int], BatchedLM] = field(default_factory=dict)  # (id(model), slots) -> a shared draft
     _readouts: dict[tuple, torch.nn.Module] = field(default_factory=dict)  # (dtype, rows) -> lm_head copy
 
@@ -69,11 +73,26 @@ class Resources:
         its `propose_all` may run once for every slot). Slot 0 begins a method's batch."""
         if slot == 0:
             self._heads.clear()
+            self._per_batch.clear()
         self._slot = (slot, slots)
         try:
             yield
         finally:
             self._slot = None
+
+    @property
+    def slot(self) -> tuple[int, int]:
+        """(slot, slots) of the batch whose proposer is being built (`slot_of`); (0, 1) outside a batch."""
+        return self._slot or (0, 1)
+
+    def per_batch(self, key: str, make: Callable[[], T]) -> T:
+        """What `make` builds, one for every slot of the batch being built (slot 0's: `slot_of`); outside a batch,
+        a new one."""
+        if self.slot[1] == 1:
+            return make()
+        if key not in self._per_batch:
+            self._per_batch[key] = make()
+        return self._per_batch[key]
 
     def cached_lm(self, model: torch.nn.Module, what: str = "draft model", shared: bool = False) -> CachedLM:
         """`model` with a KV cache of its own: on the owned decoder and a static cache with --graphs; `shared`,
@@ -148,7 +167,7 @@ class Resources:
         head = HEADS[family].load(path, self.target_model).to(self.device, dtype or self.dtype)
         # under --graphs a head drafts on the owned decoder's modules: its layers (`own`), or, a whole causal LM
         # (PARD's), the owned decoder (`cached_lm`)
-        if self.graphs and hasattr(head, "own"):
+        if (self.graphs or self.slot[1] > 1) and hasattr(head, "own"):  # (a batch's slots draft on static caches)
             head.own()
         use_few_row_layout(head)
         owned = self.owned_decoder(head, f"{family} head") if hasattr(head, "get_decoder") else None
