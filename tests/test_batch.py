@@ -35,7 +35,7 @@ from .test_verify import UniformClaimDraft
 # features, a Jacobi side branch. (Suffix decoding's global index holds the answers its own slot gave, so its
 # acceptance moves with B: docs/metrics.md.)
 METHODS = ("vanilla", "sps", "eagle2", "lookahead")
-HEADS = {family: TINY_DIR / family for family in ("pard", "medusa", "eagle", "eagle3", "mtp")}
+HEADS = {family: TINY_DIR / family for family in ("pard", "medusa", "eagle", "eagle3", "mtp", "dflash")}
 
 
 @pytest.fixture(scope="module")
@@ -194,11 +194,11 @@ def test_the_sampling_audit_at_batch_4(proposer):
     assert (max(widths) > 1) == (proposer is DraftModel)  # (sps drafted its slots in one forward per depth)
 
 
-@pytest.mark.parametrize("method", ["pard", "medusa", "eagle", "eagle3", "mtp"])
+@pytest.mark.parametrize("method", ["pard", "medusa", "eagle", "eagle3", "mtp", "dflash"])
 def test_model_drafters_draft_their_slots_together(tiny, method):
-    """Two slots of a batch share one drafter (PARD's model, Medusa's heads, EAGLE's head on one static cache: loaded
-    once) and draft in one forward per step (per level for EAGLE's trees); each slot's tokens and accepted lengths
-    are its batch of one's."""
+    """Two slots of a batch share one drafter (PARD's model, Medusa's heads, EAGLE's head or DFlash's drafter on one
+    static cache: loaded once) and draft in one forward per step (per level for EAGLE's trees); each slot's tokens
+    and accepted lengths are its batch of one's."""
     target, prompt = tiny
     res = methods.Resources("tiny", target, None, torch.device("cpu"), torch.float32, head_paths=HEADS)
     prompts = [prompt, prompt[: len(prompt) // 2]]
@@ -217,6 +217,11 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
         assert slots[0].heads is slots[1].heads
         top = slots[0]._top
         slots[0]._top = lambda hidden: widths.append(len(hidden)) or top(hidden)
+    elif method == "dflash":
+        blocks = slots[0].blocks
+        assert slots[1].blocks is blocks and slots[0].draft is slots[1].draft and blocks.batch == 2
+        together = blocks._together
+        blocks._together = lambda members: widths.append(len(members)) or together(members)
     else:
         drafting = slots[0].static
         assert slots[1].static is drafting and slots[0].head is slots[1].head and drafting.batch == 2

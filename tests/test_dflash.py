@@ -16,7 +16,7 @@ from specbench.heads import dflash
 from specbench.heads.checkpoint import save_safetensors
 from specbench.heads.train import dflash_anchors, dflash_blocks, target_pass
 from specbench.heads.train_config import TrainConfig, train_config
-from specbench.methods.dflash import DFlash
+from specbench.methods.dflash import BlockDrafting, DFlash
 from specbench.methods.vanilla import Vanilla
 
 from . import conftest
@@ -223,7 +223,8 @@ def test_the_static_context_drafts_what_the_cached_one_does(target, device):
     tokens = torch.randint(0, 47, (40,), generator=torch.Generator().manual_seed(6)).tolist()
     made = []
     for graphs in (False, True):
-        made.append(DFlash(draft, model.get_input_embeddings(), model.get_output_embeddings(), 3, graphs=graphs))
+        blocks = {"blocks": BlockDrafting} if graphs else {}
+        made.append(DFlash(draft, model.get_input_embeddings(), model.get_output_embeddings(), 3, **blocks))
         made[-1].start(Turn(tokens[:9], 1.0, torch.Generator(device).manual_seed(0), features[:8]))
     end = 9
     for step in [1, 4, 2, 3, 1, 1, 4, 7, 2]:  # rows committed (7: past the padding of 4)
@@ -233,4 +234,4 @@ def test_the_static_context_drafts_what_the_cached_one_does(target, device):
         for p in made:
             p.update(tokens[: end + step], drafts[0], Feedback(None, features[end - 1 : end - 1 + step]))
         end += step
-    assert made[1].inputs and made[1].slots is not None
+    assert made[1].blocks.inputs and made[1].blocks.slots is not None

@@ -39,19 +39,34 @@ Context = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys and values 
 
 @dataclass
 class Slots:
-    """One layer's preallocated keys and values [1, kv heads, capacity, d] (--graphs): a forward writes its context
-    and block rows at the rows `at` holds and attends over the first `span` rows, under its mask."""
+    """One layer's preallocated keys and values [B, kv heads, capacity, d] (--graphs, a batch's slots side by side):
+    a forward writes its context and block rows at the rows `at` holds ([n], or [B, n]: each slot's) and attends
+    over the first `span` rows, under its mask."""
 
     keys: torch.Tensor
     values: torch.Tensor
     at: torch.Tensor | None = None
     span: int = 0
 
+    def write(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """The forward's keys and values [B, kv heads, n, d] into the rows `at`, in place."""
+        assert self.at is not None
+        for states, stored in ((keys, self.keys), (values, self.values)):
+            if len(stored) == 1:  # one sequence: the one copy along the rows
+                stored.index_copy_(2, self.at.view(-1), states)
+            else:  # [B, n, kv heads, d] into [slot, :, row]
+                every = torch.arange(len(stored), device=stored.device)[:, None]
+                stored[every, :, self.at] = states.transpose(1, 2)
 
-def slots(draft: DFlashDraft, capacity: int) -> list[Slots]:
-    """Every layer's `Slots`, on the drafter's device and in its dtype."""
+    def slot(self, i: int) -> Slots:
+        """Slot i's rows alone (views: the writes land in the whole)."""
+        return Slots(self.keys[i : i + 1], self.values[i : i + 1])
+
+
+def slots(draft: DFlashDraft, capacity: int, batch: int = 1) -> list[Slots]:
+    """Every layer's `Slots` for `batch` sequences, on the drafter's device and in its dtype."""
     config, weight = draft.config, draft.fc.weight
-    shape = (1, config.num_key_value_heads, capacity, config.head_dim)
+    shape = (batch, config.num_key_value_heads, capacity, config.head_dim)
     return [Slots(weight.new_zeros(shape), weight.new_zeros(shape)) for _ in draft.layers]
 
 
@@ -97,8 +112,7 @@ class DFlashAttention(nn.Module):
         cos, sin = rope
         q, k = rotate(q, cos[:, -n:], sin[:, -n:]), rotate(k, cos, sin)
         if isinstance(past, Slots):  # written in place; the block's rows are overwritten by the next context
-            past.keys.index_copy_(2, past.at, k)
-            past.values.index_copy_(2, past.at, v)
+            past.write(k, v)
             k, v, kept = past.keys[:, :, : past.span], past.values[:, :, : past.span], past
         else:
             if past is not None:

@@ -6,11 +6,13 @@ the shared rejection rule (the official code does the same); at T = 0 the rows a
 
 Under --graphs the context's keys and values live in preallocated rows (`heads.dflash.Slots`), and a step's forward
 (the newly committed context rows, padded to the most a step commits, and the block) has fixed shapes: captured on
-a GPU as one CUDA graph per key span and replayed. The prompt's first block runs it uncaptured.
+a GPU as one CUDA graph per key span and replayed. The prompt's first block runs it uncaptured. A batch's slots
+(`run --batch`) share those rows, side by side, and draft their blocks in one forward (`DFlash.propose_all`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,19 +21,19 @@ from ..core.capture import Replays
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_of_rows, chain_prefix
 from ..core.static_lm import MAX_CACHE, SPAN
 from ..core.transfer import upload
-from ..heads.dflash import Context, DFlashDraft, slots
+from ..heads.dflash import Context, DFlashDraft, Slots, slots
 from ..registry import implementation
 from .resources import Resources
 
 
 @dataclass
 class BlockInputs:
-    """One key span's captured block forward reads these."""
+    """One key span's captured block forward reads these, every slot's."""
 
-    features: torch.Tensor  # [P, F]: the newly committed rows' target states, padded
-    count: torch.Tensor  # 0-d long: how many of the P rows are real
-    read: torch.Tensor  # 0-d long: the context rows already in the slots
-    token: torch.Tensor  # 0-d long: the last committed token, the block's first
+    features: torch.Tensor  # [B, P, F]: the newly committed rows' target states, padded
+    count: torch.Tensor  # [B] long: how many of the P rows are real
+    read: torch.Tensor  # [B] long: the context rows already in the slots
+    token: torch.Tensor  # [B] long: the last committed token, the block's first
 
 
 class DFlash(Proposer):
@@ -42,7 +44,8 @@ class DFlash(Proposer):
         readout: torch.nn.Module,
         num_draft_tokens: int,
         block_size: int | None = None,
-        graphs: bool = False,
+        blocks: Callable[[DFlash], BlockDrafting] | None = None,  # the block forward on preallocated rows
+        slot: int = 0,  # this proposer's slot of those rows
     ) -> None:
         self.block = draft.block_size if block_size is None else block_size
         if not isinstance(self.block, int) or self.block < 2:
@@ -58,11 +61,8 @@ class DFlash(Proposer):
         self.k = num_draft_tokens
         self.feature_layers = draft.feature_layers
         self.device = draft.fc.weight.device
-        self.pad = self.k + 1  # the context rows a step commits at most: the accepted drafts and the root
-        self.room = -(-(MAX_CACHE + self.block) // SPAN) * SPAN  # rows attended at most; padding is written past it
-        self.slots = slots(draft, self.room + self.pad) if graphs else None
-        self.inputs: dict[int, BlockInputs] = {}  # by key span
-        self.replays = Replays(self.device)
+        self.slot = slot
+        self.blocks = blocks(self) if blocks is not None else None
 
     def start(self, turn: Turn) -> None:
         super().start(turn)
@@ -73,68 +73,163 @@ class DFlash(Proposer):
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
         self.pending = torch.cat([self.pending.to(feedback.features), feedback.features])
 
-    @torch.inference_mode()
-    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
+    def _new_rows(self, tokens: list[int], max_depth: int) -> tuple[int, torch.Tensor, int] | None:
+        """The rows to draft (k), the newly committed context rows' features [c, F] taken from the pending ones,
+        and how many rows were read before them; None when there is nothing to draft or features are missing."""
         k = min(self.k, max_depth)
         root = len(tokens) - 1  # the block's first position; rows before it are the context
         new = root - self.read
         if k < 1 or len(self.pending) < new:
-            return NO_PROPOSAL
+            return None
         features, self.pending, read, self.read = self.pending[:new], self.pending[new:], self.read, root
-        if self.slots is not None:
-            logits = self._static(features, read, tokens[-1])[:k]
-        else:
-            ids = torch.full((1, self.block), self.draft.mask_token_id, device=self.device)
-            ids[0, 0] = tokens[-1]
-            block = self.draft.embed(ids, self.embedding)  # [1, n, H]
-            positions = torch.arange(read, root + self.block, device=self.device)[None]
-            hidden, self.context = self.draft(block, features[None], positions, None, self.context)
-            logits = self.draft.logits(hidden[0, 1 : 1 + k], self.readout)  # [k, V]: row i guesses token root + i
+        return k, features, read
+
+    @torch.inference_mode()
+    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
+        if self.blocks is not None:
+            return self.propose_all([self], [tokens], [max_depth])[0]
+        found = self._new_rows(tokens, max_depth)
+        if found is None:
+            return NO_PROPOSAL
+        k, features, read = found
+        ids = torch.full((1, self.block), self.draft.mask_token_id, device=self.device)
+        ids[0, 0] = tokens[-1]
+        block = self.draft.embed(ids, self.embedding)  # [1, n, H]
+        positions = torch.arange(read, len(tokens) - 1 + self.block, device=self.device)[None]
+        hidden, self.context = self.draft(block, features[None], positions, None, self.context)
+        logits = self.draft.logits(hidden[0, 1 : 1 + k], self.readout)  # [k, V]: row i guesses token root + i
         return chain_of_rows(logits, self.temperature, self.generator)
 
-    def _static(self, features: torch.Tensor, read: int, token: int) -> torch.Tensor:
-        """Logits [num_draft_tokens, V] of the block after `read` context rows and the new ones `features` [c, F],
-        on the slots: the padded, captured forward where c fits the padding, else the same forward at c rows."""
-        span = min(-(-(read + len(features) + self.block) // SPAN) * SPAN, self.room)
-        if len(features) > self.pad:
-            return self._block(
-                features, *(upload(torch.tensor(v), self.device) for v in (len(features), read, token)), span
-            )
+    @classmethod
+    @torch.inference_mode()
+    def propose_all(cls, proposers: list, tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
+        """Slots of one block drafting (a batch's: `Resources.per_batch`) draft their blocks in one forward
+        (`BlockDrafting.logits`); each slot's rows are then drawn from its own generator, as it draws alone."""
+        if proposers[0].blocks is None or len({id(p.blocks) for p in proposers}) > 1:
+            return super().propose_all(proposers, tokens, max_depths)
+        found: list[Proposal] = [NO_PROPOSAL] * len(proposers)
+        members = []
+        for i, (p, committed, depth) in enumerate(zip(proposers, tokens, max_depths, strict=True)):
+            rows = p._new_rows(committed, depth)
+            if rows is not None:
+                members.append((i, rows[0], (p.slot, rows[1], rows[2], committed[-1])))
+        drafted = proposers[0].blocks.logits([m for _, _, m in members])
+        for (i, k, _), logits in zip(members, drafted, strict=True):
+            found[i] = chain_of_rows(logits[:k], proposers[i].temperature, proposers[i].generator)
+        return found
+
+
+class BlockDrafting:
+    """DFlash's block forward on preallocated rows (`heads.dflash.Slots`; under --graphs, and for a batch's slots,
+    side by side): the newly committed context rows, padded to the most a step commits, and the block, in fixed
+    shapes, captured on a GPU (with --graphs) as one CUDA graph per key span and replayed. A slot with more new rows
+    (the prompt's) runs the same forward alone, uncaptured. `dflash` is slot 0's proposer: its drafter, embedding,
+    readout and block are every slot's."""
+
+    def __init__(self, dflash: DFlash, batch: int = 1, capture: bool = True) -> None:
+        self.dflash = dflash
+        self.batch = batch
+        self.pad = dflash.k + 1  # the context rows a step commits at most: the accepted drafts and the root
+        self.room = -(-(MAX_CACHE + dflash.block) // SPAN) * SPAN  # rows attended at most; padding goes past it
+        self.slots = slots(dflash.draft, self.room + self.pad, batch)
+        self.reads = [0] * batch  # each slot's context rows in the slots
+        self.inputs: dict[int, BlockInputs] = {}  # by key span
+        self.replays = Replays(dflash.device)
+        self.replays.capture = self.replays.capture and capture
+
+    def logits(self, members: list[tuple[int, torch.Tensor, int, int]]) -> list[torch.Tensor]:
+        """For each (slot, features [c, F] of its new context rows, rows read before them, last committed token):
+        its block's logits [num_draft_tokens, V], the slots whose new rows fit the padding in one forward."""
+        out: dict[int, torch.Tensor] = {}
+        together = []
+        for slot, features, read, token in members:
+            self.reads[slot] = read + len(features)
+            if len(features) > self.pad:
+                out[slot] = self._alone(slot, features, read, token)
+            else:
+                together.append((slot, features, read, token))
+        if together:
+            out.update(self._together(together))
+        return [out[slot] for slot, *_ in members]
+
+    def _alone(self, slot: int, features: torch.Tensor, read: int, token: int) -> torch.Tensor:
+        span = self._span(read + len(features))
+        inputs = (upload([v], self.dflash.device) for v in (len(features), read, token))
+        own = [layer.slot(slot) if self.batch > 1 else layer for layer in self.slots]
+        return self._block(features[None], *inputs, span, own)[0]
+
+    def _together(self, members: list[tuple[int, torch.Tensor, int, int]]) -> dict[int, torch.Tensor]:
+        """The padded, captured forward over every slot (those not in `members` write past their own rows)."""
+        count, read, token = [0] * self.batch, list(self.reads), [0] * self.batch
+        for slot, features, before, last in members:
+            count[slot], read[slot], token[slot] = len(features), before, last
+        span = self._span(max(r + c for r, c in zip(read, count, strict=True)))
         inputs = self.inputs.get(span)
         if inputs is None:
-            counts = torch.zeros(3, dtype=torch.long, device=self.device)
-            inputs = self.inputs[span] = BlockInputs(features.new_zeros(self.pad, features.shape[1]), *counts)
-        inputs.features[: len(features)] = features
-        inputs.count.fill_(len(features))
-        inputs.read.fill_(read)  # (capture's warm-up runs write past the context's rows only)
-        inputs.token.fill_(token)
-        return self.replays.run(
-            span, lambda: self._block(inputs.features, inputs.count, inputs.read, inputs.token, span)
-        ).clone()
+            width = members[0][1].shape[1]
+            zeros = torch.zeros(3, self.batch, dtype=torch.long, device=self.dflash.device)
+            inputs = self.inputs[span] = BlockInputs(members[0][1].new_zeros(self.batch, self.pad, width), *zeros)
+        for slot, features, _, _ in members:
+            inputs.features[slot, : len(features)] = features
+        values = upload(count + read + token, self.dflash.device).view(3, self.batch)
+        inputs.count.copy_(values[0])
+        inputs.read.copy_(values[1])  # (capture's warm-up runs write past the context's rows only)
+        inputs.token.copy_(values[2])
+        logits = self.replays.run(
+            span, lambda: self._block(inputs.features, inputs.count, inputs.read, inputs.token, span, self.slots)
+        )
+        return {slot: logits[slot].clone() for slot, *_ in members}  # (the next replay writes over them)
+
+    def _span(self, end: int) -> int:
+        """The key rows a forward attends over: the context up to `end`, then the block, rounded up to SPAN."""
+        return min(-(-(end + self.dflash.block) // SPAN) * SPAN, self.room)
 
     def _block(
-        self, features: torch.Tensor, count: torch.Tensor, read: torch.Tensor, token: torch.Tensor, span: int
+        self,
+        features: torch.Tensor,
+        count: torch.Tensor,
+        read: torch.Tensor,
+        token: torch.Tensor,
+        span: int,
+        rows: list[Slots],
     ) -> torch.Tensor:
-        """The block forward on the slots: context rows `count` of `features` [P, F] written after `read` (the rest
-        into scratch rows past `room`), the block after them; attention over the first `span` rows up to the
-        block's end. Logits [num_draft_tokens, V]."""
-        rows, cells = torch.arange(len(features), device=self.device), torch.arange(self.block, device=self.device)
-        root = read + count
-        context = torch.where(rows < count, read + rows, self.room + rows)  # [P]: padding goes to scratch rows
-        at = torch.cat([context, root + cells])
-        for layer in self.slots:
+        """The block forward on `rows`: each slot's context rows `count` of `features` [B, P, F] written after its
+        `read` (the rest into scratch rows past `room`), its block after them; attention over the first `span` rows
+        up to its block's end. Logits [B, num_draft_tokens, V]."""
+        dflash = self.dflash
+        device = dflash.device
+        ahead = torch.arange(features.shape[1], device=device)  # [P]
+        cells = torch.arange(dflash.block, device=device)
+        root = read + count  # [B]
+        context = torch.where(ahead < count[:, None], read[:, None] + ahead, self.room + ahead)  # [B, P]: padding
+        at = torch.cat([context, root[:, None] + cells], dim=1)  # goes to scratch rows
+        for layer in rows:
             layer.at, layer.span = at, span
-        ids = torch.full((1, self.block), self.draft.mask_token_id, device=self.device)
-        ids[0, :1] = token
-        block = self.draft.embed(ids, self.embedding)  # [1, n, H]
-        positions = torch.cat([read + rows, root + cells])[None]
-        mask = (torch.arange(span, device=self.device) < root + self.block)[None, None, None]  # [1, 1, 1, span]
-        hidden, _ = self.draft(block, features[None], positions, mask, self.slots)
-        return self.draft.logits(hidden[0, 1 : 1 + self.k], self.readout)
+        ids = torch.full((len(features), dflash.block), dflash.draft.mask_token_id, device=device)
+        ids[:, :1] = token[:, None]
+        block = dflash.draft.embed(ids, dflash.embedding)  # [B, n, H]
+        positions = torch.cat([read[:, None] + ahead, root[:, None] + cells], dim=1)
+        mask = (torch.arange(span, device=device) < (root + dflash.block)[:, None])[:, None, None]  # [B, 1, 1, span]
+        hidden, _ = dflash.draft(block, features, positions, mask, rows)
+        return dflash.draft.logits(hidden[:, 1 : 1 + dflash.k], dflash.readout)
 
 
 @implementation("dflash", nested=chain_prefix("num_draft_tokens"), graphed=lambda params: True)
 def build(params: dict, res: Resources) -> Proposer:
     dtype = res.draft_dtype(params.pop("draft_dtype", None))
     draft = res.head("dflash", dtype)
-    return DFlash(draft, res.target_model.get_input_embeddings(), res.readout(dtype), **params, graphs=res.graphs)
+    slot, slots = res.slot
+    blocks = None
+    if res.graphs or slots > 1:
+
+        def blocks(dflash: DFlash) -> BlockDrafting:
+            return res.per_batch("dflash", lambda: BlockDrafting(dflash, slots, res.graphs))
+
+    return DFlash(
+        draft,
+        res.target_model.get_input_embeddings(),
+        res.readout(dtype),
+        **params,
+        blocks=blocks,
+        slot=slot,
+    )
