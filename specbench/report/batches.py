@@ -21,8 +21,8 @@ all, and a sequence that ends hands its slot to the next turn waiting, so the ba
 remain (it drains at the end). **Speedup**: paired over the questions with vanilla at the same B (per-user rates,
 so it is the speedup a user sees at that batch size). **total tokens/s**: every sequence's new tokens over the time
 from the batch's first prefill to its last token. **per-user tokens/s**: Σ new tokens / Σ each turn's own span in
-the batch. At B = 1 both are the run's tokens/s. Drafting is per sequence (a drafter model runs once per slot),
-but for sps at T = 0, whose slots draft together (one draft forward per depth)."""
+the batch. At B = 1 both are the run's tokens/s. Methods whose drafter is a model draft every sequence in one forward per
+depth; pld, suffix, lookahead and ouroboros draft sequence by sequence on the host."""
 
 
 def groups(cells: list[Cell]) -> list[list[Cell]]:
