@@ -32,8 +32,8 @@ from .conftest import CUDA, random_llama
 from .test_verify import UniformClaimDraft
 
 # one of each kind: no drafter, a draft model's chain (its slots drafted together), EAGLE's tree from the target's
-# features, a Jacobi side branch. (Suffix decoding's global index holds the answers its own slot gave, so its
-# acceptance moves with B: docs/metrics.md.)
+# features, a Jacobi side branch. (Suffix decoding's global index is shared by the batch's slots, so its acceptance
+# moves with B: docs/metrics.md.)
 METHODS = ("vanilla", "sps", "eagle2", "lookahead")
 HEADS = {family: TINY_DIR / family for family in ("pard", "medusa", "eagle", "eagle3", "mtp", "dflash")}
 

@@ -163,6 +163,24 @@ def test_global_index_evicts_oldest_first():
     assert proposer.propose([9, 60, 61], 8).tree.tokens == [62]
 
 
+def test_a_batchs_slots_share_one_global_index():
+    """Built as a batch's slots, suffix proposers share the global index, as a serving engine's requests share its
+    cache: a slot drafts from its batch-mate's answer in progress; evicted answers take no more tokens."""
+    res = methods.Resources("none", None, None, torch.device("cpu"), torch.float32)
+    one, two = methods.build_slots("suffix", res, 2)
+    assert one.answers is two.answers and methods.build("suffix", res).answers is not one.answers
+    one.start(turn([1, 2], request=("q1", 0)))
+    two.start(turn([5, 6], request=("q2", 0)))
+    one.update([1, 2, 30, 31, 32, 33], None, None)  # q1's answer so far, still in progress
+    assert two.propose([5, 6, 30, 31], 8).tree.tokens[:2] == [32, 33]
+    full = SuffixDecoding(max_cached_requests=1)
+    full.start(turn([1], request=("q1", 0)))
+    evicted = full.current
+    full.start(turn([2], request=("q2", 0)))  # q1's answer evicted; its later tokens go nowhere
+    full.answers.extend(evicted, [40, 41, 42])
+    assert full.propose([2, 40, 41], 8).tree.tokens == []
+
+
 @pytest.fixture(scope="module")
 def target():
     return random_llama(64, seed=0, init=0.3)

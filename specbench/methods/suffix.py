@@ -13,7 +13,9 @@ in the run's question order. A request is `Turn.request`, (question, turn number
 question when the caller names none). Answering a question again restarts its conversation: the cached
 answers of that turn and the later ones are evicted first, as the reference does for a reused request id. So
 neither the warm-up nor an earlier repeat of a question feeds its timed answer, while a later turn still sees
-the earlier turns, and two questions that share a prompt feed each other. A resumed run starts empty.
+the earlier turns, and two questions that share a prompt feed each other. A resumed run starts empty. A batch's
+slots (`run --batch`) share one global index, as a serving engine's requests share its cache: a slot drafts from
+its batch-mates' answers too, those in progress included, so suffix decoding's acceptance moves with B.
 """
 
 from __future__ import annotations
@@ -27,6 +29,32 @@ from .resources import Resources
 from .suffix_index import SuffixIndex, speculate
 
 LOCAL = 0  # the local index's one sequence id
+
+
+class Answers:
+    """The global index: the answers of earlier requests and the growing ones, one sequence each, at most `most` of
+    them (oldest evicted first)."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.index = SuffixIndex()
+        self.requests: dict[tuple[Hashable, int], int] = {}  # (question, turn) -> its answer's id, oldest first
+        self.next_id = 0
+
+    def begin(self, key: tuple[Hashable, int]) -> int:
+        """A new answer to request `key`: its id (that turn's and the later turns' earlier answers evicted)."""
+        for old in [k for k in self.requests if k[0] == key[0] and k[1] >= key[1]]:  # answered again: restart
+            self.index.remove(self.requests.pop(old))
+        while len(self.requests) >= self.most:
+            self.index.remove(self.requests.pop(next(iter(self.requests))))
+        self.requests[key] = self.next_id
+        self.next_id += 1
+        return self.next_id - 1
+
+    def extend(self, answer: int, tokens: list[int]) -> None:
+        """Tokens of an answer in progress (none once it is evicted)."""
+        if answer in self.requests.values():
+            self.index.extend(answer, tokens)
 
 
 class SuffixDecoding(Proposer):
@@ -51,10 +79,7 @@ class SuffixDecoding(Proposer):
             depth=max_tree_depth, factor=max_spec_factor, offset=max_spec_offset, min_prob=min_token_prob, tree=tree
         )
         self.max_spec_tokens = max_spec_tokens
-        self.max_cached_requests = max_cached_requests
-        self.shared = SuffixIndex()  # earlier answers, one sequence per request
-        self.requests: dict[tuple[Hashable, int], int] = {}  # (question, turn) -> its answer's id, oldest first
-        self.next_id = 0
+        self.answers = Answers(max_cached_requests)
 
     def start(self, turn: Turn) -> None:
         super().start(turn)
@@ -62,21 +87,15 @@ class SuffixDecoding(Proposer):
         self.local.extend(LOCAL, turn.prompt)
         self.seen = len(turn.prompt)
         self.current: int | None = None
-        if self.max_cached_requests == 0:
-            return
-        key = turn.request if turn.request is not None else (tuple(turn.prompt), 0)
-        for old in [k for k in self.requests if k[0] == key[0] and k[1] >= key[1]]:  # answered again: restart
-            self.shared.remove(self.requests.pop(old))
-        while len(self.requests) >= self.max_cached_requests:
-            self.shared.remove(self.requests.pop(next(iter(self.requests))))
-        self.current = self.requests[key] = self.next_id
-        self.next_id += 1
+        if self.answers.most > 0:
+            self.current = self.answers.begin(turn.request if turn.request is not None else (tuple(turn.prompt), 0))
 
     def propose(self, tokens: list[int], max_depth: int) -> Proposal:
         limit = min(self.max_spec_tokens, max_depth)
         if limit < 1:
             return NO_PROPOSAL
-        drafts = [speculate(index, tokens, max_tokens=limit, **self.options) for index in (self.local, self.shared)]
+        indexes = (self.local, self.answers.index)
+        drafts = [speculate(index, tokens, max_tokens=limit, **self.options) for index in indexes]
         best = max(drafts, key=lambda d: d.score)  # the local draft on a tie, as the reference
         return Proposal(Tree(best.tokens, best.parents)) if best.tokens else NO_PROPOSAL
 
@@ -85,9 +104,12 @@ class SuffixDecoding(Proposer):
         self.seen = len(tokens)
         self.local.extend(LOCAL, new)
         if self.current is not None:
-            self.shared.extend(self.current, new)
+            self.answers.extend(self.current, new)
 
 
 @implementation("suffix")
-def build(params: dict, res: Resources) -> Proposer:
-    return SuffixDecoding(**params)
+def build(params: dict, res: Resources | None) -> Proposer:
+    proposer = SuffixDecoding(**params)
+    if res is not None:  # (it needs no model: a caller may build it without resources)
+        proposer.answers = res.per_batch("suffix", lambda: proposer.answers)  # a batch's slots share slot 0's
+    return proposer
