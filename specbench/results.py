@@ -44,6 +44,8 @@ class Answer:
     node: dict | None = None  # --workers: the worker (its number) and Ray node (id, ip, host) that answered it
     batch_size: int = 1  # sequences decoded together (`--batch`)
     batch_times: list[list[float]] | None = None  # per turn, B > 1: [start, end] in seconds from the batch's start
+    batch_shares: list[list[float]] | None = None  # per turn, B > 1: its shares of the batch's steps, forward
+    # seconds and profiled forward seconds (`run.worker.batch_shares`)
     target_top1: list[list[int]] | None = None  # per turn, T=0, in memory only: core.decode.Generation's
     target_margin: list[list[float]] | None = None
 
@@ -85,6 +87,7 @@ class Answer:
                 "greedy_check": self.greedy_check,
                 "batch_size": self.batch_size,
                 "batch_times": self.batch_times,
+                "batch_shares": self.batch_shares,
             },
         }
 
@@ -224,6 +227,7 @@ def from_record(record: dict, source: Path) -> Answer:
         node=extra.get("node"),
         batch_size=int(extra.get("batch_size") or 1),
         batch_times=extra.get("batch_times"),
+        batch_shares=extra.get("batch_shares"),
     )
 
 

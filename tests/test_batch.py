@@ -15,7 +15,7 @@ from specbench import methods
 from specbench.cli.main import main
 from specbench.core import acceptance
 from specbench.core.cached_lm import CachedLM
-from specbench.core.decode import Job, decode, decode_batch
+from specbench.core.decode import Generation, Job, Step, decode, decode_batch
 from specbench.core.losslessness import sampling_test
 from specbench.core.static_lm import BatchedLM, Row, StaticCachedLM
 from specbench.core.tree import Tree
@@ -26,6 +26,7 @@ from specbench.models.loading import load_causal_lm, load_tokenizer
 from specbench.report import batches, metrics
 from specbench.report.cells import collect_cells
 from specbench.report.sources import load_sources
+from specbench.run.worker import batch_shares
 from specbench.zoo import TINY_DIR
 
 from .conftest import CUDA, random_llama
@@ -154,6 +155,9 @@ def test_methods_at_batch_3_give_their_batch_1_tokens(tmp_path):
     assert (rows.total >= rows.per_user).all()
     table = batches.table(group).splitlines()
     assert len(table) == 2 + len(rows) and any(line.startswith("| vanilla ") and "|   3 |" in line for line in table)
+    for split in rows.split:  # ms/step at every B: a forward measured and profiled, inside the whole step
+        step, forward, profiled, drafting, rest = split
+        assert 0 < forward < step and profiled > 0 and drafting >= 0
 
 
 def test_total_throughput_hand_worked():
@@ -165,6 +169,27 @@ def test_total_throughput_hand_worked():
     assert metrics.total_throughput(turns) == 10.0 and metrics.tokens_per_second(turns) == 8.0
     alone = turns.assign(batch_start=float("nan"), batch_end=float("nan"))
     assert metrics.total_throughput(alone) == 8.0
+
+
+def test_a_batchs_step_split_hand_worked():
+    """Two steps of a turn (shared by 2 slots, then alone; widest slots of 3 and 9 rows: buckets 4 and 16) give its
+    shares; two turns' shares give the batch's seconds per step: 3 steps in 60 ms, 30 ms of forwards (27 profiled),
+    6 ms of drafting, so 20 ms a step: 10 forward [9], 2 drafting, 8 the rest."""
+    steps = [Step(2, 1, 3, 0.001, 0.010, slots=2, width=3), Step(1, 0, 9, 0.002, 0.020, slots=1, width=9)]
+    profile = {1: 0.001, 2: 0.002, 4: 0.004, 8: 0.008, 16: 0.016}
+    assert batch_shares(Generation([1, 2, 3], steps), profile) == pytest.approx([1.5, 0.025, 0.018])
+    turns = pd.DataFrame(
+        {
+            "batch_steps": [2.0, 1.0],
+            "batch_forward": [0.02, 0.01],
+            "batch_profiled": [0.018, 0.009],
+            "draft_time": [0.004, 0.002],
+            "batch_start": [0.0, 0.0],
+            "batch_end": [0.05, 0.06],
+        }
+    )
+    assert metrics.batch_step_split(turns) == pytest.approx((0.02, 0.01, 0.009, 0.002, 0.008))
+    assert metrics.batch_step_split(turns.assign(batch_steps=float("nan"))) is None  # (B = 1: not recorded)
 
 
 @pytest.mark.parametrize("proposer", [DraftModel, UniformClaimDraft], ids=["sps", "planted-mistake"])

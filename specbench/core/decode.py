@@ -28,6 +28,8 @@ class Step:
     tree_size: int  # tokens sent to the target in the verification forward
     draft_time: float  # this sequence's drafting (its proposer's propose and update; in a batch, its share)
     verify_time: float  # the target's forward, acceptance and cache commit (every slot's, in a batch)
+    slots: int = 1  # the slots that shared the step (its drafting phase and forward)
+    width: int = 0  # the rows of the widest slot in its forward (each slot's are padded to a bucket of them)
 
 
 @dataclass
@@ -129,8 +131,9 @@ class _Turn:
     gen: Generation
     budget: int
     marks: tuple[int, int, int]  # before the prefill, after it, after the proposer's start
-    steps: list[tuple[int, int, int, tuple[int, int, int, int, int]]] = field(default_factory=list)  # with the
-    # step's marks: before drafting, before and after the forward, after the updates; and the slots that shared it
+    steps: list[tuple[int, int, int, tuple[int, int, int, int, int, int]]] = field(default_factory=list)  # with
+    # the step's marks: before drafting, before and after the forward, after the updates; the slots that shared it
+    # and the widest slot's rows
     picked: list[tuple[list[int], torch.Tensor]] = field(default_factory=list)  # T=0: the target's picks per step
     end: int = 0  # the mark at its last step's end
 
@@ -246,7 +249,7 @@ def decode_batch(
             steps.append((turn, len(new), step.accepted.tested, len(out.logits)))
             if stop_at is not None or len(turn.gen.tokens) >= turn.budget:
                 ending.append(slot)
-        marks = (d0, v0, v1, mark(), len(active))
+        marks = (d0, v0, v1, mark(), len(active), max(len(row.tokens) for row in rows))
         for turn, accepted_length, tested, size in steps:
             turn.steps.append((accepted_length, tested, size, marks))
         for slot in ending:
@@ -258,9 +261,9 @@ def decode_batch(
         gen = turn.gen
         gen.started, gen.ended = at[m0], at[turn.end]
         gen.wall_time, gen.prefill_draft_time = at[turn.end] - at[m0], at[m2] - at[m1]
-        for new_tokens, tested, size, (d0, v0, v1, u1, sharing) in turn.steps:
+        for new_tokens, tested, size, (d0, v0, v1, u1, sharing, width) in turn.steps:
             drafting = (at[v0] - at[d0] + at[u1] - at[v1]) / sharing
-            gen.steps.append(Step(new_tokens, tested, size, drafting, at[v1] - at[v0]))
+            gen.steps.append(Step(new_tokens, tested, size, drafting, at[v1] - at[v0], sharing, width))
         if turn.picked:  # read after the clock stops
             gen.target_top1 = [top1 for p in turn.picked for top1 in p[0]]
             gen.target_margin = torch.cat([p[1] for p in turn.picked]).tolist()

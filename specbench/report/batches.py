@@ -5,14 +5,16 @@ against B; total throughput against per-user speed)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
 from matplotlib.figure import Figure
 
 from . import metrics
-from .cells import AA, BASELINE, OVERALL, Cell
+from .cells import AA, BASELINE, OVERALL, Cell, forward_time, mean_tree_size
 from .plots import _legend, _save
+from .regimes import step_split
 from .tables import fmt_speedup, md_table
 
 NOTES = """\
@@ -21,8 +23,14 @@ all, and a sequence that ends hands its slot to the next turn waiting, so the ba
 remain (it drains at the end). **Speedup**: paired over the questions with vanilla at the same B (per-user rates,
 so it is the speedup a user sees at that batch size). **total tokens/s**: every sequence's new tokens over the time
 from the batch's first prefill to its last token. **per-user tokens/s**: Σ new tokens / Σ each turn's own span in
-the batch. At B = 1 both are the run's tokens/s. Methods whose drafter is a model draft every sequence in one forward per
-depth; pld, suffix, lookahead and ouroboros draft sequence by sequence on the host."""
+the batch. At B = 1 both are the run's tokens/s. **ms/step**: a step of the batch (its time over its steps), split
+into the target's forward as measured [and as profiled before the run: T(rows) at B slots of the widest slot's
+bucket], the drafting of every slot, and the rest (a refilled slot's prefill, acceptance, the host's loop). Methods
+whose drafter is a model draft every sequence in one forward per depth; pld, suffix, lookahead and ouroboros draft
+sequence by sequence on the host."""
+
+
+STEP = "ms/step (forward [T(rows)] / drafting / rest)"
 
 
 def groups(cells: list[Cell]) -> list[list[Cell]]:
@@ -48,9 +56,30 @@ def rows(group: list[Cell]) -> pd.DataFrame:
                         total=metrics.total_throughput(s.turns),
                         per_user=metrics.tokens_per_second(s.turns),
                         tau=s.tau,
+                        split=_split(c, s),
                     )
                 )
     return pd.DataFrame(out)
+
+
+def _split(cell: Cell, s) -> tuple[float, float, float, float, float] | None:
+    """Seconds per step: the whole, the forward measured and profiled, drafting, the rest; at B = 1 from the
+    steps' sums and `forward_profile.json`'s T(mean rows)."""
+    if cell.batch_size > 1:
+        return metrics.batch_step_split(s.turns)
+    split, rows = step_split(s.turns), mean_tree_size(s.steps)
+    if split is None:
+        return None
+    profiled = forward_time(cell.source.profile, rows) if cell.source.profile and rows is not None else math.nan
+    step, forward, drafting, rest = split
+    return step, forward, profiled, drafting, rest
+
+
+def _ms(split: tuple[float, float, float, float, float] | None) -> str:
+    if split is None:
+        return "–"
+    step, forward, profiled, drafting, rest = (1e3 * x for x in split)
+    return f"{step:.1f} ({forward:.1f} [{profiled:.1f}] / {drafting:.1f} / {rest:.1f})"
 
 
 def table(group: list[Cell]) -> str:
@@ -63,10 +92,11 @@ def table(group: list[Cell]) -> str:
             f"{r.total:.1f}",
             f"{r.per_user:.1f}",
             f"{r.tau:.2f}",
+            _ms(r.split),
         ]
         for r in data.sort_values(["method", "batch"], key=_vanilla_first).itertuples()
     ]
-    header = ["method", "B", "speedup [95% CI]", "total tokens/s", "per-user tokens/s", "τ"]
+    header = ["method", "B", "speedup [95% CI]", "total tokens/s", "per-user tokens/s", "τ", STEP]
     return md_table(header, body, left=1)
 
 

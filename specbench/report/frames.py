@@ -9,7 +9,9 @@ An answer records some fields once for all its turns. They sit on its turn-0 row
 rows take each answer once: `draft_time` and `verify_time` (seconds, all turns) are 0.0 on later turns;
 `greedy_match`, `greedy_near_tie`, `busy_cpus`, `position` and `slot` are missing there. Where an answer did not
 record one, it is missing on all its rows. `batch_size` is the number of sequences decoded together (1 unless
-run with `--batch`); `batch_start` and `batch_end`, a batched turn's span in seconds from its batch's start.
+run with `--batch`); `batch_start` and `batch_end`, a batched turn's span in seconds from its batch's start;
+`batch_steps`, `batch_forward` and `batch_profiled`, its shares of its batch's steps, of their forwards' measured
+seconds and of their profiled T(rows) (summed over a batch's turns: its steps and seconds).
 """
 
 from __future__ import annotations
@@ -124,6 +126,10 @@ def from_sources(sources: list[Source]) -> pd.DataFrame:
         [span for a, n in zip(answers, n_turns, strict=True) for span in (a.batch_times or [[np.nan, np.nan]] * n)],
         dtype=float,
     ).reshape(-1, 2)  # [turns, 2]: a batched turn's start and end in its batch
+    shares = np.array(
+        [part for a, n in zip(answers, n_turns, strict=True) for part in (a.batch_shares or [[np.nan] * 3] * n)],
+        dtype=float,
+    ).reshape(-1, 3)  # [turns, 3]: its shares of the batch's steps, forward seconds and profiled seconds
     tree = np.array(_joined(answers, "tree_size"), dtype=float)  # [steps], nan where not recorded
     tree_sum = np.bincount(np.repeat(np.arange(steps.size), steps), weights=tree, minlength=steps.size)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -137,6 +143,9 @@ def from_sources(sources: list[Source]) -> pd.DataFrame:
                 "tokens_per_s": np.where(wall > 0, new / wall, np.nan),
                 "batch_start": spans[:, 0],
                 "batch_end": spans[:, 1],
+                "batch_steps": shares[:, 0],
+                "batch_forward": shares[:, 1],
+                "batch_profiled": shares[:, 2],
                 "mean_tree_size": np.where(steps > 0, tree_sum / steps, np.nan),
                 "text": list(
                     chain.from_iterable(

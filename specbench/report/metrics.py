@@ -73,6 +73,20 @@ def total_throughput(turns: pd.DataFrame) -> float:
     return tokens_per_second(turns)
 
 
+def batch_step_split(turns: pd.DataFrame) -> tuple[float, float, float, float, float] | None:
+    """Seconds per step of a batch (B > 1) from its turns' shares: the whole step (the batch's time over its
+    steps), the target's forward as measured and as profiled (T(rows) at B slots of the widest slot's bucket), the
+    drafting (every slot's), and the rest (prefills of refilled slots, acceptance, the host's loop). None: not
+    recorded (B = 1, or a file without shares)."""
+    if not len(turns) or turns.batch_steps.isna().any() or turns.draft_time.isna().all():
+        return None
+    steps = turns.batch_steps.sum()
+    step = (turns.batch_end.max() - turns.batch_start.min()) / steps
+    forward, profiled = turns.batch_forward.sum() / steps, turns.batch_profiled.sum() / steps
+    drafting = turns.draft_time.fillna(0).sum() / steps
+    return float(step), float(forward), float(profiled), float(drafting), float(step - forward - drafting)
+
+
 @dataclass(frozen=True)
 class Speedup:
     value: float

@@ -17,6 +17,8 @@ import torch
 from .. import methods
 from ..config import BatchUnit, Plan, RunConfig, Unit, base_method, question_seed
 from ..core.cached_lm import CachedLM
+from ..core.decode import Generation
+from ..core.static_lm import BUCKETS, BatchedLM, Row
 from ..interference import OtherLoad, set_aside, take_back, without_gc
 from ..machine import machine, warm_gpu
 from ..results import Answer, TurnSteps, answer, check_greedy
@@ -60,6 +62,44 @@ def forward_profile(
     return {k: float(np.median(t[1:])) for k, t in times.items()}
 
 
+@torch.inference_mode()
+def batch_profile(target: BatchedLM, context: int = 256, repeats: int = 5) -> dict[int, float]:
+    """Median seconds of one forward over every slot of the batched `target` at each bucket of rows per slot (up
+    to 64), after `context` cached tokens in each: the T(rows) a batch's steps are read against (the report's
+    batch sweep). Timed as `forward_profile` is, in interleaved rounds, the first discarded; the slots are emptied
+    after."""
+    sizes = [b for b in BUCKETS if b <= 64]
+    context = max(1, min(context, target.context_length - sizes[-1] - 1))
+    filler = torch.randint(0, target.model.config.vocab_size, (context + sizes[-1],), generator=torch.Generator())
+    prompt = filler.tolist()
+    for slot in range(target.batch):
+        target.prefill_slot(slot, prompt[: context + 1])
+    times: dict[int, list[float]] = {b: [] for b in sizes}
+    for _ in range(repeats + 1):
+        for b in sizes:
+            rows = [Row(slot, prompt[context : context + b]) for slot in range(target.batch)]
+            start = time.perf_counter()
+            target.run(rows, greedy=True, copies=False)
+            if target.device.type == "cuda":
+                torch.cuda.synchronize(target.device)
+            times[b].append(time.perf_counter() - start)
+            target.lengths = [context] * target.batch
+    target.lengths = [0] * target.batch
+    return {b: float(np.median(t[1:])) for b, t in times.items()}
+
+
+def batch_shares(gen: Generation, profile: dict[int, float]) -> list[float]:
+    """A turn's shares of its batch's steps: Σ 1/slots (steps), Σ forward seconds/slots and Σ T(bucket of the
+    widest slot's rows)/slots (the profiled forward), over its steps; summed over the turns of a batch they give
+    its steps, measured forward seconds and profiled forward seconds."""
+    bucket = [next((b for b in profile if b >= s.width), max(profile)) for s in gen.steps]
+    return [
+        sum(1 / s.slots for s in gen.steps),
+        sum(s.verify_time / s.slots for s in gen.steps),
+        sum(profile[b] / s.slots for s, b in zip(gen.steps, bucket, strict=True)),
+    ]
+
+
 class Worker:
     """The loaded target and proposers of one device, answering units as they come."""
 
@@ -77,6 +117,7 @@ class Worker:
         self.warmed: set[str] = set()
         self.slot_proposers: dict[tuple[str, int], list] = {}  # (method, batch size) -> its proposers, one per slot
         self.warmed_batches: set[tuple[str, int]] = set()  # (method, batch size) warmed up
+        self.batch_profiles: dict[int, dict[int, float]] = {}  # batch size -> its T(rows) (`batch_profile`)
         self.neighbours = 0.0  # CPUs other workers on this machine may keep busy: not a foreign load
         set_aside()  # what it loaded lives as long as it does
 
@@ -213,6 +254,9 @@ class Worker:
         session, questions = self.session, unit.questions
         seeds = [question_seed(self.cfg.seed, q.id, unit.temperature) for q in questions]
         target = session.batched(unit.batch, session.slot_context(questions, unit.budget))
+        if unit.batch not in self.batch_profiles:
+            self.batch_profiles[unit.batch] = batch_profile(target)
+        profile = self.batch_profiles[unit.batch]
         reference = dict(unit.vanilla)
         for slot, name in enumerate(unit.methods):
             proposers = self._proposers(name, unit.batch)
@@ -233,6 +277,7 @@ class Worker:
             for position, (question, seed, (gens, texts)) in enumerate(zip(questions, seeds, answered, strict=True)):
                 a = self._record(name, unit, question, seed, gens, texts)
                 a.batch_size, a.batch_times = unit.batch, [[g.started, g.ended] for g in gens]
+                a.batch_shares = [batch_shares(g, profile) for g in gens]
                 a.busy_cpus, a.position, a.slot = busy, position, slot
                 if name == "vanilla":
                     reference[question.id] = a
