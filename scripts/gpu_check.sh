@@ -5,7 +5,7 @@
 # method in the eager loop and under --graphs, each regime with the A/A noise floor and T(n) of the target's
 # forward, a report each, and the summary tables a closing note quotes (summary.md). $GPU_CHECK_REGIMES picks among
 # eager, graphs, compiled and batches (default eager and graphs; batches: `--batch $GPU_CHECK_BATCHES`, default
-# 1,8,32,64, over 64 one-turn questions for $GPU_CHECK_BATCH_METHODS, default vanilla,sps; compiled: vanilla under
+# 1,8,32,64, over 64 one-turn questions for $GPU_CHECK_BATCH_METHODS, default vanilla,sps,eagle3,dflash; compiled: vanilla under
 # --graphs --compile, or the methods in $GPU_CHECK_COMPILED_METHODS, whose warm-ups compile for long at 7B on an H200 — vanilla and eagle3 did not
 # finish in 170 s, EAGLE's whole drafting step being one graph — for ~10% of a one-token forward's kernel time, so
 # it is asked for by name: GPU_CHECK_REGIMES="eager graphs compiled"). A regime whose run
@@ -56,7 +56,7 @@ for regime in ${GPU_CHECK_REGIMES:-eager graphs}; do  # the eager loop (comparab
       "$py" -c "import json, sys; [print(json.dumps({'turns': [f'Question {i}: tell me about the number {i}.']})) for i in range(64)]" \
         > "$out/batch-questions.jsonl"
       flags="--graphs --batch ${GPU_CHECK_BATCHES:-1,8,32,64} --no-noise-floor"
-      tasks="--tasks $out/batch-questions.jsonl" methods=${GPU_CHECK_BATCH_METHODS:-vanilla,sps} ;;
+      tasks="--tasks $out/batch-questions.jsonl" methods=${GPU_CHECK_BATCH_METHODS:-vanilla,sps,eagle3,dflash} ;;
     *) echo "gpu_check: unknown regime '$regime' in GPU_CHECK_REGIMES: use eager, graphs, compiled or batches" >&2
       exit 2 ;;
   esac
