@@ -116,6 +116,7 @@ def test_concurrency_levels_by_hand():
     assert out.loc["sps", "tau"] == pytest.approx(2.5)
     assert out.loc["sps", "ttft"] == pytest.approx(0.2)  # the median
     assert out.loc["sps", "tpot"] == pytest.approx(((1.5 - 0.1) / 14 + (1.5 - 0.3) / 14) / 2)
+    assert out.loc["sps", "per_user"] == pytest.approx(30 / 3.0)  # two requests' 30 tokens over their 3 s of latency
 
 
 def test_concurrency_file_survives_a_cut_line(tmp_path):

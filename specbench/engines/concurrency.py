@@ -79,8 +79,9 @@ def rows(sweep: Sweep, conversations: list, wall: float) -> list[dict]:
 
 def levels(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (task, temperature, method, concurrency): throughput (new tokens / the level's wall time), its ratio to
-    vanilla's at the same level, τ, median time to first token, mean time per output token after the first, and
-    mean request latency."""
+    vanilla's at the same level, per-user throughput (Σ new tokens / Σ each request's latency: the rate one
+    conversation sees, as the batch sweep's), τ, median time to first token, mean time per output token after the
+    first, and mean request latency."""
     rows = rows.assign(tpot=(rows.latency - rows.ttft) / (rows.new_tokens - 1).where(rows.new_tokens > 1))
     keys = ["task", "temperature", "method", "concurrency"]
     out = (
@@ -92,11 +93,13 @@ def levels(rows: pd.DataFrame) -> pd.DataFrame:
             ttft=("ttft", "median"),
             tpot=("tpot", "mean"),
             latency=("latency", "mean"),
+            waited=("latency", "sum"),
             requests=("new_tokens", "size"),
         )
         .reset_index()
     )
     out["throughput"] = out.new_tokens / out.wall
+    out["per_user"] = out.new_tokens / out.waited
     out["tau"] = out.new_tokens / out.steps
     vanilla = out[out.method == "vanilla"].set_index(["task", "temperature", "concurrency"]).throughput
     base = out.set_index(["task", "temperature", "concurrency"]).index.map(vanilla.to_dict())

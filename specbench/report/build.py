@@ -71,7 +71,9 @@ CONCURRENCY_NOTE = """\
 Each level answers the task's questions with that many conversations in flight (a conversation's turns one after
 another), each level in a fresh engine. tokens/s: all new tokens over the level's wall time; × vanilla: over
 vanilla's tokens/s at the same level in the same engine; TTFT: from a request's submission to its first token;
-ms per token: after the first, per request; τ as everywhere, from vLLM's per-step counts."""
+ms per token: after the first, per request; per-user tokens/s: Σ new tokens / Σ each request's latency, as the batch
+sweep's; τ as everywhere, from vLLM's per-step counts. The same figure as our batch sweep's, beside it and never
+paired with it: the engine's scheduler, batching and kernels are in these numbers."""
 
 
 def _sweeps_md(sources: list[Source], out_dir: Path) -> list[str]:
@@ -229,11 +231,11 @@ def build_report(sources: list[Path], out_dir: Path, title: str | None = None, m
             figure = batches.plot(group, colors, out_dir, stem)[0]
             md += [f"### {c.source.label} · {c.model} · {c.task} · T={c.temperature:g}", "", batches.table(group), ""]
             md += [f"![{figure.stem}]({figure.name})", ""]
+    if sweeps := _sweeps_md(loaded, out_dir):
+        md += ["## Concurrency sweeps (engine mode)", "", CONCURRENCY_NOTE, "", *sweeps]
     if tuned := [(c, table) for c in cells if (table := tuned_md(c))]:
         md += ["## Tuned vs default (`specbench tune`, run with --tuned)", ""]
         md += [line for c, table in tuned for line in (f"### {c.title}", "", table, "")]
-    if sweeps := _sweeps_md(loaded, out_dir):
-        md += ["## Concurrency sweeps (engine mode)", "", CONCURRENCY_NOTE, "", *sweeps]
     if groups := regimes.groups(cells):
         md += ["## Regimes side by side", "", regimes.NOTES, ""]
         for group in groups:

@@ -392,14 +392,20 @@ def all_plots(cells: list[Cell], out_dir: Path) -> list[tuple[str, list[Path]]]:
 
 
 def plot_concurrency(levels, colors: dict[str, str], out_dir: Path, stem: str, title: str) -> list[Path]:
-    """An engine run's sweeps (`concurrency.levels` of one task and temperature): throughput over vanilla's and τ
-    against the conversations in flight, one line per method."""
-    fig = Figure(figsize=(10.0, 4.0))
-    speed, tau = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    """An engine run's sweeps (`concurrency.levels` of one task and temperature), the batch sweep's figure from
+    vLLM's own counts: throughput over vanilla's against the conversations in flight; total against per-user
+    throughput, each point labelled with its level; and τ against the level. One line per method."""
+    fig = Figure(figsize=(14.0, 4.0))
+    speed, pareto, tau = (fig.add_subplot(1, 3, i) for i in (1, 2, 3))
     for method, rows in levels.sort_values("concurrency").groupby("method"):
         color = colors.get(method, "black")
         if method != BASELINE:
             speed.plot(rows.concurrency, rows.speedup, marker="o", color=color, label=method)
+        pareto.plot(rows.per_user, rows.throughput, marker="o", color=color, label=method)
+        for r in rows.itertuples():
+            pareto.annotate(
+                f"{r.concurrency}", (r.per_user, r.throughput), fontsize=7, xytext=(3, 3), textcoords="offset points"
+            )
         tau.plot(rows.concurrency, rows.tau, marker="o", color=color, label=method)
     speed.axhline(1.0, color="black", linestyle="--", linewidth=1)
     levels_run = sorted(levels.concurrency.unique())
@@ -410,5 +416,8 @@ def plot_concurrency(levels, colors: dict[str, str], out_dir: Path, stem: str, t
         ax.set_xlabel("conversations in flight")
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
-    fig.suptitle(f"Speedup and acceptance against concurrency\n{title}", fontsize=10)
+    pareto.set_xlabel("per-user tokens/s")
+    pareto.set_ylabel("total tokens/s")
+    _legend(pareto)
+    fig.suptitle(f"Engine mode: speedup, throughput and acceptance against concurrency\n{title}", fontsize=10)
     return _save(fig, out_dir, stem)
