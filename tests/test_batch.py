@@ -36,7 +36,7 @@ from .test_verify import UniformClaimDraft
 # features, a Jacobi side branch. (Suffix decoding's global index is shared by the batch's slots, so its acceptance
 # moves with B: docs/metrics.md.)
 METHODS = ("vanilla", "sps", "eagle2", "lookahead")
-HEADS = {family: TINY_DIR / family for family in ("pard", "medusa", "eagle", "eagle3", "mtp", "dflash")}
+HEADS = {family: TINY_DIR / family for family in ("pard", "medusa", "eagle", "eagle3", "dflash")}
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +219,7 @@ def test_the_sampling_audit_at_batch_4(proposer):
     assert (max(widths) > 1) == (proposer is DraftModel)  # (sps drafted its slots in one forward per depth)
 
 
-@pytest.mark.parametrize("method", ["pard", "medusa", "eagle", "eagle3", "mtp", "dflash"])
+@pytest.mark.parametrize("method", ["pard", "medusa", "eagle", "eagle3", "eagle[nodes=1]", "dflash"])
 def test_model_drafters_draft_their_slots_together(tiny, method):
     """Two slots of a batch share one drafter (PARD's model, Medusa's heads, EAGLE's head or DFlash's drafter on one
     static cache: loaded once) and draft in one forward per step (per level for EAGLE's trees); each slot's tokens

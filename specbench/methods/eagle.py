@@ -201,8 +201,8 @@ class Eagle(Proposer):
                 level_nodes(children.tokens, picked),
                 frontier[:, rows],
                 level_scores(reached, children.logps, rows, picked),
-                self._constant("depths", len(rows), depth).expand(batch, -1),
-                None if slots is None else level_nodes(slots, picked).expand(batch, -1),
+                _per_slot(self._constant("depths", len(rows), depth), batch),
+                None if slots is None else _per_slot(level_nodes(slots, picked), batch),
             )
             if children.laws is not None:
                 laws.append(children.laws.flatten(1, 2)[:, picked])
@@ -277,6 +277,12 @@ class Eagle(Proposer):
         else:  # (one sequence)
             mask = torch.cat([seen.new_zeros(batch, n, root), seen], dim=2)  # [1, n, committed + fed + n]
         return self.head(features, tokens, positions, mask[:, None], self.cache, rope)
+
+
+def _per_slot(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """x [n], the same for every slot, as [B, n]: a view for one slot, else a copy (a replay's outputs are written
+    over in place, and a view of one row repeated cannot be)."""
+    return x[None] if batch == 1 else x.repeat(batch, 1)
 
 
 def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
