@@ -19,6 +19,10 @@ from specbench.core.decode import Generation, Job, Step, decode, decode_batch
 from specbench.core.losslessness import sampling_test
 from specbench.core.static_lm import BatchedLM, Row, StaticCachedLM
 from specbench.core.tree import Tree
+from specbench.heads import dflash as dflash_heads
+from specbench.methods.dflash import BlockDrafting, DFlash
+from specbench.methods.eagle import Eagle, StaticDrafting
+from specbench.methods.eagle_trees import DynamicTree
 from specbench.methods.sps import DraftModel
 from specbench.models.chat import prompt_ids
 from specbench.models.decoder import Decoder
@@ -30,6 +34,7 @@ from specbench.run.worker import batch_shares
 from specbench.zoo import TINY_DIR
 
 from .conftest import CUDA, random_llama
+from .test_tree_methods import random_eagle_head
 from .test_verify import UniformClaimDraft
 
 # one of each kind: no drafter, a draft model's chain (its slots drafted together), EAGLE's tree from the target's
@@ -217,6 +222,59 @@ def test_the_sampling_audit_at_batch_4(proposer):
     )
     assert result.passed == (proposer is DraftModel), result
     assert (max(widths) > 1) == (proposer is DraftModel)  # (sps drafted its slots in one forward per depth)
+
+
+def _slots_drafting_together(method: str, target, widths: list[int]) -> list:
+    """Four slots of `method` on one static drafting for the batch (random heads for the small-vocabulary target),
+    each drafting call's slot count appended to `widths`."""
+    shared: dict = {}
+    if method == "eagle2":
+        head, lm_head = random_eagle_head(target), target.get_output_embeddings()
+
+        def drafting(eagle):
+            if "d" not in shared:
+                shared["d"] = StaticDrafting(eagle, 4, capture=False)
+                together = shared["d"]._together
+                shared["d"]._together = lambda members, depth: widths.append(len(members)) or together(members, depth)
+            return shared["d"]
+
+        return [Eagle(head, lm_head, DynamicTree(10, 1, 3), drafting=drafting, slot=i) for i in range(4)]
+    torch.manual_seed(3)
+    draft = dflash_heads.build(dflash_heads.config_for(target.config, 1, 3, mask_token_id=7)).eval()
+    with torch.no_grad():  # larger weights: peaked drafts that the target often rejects
+        for weights in draft.parameters():
+            weights.mul_(4)
+
+    def blocks(dflash):
+        if "b" not in shared:
+            shared["b"] = BlockDrafting(dflash, 4, capture=False)
+            together = shared["b"]._together
+            shared["b"]._together = lambda members: widths.append(len(members)) or together(members)
+        return shared["b"]
+
+    embed, readout = target.get_input_embeddings(), target.get_output_embeddings()
+    return [DFlash(draft, embed, readout, 2, blocks=blocks, slot=i) for i in range(4)]
+
+
+@pytest.mark.parametrize("method", ["eagle2", "dflash"])
+def test_the_sampling_audit_at_batch_4_with_slots_drafting_together(method):
+    """EAGLE-2's trees and DFlash's blocks drafted for four slots at once, each slot's draws from its own
+    generator: the samples, four at a time, pass the chi-square against vanilla's exact law."""
+    target = random_llama(8, layers=1, hidden=32, seed=0, init=0.5)
+    widths: list[int] = []
+    slots = _slots_drafting_together(method, target, widths)
+    result = sampling_test(
+        CachedLM(target),
+        slots[0],
+        [1, 2, 3],  # (a prompt of two pairs: its first draft fits the padded, together forward)
+        horizon=2,
+        samples=800,
+        temperature=1.0,
+        stop_ids=set(),
+        batch=(BatchedLM(Decoder.adopt(target), 4, context=16), slots),
+    )
+    assert result.passed, result
+    assert max(widths, default=0) > 1
 
 
 @pytest.mark.parametrize("method", ["pard", "medusa", "eagle", "eagle3", "eagle[nodes=1]", "dflash"])
