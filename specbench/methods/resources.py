@@ -147,7 +147,7 @@ class Resources:
         """The head of `family` loaded for this target, on the run's device, in the run's dtype or `dtype`; while a
         batch's proposers are built, loaded once for all its slots (`slot_of`)."""
         key = (family, dtype or self.dtype)
-        if self._slot is not None and self._slot[1] > 1 and key in self._heads:
+        if self.slot[1] > 1 and key in self._heads:
             return self._heads[key]
         path = self.head_paths.get(family)
         if path is None:
@@ -173,6 +173,6 @@ class Resources:
         owned = self.owned_decoder(head, f"{family} head") if hasattr(head, "get_decoder") else None
         if self.compile:
             compile_forward(owned or head, graphs=owned is not None)
-        if self._slot is not None and self._slot[1] > 1:
+        if self.slot[1] > 1:
             self._heads[key] = head
         return head

@@ -35,57 +35,67 @@ def compiled_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+def _median_times(sizes, repeats: int, device: torch.device, forward, reset) -> dict[int, float]:
+    """Median seconds of `forward(k)` for each of `sizes`, timed in interleaved rounds, the first discarded, so a
+    slow spell of a drifting CPU falls on every size alike rather than on some (docs/cpu-notes.md); `reset()` after
+    each. The first round captures and compiles, the GPU idling meanwhile: it is warmed after it."""
+    times: dict[int, list[float]] = {k: [] for k in sizes}
+    for i in range(repeats + 1):
+        if i == 1:
+            warm_gpu(device)
+        for k in sizes:
+            start = time.perf_counter()
+            forward(k)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times[k].append(time.perf_counter() - start)
+            reset()
+    return {k: float(np.median(t[1:])) for k, t in times.items()}
+
+
 @torch.inference_mode()
 def forward_profile(
     target: CachedLM, context: int = 256, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 9
 ) -> dict[int, float]:
     """Median seconds of one target forward over k new tokens after `context` cached tokens (for roofline and
-    tune's cost model). The sizes are timed in interleaved rounds, the first discarded, so a slow spell of a
-    drifting CPU falls on every size alike rather than on some (docs/cpu-notes.md); a GPU is warmed after it."""
+    tune's cost model), in interleaved rounds (`_median_times`)."""
     context = min(context, target.context_length - max(sizes) - 1)
     vocab = target.model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
     filler = torch.randint(0, vocab, (context + max(sizes),), generator=generator).tolist()
     target.reset()
     target.forward(filler[:context], last_only=True)
-    times: dict[int, list[float]] = {k: [] for k in sizes}
-    for i in range(repeats + 1):
-        if i == 1:  # the first round captures and compiles, the GPU idling meanwhile: bring its clock up again
-            warm_gpu(target.device)
-        for k in sizes:
-            start = time.perf_counter()
-            target.forward(filler[context : context + k])
-            if target.device.type == "cuda":
-                torch.cuda.synchronize(target.device)
-            times[k].append(time.perf_counter() - start)
-            target.crop(context)
-    return {k: float(np.median(t[1:])) for k, t in times.items()}
+    return _median_times(
+        sizes,
+        repeats,
+        target.device,
+        lambda k: target.forward(filler[context : context + k]),
+        lambda: target.crop(context),
+    )
 
 
 @torch.inference_mode()
 def batch_profile(target: BatchedLM, context: int = 256, repeats: int = 5) -> dict[int, float]:
     """Median seconds of one forward over every slot of the batched `target` at each bucket of rows per slot (up
     to 64), after `context` cached tokens in each: the T(rows) a batch's steps are read against (the report's
-    batch sweep). Timed as `forward_profile` is, in interleaved rounds, the first discarded; the slots are emptied
-    after."""
+    batch sweep). Timed as `forward_profile` is (`_median_times`); the slots are emptied after."""
     sizes = [b for b in BUCKETS if b <= 64]
     context = max(1, min(context, target.context_length - sizes[-1] - 1))
-    filler = torch.randint(0, target.model.config.vocab_size, (context + sizes[-1],), generator=torch.Generator())
-    prompt = filler.tolist()
+    generator = torch.Generator().manual_seed(0)
+    filler = torch.randint(0, target.model.config.vocab_size, (context + sizes[-1],), generator=generator).tolist()
     for slot in range(target.batch):
-        target.prefill_slot(slot, prompt[: context + 1])
-    times: dict[int, list[float]] = {b: [] for b in sizes}
-    for _ in range(repeats + 1):
-        for b in sizes:
-            rows = [Row(slot, prompt[context : context + b]) for slot in range(target.batch)]
-            start = time.perf_counter()
-            target.run(rows, greedy=True, copies=False)
-            if target.device.type == "cuda":
-                torch.cuda.synchronize(target.device)
-            times[b].append(time.perf_counter() - start)
-            target.lengths = [context] * target.batch
+        target.prefill_slot(slot, filler[: context + 1])
+
+    def forward(b: int) -> None:
+        rows = [Row(slot, filler[context : context + b]) for slot in range(target.batch)]
+        target.run(rows, greedy=True, copies=False)
+
+    def reset() -> None:
+        target.lengths = [context] * target.batch
+
+    times = _median_times(sizes, repeats, target.device, forward, reset)
     target.lengths = [0] * target.batch
-    return {b: float(np.median(t[1:])) for b, t in times.items()}
+    return times
 
 
 def batch_shares(gen: Generation, profile: dict[int, float]) -> list[float]:
