@@ -104,6 +104,12 @@ class RunConfig:
     tasks: list[str] = option(["quick"], "task names or .jsonl/.json/.csv/.parquet files, by commas", kind="names")
     temperatures: list[float] = option([0.0], "comma-separated, e.g. 0,1", kind="floats")
     out: str | None = option(None, "run folder (default: results/<model>-<tasks>-<hash>; re-running resumes)")
+    lock: str | None = option(
+        None,
+        "lock file of `specbench lock` (or a run folder's specbench.lock.json): each hub checkpoint it names runs at "
+        "its commit",
+        metavar="FILE",
+    )
     warmup: bool = option(True, "skip the discarded warm-up question per method", flag="--no-warmup")
     progress: bool = True
     noise_floor: bool = option(

@@ -2,7 +2,9 @@
 steps, the concurrency numbers, and whole runs through a stand-in vLLM (tests/fake_vllm) and, where vLLM is
 installed, through vLLM itself."""
 
+import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -305,3 +307,38 @@ def test_the_bundled_family_in_vllm(tmp_path, monkeypatch):
     assert all(a.greedy_check["match"] for a in answers)
     eagle = [a for a in answers if a.method == "eagle"]
     assert sum(sum(a.new_tokens) for a in eagle) > 1.3 * sum(sum(a.decoding_steps) for a in eagle)
+
+
+@pytest.fixture
+def some_vllm(request) -> str:
+    """vLLM itself where it is installed ("real"), else the stand-in ("fake", its engines' arguments logged)."""
+    if importlib.util.find_spec("vllm") is not None:
+        return "real"
+    request.getfixturevalue("fake_vllm")
+    return "fake"
+
+
+def test_vllm_serves_a_head_this_suite_trained_in_the_speculators_format(tmp_path, monkeypatch, some_vllm):
+    """The closure of the speculators format: the tiny family's EAGLE-3 head, converted, is served by vLLM as its
+    eagle3 drafter; greedy answers equal vanilla's, and (the real vLLM) more than one token is accepted a step."""
+    from specbench.models.aliases import TINY_DIR
+    from specbench.results import read_answers
+
+    converted = tmp_path / "eagle3-speculators"
+    assert main(["convert", str(TINY_DIR / "eagle3"), "--to", "speculators", "--out", str(converted)]) == 0
+    questions = tmp_path / "two.jsonl"
+    lines = [{"id": 0, "turns": ["Name three colours."]}, {"id": 1, "turns": ["What is 12 plus 30?"]}]
+    questions.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    out = tmp_path / "run"
+    run = ["run", "--engine", "vllm", "--methods", "vanilla,eagle3", "--head", f"eagle3={converted}"]
+    options = ["--tasks", str(questions), "--max-new-tokens", "32", "--no-noise-floor", "--no-report"]
+    assert main([*run, *options, "--device", "cpu", "--out", str(out)]) == 0
+    eagle3 = [a for a in read_answers(out) if a.method == "eagle3"]
+    assert len(eagle3) == 2 and all(a.greedy_check["match"] for a in eagle3)
+    if some_vllm == "real":
+        assert sum(sum(a.new_tokens) for a in eagle3) > 1.3 * sum(sum(a.decoding_steps) for a in eagle3)
+    else:
+        engines = [json.loads(line) for line in Path(os.environ["FAKE_VLLM_LOG"]).read_text().splitlines()]
+        configs = [e["speculative_config"] for e in engines if e["speculative_config"]]
+        assert configs == [{"method": "eagle3", "model": str(converted), "num_speculative_tokens": 8}]

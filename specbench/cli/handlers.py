@@ -55,6 +55,18 @@ def run(args) -> None:
         print(f"report: {path}")
 
 
+def lock(args) -> None:
+    """Plan as `run --dry-run` does (the model options and --methods), then pin each hub checkpoint's commit."""
+    cfg = RunConfig(**config_values(args, RunConfig, "model"), methods=args.methods)
+    check(cfg)
+    from ..run import lock as locking
+    from ..run import plan
+
+    data = locking.write(args.out, plan.make(cfg))
+    print(f"locked {data['model']} in {args.out} (`specbench run --lock {args.out}` runs these):")
+    print("\n".join(locking.describe(data)))
+
+
 def tune(args) -> None:
     cfg = run_config(args, methods=["vanilla", args.method], tasks=args.tasks)
     check(cfg)  # before the imports below, as `run` does
@@ -160,15 +172,25 @@ def train(args) -> None:
     from ..heads.train_config import TrainConfig, train_config
     from ..models.loading import device_and_dtype
 
+    if args.format != "official" and args.kind != "eagle3":
+        raise SpecbenchError(f"--format {args.format} writes EAGLE-3 heads only: drop it to train {args.kind}")
     data = _text(args.data, "train", "--data")
     knobs = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}  # (every field is an option: cli.parser)
     cfg = train_config(args.kind, args.smoke, **knobs)
     device, dtype = device_and_dtype(args.device, args.dtype)
     result = train_head(
-        args.kind, args.target, data, args.out, cfg, device, dtype, args.smoke, args.compact, args.draft
+        args.kind, args.target, data, args.out, cfg, device, dtype, args.smoke, args.compact, args.draft, args.format
     )
     accuracy = ", ".join(f"{a:.3f}" for a in result["top1_accuracy_by_depth"])
     print(f"{args.kind} head saved in {args.out}; held-out top-1 accuracy by depth: {accuracy}")
+
+
+def convert(args) -> None:
+    from ..heads.eagle3 import convert as convert_head
+
+    if not args.head.is_dir():
+        raise SpecbenchError(f"head folder '{args.head}' does not exist: pass the folder of an EAGLE-3 head")
+    print(convert_head(args.head, args.to, args.out, args.target))
 
 
 def token_counts(args) -> None:

@@ -12,6 +12,7 @@ from .parser import parser
 
 COMMANDS = {
     "run": handlers.run,
+    "lock": handlers.lock,
     "tune": handlers.tune,
     "verify": handlers.verify,
     "merge": handlers.merge,
@@ -20,6 +21,7 @@ COMMANDS = {
     "compare": handlers.compare,
     "list": handlers.list_,
     "train": handlers.train,
+    "convert": handlers.convert,
     "regenerate": handlers.regenerate,
     "token-counts": handlers.token_counts,
     "zoo": handlers.zoo,

@@ -164,6 +164,19 @@ def parser() -> argparse.ArgumentParser:
         "size) and exit without loading or downloading anything",
     )
 
+    lock = sub.add_parser(
+        "lock",
+        parents=[model],
+        help="pin each hub checkpoint a run would load to its commit, in a lock file for `run --lock` (nothing "
+        "loaded, nothing downloaded)",
+    )
+    lock.add_argument(
+        "--methods", type=_names, default=["default"], help="the methods whose checkpoints to pin, as run takes them"
+    )
+    lock.add_argument(
+        "--out", type=Path, default=Path("specbench.lock.json"), help="lock file (default: specbench.lock.json)"
+    )
+
     tune = sub.add_parser(
         "tune",
         parents=[model, device],
@@ -285,7 +298,26 @@ def parser() -> argparse.ArgumentParser:
         help="store float16 weights and leave out an EAGLE head's or MTP module's embedding and readout (the target's)",
     )
     train.add_argument("--draft", help="pard: the model to adapt, a folder or hub id (default: the alias's draft)")
+    train.add_argument(
+        "--format",
+        choices=["official", "speculators"],
+        default="official",
+        help="eagle3: the head's layout, the official EAGLE-3 one or vLLM's speculators format (default: official)",
+    )
     train.add_argument("--smoke", action="store_true", help="a few tiny steps in seconds (tests, trying it out)")
+
+    convert = sub.add_parser(
+        "convert",
+        help="an EAGLE-3 head from the official layout to vLLM's speculators format, or back (tensors unchanged)",
+    )
+    convert.add_argument("head", type=Path, metavar="HEAD_DIR", help="the head's folder")
+    convert.add_argument("--to", required=True, choices=["speculators", "official"], help="the layout to write")
+    convert.add_argument("--out", type=Path, required=True, help="folder for the converted head")
+    convert.add_argument(
+        "--target",
+        help="to speculators: the target it drafts for (alias, folder or hub id), recorded as its verifier with the "
+        "layers it fuses (default: none recorded; vLLM then fuses layers 2, L/2 and L-3)",
+    )
 
     regen = sub.add_parser(
         "regenerate",

@@ -12,6 +12,8 @@ embed_tokens.weight optionally (the official heads have none: the target's is co
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -22,8 +24,8 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, L
 from ..errors import SpecbenchError
 from ..models.decoder import MLP, Attention, adopt_norm
 from ..registry import HeadFamily, head_family
-from . import eagle
-from .checkpoint import check, config_shape, read_config, read_weights
+from . import eagle, speculators
+from .checkpoint import check, read_config, read_weights, save_safetensors
 
 
 def feature_layers(num_layers: int) -> tuple[int, int, int]:
@@ -49,6 +51,8 @@ class Eagle3Layer(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
+        # the attention's residual: the hidden state as it came (EAGLE-3's), or normalised (a speculators option)
+        self.norm_before_residual = bool(getattr(config, "norm_before_residual", False))
         self.hidden_norm = LlamaRMSNorm(hidden, eps)
         self.input_layernorm = LlamaRMSNorm(hidden, eps)
         self.self_attn = LlamaAttention(config, layer_idx=0)
@@ -66,7 +70,9 @@ class Eagle3Layer(nn.Module):
         mask: torch.Tensor | None,
         cache: Cache | None,
     ) -> torch.Tensor:
-        x = torch.cat([self.input_layernorm(embedded), self.hidden_norm(hidden)], dim=-1)  # [B, n, 2H]
+        normed = self.hidden_norm(hidden)
+        x = torch.cat([self.input_layernorm(embedded), normed], dim=-1)  # [B, n, 2H]
+        hidden = normed if self.norm_before_residual else hidden
         attended = self.self_attn(x, rope, mask, cache)
         hidden = hidden + (attended[0] if isinstance(attended, tuple) else attended)  # (transformers': a pair)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
@@ -85,6 +91,8 @@ class Eagle3Head(nn.Module):
         self.config = config
         hidden, vocab, draft_vocab = config.hidden_size, config.vocab_size, config.draft_vocab_size
         self.feature_size = 3 * (getattr(config, "target_hidden_size", None) or hidden)
+        aux = getattr(config, "eagle_aux_hidden_state_layer_ids", None)
+        self.layer_ids = None if aux is None else tuple(aux)  # the target states fused; None: `feature_layers`'s
         self.embed_tokens = nn.Embedding(vocab, hidden)
         self.fc = nn.Linear(self.feature_size, hidden, bias=False)
         self.midlayer = Eagle3Layer(config)
@@ -144,10 +152,21 @@ def build(raw: dict) -> Eagle3Head:
     return Eagle3Head(eagle.llama_config({**raw, "num_hidden_layers": 1}, "EAGLE-3 head"))
 
 
+def official_config(source: str | Path) -> tuple[dict, bool]:
+    """A head's config.json in the official layout's keys (a speculators checkpoint's translated), and whether it
+    was a speculators one."""
+    raw = read_config(str(source), "EAGLE-3 head")
+    if speculators.is_speculators(raw):
+        return speculators.official_config(raw, f"EAGLE-3 head '{source}'"), True
+    return raw, False
+
+
 def load(source: str, target_model: nn.Module) -> Eagle3Head:
-    """An official-layout head; d2t/t2d are ignored for a full draft vocabulary, a missing embedding is the target's."""
+    """An official-layout or speculators head; d2t/t2d are ignored for a full draft vocabulary, a missing embedding
+    is the target's."""
     what = f"EAGLE-3 head '{source}'"
-    head = build(read_config(source, "EAGLE-3 head"))
+    raw, shipped_as_speculators = official_config(source)
+    head = build(raw)
     vocab, target_hidden = target_model.get_output_embeddings().weight.shape
     if (vocab, 3 * target_hidden) != (head.config.vocab_size, head.feature_size):
         raise SpecbenchError(
@@ -155,6 +174,14 @@ def load(source: str, target_model: nn.Module) -> Eagle3Head:
             f"the target has {target_hidden} and {vocab}: use a head trained for this target"
         )
     state = read_weights(source, eagle.FILES, "EAGLE-3 head")
+    if shipped_as_speculators:
+        state = speculators.official_state(state)
+    layers = target_model.config.get_text_config().num_hidden_layers
+    if head.layer_ids is not None and not all(0 <= i <= layers for i in head.layer_ids):
+        raise SpecbenchError(
+            f"{what} fuses target states {list(head.layer_ids)}, the target has {layers} layers: use a head trained "
+            "for this target"
+        )
     if head.d2t is None:  # identity maps (the Vicuna-13B head stores d2t = 0)
         state.pop("d2t", None)
         state.pop("t2d", None)
@@ -175,15 +202,56 @@ def load(source: str, target_model: nn.Module) -> Eagle3Head:
     return head
 
 
+def saved_state(head: Eagle3Head) -> dict[str, torch.Tensor]:
+    """The tensors a head is stored with: no embed_tokens (the target's), d2t/t2d when the draft vocabulary is
+    reduced."""
+    return {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"}
+
+
 def save(head: Eagle3Head, raw_config: dict, out: Path, half: bool = False) -> None:
-    """The official layout: no embed_tokens (the target's), d2t/t2d when the draft vocabulary is reduced."""
-    state = {k: v for k, v in head.state_dict().items() if k != "embed_tokens.weight"}
-    eagle.save(state, raw_config, out, half)
+    """The official layout (`saved_state`)."""
+    eagle.save(saved_state(head), raw_config, out, half)
 
 
 def fits(folder: Path) -> tuple[int, int | None]:
     """The target hidden size (`target_hidden_size`, else the head's own) and vocabulary the head is for."""
-    return config_shape(folder, "EAGLE-3 head", ("target_hidden_size", "hidden_size"))
+    config = official_config(folder)[0]
+    hidden = config.get("target_hidden_size") or config.get("hidden_size")
+    if not isinstance(hidden, int):
+        raise SpecbenchError(f"EAGLE-3 head '{folder}': config.json has no target_hidden_size or hidden_size")
+    return hidden, config.get("vocab_size")
 
 
 FAMILY = head_family(HeadFamily("eagle3", "EAGLE-3", eagle.FAMILY.layout, load, fits))
+
+
+def convert(source: Path, to: str, out: Path, target: str | None = None) -> str:
+    """Convert the EAGLE-3 head folder `source` to `to` ("speculators" or "official") in `out`, its other files
+    (token counts, accuracy, card) copied beside and nothing half-written; returns what was done, for people.
+    `target` (to speculators): recorded as the verifier, with the target states the head fuses."""
+    what = f"EAGLE-3 head '{source}'"
+    raw = read_config(str(source), "EAGLE-3 head")
+    if "draft_vocab_size" not in raw and not speculators.is_speculators(raw):
+        raise SpecbenchError(f"{what}: config.json has no draft_vocab_size; only EAGLE-3 heads convert")
+    if speculators.is_speculators(raw) == (to == "speculators"):
+        raise SpecbenchError(f"{what} is in the {to} layout already")
+    if out.resolve() == source.resolve():
+        raise SpecbenchError(f"--out {out} is the head's own folder: write the converted head to another")
+    state = read_weights(source, eagle.FILES, "EAGLE-3 head")
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for item in source.iterdir():
+        if item.is_file() and item.name not in ("config.json", *eagle.FILES):
+            shutil.copy2(item, staging / item.name)
+    if to == "speculators":
+        verifier = speculators.verifier_of(target)
+        layers = None if verifier is None else list(feature_layers(verifier["num_hidden_layers"]))
+        speculators.save(state, raw, staging, verifier, layers)
+    else:
+        save_safetensors(speculators.official_state(state), staging / "model.safetensors")
+        (staging / "config.json").write_text(json.dumps(speculators.official_config(raw, what), indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    return f"{what} written in the {to} layout to {out}"

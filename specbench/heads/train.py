@@ -23,7 +23,7 @@ from ..core.cached_lm import hidden_features
 from ..core.tree import additive_mask
 from ..errors import SpecbenchError
 from ..progress import Progress
-from . import dflash, eagle3, frequencies, mtp, pard
+from . import dflash, eagle3, frequencies, mtp, pard, speculators
 from .checkpoint import target_signature
 from .eagle import EagleHead, build, config_from_target
 from .medusa import MedusaHeads
@@ -384,10 +384,12 @@ def train_head(
     smoke: bool,
     compact: bool = False,
     draft: str | None = None,
+    layout: str = "official",
 ) -> dict:
     """Load the target (alias, folder or hub id), train a `kind` head on `data`, save it in the official
-    layout with accuracy.json beside it. Returns that report. A PARD drafter is made from `draft` (else the
-    target alias's draft model); the target only scores it.
+    layout (an EAGLE-3 head in vLLM's speculators format with `layout` "speculators") with accuracy.json beside
+    it. Returns that report. A PARD drafter is made from `draft` (else the target alias's draft model); the target
+    only scores it.
 
     `compact`: float16 storage, and an EAGLE-1/2 head or MTP module without the embedding (and readout) the
     loader copies from the target, as the bundled tiny heads are stored."""
@@ -425,7 +427,16 @@ def train_head(
         pard.save(drafter, source, out, mask, compact)
     else:
         head, raw, accuracy = train_eagle3(model, train, heldout, cfg)
-        eagle3.save(head, raw, out, compact)
+        if layout == "speculators":
+            text = model.config.get_text_config()
+            verifier = {
+                "name_or_path": spec.path,
+                "architectures": list(model.config.architectures or []),
+            }
+            layers = list(eagle3.feature_layers(text.num_hidden_layers))
+            speculators.save(eagle3.saved_state(head), raw, out, verifier, layers, compact)
+        else:
+            eagle3.save(head, raw, out, compact)
     if kind in ("eagle", "eagle3"):
         frequencies.write(out, train, raw["vocab_size"], str(data))  # ranks `draft_vocab`
     report = {

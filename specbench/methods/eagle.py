@@ -567,7 +567,7 @@ def build_eagle3(params: dict, res: Resources) -> Proposer:
         head,
         head.logits,
         DynamicTree(**params),
-        feature_layers=feature_layers(text.num_hidden_layers),
+        feature_layers=head.layer_ids or feature_layers(text.num_hidden_layers),
         target_ids=head.target_ids,
         target_vocab=text.vocab_size,
         sampled=sampled,

@@ -14,7 +14,7 @@ from ..models import aliases, gguf, hub, loading
 from ..models.aliases import ModelSpec
 from ..models.hub import Checkpoint, Source
 from ..registry import HEADS, Need
-from . import inputs
+from . import inputs, lock
 
 DEFAULT_METHODS = ["vanilla", "sps", "pld"]  # `specbench run` without --methods: those of them the model can run
 
@@ -83,6 +83,7 @@ def _task(name: str, cfg: RunConfig) -> TaskPlan:
 def make(cfg: RunConfig) -> Plan:
     """The plan of a RunConfig; lists checkpoints (hub metadata when reachable) but downloads nothing."""
     spec = aliases.resolve(cfg.model, cfg.revision)
+    locked = lock.read(cfg.lock, spec.name) if cfg.lock else None
     requested, engine_skipped = cfg.methods, {}
     if cfg.engine == "vllm":  # first: a method vLLM cannot run is skipped, whatever it needs
         named, engine_skipped = restrict([r for r in requested if r not in ("all", "default")], {})
@@ -94,8 +95,12 @@ def make(cfg: RunConfig) -> Plan:
     checkpoints = {}
     for role, (source, layout) in sources(names, spec, cfg.draft, cfg.heads).items():
         loading.check_bundled(source.id, role)
-        is_target = role == "target"
-        checkpoints[role] = aliases.target_checkpoint(spec) if is_target else hub.checkpoint(role, source, layout)
+        if locked and locked.names(source):  # the lock's commit, whatever the source's own revision
+            checkpoints[role] = locked.checkpoint(role, source, layout)
+        elif role == "target":
+            checkpoints[role] = aliases.target_checkpoint(spec)
+        else:
+            checkpoints[role] = hub.checkpoint(role, source, layout)
     return Plan(spec, names, skipped, task_plans, list(cfg.temperatures), checkpoints)
 
 
@@ -123,9 +128,9 @@ def describe(plan: Plan) -> str:
     lines.append("checkpoints:")
     width = max(len(role) for role in plan.checkpoints)
     for role, ck in plan.checkpoints.items():
-        revision = ck.listing.commit or ck.source.revision
+        revision = ck.source.revision if lock.unpinned(ck.source) else ck.listing.commit or ck.source.revision
         where = f"{ck.source.id} @ {revision}" if revision else ck.source.id
-        lines.append(f"  {role:<{width}}  {where}  [{_status(ck)}]")
+        lines.append(f"  {role:<{width}}  {where}  [{_status(ck)}{lock.unpinned_note(ck)}]")
     pending = [ck for ck in plan.checkpoints.values() if not ck.source.local and not ck.available]
     sizes = [ck.download_bytes() if ck.files else None for ck in pending]
     if not pending:

@@ -20,7 +20,7 @@ from ..errors import SpecbenchError
 from ..interference import too_busy, warn_if_busy
 from ..progress import Progress
 from ..results import Answer, append, read_file
-from . import inputs
+from . import inputs, lock
 from . import plan as planning
 from .session import prepare
 from .worker import Worker
@@ -168,6 +168,7 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
     for info in infos:
         warn_if_busy(info["machine"])
     _check_manifest(run_dir / "manifest.json", manifest)
+    lock.record(plan, run_dir)  # the commits unpinned checkpoints ran at, for `run --lock`
     profile_path = run_dir / "forward_profile.json"
     if not profile_path.exists():
         profile_path.write_text(json.dumps(pool.profile()))

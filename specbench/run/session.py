@@ -18,8 +18,8 @@ from ..core.static_lm import BUCKETS, BatchedLM, StaticCachedLM
 from ..errors import SpecbenchError
 from ..models import decoder, loading
 from ..models.chat import fitting_prompt
+from . import lock, tuned
 from . import plan as planning
-from . import tuned
 
 CONTEXT_SLACK = 16  # tokens an answer may grow by when tokenized again in the next prompt
 
@@ -31,6 +31,8 @@ def prepare(cfg: RunConfig) -> Plan:
     plan = planning.make(cfg)
     for name, why in plan.skipped.items():
         print(f"{name} skipped: {why}", file=sys.stderr)
+    for line in lock.cached_only(plan):
+        print(line, file=sys.stderr)
     if cfg.tuned:
         key = tuned.device_key(device, cfg.threads)
         entries = tuned.lookup(Path(cfg.tuned), key, plan.spec.name, str(dtype).removeprefix("torch."))

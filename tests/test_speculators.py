@@ -1,0 +1,212 @@
+"""vLLM's speculators format for EAGLE-3 heads: the tiny head converted there and back is byte-identical in its
+tensors and drafts exactly as the original in our loop; speculators heads load (their norm_before_residual and
+fused layers read), unsupported variants are one line; `train eagle3 --format speculators` writes the format; and,
+where the speculators package is installed, its own classes read what we write."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from specbench import methods
+from specbench.cli.main import main
+from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
+from specbench.errors import SpecbenchError
+from specbench.heads import eagle3, speculators
+from specbench.methods.vanilla import Vanilla
+from specbench.models import loading
+from specbench.models.aliases import TINY_DIR
+
+from .conftest import random_llama
+
+HEAD = TINY_DIR / "eagle3"
+PROMPTS = [[1, 320, 45, 903, 12, 77], [1, 2000, 17]]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> tuple[Path, Path]:
+    """(the tiny EAGLE-3 head in the speculators format, that converted back to the official layout)."""
+    root = tmp_path_factory.mktemp("converted")
+    there, back = root / "speculators", root / "official"
+    assert main(["convert", str(HEAD), "--to", "speculators", "--out", str(there), "--target", "tiny"]) == 0
+    assert main(["convert", str(there), "--to", "official", "--out", str(back)]) == 0
+    return there, back
+
+
+@pytest.fixture(scope="module")
+def tiny_target():
+    return loading.load_causal_lm(TINY_DIR / "target", torch.device("cpu"), torch.float32, "target")
+
+
+def test_the_format_written_names_every_key_vllm_reads(converted):
+    there, _ = converted
+    config = json.loads((there / "config.json").read_text())
+    official = json.loads((HEAD / "config.json").read_text())
+    layers = json.loads((TINY_DIR / "target" / "config.json").read_text())["num_hidden_layers"]
+    assert config["speculators_model_type"] == "eagle3" and config["architectures"] == ["Eagle3Speculator"]
+    assert config["norm_before_residual"] is False  # written, not left to a reader's default
+    assert config["draft_vocab_size"] == official["draft_vocab_size"] and config["target_hidden_size"] is None
+    assert config["eagle_aux_hidden_state_layer_ids"] == list(eagle3.feature_layers(layers))
+    layer = config["transformer_layer_config"]
+    assert layer["model_type"] == "llama" and layer["num_hidden_layers"] == 1
+    assert {k: layer[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "rope_theta")} == {
+        k: official[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "rope_theta")
+    }
+    algorithm = config["speculators_config"]
+    assert algorithm["algorithm"] == "eagle3" and algorithm["default_proposal_method"] == "greedy"
+    assert algorithm["verifier"]["architectures"] == ["LlamaForCausalLM"]
+    assert algorithm["proposal_methods"][0]["speculative_tokens"] >= 1
+    state = load_file(str(there / "model.safetensors"))
+    assert not any(k.startswith("midlayer.") for k in state) and "layers.0.self_attn.q_proj.weight" in state
+    assert (there / "token_counts.json").is_file() and not (there.parent / "speculators.partial").exists()
+
+
+def test_the_round_trip_is_byte_identical_in_its_tensors(converted):
+    _, back = converted
+    original, returned = load_file(str(HEAD / "model.safetensors")), load_file(str(back / "model.safetensors"))
+    assert original.keys() == returned.keys()
+    for key, tensor in original.items():
+        assert tensor.dtype == returned[key].dtype and tensor.shape == returned[key].shape, key
+        assert tensor.contiguous().view(torch.uint8).equal(returned[key].contiguous().view(torch.uint8)), key
+
+
+def test_the_converted_head_drafts_exactly_as_the_original(converted, tiny_target):
+    """Same tokens and the same accepted length at every step, greedy, in our loop."""
+
+    def decoded(head: Path, prompt: list[int]):
+        res = methods.Resources(
+            "tiny", tiny_target, None, torch.device("cpu"), torch.float32, head_paths={"eagle3": head}
+        )
+        return decode(
+            CachedLM(tiny_target),
+            methods.build("eagle3", res),
+            prompt,
+            max_new_tokens=40,
+            temperature=0.0,
+            stop_ids=set(),
+        )
+
+    there, _ = converted
+    for prompt in PROMPTS:
+        original, converted_gen = decoded(HEAD, prompt), decoded(there, prompt)
+        assert converted_gen.tokens == original.tokens
+        assert converted_gen.accept_lengths == original.accept_lengths
+        assert max(original.accept_lengths) > 1
+        vanilla = decode(CachedLM(tiny_target), Vanilla(), prompt, max_new_tokens=40, temperature=0.0, stop_ids=set())
+        assert original.tokens == vanilla.tokens
+
+
+def _speculators_head(folder: Path, model, **config) -> Path:
+    """A random speculators eagle3 head for `model` (the layout RedHatAI publishes), config keys overridden."""
+    raw = {**json.loads((HEAD / "config.json").read_text())}
+    vocab, hidden = model.get_output_embeddings().weight.shape
+    raw.update(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, draft_vocab_size=vocab)
+    raw.update(num_attention_heads=4, num_key_value_heads=2)
+    head = eagle3.build(raw)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.1)
+    verifier = {"name_or_path": "org/target", "architectures": ["LlamaForCausalLM"]}
+    speculators.save(eagle3.saved_state(head), raw, folder, verifier, [2, 3, 4])
+    written = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**written, **config}))
+    return folder
+
+
+def test_a_speculators_head_reads_its_residual_norm_and_fused_layers(tmp_path):
+    model = random_llama(64, layers=7, seed=0, init=0.3)
+    folder = _speculators_head(
+        tmp_path / "h", model, norm_before_residual=True, eagle_aux_hidden_state_layer_ids=[1, 3, 6]
+    )
+    head = eagle3.load(str(folder), model)
+    assert head.midlayer.norm_before_residual and head.layer_ids == (1, 3, 6)
+    res = methods.Resources("random", model, None, torch.device("cpu"), torch.float32, head_paths={"eagle3": folder})
+    proposer = methods.build("eagle3", res)
+    assert proposer.feature_layers == (1, 3, 6)
+    gen = decode(CachedLM(model), proposer, [1, 5, 7, 9], max_new_tokens=30, temperature=0.0, stop_ids=set())
+    assert (
+        gen.tokens
+        == decode(CachedLM(model), Vanilla(), [1, 5, 7, 9], max_new_tokens=30, temperature=0.0, stop_ids=set()).tokens
+    )
+    # the residual is the normalised hidden state: the layer's output differs from the un-normalised one's
+    x, e = torch.randn(1, 3, 64), torch.randn(1, 3, 64)
+    rope = head.rotary(x, torch.arange(3)[None])
+    normed = head.midlayer(e, x, rope, None, None)
+    head.midlayer.norm_before_residual = False
+    assert not torch.allclose(normed, head.midlayer(e, x, rope, None, None))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"fc_norm": True}, "sets fc_norm: an EAGLE-3 variant this suite does not implement"),
+        ({"speculators_model_type": "dflash"}, "is a speculators 'dflash' checkpoint"),
+        ({"transformer_layer_config": {"model_type": "qwen3", "num_hidden_layers": 1}}, "1 qwen3 layer"),
+        ({"eagle_aux_hidden_state_layer_ids": [2, 4, 9]}, r"fuses target states \[2, 4, 9\], the target has 7"),
+    ],
+)
+def test_what_our_head_cannot_run_is_one_line(tmp_path, change, message):
+    model = random_llama(64, layers=7, seed=0, init=0.3)
+    folder = _speculators_head(tmp_path / "h", model, **change)
+    with pytest.raises(SpecbenchError, match=message):
+        eagle3.load(str(folder), model)
+
+
+def test_convert_refuses_what_it_cannot_do(tmp_path, capsys):
+    assert main(["convert", str(tmp_path / "none"), "--to", "speculators", "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["convert", str(TINY_DIR / "eagle"), "--to", "speculators", "--out", str(tmp_path / "o")]) == 2
+    assert "only EAGLE-3 heads convert" in capsys.readouterr().err
+    assert main(["convert", str(HEAD), "--to", "official", "--out", str(tmp_path / "o")]) == 2
+    assert "in the official layout already" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_train_writes_the_speculators_format(tmp_path, capsys):
+    from specbench import tasks
+
+    data = tmp_path / "text.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for q in tasks.load("quick").questions for t in q.turns))
+    out = tmp_path / "head"
+    argv = ["train", "eagle3", "--target", "tiny", "--data", str(data), "--out", str(out), "--smoke", "--device", "cpu"]
+    assert main([*argv, "--format", "speculators", "--draft-vocab", "500"]) == 0, capsys.readouterr().err
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["draft_vocab_size"] == 500
+    assert config["speculators_config"]["verifier"]["name_or_path"].endswith("target")
+    assert "layers.0.fc.weight" not in load_file(str(out / "model.safetensors"))
+    assert (out / "accuracy.json").is_file() and (out / "token_counts.json").is_file()
+    assert main(["train", "medusa", "--target", "tiny", "--out", str(tmp_path / "m"), "--format", "speculators"]) == 2
+    assert "writes EAGLE-3 heads only" in capsys.readouterr().err
+
+
+def test_the_speculators_package_reads_what_we_write(converted):
+    """Its config registry validates our config.json and its EAGLE-3 model takes our tensors by name, strictly."""
+    pytest.importorskip("speculators", reason="the speculators extra is not installed (transformers <= 5.19)")
+    from speculators import SpeculatorModelConfig
+    from speculators.convert.eagle.eagle3_legacy_model import Eagle3Speculator
+
+    there, _ = converted
+    config = SpeculatorModelConfig.from_pretrained(str(there))
+    assert type(config).__name__ == "Eagle3SpeculatorConfig" and config.norm_before_residual is False
+    model = Eagle3Speculator(config, verifier=None, verifier_attachment_mode="detached", reduce_vocab_size=True)
+    missing, unexpected = model.load_state_dict(load_file(str(there / "model.safetensors")), strict=False)
+    assert not unexpected and set(missing) <= {"embed_tokens.weight"}, (missing, unexpected)
+
+
+def test_the_speculators_round_trip_survives_a_stored_embedding(tmp_path):
+    """A head that ships its own embedding (SpecForge's) keeps it through both conversions."""
+    folder = tmp_path / "h"
+    folder.mkdir()
+    state = load_file(str(HEAD / "model.safetensors"))
+    raw = json.loads((HEAD / "config.json").read_text())
+    state["embed_tokens.weight"] = torch.randn(raw["vocab_size"], raw["hidden_size"]).half()
+    save_file(state, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(raw))
+    eagle3.convert(folder, "speculators", tmp_path / "s")
+    eagle3.convert(tmp_path / "s", "official", tmp_path / "o")
+    back = load_file(str(tmp_path / "o" / "model.safetensors"))
+    assert torch.equal(back["embed_tokens.weight"], state["embed_tokens.weight"])
