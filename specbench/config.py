@@ -58,10 +58,10 @@ class RunConfig:
         "let transformers run code shipped with a hub model (off by default: only for repos you trust)",
         group="model",
     )
-    heads: dict[str, str] = option(  # head family (or "*": every family) -> head checkpoint
+    heads: dict[str, str] = option(  # head family, or family:name, (or "*": every family) -> head checkpoint
         {},
         "head checkpoint (folder, hub id or ID@REVISION) of a head family, e.g. eagle=DIR, or a bare PATH for every "
-        "family (default: the alias's)",
+        "family; eagle3:NAME=DIR is the head eagle3[head=NAME] runs (default: the alias's)",
         flag="--head",
         kind="head",
         group="model",

@@ -27,6 +27,7 @@ class MethodPreset(Strict):
     color: str | None = Field(None, pattern=r"^#[0-9a-fA-F]{6}$")  # the report's, as #rrggbb (None: its family's)
     lossless: bool = True  # results are labelled from it; must agree with the acceptance rule
     needs: str | list[str] | None = None  # "draft", "eagle head", ... (registry.parse_needs)
+    head: str | None = Field(None, pattern=r"^[\w.-]+$")  # a named head of the model alias (`eagle3[head=redhat]`)
     acceptance: str | dict[str, Any] | None = None  # a rule name or {rule: NAME, param: value} (acceptance.rule)
     params: dict[str, Any] = {}  # keyword arguments of the implementation's build
     tune: dict[str, list[Any]] = {}  # param -> the values `specbench tune` tries (the default's value among them)
@@ -70,6 +71,7 @@ class TaskPreset(Strict):
     max_new_tokens: int | None = None
     input_tokens: int | None = None  # a length bucket's prompt tokens: refused where prompt and answer cannot fit
     placeholder: str | None = None  # text standing in for data that is not redistributed: such questions skipped
+    thinking: bool = False  # the chat template's enable_thinking (Qwen3's): its published drafters are non-thinking
 
     @model_validator(mode="after")
     def _one_source(self) -> TaskPreset:
@@ -215,5 +217,10 @@ def method(name: str) -> MethodPreset:
     against base's (`check_params`)."""
     base, overrides = variant(name)
     spec = load("methods", base)
+    head = overrides.pop("head", spec.head)  # names one of the alias's heads, not a parameter of the method
+    if head is not None and not (isinstance(head, str) and re.match(r"^[\w.-]+$", head)):
+        raise SpecbenchError(f"method '{name}': head={head} is not a head's name (a word, e.g. head=redhat)")
     check_params(base, spec.params, overrides)
-    return spec.model_copy(update={"params": {**spec.params, **overrides}}) if overrides else spec
+    if not overrides and head == spec.head:
+        return spec
+    return spec.model_copy(update={"params": {**spec.params, **overrides}, "head": head})

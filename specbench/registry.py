@@ -88,14 +88,22 @@ def add_methods(folder: str | Path) -> None:
 
 @dataclass(frozen=True)
 class Need:
-    """A resource a method cannot run without: the model's draft, or a head of one family."""
+    """A resource a method cannot run without: the model's draft, or a head of one family (its default one, or
+    one the alias names: `eagle3[head=redhat]`)."""
 
     kind: str  # "draft" or "head"
     family: str | None = None
+    name: str | None = None  # a named head of the family (ModelSpec.heads' "family:name"); None: the default
+
+    @property
+    def key(self) -> str:
+        """How the head is keyed in an alias's heads, `--head` and the run's roles: "eagle3" or "eagle3:redhat"."""
+        return f"{self.family}:{self.name}" if self.name else str(self.family)
 
 
-def parse_needs(method: str, value: str | list | None) -> list[Need]:
-    """A preset's `needs:` ("draft", "eagle head", or a list of them) as Need values."""
+def parse_needs(method: str, value: str | list | None, head: str | None = None) -> list[Need]:
+    """A preset's `needs:` ("draft", "eagle head", or a list of them) as Need values; `head`: the name of the head
+    it asks for (a method that needs none cannot name one)."""
     items = [value] if isinstance(value, str) else list(value or [])
     needs = []
     for item in items:
@@ -103,8 +111,10 @@ def parse_needs(method: str, value: str | list | None) -> list[Need]:
         if words == ["draft"]:
             needs.append(Need("draft"))
         elif len(words) == 2 and words[1] == "head" and words[0] in HEADS:
-            needs.append(Need("head", words[0]))
+            needs.append(Need("head", words[0], head))
         else:
             families = ", ".join(f"'{f} head'" for f in HEADS)
             raise SpecbenchError(f"method preset '{method}': needs '{item}' is not 'draft' or one of {families}")
+    if head is not None and not any(n.kind == "head" for n in needs):
+        raise SpecbenchError(f"method '{method}' drafts with no head: drop head={head}")
     return needs

@@ -151,7 +151,7 @@ def check_greedy(answers: dict[str, Answer], reference: Answer | None, question:
         return
     from .core.losslessness import first_divergence, greedy_check  # torch: not needed to read answer files
 
-    prompts = turn_prompts(tokenizer, question.turns, reference.turns)
+    prompts = turn_prompts(tokenizer, question.turns, reference.turns, question.thinking)
     for name, ours in answers.items():
         if name != "vanilla":
             diverged = first_divergence(ours.output_ids, reference.output_ids) is not None

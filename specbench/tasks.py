@@ -24,6 +24,7 @@ class Question:
     category: str  # the label stored in the data (Spec-Bench's 13 labels for spec_bench)
     group: str  # the reporting category (Spec-Bench's six subtasks for spec_bench)
     turns: list[str]
+    thinking: bool = False  # its task's `thinking`: the chat template's enable_thinking (Qwen3's)
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Task:
     description: str
     questions: list[Question]
     max_new_tokens: int | None = None
+    thinking: bool = False  # the preset's `thinking`, also on each question (whose prompts it renders)
 
 
 class NotDownloaded(SpecbenchError):
@@ -186,7 +188,9 @@ def read_jsonl(path: Path) -> list[dict]:
     return records
 
 
-def _questions(records: list[dict], path: Path, fields: dict, default_category: str, groups: dict) -> list[Question]:
+def _questions(
+    records: list[dict], path: Path, fields: dict, default_category: str, groups: dict, thinking: bool = False
+) -> list[Question]:
     """Map raw records to questions. fields: id, category, turns (a list field) or prompt (a template or field)."""
     group_of = {label: group for group, labels in groups.items() for label in labels}
     questions = []
@@ -208,7 +212,7 @@ def _questions(records: list[dict], path: Path, fields: dict, default_category: 
             raise SpecbenchError(f"{where}: the prompt must be a non-empty string or list of strings")
         qid = record.get(fields.get("id", "question_id"), record.get("id", i))
         category = str(record.get(fields.get("category", "category"), default_category))
-        questions.append(Question(qid, category, group_of.get(category, category), turns))
+        questions.append(Question(qid, category, group_of.get(category, category), turns, thinking))
     if len({q.id for q in questions}) != len(questions):
         raise SpecbenchError(f"{path}: question ids are not unique (map a unique field with --field id=NAME)")
     return questions
@@ -261,8 +265,8 @@ def load(
             )
         records = kept
     fields = {**fields, **(field_map or {})}
-    questions = _questions(records, path, fields, spec.category or name, spec.category_groups)
-    return Task(name, spec.description, questions, spec.max_new_tokens)
+    questions = _questions(records, path, fields, spec.category or name, spec.category_groups, spec.thinking)
+    return Task(name, spec.description, questions, spec.max_new_tokens, spec.thinking)
 
 
 def groups(name: str) -> dict[str, list[str]]:

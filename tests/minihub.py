@@ -20,7 +20,7 @@ from specbench.models.aliases import ALIASES
 from specbench.models.hub import Source
 from specbench.zoo.tokenizer import train_tokenizer
 
-from .conftest import random_llama
+from .conftest import _small, random_llama
 
 
 def _pickle(state: dict[str, torch.Tensor]) -> bytes:
@@ -116,10 +116,9 @@ def _eagle_files(vocab: int, hidden: int, base: str) -> dict[str, bytes]:
     return {"config.json": _json(config), "pytorch_model.bin": _pickle(state), "README.md": f"head for {base}".encode()}
 
 
-def _eagle3_files(vocab: int, hidden: int) -> dict[str, bytes]:
-    """EAGLE-3 (EAGLE3-Vicuna1.3-13B): the full vocabulary as draft vocabulary, d2t zeros and t2d all true,
-    no embed_tokens (the target's), in pytorch_model.bin."""
-    config = {
+def _eagle3_config(vocab: int, hidden: int, **changes) -> dict:
+    """EAGLE3-Vicuna1.3-13B's config.json key set at `hidden` wide, the full vocabulary drafted; `changes` on top."""
+    return {
         "architectures": ["LlamaForCausalLM"],
         "bos_token_id": 1,
         "eos_token_id": 2,
@@ -140,7 +139,14 @@ def _eagle3_files(vocab: int, hidden: int) -> dict[str, bytes]:
         "use_cache": True,
         "vocab_size": vocab,
         "draft_vocab_size": vocab,
+        **changes,
     }
+
+
+def _eagle3_files(vocab: int, hidden: int) -> dict[str, bytes]:
+    """EAGLE-3 (EAGLE3-Vicuna1.3-13B): the full vocabulary as draft vocabulary, d2t zeros and t2d all true,
+    no embed_tokens (the target's), in pytorch_model.bin."""
+    config = _eagle3_config(vocab, hidden)
     torch.manual_seed(4)
     state = {k: v for k, v in eagle3_heads.build(config).state_dict().items() if k != "embed_tokens.weight"}
     state["d2t"] = torch.zeros(vocab, dtype=torch.long)
@@ -185,3 +191,230 @@ def build(hub: Path, work: Path, aliases: tuple[str, ...] = ("vicuna-7b", "vicun
             else:
                 files = _medusa_files(vocab, hidden, spec.target.id)
             add_repo(hub, source, files)
+
+
+# ---------------------------------------------------------------- the 2026 aliases (Llama-3.1 and Qwen3)
+
+# Qwen3's chat template, cut to what a prompt needs: turns in ChatML and the switch that turns thinking off
+QWEN3_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' "
+    "+ '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}{%- endif %}"
+)
+QWEN3_SPECIALS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|mask|>"]  # the mask: DFlash's and PARD's
+
+
+def commit_of(source: Source) -> str:
+    """The commit a repository sits at in the miniature cache: the alias's pin, else one made from its id."""
+    return source.revision or hashlib.sha1(source.id.encode()).hexdigest()
+
+
+def _at_commit(source: Source) -> Source:
+    return Source(source.id, commit_of(source))
+
+
+def _qwen3_tokenizer(work: Path) -> tuple[dict[str, bytes], int, int]:
+    """(tokenizer files with Qwen3's specials and template, vocabulary, mask token id)."""
+    text = [turn for q in tasks.load("quick").questions for turn in q.turns]
+    tokenizer = train_tokenizer(text * 3, vocab_size=400)
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN3_SPECIALS, "eos_token": "<|im_end|>"})
+    tokenizer.chat_template = QWEN3_TEMPLATE
+    tokenizer.save_pretrained(work)
+    names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+    files = {n: (work / n).read_bytes() for n in names if (work / n).is_file()}
+    return files, len(tokenizer), tokenizer.convert_tokens_to_ids("<|mask|>")
+
+
+def _qwen3(vocab: int, hidden: int, layers: int, tied: bool, seed: int, **extra) -> dict[str, bytes]:
+    """A Qwen3 checkpoint (Qwen/Qwen3-8B's config keys, scaled down) in one model.safetensors."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        architectures=["Qwen3ForCausalLM"],
+        attention_bias=False,
+        bos_token_id=vocab - len(QWEN3_SPECIALS),
+        eos_token_id=vocab - len(QWEN3_SPECIALS) + 1,
+        head_dim=16,
+        hidden_act="silu",
+        hidden_size=hidden,
+        initializer_range=0.1,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=40960,
+        max_window_layers=layers,
+        num_attention_heads=4,
+        num_hidden_layers=layers,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-06,
+        rope_theta=1000000,
+        sliding_window=None,
+        tie_word_embeddings=tied,
+        use_sliding_window=False,
+        vocab_size=vocab,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).eval()
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    generation = {"bos_token_id": config.bos_token_id, "eos_token_id": [config.eos_token_id], "do_sample": True}
+    return {
+        "config.json": _json({**config.to_dict(), **extra}),
+        "generation_config.json": _json(generation),
+        "model.safetensors": safetensors_bytes(state, metadata={"format": "pt"}),
+    }
+
+
+def _llama31(vocab: int, hidden: int, layers: int, tied: bool, factor: float, seed: int) -> dict[str, bytes]:
+    """A Llama-3.1/3.2 checkpoint (their config keys: llama3 RoPE scaling, three stop ids), scaled down."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rope = {"factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    config = LlamaConfig(
+        **{**_small(vocab, layers, hidden, 131072, 0.1), "tie_word_embeddings": tied},
+        rms_norm_eps=1e-05,
+        rope_theta=500000.0,
+        rope_scaling={**rope, "rope_type": "llama3"},
+        bos_token_id=1,
+        eos_token_id=[2],
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    return {
+        "config.json": _json({**config.to_dict(), "architectures": ["LlamaForCausalLM"]}),
+        "generation_config.json": _json({"bos_token_id": 1, "eos_token_id": [2], "temperature": 0.6, "top_p": 0.9}),
+        "model.safetensors": safetensors_bytes(state, metadata={"format": "pt"}),
+    }
+
+
+def _eagle3_head(vocab: int, hidden: int, rope_theta: float, seed: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    """An EAGLE-3 head's official config (LlamaForCausalLMEagle3, a reduced draft vocabulary) and tensors."""
+    config = _eagle3_config(
+        vocab,
+        hidden,
+        architectures=["LlamaForCausalLMEagle3"],
+        num_key_value_heads=2,
+        rms_norm_eps=1e-05,
+        rope_theta=rope_theta,
+        draft_vocab_size=vocab // 2,
+    )
+    torch.manual_seed(seed)
+    head = eagle3_heads.build(config)
+    head.d2t, head.t2d = eagle3_heads.vocabulary_maps(torch.arange(0, vocab, 2)[: vocab // 2], vocab)
+    return config, eagle3_heads.saved_state(head)
+
+
+def _eagle3_published(kind: str, vocab: int, hidden: int, rope_theta: float, seed: int, target: dict) -> dict:
+    """An EAGLE-3 head as its publisher lays it out: "eagle" (yuhuili, AngelSlim: pytorch_model.bin), "specforge"
+    (model.safetensors, no embedding) or "speculators" (RedHatAI)."""
+    from specbench.heads import speculators
+
+    config, state = _eagle3_head(vocab, hidden, rope_theta, seed)
+    if kind == "eagle":
+        return {"config.json": _json(config), "pytorch_model.bin": _pickle(state)}
+    if kind == "specforge":
+        return {"config.json": _json(config), "model.safetensors": safetensors_bytes(state)}
+    written = Path(target["work"]) / f"speculators-{seed}"
+    verifier = {"name_or_path": target["id"], "architectures": target["architectures"]}
+    speculators.save(state, {**config, "norm_before_residual": target["norm_before_residual"]}, written, verifier, None)
+    return {n: (written / n).read_bytes() for n in ("config.json", "model.safetensors")}
+
+
+def _dflash_files(target_files: dict[str, bytes], mask: int, seed: int) -> dict[str, bytes]:
+    """A z-lab DFlash drafter for the target (DFlashDraftModel, 2 layers, blocks of 16) in model.safetensors."""
+    from transformers import AutoConfig
+
+    from specbench.heads import dflash
+
+    raw = json.loads(target_files["config.json"])
+    target_config = AutoConfig.for_model(**raw)
+    config = dflash.config_for(target_config, layers=2, block_size=16, mask_token_id=mask)
+    config["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
+    config["layer_types"] = ["full_attention"] * 2
+    torch.manual_seed(seed)
+    draft = dflash.build(config)
+    state = {k: v.contiguous() for k, v in draft.state_dict().items() if not k.startswith("rotary.")}
+    return {"config.json": _json(config), "model.safetensors": safetensors_bytes(state)}
+
+
+def _glm_files(vocab: int, work: Path) -> dict[str, bytes]:
+    """GLM-4.7-Flash scaled down (its config keys: MLA, MoE after one dense layer, one MTP layer), its MTP module in a
+    shard of its own at model.layers.{N}.* (routed experts one by one): the target's last layer reading the next
+    token's embedding and the target's readout, so a random target accepts some of its drafts."""
+    from safetensors.torch import save_file
+    from transformers import Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
+
+    from .test_mtp import DEEPSEEK, published
+
+    hidden, layers = DEEPSEEK["hidden_size"], 3
+    config = Glm4MoeLiteConfig(**{**DEEPSEEK, "vocab_size": vocab}, num_hidden_layers=layers)
+    torch.manual_seed(27)
+    model = Glm4MoeLiteForCausalLM(config).eval()
+    folder = work / "glm"
+    model.save_pretrained(folder)
+    own = {
+        "enorm.weight": torch.ones(hidden),
+        "hnorm.weight": torch.ones(hidden),
+        "eh_proj.weight": torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], 1),
+        "shared_head.norm.weight": model.model.norm.weight.detach(),
+        "shared_head.head.weight": model.lm_head.weight.detach(),
+    }
+    stored = {
+        f"model.layers.{layers}.{k}": v.contiguous() for k, v in {**published(model.model.layers[-1]), **own}.items()
+    }
+    save_file(stored, str(folder / "model-00002-of-00002.safetensors"))
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+    weight_map = {k: "model-00001-of-00002.safetensors" for k in model.state_dict()}
+    weight_map.update(dict.fromkeys(stored, "model-00002-of-00002.safetensors"))
+    raw = {k: v for k, v in json.loads((folder / "config.json").read_text()).items() if k != "mlp_layer_types"}
+    files = {p.name: p.read_bytes() for p in folder.glob("*.safetensors")}
+    files["model.safetensors.index.json"] = _json({"metadata": {}, "weight_map": weight_map})
+    files["config.json"] = _json({**raw, "num_nextn_predict_layers": 1, "first_k_dense_replace": 1})
+    return files
+
+
+def build_2026(hub: Path, work: Path) -> None:
+    """The llama3.1-8b, qwen3-8b, qwen3-4b and glm4.7-flash aliases with every head, scaled down, into the hub
+    cache `hub` (an unpinned repository at a commit made from its id: `commit_of`)."""
+    qwen_tok, qwen_vocab, mask = _qwen3_tokenizer(work / "qwen3-tokenizer")
+    text = [turn for q in tasks.load("quick").questions for turn in q.turns]
+    llama_tok = _tokenizer_files(train_tokenizer(text * 3, vocab_size=400), work / "llama-tokenizer")
+    llama_vocab = 400
+    glm = ALIASES["glm4.7-flash"].target
+    add_repo(hub, _at_commit(glm), {**_glm_files(llama_vocab, work), **llama_tok})
+    specs = {name: ALIASES[name] for name in ("llama3.1-8b", "qwen3-8b", "qwen3-4b")}
+    targets = {
+        "llama3.1-8b": _llama31(llama_vocab, 80, 6, tied=False, factor=8.0, seed=20),
+        "qwen3-8b": _qwen3(qwen_vocab, 64, 6, tied=False, seed=21),
+        "qwen3-4b": _qwen3(qwen_vocab, 48, 6, tied=True, seed=22),
+    }
+    hidden = {"llama3.1-8b": 80, "qwen3-8b": 64, "qwen3-4b": 48}
+    llama = specs["llama3.1-8b"]
+    add_repo(hub, _at_commit(llama.draft), {**_llama31(llama_vocab, 32, 1, True, 32.0, 23), **llama_tok})
+    qwen_draft = specs["qwen3-8b"].draft
+    add_repo(hub, _at_commit(qwen_draft), {**_qwen3(qwen_vocab, 32, 1, tied=True, seed=24), **qwen_tok})
+    pard = _qwen3(qwen_vocab, 32, 2, tied=True, seed=25, pard_token=mask, spd_type="pard")
+    add_repo(hub, _at_commit(specs["qwen3-8b"].heads["pard"]), {**pard, **qwen_tok})
+    llama_pard = _llama31(llama_vocab, 32, 2, True, 32.0, 26)
+    config = json.loads(llama_pard["config.json"])
+    llama_pard["config.json"] = _json({**config, "pard_token": 3, "spd_type": "pard"})
+    add_repo(hub, _at_commit(llama.heads["pard"]), {**llama_pard, **llama_tok})
+    for n, (name, spec) in enumerate(specs.items()):
+        tok = llama_tok if name == "llama3.1-8b" else qwen_tok
+        add_repo(hub, _at_commit(spec.target), {**targets[name], **tok})
+        raw = json.loads(targets[name]["config.json"])
+        vocab, theta = raw["vocab_size"], raw.get("rope_theta") or raw["rope_parameters"]["rope_theta"]
+        target = {
+            "id": spec.target.id,
+            "architectures": raw["architectures"],
+            "norm_before_residual": name.startswith("qwen3"),  # RedHatAI's Qwen3 head: true
+            "work": work,
+        }
+        for key, source in spec.heads.items():
+            if key == "pard":  # (the drafters above, one per vocabulary)
+                continue
+            if key == "dflash":
+                files = _dflash_files(targets[name], mask if tok is qwen_tok else 3, 30 + n)
+            else:
+                kind = {"eagle3:redhat": "speculators", "eagle3:specforge": "specforge"}.get(key, "eagle")
+                files = _eagle3_published(kind, vocab, hidden[name], theta, 40 + n, target)
+            add_repo(hub, _at_commit(source), files)

@@ -377,6 +377,7 @@ def test_preset_and_aliases():
     assert aliases.resolve("vicuna-13b").heads["eagle3"].id == "yuhuili/EAGLE3-Vicuna1.3-13B"
     llama31 = aliases.resolve("llama3.1-8b")
     assert llama31.path == "meta-llama/Llama-3.1-8B-Instruct"
-    assert {k: v.id for k, v in llama31.heads.items()} == {"eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
+    assert llama31.heads["eagle3"].id == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    assert llama31.heads["eagle3:redhat"].id == "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3"
     with pytest.raises(SpecbenchError, match="specbench train eagle3"):
         methods.build("eagle3", methods.Resources("vicuna-7b", None, None, "cpu", torch.float32))

@@ -200,6 +200,41 @@ def test_deepseek_target_decodes_losslessly_with_its_mtp(deepseek):
 
 
 @pytest.fixture(scope="module")
+def glm4_moe_lite(tmp_path_factory):
+    """GLM-4.7-Flash scaled down and loaded from its folder: config.json as published (first_k_dense_replace, no
+    mlp_layer_types) and an MTP module at model.layers.2 that passes the next token's embedding through a copy
+    of the target's last layer and its readout. The random target is close to a bigram model (its layers add
+    little to the embedding), so many drafts are accepted."""
+    from transformers import AutoModelForCausalLM, Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
+
+    torch.manual_seed(0)
+    model = Glm4MoeLiteForCausalLM(Glm4MoeLiteConfig(num_hidden_layers=2, **DEEPSEEK)).eval()
+    own = {
+        "enorm.weight": torch.ones(HIDDEN),
+        "hnorm.weight": torch.rand(HIDDEN) + 0.5,
+        "eh_proj.weight": torch.cat([torch.eye(HIDDEN), torch.zeros(HIDDEN, HIDDEN)], 1),
+        "shared_head.norm.weight": model.model.norm.weight.detach(),
+        "shared_head.head.weight": model.lm_head.weight.detach(),
+    }
+    stored = {f"model.layers.2.{k}": v for k, v in {**published(model.model.layers[1]), **own}.items()}
+    folder = write_checkpoint(tmp_path_factory.mktemp("glm4_moe_lite"), model, "num_nextn_predict_layers", stored)
+    raw = json.loads((folder / "config.json").read_text())
+    del raw["mlp_layer_types"]
+    (folder / "config.json").write_text(json.dumps({**raw, "first_k_dense_replace": 1}))
+    return folder, AutoModelForCausalLM.from_pretrained(folder).eval()
+
+
+def test_glm4_moe_lite_target_decodes_losslessly_with_its_mtp(glm4_moe_lite):
+    """The DeepSeek-V3 layout, with a MoE block although transformers decides dense or MoE by mlp_layer_types."""
+    folder, target = glm4_moe_lite
+    reference = greedy(target, Vanilla()).tokens
+    for name in ("mtp", "mtp[num_draft_tokens=1]"):
+        result = greedy(target, methods.build(name, resources(target, folder)))
+        assert result.tokens == reference, name
+        assert max(result.accept_lengths) > 1, name
+
+
+@pytest.fixture(scope="module")
 def llama_mtp(tmp_path_factory):
     """A random Llama and an MTP module for it written by `mtp.save` (compact: no embedding or readout)."""
     target = random_llama(VOCAB, hidden=HIDDEN, seed=0, init=0.3)

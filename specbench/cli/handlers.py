@@ -141,14 +141,23 @@ def list_(args) -> None:
             print(f"{name:{width}s} {spec.description}{'' if spec.lossless else ' [lossy]'}")
     elif args.what == "models":
         from ..models.aliases import ALIASES
+        from ..models.hub import COMMIT
+
+        def shown(source) -> str:
+            pinned = source.local or source.gguf or COMMIT.match(source.revision or "")
+            return str(source) if pinned else f"{source}  (unpinned: locked at first use)"
+
+        def role(key: str) -> str:
+            family, _, name = key.partition(":")
+            return f"{family} head '{name}' (as {family}[head={name}])" if name else f"{family} head"
 
         width = max(map(len, ALIASES))
         for name, spec in ALIASES.items():
-            print(f"{name:{width}s} {spec.target}")
-            roles = {"offline": spec.fallback, "draft": spec.draft} | {f"{k} head": v for k, v in spec.heads.items()}
-            for role, source in roles.items():
+            print(f"{name:{width}s} {shown(spec.target)}")
+            roles = {"offline": spec.fallback, "draft": spec.draft} | {role(k): v for k, v in spec.heads.items()}
+            for what, source in roles.items():
                 if source:
-                    print(f"{'':{width}s}   {role}: {source}")
+                    print(f"{'':{width}s}   {what}: {shown(source)}")
     else:
         from .. import tasks
 

@@ -109,13 +109,15 @@ def _field(text: str) -> tuple[str, str]:
 
 
 def _head(text: str) -> tuple[str, str]:
-    """FAMILY=PATH (a registered head family) for one family, a bare PATH for every one."""
+    """FAMILY=PATH (a registered head family) for one family, FAMILY:NAME=PATH for the head a method variant names
+    (`eagle3[head=NAME]`), a bare PATH for every family."""
     from .. import methods  # noqa: F401  (importing the methods registers the head families)
     from ..registry import HEADS
 
-    family, sep, path = text.partition("=")
-    if sep and family in HEADS:
-        return family, path
+    key, sep, path = text.partition("=")
+    family, colon, name = key.partition(":")
+    if sep and family in HEADS and (not colon or re.match(r"^[\w.-]+$", name)):
+        return key, path
     if sep and "/" not in family:
         raise argparse.ArgumentTypeError(f"unknown head family '{family}' in '{text}': use {', '.join(HEADS)}")
     return "*", text

@@ -113,7 +113,8 @@ class Engine:
         start = time.perf_counter()
 
         def submit(conv: Conversation) -> None:
-            ids = prompt_ids(self.tokenizer, messages(conv.question.turns[: len(conv.texts) + 1], conv.texts))
+            turns = conv.question.turns[: len(conv.texts) + 1]
+            ids = prompt_ids(self.tokenizer, messages(turns, conv.texts), conv.question.thinking)
             request = f"r{next(self.ids)}"
             live[request] = (conv, Turn(len(ids), time.perf_counter()))
             self.engine.add_request(request, TokensPrompt(prompt_token_ids=ids), conv.params(len(conv.texts)))

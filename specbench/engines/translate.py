@@ -25,9 +25,10 @@ def restrict(names: list[str], skipped: dict[str, str]) -> tuple[list[str], dict
 
 def speculative_config(name: str, paths: dict[str, Path]) -> dict | None:
     """vLLM's speculative_config for a method: its preset's `vllm:` mapping, `$param` replaced by the method's
-    params (a variant's included) and `model: NEED` ("draft", "eagle head", ...) by that checkpoint's folder.
-    None: plain decoding."""
+    params (a variant's included) and `model: NEED` ("draft", "eagle head", ...) by that checkpoint's folder (the
+    named head a variant asks for: `eagle3[head=redhat]`). None: plain decoding."""
     spec = methods.preset(name)
+    keys = {f"{n.family} head": f"{n.key} head" for n in methods.needs(name) if n.kind == "head"}
     out = {}
     for key, value in spec.vllm.items():
         if isinstance(value, str) and value.startswith("$"):
@@ -35,6 +36,7 @@ def speculative_config(name: str, paths: dict[str, Path]) -> dict | None:
                 raise SpecbenchError(f"method preset '{name}': vllm.{key} is {value}, not one of its params")
             value = spec.params[value[1:]]
         elif key == "model":
+            value = keys.get(value, value)
             if value not in paths:
                 raise SpecbenchError(f"method preset '{name}': vllm.model is '{value}', which it does not need")
             value = str(paths[value])

@@ -70,7 +70,8 @@ class VllmPool:
         config = AutoConfig.from_pretrained(self.paths["target"], trust_remote_code=self.cfg.trust_remote_code)
         context = config.get_text_config().max_position_embeddings
         for unit in units:
-            fitting_prompt(self.tokenizer, unit.question.turns, [], context, unit.question.id)
+            question = unit.question
+            fitting_prompt(self.tokenizer, question.turns, [], context, question.id, question.thinking)
 
     def set_sweeps(self, sweeps: list[concurrency.Sweep]) -> None:
         self.sweeps = sweeps

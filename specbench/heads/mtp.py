@@ -8,7 +8,7 @@ Drafting applies module 0 recursively, its output standing in for the next hidde
 do. Two published layouts, read from the model's own checkpoint (only the MTP keys are read, from the shards
 that hold them):
 
-- DeepSeek-V3: config `num_nextn_predict_layers`; module k at
+- DeepSeek-V3 (GLM-4.7-Flash's too): config `num_nextn_predict_layers`; module k at
   `model.layers.{num_hidden_layers + k}.` with `enorm`, `hnorm`, `eh_proj`, `shared_head.norm`,
   `shared_head.head` and optionally `embed_tokens` (else the target's), beside the decoder layer's own keys
   (routed experts one by one: `mlp.experts.{e}.{gate,up,down}_proj`). The embedding at position 0 is zeroed
@@ -165,14 +165,17 @@ class MtpHead(nn.Module):
 
 
 def block_config(text_config):
-    """The target's config for a lone MTP layer: one full-attention layer that is a MoE layer wherever the
-    target's deep layers are (DeepSeek-V3's first_k_dense_replace counts from the bottom)."""
+    """The target's config for a lone MTP layer: one full-attention layer with the MLP of the target's deepest
+    layer, a MoE wherever those are (DeepSeek-V3's first_k_dense_replace counts from the bottom; GLM-4.7-Flash's
+    mlp_layer_types lists "dense" or "sparse" per layer)."""
     config = copy.deepcopy(text_config)
     config.num_hidden_layers = 1
     if getattr(config, "layer_types", None) is not None:
         config.layer_types = ["full_attention"]
     if getattr(config, "first_k_dense_replace", None) is not None:
         config.first_k_dense_replace = 0
+    if getattr(config, "mlp_layer_types", None) is not None:
+        config.mlp_layer_types = config.mlp_layer_types[-1:]
     config._attn_implementation = "sdpa"
     return config
 

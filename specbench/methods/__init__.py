@@ -39,7 +39,8 @@ def preset(name: str) -> presets.MethodPreset:
 
 def needs(name: str) -> list[Need]:
     """What the method cannot run without, from its preset's `needs:` key."""
-    return parse_needs(name, preset(name).needs)
+    spec = preset(name)
+    return parse_needs(name, spec.needs, spec.head)
 
 
 def eager_drafting(name: str) -> bool:
@@ -55,7 +56,8 @@ def build(name: str, res: Resources, overrides: dict | None = None) -> Proposer:
     spec = preset(name)
     params = {**spec.params, **(overrides or {})}
     try:
-        return registry.IMPLEMENTATIONS[spec.implementation].build(params, res)
+        with res.choosing(needs(name)):
+            return registry.IMPLEMENTATIONS[spec.implementation].build(params, res)
     except (TypeError, ValueError) as err:
         raise SpecbenchError(f"bad parameters for method '{name}': {err}") from err
 

@@ -490,7 +490,7 @@ def _shortlist(
         raise ValueError(
             f"draft_vocab must be a token count from 1 to {what} {count}, a share of it between 0 and 1, or null"
         )
-    folder = res.head_paths[family]
+    folder = res.head_path(family)
     hint = f"count the text the head was trained on with `specbench token-counts --data TEXT --out {folder}`"
     counts = frequencies.read(folder, res.target_model.config.get_text_config().vocab_size, hint)
     return frequencies.most_frequent(counts[readable.cpu()], size).to(readable.device)

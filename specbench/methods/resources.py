@@ -18,7 +18,7 @@ from ..errors import SpecbenchError
 from ..heads.checkpoint import trained_for_other_target
 from ..models.few_rows import use_few_row_layout
 from ..models.loading import DTYPES, compile_forward, load_causal_lm, owned_decoder
-from ..registry import HEADS, train_hint
+from ..registry import HEADS, Need, train_hint
 
 T = TypeVar("T")
 
@@ -31,7 +31,7 @@ class Resources:
     device: torch.device
     dtype: torch.dtype
     draft_path: Path | None = None  # local folder of the draft model
-    head_paths: dict[str, Path] = field(default_factory=dict)  # head family -> local folder
+    head_paths: dict[str, Path] = field(default_factory=dict)  # head key ("eagle3", "eagle3:redhat") -> local folder
     trust_remote_code: bool = False
     compile: bool = False  # --compile: drafts and heads through torch.compile (models.compile_forward)
     graphs: bool = False  # --graphs: the draft model on a static cache, its forwards captured on a GPU
@@ -39,6 +39,7 @@ class Resources:
     _draft: torch.nn.Module | None = None
     _slot: tuple[int, int] | None = None  # (slot, slots) while a batch's proposer is built (`slot_of`)
     _heads: dict[tuple[str, torch.dtype], torch.nn.Module] = field(default_factory=dict)  # the batch's heads
+    _chosen: dict[str, str] = field(default_factory=dict)  # family -> the head key the method being built asked for
     _per_batch: dict[str, Any] = field(default_factory=dict)  # what the batch's slots share (`per_batch`)
     _shared: dict[tuple[int, int], BatchedLM] = field(default_factory=dict)  # (id(model), slots) -> a shared draft
     _readouts: dict[tuple, torch.nn.Module] = field(default_factory=dict)  # (dtype, rows) -> lm_head copy
@@ -79,6 +80,27 @@ class Resources:
             yield
         finally:
             self._slot = None
+
+    @contextlib.contextmanager
+    def choosing(self, needs: list[Need]) -> Iterator[None]:
+        """While a method is built: the heads it asked for (`eagle3[head=redhat]`) are those `head` loads."""
+        self._chosen = {n.family: n.key for n in needs if n.kind == "head" and n.family}
+        try:
+            yield
+        finally:
+            self._chosen = {}
+
+    def head_path(self, family: str) -> Path:
+        """The folder of the head of `family` the method being built asked for; one line when it has none."""
+        key = self._chosen.get(family, family)
+        path = self.head_paths.get(key)
+        if path is None:
+            which = f"head '{key.partition(':')[2]}'" if ":" in key else "head"
+            raise SpecbenchError(
+                f"model '{self.model_name}' has no {HEADS[family].title} {which}: pass one with "
+                f"--head {key}=PATH_OR_HUB_ID, or {train_hint(family, self.model_name, 'PATH')}"
+            )
+        return path
 
     @property
     def slot(self) -> tuple[int, int]:
@@ -144,17 +166,13 @@ class Resources:
         return self._readouts[key]
 
     def head(self, family: str, dtype: torch.dtype | None = None) -> torch.nn.Module:
-        """The head of `family` loaded for this target, on the run's device, in the run's dtype or `dtype`; while a
-        batch's proposers are built, loaded once for all its slots (`slot_of`)."""
-        key = (family, dtype or self.dtype)
+        """The head of `family` (the one the method being built asked for: `choosing`) loaded for this target, on the
+        run's device, in the run's dtype or `dtype`; while a batch's proposers are built, loaded once for all its
+        slots (`slot_of`)."""
+        key = (self._chosen.get(family, family), dtype or self.dtype)
         if self.slot[1] > 1 and key in self._heads:
             return self._heads[key]
-        path = self.head_paths.get(family)
-        if path is None:
-            raise SpecbenchError(
-                f"model '{self.model_name}' has no {HEADS[family].title} head: pass one with "
-                f"--head {family}=PATH_OR_HUB_ID, or {train_hint(family, self.model_name, 'PATH')}"
-            )
+        path = self.head_path(family)
         if not path.is_dir():
             raise SpecbenchError(f"the {family} head is missing at {path}: {train_hint(family, self.model_name, path)}")
         if trained_for_other_target(str(path), self.target_model):

@@ -1,5 +1,7 @@
-"""Model aliases, one place: each a target with its draft and heads, every hub checkpoint pinned to a commit;
-and how a `--model` value (alias, folder, hub id) resolves to one."""
+"""Model aliases, one place: each a target with its draft and heads (several of one family by name: a method
+variant `eagle3[head=redhat]` runs "eagle3:redhat"), a hub checkpoint pinned to a commit where one could be
+verified (else resolved at first use and kept in a lock file: `run.lock`); and how a `--model` value (alias,
+folder, hub id) resolves to one."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ class ModelSpec:
     name: str
     target: Source
     draft: Source | None = None  # small model for sps / ouroboros, same tokenizer
-    heads: dict[str, Source] = field(default_factory=dict)  # head family (medusa, eagle, eagle3) -> checkpoint
+    heads: dict[str, Source] = field(default_factory=dict)  # head family (medusa, eagle, ...) or family:name -> source
     fallback: Source | None = None  # the target's stand-in when its hub source is neither cached nor reachable
     heads_fix: str = ""  # how to get the alias's bundled heads where they are not installed (said when one is missing)
 
@@ -55,13 +57,19 @@ def _smollm2() -> ModelSpec:
 VICUNA_68M = "double7/vicuna-68m@f35c45e548302e8edd0a31db7490b42ea2ddd109"  # MCSD's draft, Spec-Bench's SpS drafter
 
 
-def _alias(name: str, target: str, draft: str | None = None, **heads: str) -> ModelSpec:
-    """An alias from 'org/name@commit' strings."""
-    return ModelSpec(name, parse(target), parse(draft) if draft else None, {k: parse(v) for k, v in heads.items()})
+def _alias(
+    name: str, target: str, draft: str | None = None, heads: dict[str, str] | None = None, **more: str
+) -> ModelSpec:
+    """An alias from 'org/name@commit' (or, unpinned, 'org/name') strings; `heads` keyed as ModelSpec.heads."""
+    sources = {k: parse(v) for k, v in {**(heads or {}), **more}.items()}
+    return ModelSpec(name, parse(target), parse(draft) if draft else None, sources)
 
 
-# Every hub checkpoint pinned to a commit, so numbers can be reproduced later. Only heads published by the
-# method's authors (EAGLE and Medusa READMEs) whose commit could be verified; see the README's alias table.
+# The 2024 aliases: every hub checkpoint pinned to a commit; heads published by the method's authors (EAGLE and
+# Medusa READMEs). The 2026 ones (Llama-3.1 and Qwen3 with the drafters people compare, docs/models-and-tasks.md):
+# a commit only where public sources agreed on it, the others locked at first use (`specbench lock`).
+QWEN3_06B = "Qwen/Qwen3-0.6B"  # the family's smallest: Qwen3's sps draft (same tokenizer)
+PARD_QWEN3 = "amd/PARD-Qwen3-0.6B"  # target-independent: serves every Qwen3 (vLLM pairs it at 12 draft tokens)
 ALIASES: dict[str, ModelSpec] = {
     "tiny": ModelSpec(
         name="tiny",
@@ -112,7 +120,36 @@ ALIASES: dict[str, ModelSpec] = {
             _alias(
                 "llama3.1-8b",
                 "meta-llama/Llama-3.1-8B-Instruct@0e9e39f249a16976918f6564b8830bc894c89659",
-                eagle3="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B@607d0d5b7871cd4b89395b6af288c070cfa0a168",
+                "meta-llama/Llama-3.2-1B-Instruct@9213176726f574b556790deb65791e0c5aa438b6",
+                {
+                    "eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B@607d0d5b7871cd4b89395b6af288c070cfa0a168",
+                    "eagle3:redhat": "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3",  # speculators format
+                    "eagle3:specforge": "lmsys/SGLang-EAGLE3-Llama-3.1-8B-Instruct-SpecForge",
+                    "dflash": "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
+                    "pard": "amd/PARD-Llama-3.2-1B",  # target-independent: any Llama 3 with its vocabulary
+                },
+            ),
+            _alias(
+                "qwen3-8b",
+                "Qwen/Qwen3-8B",
+                QWEN3_06B,
+                {
+                    "eagle3": "AngelSlim/Qwen3-8B_eagle3",
+                    "eagle3:redhat": "RedHatAI/Qwen3-8B-speculator.eagle3",  # speculators format
+                    "dflash": "z-lab/Qwen3-8B-DFlash-b16",
+                    "pard": PARD_QWEN3,
+                },
+            ),
+            _alias(
+                "qwen3-4b",
+                "Qwen/Qwen3-4B",
+                QWEN3_06B,
+                {"eagle3": "AngelSlim/Qwen3-4B_eagle3", "dflash": "z-lab/Qwen3-4B-DFlash-b16", "pard": PARD_QWEN3},
+            ),
+            _alias(  # native MTP on one GPU (~60 GB in bfloat16), loaded without remote code: docs/models-and-tasks.md
+                "glm4.7-flash",
+                "zai-org/GLM-4.7-Flash",
+                mtp="zai-org/GLM-4.7-Flash",  # its MTP layer sits in its own shards (model.layers.47.*)
             ),
             _alias(
                 "llama3.3-70b",

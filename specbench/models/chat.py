@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 from ..errors import SpecbenchError
 
@@ -39,13 +40,19 @@ def _vicuna():
     return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(VICUNA_TEMPLATE)
 
 
-def prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+def prompt_ids(tokenizer, messages: list[dict[str, str]], thinking: bool = False) -> list[int]:
     """Token ids of the prompt for the next assistant turn of `messages`. Without transformers' warning on a prompt
     longer than the tokenizer's maximum: callers hold prompts to the model's context themselves (`fitting_prompt`
-    refuses one in a line, which that warning would precede)."""
+    refuses one in a line, which that warning would precede). `thinking` is the template's `enable_thinking`
+    (Qwen3's thinks unless told not to; the drafters published for it are trained without): templates that do not
+    read the variable ignore it."""
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, tokenizer_kwargs={"verbose": False}
+            messages,
+            add_generation_prompt=True,
+            tokenize=True,
+            enable_thinking=thinking,
+            tokenizer_kwargs={"verbose": False},
         )
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
@@ -65,18 +72,27 @@ def messages(turns: list[str], answers: list[str]) -> list[dict[str, str]]:
     return out
 
 
-def turn_prompts(tokenizer, turns: list[str], answers: list[str]) -> list[list[int]]:
+def turn_prompts(tokenizer, turns: list[str], answers: list[str], thinking: bool = False) -> list[list[int]]:
     """The prompt ids of each answered turn, rebuilt from the answer texts (vanilla's, for the greedy check)."""
-    return [prompt_ids(tokenizer, messages(turns[: n + 1], answers[:n])) for n in range(len(answers))]
+    return [prompt_ids(tokenizer, messages(turns[: n + 1], answers[:n]), thinking) for n in range(len(answers))]
 
 
-def fitting_prompt(tokenizer, turns: list[str], answers: list[str], context: int, question: str | int) -> list[int]:
+def fitting_prompt(
+    tokenizer, turns: list[str], answers: list[str], context: int, question: str | int, thinking: bool = False
+) -> list[int]:
     """The prompt ids of the turn after `answers`, or one line naming the question when they fill the model's context
     (no room left to answer)."""
-    ids = prompt_ids(tokenizer, messages(turns[: len(answers) + 1], answers))
+    ids = prompt_ids(tokenizer, messages(turns[: len(answers) + 1], answers), thinking)
     if len(ids) >= context:
         raise SpecbenchError(
             f"question {question}: its prompt has {len(ids)} tokens, more than the model's context of {context}; "
             "drop it from the task or use a model with a longer context"
         )
     return ids
+
+
+def has_thinking_switch(folder: Path) -> bool:
+    """Whether the chat template in a checkpoint folder reads `enable_thinking` (Qwen3's), read from its files
+    without loading the tokenizer: only then does a task's `thinking` change its prompts."""
+    files = ("tokenizer_config.json", "chat_template.jinja", "chat_template.json")
+    return any("enable_thinking" in (folder / name).read_text() for name in files if (folder / name).is_file())

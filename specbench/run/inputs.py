@@ -108,7 +108,7 @@ def fit_prompts(cfg: RunConfig, model: str, target: Path, questions: list[tasks.
 
     tokenizer = load_tokenizer(target, cfg.trust_remote_code)
     for question in questions:
-        fitting_prompt(tokenizer, question.turns, [], context, question.id)
+        fitting_prompt(tokenizer, question.turns, [], context, question.id, question.thinking)
 
 
 def _settings(cfg: RunConfig) -> None:

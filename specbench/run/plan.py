@@ -24,17 +24,24 @@ def _source(override: str | None, default: Source | None) -> Source | None:
 
 
 def need_source(need: Need, spec: ModelSpec, draft: str | None, heads: dict[str, str]) -> Source | None:
-    """Where a need is met: --draft / --head first, then the model alias; None when nothing provides it."""
+    """Where a need is met: --draft / --head first, then the model alias; None when nothing provides it. A named
+    head (`eagle3[head=redhat]`) is met by --head eagle3:redhat=... or the alias's head of that name only."""
     if need.kind == "draft":
         return _source(draft, spec.draft)
-    return _source(heads.get(need.family) or heads.get("*"), spec.heads.get(need.family))
+    given = heads.get(need.key) or (None if need.name else heads.get("*"))
+    return _source(given, spec.heads.get(need.key))
 
 
 def why_missing(need: Need, spec: ModelSpec) -> str:
     if need.kind == "draft":
         return f"{spec.name} has no draft model; pass --draft PATH_OR_HUB_ID"
+    title = HEADS[str(need.family)].title
+    if need.name:
+        named = sorted(k.partition(":")[2] for k in spec.heads if k.startswith(f"{need.family}:"))
+        known = f" (its {title} heads are named {', '.join(named)})" if named else ""
+        return f"{spec.name} has no {title} head named '{need.name}'{known}; pass --head {need.key}=PATH_OR_HUB_ID"
     fix = f" ({spec.heads_fix})" if spec.heads_fix else ""
-    return f"{spec.name} has no {HEADS[need.family].title} head{fix}; pass --head {need.family}=PATH_OR_HUB_ID"
+    return f"{spec.name} has no {title} head{fix}; pass --head {need.key}=PATH_OR_HUB_ID"
 
 
 def choose_methods(
@@ -68,7 +75,7 @@ def sources(names: list[str], spec: ModelSpec, draft: str | None, heads: dict[st
             if need.kind == "draft":
                 out["draft"] = (source, hub.TRANSFORMERS)
             else:
-                out[f"{need.family} head"] = (source, HEADS[need.family].layout)
+                out[f"{need.key} head"] = (source, HEADS[str(need.family)].layout)
     return out
 
 
@@ -170,13 +177,14 @@ def fetch(plan: Plan, cfg: RunConfig) -> dict[str, Path]:
             continue
         paths[role] = hub.fetch(ck)
         if role.endswith(" head"):
-            family = role.removesuffix(" head")
+            key = role.removesuffix(" head")
+            family = key.partition(":")[0]
             head_hidden, head_vocab = HEADS[family].fits(paths[role])
             if head_hidden not in (None, hidden) or head_vocab not in (None, vocab):
                 raise SpecbenchError(
                     f"{HEADS[family].title} head '{ck.source}' is for hidden size {head_hidden} and vocabulary "
                     f"{head_vocab}; target '{target.source.id}' has {hidden} and {vocab}: pass a head trained for "
-                    f"this target with --head {family}=PATH_OR_HUB_ID"
+                    f"this target with --head {key}=PATH_OR_HUB_ID"
                 )
     paths["target"] = hub.fetch(target)
     if "draft" in paths:

@@ -18,6 +18,7 @@ from ..core.static_lm import BUCKETS
 from ..engines import concurrency
 from ..errors import SpecbenchError
 from ..interference import too_busy, warn_if_busy
+from ..models.chat import has_thinking_switch
 from ..progress import Progress
 from ..results import Answer, append, read_file
 from . import inputs, lock
@@ -61,6 +62,10 @@ def _check_manifest(path: Path, manifest: dict) -> None:
     differ = [k for k, default in keys.items() if old["config"].get(k, default) != manifest["config"].get(k)]
     if old["machine"]["device_name"] != manifest["machine"]["device_name"]:
         differ.append("machine")
+    thinking = manifest.get("thinking", {})
+    before = old.get("thinking", dict.fromkeys(thinking, True))  # runs before the switch rendered the template's own
+    if any(before.get(task, on) != on for task, on in thinking.items()):
+        differ.append("thinking")
     if differ:
         raise SpecbenchError(
             f"{path.parent} holds a run with different {', '.join(differ)}: pass another --out to start a new run"
@@ -74,6 +79,8 @@ def _check_manifest(path: Path, manifest: dict) -> None:
     }
     if "tuned" in old or "tuned" in manifest:
         merged["tuned"] = {**old.get("tuned", {}), **manifest.get("tuned", {})}
+    if thinking:
+        merged["thinking"] = {**before, **thinking}
     if "workers" in old or "workers" in manifest:  # every machine that answered a part of the run
         merged["workers"] = old.get("workers", [old["machine"]]) + manifest.get("workers", [manifest["machine"]])
     path.write_text(json.dumps(merged, indent=2))
@@ -158,6 +165,8 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
         manifest["engine"] = infos[0]["engine"]
     if plan.tuned:
         manifest["tuned"] = plan.tuned
+    if has_thinking_switch(paths["target"]):  # task -> whether its prompts asked the template to think
+        manifest["thinking"] = {task.name: task.thinking for task in task_list}
     if cfg.graphs:  # which forwards ran on static caches, captured or not, and which drafting stayed eager
         manifest["graphs"] = {
             "captured": infos[0]["device"] == "cuda",

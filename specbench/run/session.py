@@ -92,7 +92,9 @@ class Session:
 
     def prompt(self, question: tasks.Question, answers: list[str]) -> list[int]:
         """The prompt ids of the question's turn after `answers`; a clear error when they fill the model's context."""
-        return fitting_prompt(self.tokenizer, question.turns, answers, self.target.context_length, question.id)
+        return fitting_prompt(
+            self.tokenizer, question.turns, answers, self.target.context_length, question.id, question.thinking
+        )
 
     def answer(
         self,

@@ -302,7 +302,8 @@ def measure(cfg: TuneConfig, names: list[str], out: Path, tokenizer) -> tuple[di
     asked = {q.id: q for q in tasks.load(cfg.eval_task, cfg.run.data_dir, cfg.run.fields).questions}
     for answer in sources[0].answers:
         if answer.method == "vanilla" and answer.temperature == 0 and answer.question_id in asked:
-            prompts = turn_prompts(tokenizer, asked[answer.question_id].turns, answer.turns)
+            question = asked[answer.question_id]
+            prompts = turn_prompts(tokenizer, question.turns, answer.turns, question.thinking)
             before = [len(p) + (n - 1) / 2 for p, n in zip(prompts, answer.new_tokens, strict=True)]
             vanilla.contexts[answer.question_id] = float(np.average(before, weights=answer.new_tokens))
             vanilla.step_contexts += [

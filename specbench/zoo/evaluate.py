@@ -83,6 +83,7 @@ def greedy_answer(
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": prompt}],
         add_generation_prompt=True,
+        enable_thinking=False,  # as runs render prompts (models.chat.prompt_ids): Qwen3's template would think
         return_tensors="pt",
         return_dict=True,
     )["input_ids"]
