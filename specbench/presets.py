@@ -183,9 +183,12 @@ def variant(name: str) -> tuple[str, dict]:
 
 def variant_name(base: str, params: dict, defaults: dict) -> str:
     """What `variant` reads back: 'eagle2[top_k=6,depth=4]', the params that differ from `defaults` in their order;
-    a string bare where it reads back as itself ('draft_dtype=bfloat16')."""
-    changed = [f"{k}={_scalar(v)}" for k, v in params.items() if defaults.get(k) != v]
-    return f"{base}[{','.join(changed)}]" if changed else base
+    a string bare where it reads back as itself ('draft_dtype=bfloat16'). A variant `base` keeps what it names
+    that `params` does not change (`eagle3[head=redhat]` -> 'eagle3[head=redhat,top_k=4]')."""
+    root, given = variant(base)
+    merged = {**given, **{k: v for k, v in params.items() if defaults.get(k) != v}}
+    changed = [f"{k}={_scalar(v)}" for k, v in merged.items()]
+    return f"{root}[{','.join(changed)}]" if changed else root
 
 
 def _scalar(value: Any) -> str:

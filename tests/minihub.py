@@ -315,7 +315,9 @@ def _eagle3_published(kind: str, vocab: int, hidden: int, rope_theta: float, see
         return {"config.json": _json(config), "model.safetensors": safetensors_bytes(state)}
     written = Path(target["work"]) / f"speculators-{seed}"
     verifier = {"name_or_path": target["id"], "architectures": target["architectures"]}
-    speculators.save(state, {**config, "norm_before_residual": target["norm_before_residual"]}, written, verifier, None)
+    speculators.save_eagle3(
+        state, {**config, "norm_before_residual": target["norm_before_residual"]}, written, verifier, None
+    )
     return {n: (written / n).read_bytes() for n in ("config.json", "model.safetensors")}
 
 
@@ -331,8 +333,7 @@ def _dflash_files(target_files: dict[str, bytes], mask: int, seed: int) -> dict[
     config["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
     config["layer_types"] = ["full_attention"] * 2
     torch.manual_seed(seed)
-    draft = dflash.build(config)
-    state = {k: v.contiguous() for k, v in draft.state_dict().items() if not k.startswith("rotary.")}
+    state = {k: v.contiguous() for k, v in dflash.saved_state(dflash.build(config)).items()}
     return {"config.json": _json(config), "model.safetensors": safetensors_bytes(state)}
 
 

@@ -72,12 +72,12 @@ def test_every_new_alias_plans_offline_with_its_unpinned_checkpoints_marked(caps
 
 
 def test_qwen3_runs_every_method_its_heads_allow_greedy_identical(capsys, offline, tmp_path):
-    questions = tmp_path / "two.jsonl"
-    lines = [{"id": 0, "turns": ["Name three colours."]}, {"id": 1, "turns": ["What is 12 plus 30?"]}]
-    questions.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    questions = tmp_path / "one.jsonl"
+    questions.write_text(json.dumps({"id": 0, "turns": ["Name three colours."]}) + "\n")
     out = tmp_path / "run"
     argv = ["run", "--model", "qwen3-8b", "--methods", "all,eagle3[head=redhat]", "--tasks", str(questions)]
-    assert main([*argv, "--max-new-tokens", "12", "--no-noise-floor", "--no-report", "--out", str(out)]) == 0
+    options = ["--max-new-tokens", "12", "--no-noise-floor", "--no-report", "--no-warmup", "--out", str(out)]
+    assert main([*argv, *options]) == 0
     answers = read_answers(out)
     ran = {a.method for a in answers}
     assert {"sps", "eagle3", "eagle3[head=redhat]", "dflash", "pard", "pld", "suffix"} <= ran
@@ -115,6 +115,15 @@ def test_a_variant_runs_the_head_it_names(offline):
     default, named = methods.build("eagle3", res), methods.build("eagle3[head=redhat]", res)
     assert not default.head.midlayer.norm_before_residual and named.head.midlayer.norm_before_residual
     assert methods.needs("eagle3[head=redhat]")[0].key == "eagle3:redhat"
+
+
+def test_a_variant_of_a_named_head_keeps_its_head():
+    """What `tune` names the settings it tries on a named head."""
+    defaults = methods.preset("eagle3[head=redhat]").params
+    assert methods.variant_name("eagle3[head=redhat]", {**defaults, "top_k": 4}, defaults) == (
+        "eagle3[head=redhat,top_k=4]"
+    )
+    assert methods.variant_name("eagle3", defaults, defaults) == "eagle3"
 
 
 def test_a_head_a_variant_cannot_find_is_one_line(capsys, offline):

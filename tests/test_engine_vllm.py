@@ -326,16 +326,15 @@ def test_vllm_serves_a_head_this_suite_trained_in_the_speculators_format(tmp_pat
 
     converted = tmp_path / "eagle3-speculators"
     assert main(["convert", str(TINY_DIR / "eagle3"), "--to", "speculators", "--out", str(converted)]) == 0
-    questions = tmp_path / "two.jsonl"
-    lines = [{"id": 0, "turns": ["Name three colours."]}, {"id": 1, "turns": ["What is 12 plus 30?"]}]
-    questions.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    questions = tmp_path / "one.jsonl"
+    questions.write_text(json.dumps({"id": 0, "turns": ["Write a short story about a cat who learns to fly."]}))
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     out = tmp_path / "run"
     run = ["run", "--engine", "vllm", "--methods", "vanilla,eagle3", "--head", f"eagle3={converted}"]
-    options = ["--tasks", str(questions), "--max-new-tokens", "32", "--no-noise-floor", "--no-report"]
+    options = ["--tasks", str(questions), "--max-new-tokens", "32", "--no-noise-floor", "--no-report", "--no-warmup"]
     assert main([*run, *options, "--device", "cpu", "--out", str(out)]) == 0
     eagle3 = [a for a in read_answers(out) if a.method == "eagle3"]
-    assert len(eagle3) == 2 and all(a.greedy_check["match"] for a in eagle3)
+    assert len(eagle3) == 1 and all(a.greedy_check["match"] for a in eagle3)
     if some_vllm == "real":
         assert sum(sum(a.new_tokens) for a in eagle3) > 1.3 * sum(sum(a.decoding_steps) for a in eagle3)
     else:

@@ -1,7 +1,8 @@
-"""vLLM's speculators format for EAGLE-3 heads: the tiny head converted there and back is byte-identical in its
-tensors and drafts exactly as the original in our loop; speculators heads load (their norm_before_residual and
-fused layers read), unsupported variants are one line; `train eagle3 --format speculators` writes the format; and,
-where the speculators package is installed, its own classes read what we write."""
+"""vLLM's speculators format for EAGLE-3 heads and DFlash drafters: the tiny family's, converted there and back,
+are byte-identical in their tensors and draft exactly as the originals in our loop; speculators heads load (their
+norm_before_residual and fused layers read), unsupported variants are one line; `train eagle3 --format
+speculators` writes the format; and, where the speculators package is installed, its own classes read what we
+write."""
 
 import json
 from pathlib import Path
@@ -15,25 +16,29 @@ from specbench.cli.main import main
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
 from specbench.errors import SpecbenchError
-from specbench.heads import eagle3, speculators
+from specbench.heads import dflash, eagle3, speculators
+from specbench.heads.convert import convert
 from specbench.methods.vanilla import Vanilla
 from specbench.models import loading
 from specbench.models.aliases import TINY_DIR
+from specbench.models.chat import prompt_ids
 
 from .conftest import random_llama
 
 HEAD = TINY_DIR / "eagle3"
-PROMPTS = [[1, 320, 45, 903, 12, 77], [1, 2000, 17]]
+QUESTION = "Write a short story about a cat who learns to fly."
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory) -> tuple[Path, Path]:
-    """(the tiny EAGLE-3 head in the speculators format, that converted back to the official layout)."""
+@pytest.fixture(scope="module", params=["eagle3", "dflash"])
+def converted(request, tmp_path_factory) -> tuple[str, Path, Path]:
+    """(family, the tiny family's head of it in the speculators format, that converted back to the official
+    layout)."""
     root = tmp_path_factory.mktemp("converted")
     there, back = root / "speculators", root / "official"
-    assert main(["convert", str(HEAD), "--to", "speculators", "--out", str(there), "--target", "tiny"]) == 0
+    head = TINY_DIR / request.param
+    assert main(["convert", str(head), "--to", "speculators", "--out", str(there), "--target", "tiny"]) == 0
     assert main(["convert", str(there), "--to", "official", "--out", str(back)]) == 0
-    return there, back
+    return request.param, there, back
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +47,9 @@ def tiny_target():
 
 
 def test_the_format_written_names_every_key_vllm_reads(converted):
-    there, _ = converted
+    family, there, _ = converted
+    if family == "dflash":
+        return _dflash_format(there)
     config = json.loads((there / "config.json").read_text())
     official = json.loads((HEAD / "config.json").read_text())
     layers = json.loads((TINY_DIR / "target" / "config.json").read_text())["num_hidden_layers"]
@@ -64,9 +71,25 @@ def test_the_format_written_names_every_key_vllm_reads(converted):
     assert (there / "token_counts.json").is_file() and not (there.parent / "speculators.partial").exists()
 
 
+def _dflash_format(there: Path) -> None:
+    """z-lab's layers, block and mask token, the layers read numbered from the embedding."""
+    config = json.loads((there / "config.json").read_text())
+    official = json.loads((TINY_DIR / "dflash" / "config.json").read_text())
+    assert config["speculators_model_type"] == "dflash" and config["sample_from_anchor"] is False
+    assert config["aux_hidden_state_layer_ids"] == [i + 1 for i in official["dflash_config"]["target_layer_ids"]]
+    assert config["mask_token_id"] == official["dflash_config"]["mask_token_id"]
+    assert config["block_size"] == official["dflash_config"]["block_size"]
+    layer = config["transformer_layer_config"]
+    assert layer["model_type"] == "qwen3" and layer["num_hidden_layers"] == official["num_hidden_layers"]
+    assert not {"dflash_config", "block_size", "num_target_layers", "architectures"} & set(layer)
+    tokens = config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    assert tokens == config["block_size"] - 1 and config["draft_vocab_size"] == layer["vocab_size"]
+
+
 def test_the_round_trip_is_byte_identical_in_its_tensors(converted):
-    _, back = converted
-    original, returned = load_file(str(HEAD / "model.safetensors")), load_file(str(back / "model.safetensors"))
+    family, _, back = converted
+    original = load_file(str(TINY_DIR / family / "model.safetensors"))
+    returned = load_file(str(back / "model.safetensors"))
     assert original.keys() == returned.keys()
     for key, tensor in original.items():
         assert tensor.dtype == returned[key].dtype and tensor.shape == returned[key].shape, key
@@ -75,28 +98,22 @@ def test_the_round_trip_is_byte_identical_in_its_tensors(converted):
 
 def test_the_converted_head_drafts_exactly_as_the_original(converted, tiny_target):
     """Same tokens and the same accepted length at every step, greedy, in our loop."""
+    family, there, _ = converted
+    tokenizer = loading.load_tokenizer(TINY_DIR / "target")
+    prompt = prompt_ids(tokenizer, [{"role": "user", "content": QUESTION}])
 
-    def decoded(head: Path, prompt: list[int]):
-        res = methods.Resources(
-            "tiny", tiny_target, None, torch.device("cpu"), torch.float32, head_paths={"eagle3": head}
-        )
-        return decode(
-            CachedLM(tiny_target),
-            methods.build("eagle3", res),
-            prompt,
-            max_new_tokens=40,
-            temperature=0.0,
-            stop_ids=set(),
+    def decoded(proposer):
+        return decode(CachedLM(tiny_target), proposer, prompt, max_new_tokens=24, temperature=0.0, stop_ids=set())
+
+    def head(folder: Path):
+        paths = {family: folder}
+        return methods.build(
+            family, methods.Resources("tiny", tiny_target, None, "cpu", torch.float32, head_paths=paths)
         )
 
-    there, _ = converted
-    for prompt in PROMPTS:
-        original, converted_gen = decoded(HEAD, prompt), decoded(there, prompt)
-        assert converted_gen.tokens == original.tokens
-        assert converted_gen.accept_lengths == original.accept_lengths
-        assert max(original.accept_lengths) > 1
-        vanilla = decode(CachedLM(tiny_target), Vanilla(), prompt, max_new_tokens=40, temperature=0.0, stop_ids=set())
-        assert original.tokens == vanilla.tokens
+    original, converted_gen = decoded(head(TINY_DIR / family)), decoded(head(there))
+    assert converted_gen.tokens == original.tokens == decoded(Vanilla()).tokens
+    assert converted_gen.accept_lengths == original.accept_lengths and max(original.accept_lengths) > 1
 
 
 def _speculators_head(folder: Path, model, **config) -> Path:
@@ -111,7 +128,7 @@ def _speculators_head(folder: Path, model, **config) -> Path:
         for p in head.parameters():
             p.normal_(0, 0.1)
     verifier = {"name_or_path": "org/target", "architectures": ["LlamaForCausalLM"]}
-    speculators.save(eagle3.saved_state(head), raw, folder, verifier, [2, 3, 4])
+    speculators.save_eagle3(eagle3.saved_state(head), raw, folder, verifier, [2, 3, 4])
     written = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**written, **config}))
     return folder
@@ -160,7 +177,7 @@ def test_convert_refuses_what_it_cannot_do(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "none"), "--to", "speculators", "--out", str(tmp_path / "o")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["convert", str(TINY_DIR / "eagle"), "--to", "speculators", "--out", str(tmp_path / "o")]) == 2
-    assert "only EAGLE-3 heads convert" in capsys.readouterr().err
+    assert "only EAGLE-3 heads and DFlash drafters convert" in capsys.readouterr().err
     assert main(["convert", str(HEAD), "--to", "official", "--out", str(tmp_path / "o")]) == 2
     assert "in the official layout already" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
@@ -180,21 +197,32 @@ def test_train_writes_the_speculators_format(tmp_path, capsys):
     assert "layers.0.fc.weight" not in load_file(str(out / "model.safetensors"))
     assert (out / "accuracy.json").is_file() and (out / "token_counts.json").is_file()
     assert main(["train", "medusa", "--target", "tiny", "--out", str(tmp_path / "m"), "--format", "speculators"]) == 2
-    assert "writes EAGLE-3 heads only" in capsys.readouterr().err
+    assert "writes EAGLE-3 heads and DFlash drafters only" in capsys.readouterr().err
 
 
 def test_the_speculators_package_reads_what_we_write(converted):
-    """Its config registry validates our config.json and its EAGLE-3 model takes our tensors by name, strictly."""
+    """Its config registry validates our config.json and its model takes our tensors by name: none unexpected,
+    none missing but those it fills from the verifier."""
     pytest.importorskip("speculators", reason="the speculators extra is not installed (transformers <= 5.19)")
     from speculators import SpeculatorModelConfig
-    from speculators.convert.eagle.eagle3_legacy_model import Eagle3Speculator
 
-    there, _ = converted
+    family, there, _ = converted
     config = SpeculatorModelConfig.from_pretrained(str(there))
-    assert type(config).__name__ == "Eagle3SpeculatorConfig" and config.norm_before_residual is False
-    model = Eagle3Speculator(config, verifier=None, verifier_attachment_mode="detached", reduce_vocab_size=True)
-    missing, unexpected = model.load_state_dict(load_file(str(there / "model.safetensors")), strict=False)
-    assert not unexpected and set(missing) <= {"embed_tokens.weight"}, (missing, unexpected)
+    state = load_file(str(there / "model.safetensors"))
+    if family == "eagle3":
+        from speculators.convert.eagle.eagle3_legacy_model import Eagle3Speculator
+
+        assert type(config).__name__ == "Eagle3SpeculatorConfig" and config.norm_before_residual is False
+        model = Eagle3Speculator(config, verifier=None, verifier_attachment_mode="detached", reduce_vocab_size=True)
+        filled = {"embed_tokens.weight"}
+    else:
+        from speculators.models.dflash import DFlashDraftModel
+
+        assert type(config).__name__ == "DFlashSpeculatorConfig" and config.block_size == 16
+        model = DFlashDraftModel(config)
+        filled = set(model._keys_to_ignore_on_load_missing)  # (a full-vocabulary drafter's adds its lm_head)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= filled, (missing, unexpected)
 
 
 def test_the_speculators_round_trip_survives_a_stored_embedding(tmp_path):
@@ -206,7 +234,25 @@ def test_the_speculators_round_trip_survives_a_stored_embedding(tmp_path):
     state["embed_tokens.weight"] = torch.randn(raw["vocab_size"], raw["hidden_size"]).half()
     save_file(state, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(raw))
-    eagle3.convert(folder, "speculators", tmp_path / "s")
-    eagle3.convert(tmp_path / "s", "official", tmp_path / "o")
+    convert(folder, "speculators", tmp_path / "s")
+    convert(tmp_path / "s", "official", tmp_path / "o")
     back = load_file(str(tmp_path / "o" / "model.safetensors"))
     assert torch.equal(back["embed_tokens.weight"], state["embed_tokens.weight"])
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"draft_vocab_size": 100}, "drafts over a vocabulary of its own"),
+        ({"sample_from_anchor": True}, "sets sample_from_anchor: a DFlash variant this suite does not implement"),
+        ({"aux_hidden_state_layer_ids": [0, 2]}, "needs aux_hidden_state_layer_ids, target layers from 1 up"),
+        ({"speculators_model_type": "eagle3"}, "only dflash ones load as DFlash drafters"),
+    ],
+)
+def test_what_our_dflash_drafter_cannot_run_is_one_line(tmp_path, tiny_target, change, message):
+    folder = tmp_path / "d"
+    convert(TINY_DIR / "dflash", "speculators", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(SpecbenchError, match=message):
+        dflash.load(str(folder), tiny_target)

@@ -181,8 +181,10 @@ def train(args) -> None:
     from ..heads.train_config import TrainConfig, train_config
     from ..models.loading import device_and_dtype
 
-    if args.format != "official" and args.kind != "eagle3":
-        raise SpecbenchError(f"--format {args.format} writes EAGLE-3 heads only: drop it to train {args.kind}")
+    if args.format != "official" and args.kind not in ("eagle3", "dflash"):
+        raise SpecbenchError(
+            f"--format {args.format} writes EAGLE-3 heads and DFlash drafters only: drop it to train {args.kind}"
+        )
     data = _text(args.data, "train", "--data")
     knobs = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}  # (every field is an option: cli.parser)
     cfg = train_config(args.kind, args.smoke, **knobs)
@@ -195,10 +197,12 @@ def train(args) -> None:
 
 
 def convert(args) -> None:
-    from ..heads.eagle3 import convert as convert_head
+    from ..heads.convert import convert as convert_head
 
     if not args.head.is_dir():
-        raise SpecbenchError(f"head folder '{args.head}' does not exist: pass the folder of an EAGLE-3 head")
+        raise SpecbenchError(
+            f"head folder '{args.head}' does not exist: pass the folder of an EAGLE-3 head or a DFlash drafter"
+        )
     print(convert_head(args.head, args.to, args.out, args.target))
 
 

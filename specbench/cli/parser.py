@@ -304,13 +304,15 @@ def parser() -> argparse.ArgumentParser:
         "--format",
         choices=["official", "speculators"],
         default="official",
-        help="eagle3: the head's layout, the official EAGLE-3 one or vLLM's speculators format (default: official)",
+        help="eagle3, dflash: the official layout (EAGLE-3's, z-lab's) or vLLM's speculators format "
+        "(default: official)",
     )
     train.add_argument("--smoke", action="store_true", help="a few tiny steps in seconds (tests, trying it out)")
 
     convert = sub.add_parser(
         "convert",
-        help="an EAGLE-3 head from the official layout to vLLM's speculators format, or back (tensors unchanged)",
+        help="an EAGLE-3 head or DFlash drafter from its official layout to vLLM's speculators format, or back "
+        "(tensors unchanged)",
     )
     convert.add_argument("head", type=Path, metavar="HEAD_DIR", help="the head's folder")
     convert.add_argument("--to", required=True, choices=["speculators", "official"], help="the layout to write")

@@ -9,10 +9,11 @@ The context rows are committed tokens, so their keys and values are kept (`Conte
 
 Checkpoint (official layout, architecture `DFlashDraftModel`): config.json is a Qwen3 config plus
 `block_size` (top level, or in `dflash_config` as later releases write it), `dflash_config.mask_token_id`,
-`dflash_config.target_layer_ids` and `num_target_layers`; model.safetensors holds exactly fc.weight,
-hidden_norm.weight, norm.weight and per layer i `layers.{i}.self_attn.{q,k,v,o}_proj.weight`,
-`layers.{i}.self_attn.{q,k}_norm.weight`, `layers.{i}.mlp.{gate,up,down}_proj.weight` and
-`layers.{i}.{input,post_attention}_layernorm.weight`. No embedding and no readout: the target's.
+`dflash_config.target_layer_ids` and `num_target_layers` (or vLLM's speculators format: `heads.speculators`);
+model.safetensors holds exactly fc.weight, hidden_norm.weight, norm.weight and per layer i
+`layers.{i}.self_attn.{q,k,v,o}_proj.weight`, `layers.{i}.self_attn.{q,k}_norm.weight`,
+`layers.{i}.mlp.{gate,up,down}_proj.weight` and `layers.{i}.{input,post_attention}_layernorm.weight`. No
+embedding and no readout: the target's.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from ..errors import SpecbenchError
 from ..models.decoder import MLP, adopt_norm, rotate
 from ..models.hub import Layout
 from ..registry import HeadFamily, head_family
-from .checkpoint import check, config_shape, read_config, read_weights, save_safetensors
+from . import speculators
+from .checkpoint import check, read_config, read_weights, save_safetensors
 
 FILES = ("model.safetensors",)
 Context = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys and values [B, kv heads, committed, d]
@@ -241,10 +243,18 @@ def build(raw: dict, target_hidden: int | None = None, what: str = "DFlash draft
     return DFlashDraft(config, layer_ids, block, mask, target_hidden or config.hidden_size)
 
 
+def official_config(source: str | Path) -> tuple[dict, bool]:
+    """A drafter's config.json in z-lab's keys (a speculators checkpoint's translated), and whether it was one."""
+    raw = read_config(str(source), "DFlash drafter")
+    if speculators.is_speculators(raw):
+        return speculators.dflash_official(raw, f"DFlash drafter '{source}'"), True
+    return raw, False
+
+
 def load(source: str, target_model: nn.Module) -> DFlashDraft:
-    """An official-layout drafter, checked against the target: its width, vocabulary and layers."""
+    """An official-layout (or speculators) drafter, checked against the target: its width, vocabulary and layers."""
     what = f"DFlash drafter '{source}'"
-    raw = read_config(source, "DFlash drafter")
+    raw, shipped_as_speculators = official_config(source)
     vocab, hidden = target_model.get_output_embeddings().weight.shape
     text = target_model.config.get_text_config()
     draft = build(raw, hidden, what)
@@ -260,8 +270,10 @@ def load(source: str, target_model: nn.Module) -> DFlashDraft:
             f"{text.num_hidden_layers}: use a drafter trained for this target"
         )
     state = read_weights(source, FILES, "DFlash drafter")
+    if shipped_as_speculators:
+        state = speculators.dflash_official_state(state)
     state.pop("rotary_emb.inv_freq", None)  # a buffer some exports keep
-    check({k: v.shape for k, v in draft.state_dict().items() if not k.startswith("rotary.")}, state, what)
+    check({k: v.shape for k, v in saved_state(draft).items()}, state, what)
     draft.load_state_dict(state, strict=False)
     return draft
 
@@ -295,16 +307,23 @@ def config_for(target_config, layers: int, block_size: int, mask_token_id: int) 
     }
 
 
+def saved_state(draft: DFlashDraft) -> dict[str, torch.Tensor]:
+    """The tensors a drafter is stored with (its rotary tables are not)."""
+    return {k: v for k, v in draft.state_dict().items() if not k.startswith("rotary.")}
+
+
 def save(draft: DFlashDraft, raw: dict, out: Path, half: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v for k, v in draft.state_dict().items() if not k.startswith("rotary.")}
-    save_safetensors(state, out / "model.safetensors", half)
+    save_safetensors(saved_state(draft), out / "model.safetensors", half)
     (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
 
 
 def fits(folder: Path) -> tuple[int, int | None]:
     """The target hidden size and vocabulary: the drafter's own (it embeds and reads out through the target)."""
-    return config_shape(folder, "DFlash drafter", ("hidden_size",))
+    config = official_config(folder)[0]
+    if not isinstance(config.get("hidden_size"), int):
+        raise SpecbenchError(f"DFlash drafter '{folder}': config.json has no hidden_size")
+    return config["hidden_size"], config.get("vocab_size")
 
 
 FAMILY = head_family(HeadFamily("dflash", "DFlash", Layout((FILES,)), load, fits))

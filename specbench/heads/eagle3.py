@@ -12,8 +12,6 @@ embed_tokens.weight optionally (the official heads have none: the target's is co
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -25,7 +23,7 @@ from ..errors import SpecbenchError
 from ..models.decoder import MLP, Attention, adopt_norm
 from ..registry import HeadFamily, head_family
 from . import eagle, speculators
-from .checkpoint import check, read_config, read_weights, save_safetensors
+from .checkpoint import check, read_config, read_weights
 
 
 def feature_layers(num_layers: int) -> tuple[int, int, int]:
@@ -157,7 +155,7 @@ def official_config(source: str | Path) -> tuple[dict, bool]:
     was a speculators one."""
     raw = read_config(str(source), "EAGLE-3 head")
     if speculators.is_speculators(raw):
-        return speculators.official_config(raw, f"EAGLE-3 head '{source}'"), True
+        return speculators.eagle3_official(raw, f"EAGLE-3 head '{source}'"), True
     return raw, False
 
 
@@ -175,7 +173,7 @@ def load(source: str, target_model: nn.Module) -> Eagle3Head:
         )
     state = read_weights(source, eagle.FILES, "EAGLE-3 head")
     if shipped_as_speculators:
-        state = speculators.official_state(state)
+        state = speculators.eagle3_official_state(state)
     layers = target_model.config.get_text_config().num_hidden_layers
     if head.layer_ids is not None and not all(0 <= i <= layers for i in head.layer_ids):
         raise SpecbenchError(
@@ -223,35 +221,3 @@ def fits(folder: Path) -> tuple[int, int | None]:
 
 
 FAMILY = head_family(HeadFamily("eagle3", "EAGLE-3", eagle.FAMILY.layout, load, fits))
-
-
-def convert(source: Path, to: str, out: Path, target: str | None = None) -> str:
-    """Convert the EAGLE-3 head folder `source` to `to` ("speculators" or "official") in `out`, its other files
-    (token counts, accuracy, card) copied beside and nothing half-written; returns what was done, for people.
-    `target` (to speculators): recorded as the verifier, with the target states the head fuses."""
-    what = f"EAGLE-3 head '{source}'"
-    raw = read_config(str(source), "EAGLE-3 head")
-    if "draft_vocab_size" not in raw and not speculators.is_speculators(raw):
-        raise SpecbenchError(f"{what}: config.json has no draft_vocab_size; only EAGLE-3 heads convert")
-    if speculators.is_speculators(raw) == (to == "speculators"):
-        raise SpecbenchError(f"{what} is in the {to} layout already")
-    if out.resolve() == source.resolve():
-        raise SpecbenchError(f"--out {out} is the head's own folder: write the converted head to another")
-    state = read_weights(source, eagle.FILES, "EAGLE-3 head")
-    staging = out.with_name(out.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    for item in source.iterdir():
-        if item.is_file() and item.name not in ("config.json", *eagle.FILES):
-            shutil.copy2(item, staging / item.name)
-    if to == "speculators":
-        verifier = speculators.verifier_of(target)
-        layers = None if verifier is None else list(feature_layers(verifier["num_hidden_layers"]))
-        speculators.save(state, raw, staging, verifier, layers)
-    else:
-        save_safetensors(speculators.official_state(state), staging / "model.safetensors")
-        (staging / "config.json").write_text(json.dumps(speculators.official_config(raw, what), indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    staging.rename(out)
-    return f"{what} written in the {to} layout to {out}"

@@ -1,12 +1,15 @@
-"""vLLM's `speculators` format for EAGLE-3 heads, read and written, so that a head trained here is served by vLLM
-and one published that way (RedHatAI's) runs in our loop.
+"""vLLM's `speculators` format, read and written for EAGLE-3 heads and DFlash drafters, so that a head trained here
+is served by vLLM and one published that way (RedHatAI's) runs in our loop. Pure translations of config.json and
+tensor names: the tensors themselves pass through unchanged both ways, so a round trip is byte-identical.
 
-A speculators checkpoint is config.json with `speculators_model_type`, the decoder layer's own config under
-`transformer_layer_config`, `draft_vocab_size`, `norm_before_residual`, `target_hidden_size`,
-`eagle_aux_hidden_state_layer_ids` (the target states fused, numbered as hidden_states: 0 the embedding) and a
-`speculators_config` (algorithm, proposal methods, verifier), beside model.safetensors whose layer is
-`layers.0.*` where the official EAGLE-3 layout has `midlayer.*`; d2t, t2d, fc, norm, lm_head and an optional
-embed_tokens keep their names. Tensors pass through unchanged both ways, so a round trip is byte-identical.
+A speculators checkpoint is config.json with `speculators_model_type`, the decoder layers' own config under
+`transformer_layer_config`, `draft_vocab_size`, `target_hidden_size`, the target states read (numbered as
+hidden_states, 0 the embedding) and a `speculators_config` (algorithm, proposal methods, verifier), beside
+model.safetensors.
+- eagle3: `norm_before_residual`, `eagle_aux_hidden_state_layer_ids`; the layer under `layers.0.` where the
+  official layout has `midlayer.`; d2t, t2d, fc, norm, lm_head and an optional embed_tokens keep their names.
+- dflash: `block_size`, `mask_token_id`, `aux_hidden_state_layer_ids` (z-lab's `target_layer_ids` + 1),
+  `sample_from_anchor`; the tensors are z-lab's, by the same names (a full-vocabulary drafter stores no readout).
 """
 
 from __future__ import annotations
@@ -33,15 +36,16 @@ def is_speculators(raw: dict) -> bool:
     return "speculators_model_type" in raw
 
 
-def official_config(raw: dict, what: str) -> dict:
+def _kind(raw: dict, kind: str, what: str, family: str) -> None:
+    found = raw.get("speculators_model_type")
+    if found != kind:
+        raise SpecbenchError(f"{what} is a speculators '{found}' checkpoint: only {kind} ones load as {family}")
+
+
+def eagle3_official(raw: dict, what: str) -> dict:
     """The official EAGLE-3 config.json a speculators eagle3 config describes (the decoder layer's keys plus the
     head's); a variant our head does not implement is one error line."""
-    kind = raw.get("speculators_model_type")
-    if kind != "eagle3":
-        raise SpecbenchError(
-            f"{what} is a speculators '{kind}' checkpoint: only eagle3 ones load as EAGLE-3 heads "
-            "(a 'dflash' one: convert it to z-lab's layout with speculators' converter)"
-        )
+    _kind(raw, "eagle3", what, "EAGLE-3 heads")
     flags = [f for f in UNSUPPORTED_FLAGS if raw.get(f)]
     if flags:
         raise SpecbenchError(f"{what} sets {flags[0]}: an EAGLE-3 variant this suite does not implement")
@@ -59,7 +63,25 @@ def official_config(raw: dict, what: str) -> dict:
     return {"architectures": ["LlamaForCausalLMEagle3"], **config}
 
 
-def speculators_config(raw: dict, verifier: dict | None, layers: list[int] | None, speculative_tokens: int) -> dict:
+def _algorithm(kind: str, speculative_tokens: int, verifier: dict | None) -> dict:
+    """The `speculators_config` block: one greedy proposal method, and the verifier (None: not recorded)."""
+    target = {"name_or_path": None, "architectures": []} if verifier is None else verifier
+    return {
+        "algorithm": kind,
+        "proposal_methods": [
+            {
+                "proposal_type": "greedy",
+                "speculative_tokens": speculative_tokens,
+                "verifier_accept_k": 1,
+                "accept_tolerance": 0.0,
+            }
+        ],
+        "default_proposal_method": "greedy",
+        "verifier": {"name_or_path": target["name_or_path"], "architectures": list(target["architectures"])},
+    }
+
+
+def eagle3_speculators(raw: dict, verifier: dict | None, layers: list[int] | None) -> dict:
     """The speculators eagle3 config.json of an official EAGLE-3 config; `verifier`: the target's
     {"name_or_path", "architectures", ...} and `layers` the target states fused (None: unknown, vLLM then fuses its
     default ones)."""
@@ -67,7 +89,6 @@ def speculators_config(raw: dict, verifier: dict | None, layers: list[int] | Non
     layer.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False)
     layer.setdefault("attention_bias", bool(raw.get("qkv_bias", False)))
     layers = raw.get("eagle_aux_hidden_state_layer_ids", layers)
-    target = {"name_or_path": None, "architectures": []} if verifier is None else verifier
     return {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
@@ -77,19 +98,7 @@ def speculators_config(raw: dict, verifier: dict | None, layers: list[int] | Non
         "norm_before_residual": bool(raw.get("norm_before_residual", False)),  # explicit: vLLM's default may differ
         "target_hidden_size": raw.get("target_hidden_size"),
         "eagle_aux_hidden_state_layer_ids": layers,
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": speculative_tokens,
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": target["name_or_path"], "architectures": list(target["architectures"])},
-        },
+        "speculators_config": _algorithm("eagle3", 8, verifier),  # (the eagle3 preset's chain in vLLM)
     }
 
 
@@ -98,9 +107,69 @@ def renamed(state: dict[str, torch.Tensor], old: str, new: str) -> dict[str, tor
     return {(new + k[len(old) :] if k.startswith(old) else k): v for k, v in state.items()}
 
 
-def official_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def eagle3_official_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A speculators head's tensors under the official names (its verifier copies, if any were saved, dropped)."""
     return renamed({k: v for k, v in state.items() if not k.startswith("verifier_")}, LAYER, MIDLAYER)
+
+
+def eagle3_speculators_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return renamed(state, MIDLAYER, LAYER)
+
+
+DFLASH_KEYS = ("auto_map", "block_size", "dflash_config", "num_target_layers", "target_layer_ids", "mask_token_id")
+
+
+def dflash_official(raw: dict, what: str) -> dict:
+    """z-lab's DFlashDraftModel config.json a speculators dflash config describes; what our drafter cannot run (its
+    own reduced vocabulary, drafts from the anchor row) is one error line."""
+    _kind(raw, "dflash", what, "DFlash drafters")
+    layer = {k: v for k, v in (raw.get("transformer_layer_config") or {}).items() if k not in DROPPED}
+    if raw.get("draft_vocab_size", layer.get("vocab_size")) != layer.get("vocab_size"):
+        raise SpecbenchError(
+            f"{what} drafts over a vocabulary of its own ({raw['draft_vocab_size']} of {layer.get('vocab_size')} "
+            "tokens): only full-vocabulary DFlash drafters, read out by the target, run here"
+        )
+    if raw.get("sample_from_anchor"):
+        raise SpecbenchError(f"{what} sets sample_from_anchor: a DFlash variant this suite does not implement")
+    aux = raw.get("aux_hidden_state_layer_ids")
+    if not isinstance(aux, list) or not aux or not all(isinstance(i, int) and i >= 1 for i in aux):
+        raise SpecbenchError(f"{what}: config.json needs aux_hidden_state_layer_ids, target layers from 1 up")
+    settings = {"block_size": raw.get("block_size"), "mask_token_id": raw.get("mask_token_id")}
+    settings["target_layer_ids"] = [i - 1 for i in aux]  # z-lab reads hidden_states[i + 1]
+    return {
+        "architectures": ["DFlashDraftModel"],
+        **layer,
+        "block_size": raw.get("block_size"),
+        "dflash_config": settings,
+    }
+
+
+def dflash_official_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A speculators drafter's tensors as z-lab's: its verifier copies and identity vocabulary maps dropped."""
+    return {k: v for k, v in state.items() if not k.startswith("verifier_") and k not in ("d2t", "t2d")}
+
+
+def dflash_speculators(raw: dict, verifier: dict | None) -> dict:
+    """The speculators dflash config.json of z-lab's DFlashDraftModel config (ours: `dflash.config_for`)."""
+    settings = raw.get("dflash_config") or {}
+    block = settings.get("block_size", raw.get("block_size", 16))
+    layer_ids = settings.get("target_layer_ids", raw.get("target_layer_ids"))
+    layer = {k: v for k, v in raw.items() if k not in (*DROPPED, *DFLASH_KEYS)}
+    layer.setdefault("model_type", "qwen3")
+    return {
+        "architectures": ["DFlashSpeculator"],
+        "speculators_model_type": "dflash",
+        "speculators_version": FORMAT_VERSION,
+        "transformer_layer_config": layer,
+        "draft_vocab_size": layer["vocab_size"],
+        "block_size": block,
+        "target_hidden_size": None,
+        "aux_hidden_state_layer_ids": [i + 1 for i in layer_ids],
+        "mask_token_id": settings.get("mask_token_id", raw.get("mask_token_id")),
+        "sliding_window_non_causal": False,
+        "sample_from_anchor": False,
+        "speculators_config": _algorithm("dflash", block - 1, verifier),
+    }
 
 
 def verifier_of(target: str | None) -> dict | None:
@@ -117,7 +186,14 @@ def verifier_of(target: str | None) -> dict | None:
     }
 
 
-def save(
+def write(config: dict, state: dict[str, torch.Tensor], out: Path, half: bool = False) -> None:
+    """A checkpoint folder: config.json and model.safetensors."""
+    out.mkdir(parents=True, exist_ok=True)
+    save_safetensors(state, out / "model.safetensors", half)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def save_eagle3(
     state: dict[str, torch.Tensor],
     raw: dict,
     out: Path,
@@ -126,7 +202,4 @@ def save(
     half: bool = False,
 ) -> None:
     """An official EAGLE-3 head's tensors and config.json written in the speculators format."""
-    out.mkdir(parents=True, exist_ok=True)
-    save_safetensors(renamed(state, MIDLAYER, LAYER), out / "model.safetensors", half)
-    config = speculators_config(raw, verifier, layers, speculative_tokens=8)  # (the eagle3 preset's chain in vLLM)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write(eagle3_speculators(raw, verifier, layers), eagle3_speculators_state(state), out, half)

@@ -387,7 +387,8 @@ def train_head(
     layout: str = "official",
 ) -> dict:
     """Load the target (alias, folder or hub id), train a `kind` head on `data`, save it in the official
-    layout (an EAGLE-3 head in vLLM's speculators format with `layout` "speculators") with accuracy.json beside
+    layout (an EAGLE-3 head or DFlash drafter in vLLM's speculators format with `layout` "speculators") with
+    accuracy.json beside
     it. Returns that report. A PARD drafter is made from `draft` (else the target alias's draft model); the target
     only scores it.
 
@@ -401,6 +402,7 @@ def train_head(
     spec = aliases.resolve(target)
     folder = aliases.target_folder(spec)
     model = loading.load_causal_lm(folder, device, dtype, what="target").requires_grad_(False)
+    verifier = {"name_or_path": spec.path, "architectures": list(model.config.architectures or [])}  # (speculators)
     tokenizer = loading.load_tokenizer(folder)
     train, heldout = token_streams(data, tokenizer, smoke)
     if kind == "medusa":
@@ -418,7 +420,10 @@ def train_head(
     elif kind == "dflash":
         vocab = model.get_output_embeddings().weight.shape[0]
         head, raw, accuracy = train_dflash(model, train, heldout, cfg, mask_token(tokenizer, vocab))
-        dflash.save(head, raw, out, compact)
+        if layout == "speculators":
+            speculators.write(speculators.dflash_speculators(raw, verifier), dflash.saved_state(head), out, compact)
+        else:
+            dflash.save(head, raw, out, compact)
     elif kind == "pard":
         source = aliases.draft_folder(spec, draft)
         drafter = loading.load_causal_lm(source, device, torch.float32, what="draft model")
@@ -428,13 +433,8 @@ def train_head(
     else:
         head, raw, accuracy = train_eagle3(model, train, heldout, cfg)
         if layout == "speculators":
-            text = model.config.get_text_config()
-            verifier = {
-                "name_or_path": spec.path,
-                "architectures": list(model.config.architectures or []),
-            }
-            layers = list(eagle3.feature_layers(text.num_hidden_layers))
-            speculators.save(eagle3.saved_state(head), raw, out, verifier, layers, compact)
+            layers = list(eagle3.feature_layers(model.config.get_text_config().num_hidden_layers))
+            speculators.save_eagle3(eagle3.saved_state(head), raw, out, verifier, layers, compact)
         else:
             eagle3.save(head, raw, out, compact)
     if kind in ("eagle", "eagle3"):

@@ -8,6 +8,7 @@ helpers (`Nested`, `chain_prefix`, `tree_prefix`); token trees come from `specbe
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pkgutil
 
@@ -55,8 +56,9 @@ def eager_drafting(name: str) -> bool:
 def build(name: str, res: Resources, overrides: dict | None = None) -> Proposer:
     spec = preset(name)
     params = {**spec.params, **(overrides or {})}
+    heads = [n for n in needs(name) if n.kind == "head"]
     try:
-        with res.choosing(needs(name)):
+        with res.choosing(heads) if heads else contextlib.nullcontext():
             return registry.IMPLEMENTATIONS[spec.implementation].build(params, res)
     except (TypeError, ValueError) as err:
         raise SpecbenchError(f"bad parameters for method '{name}': {err}") from err
