@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specbench import tasks
 from specbench.cli.main import main
 from specbench.core import acceptance
 from specbench.core.cached_lm import CachedLM, margins
@@ -157,17 +158,21 @@ METHODS = ("vanilla", "sps", "lookahead", "ouroboros", "medusa", "eagle", "eagle
 
 
 def eager_and_graphs(out, temperature: float, counting=None, tokens: int = 16) -> None:
-    """Every method answers the quick questions (`tokens` new ones a turn) in the eager loop and under --graphs (on
-    the CPU: static caches and padding, nothing captured), within `counting` (a context) if given; both give the
-    same tokens and accepted lengths, step by step, and every drafter drafted on its static cache."""
+    """Every method answers two quick questions (a two-turn one and the long summarization one; `tokens` new ones
+    a turn) in the eager loop and under --graphs (on the CPU: static caches and padding, nothing captured), within
+    `counting` (a context) if given; both give the same tokens and accepted lengths, step by step, and every
+    drafter drafted on its static cache."""
+    chosen = [q for q in tasks.load("quick").questions if q.id in (1, 5)]
+    questions = out / "two.jsonl"
+    questions.write_text(
+        "".join(json.dumps({"id": q.id, "category": q.group, "turns": q.turns}) + "\n" for q in chosen)
+    )
     common = [
         "run",
         "--methods",
         ",".join(METHODS),
-        "--limit",
-        "1",
         "--tasks",
-        "quick",
+        str(questions),
         "--max-new-tokens",
         str(tokens),
         "--no-report",
@@ -185,11 +190,11 @@ def eager_and_graphs(out, temperature: float, counting=None, tokens: int = 16) -
     assert manifest["config"]["graphs"] and manifest["graphs"]["captured"] is False
     assert manifest["graphs"]["eager_drafting"] == []  # every drafter here on static caches, captured on a GPU
     assert manifest["graphs"]["decoder"] == "owned"  # (the tiny family is Llama: models.decoder)
-    files = sorted((out / "eager" / "answers" / "quick").glob("*.jsonl"))
+    files = sorted((out / "eager" / "answers" / "two").glob("*.jsonl"))
     assert len(files) == len(METHODS)
     for path in files:
         answers = [
-            [json.loads(line) for line in (run / "answers" / "quick" / path.name).open()]
+            [json.loads(line) for line in (run / "answers" / "two" / path.name).open()]
             for run in (out / "eager", out / "graphs")
         ]
         for eager, graphs in zip(*answers, strict=True):
