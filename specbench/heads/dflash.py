@@ -33,7 +33,7 @@ from ..models.decoder import MLP, adopt_norm, rotate
 from ..models.hub import Layout
 from ..registry import HeadFamily, head_family
 from . import speculators
-from .checkpoint import check, read_config, read_weights, save_safetensors
+from .checkpoint import check, read_weights, save_safetensors
 
 FILES = ("model.safetensors",)
 Context = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys and values [B, kv heads, committed, d]
@@ -243,18 +243,10 @@ def build(raw: dict, target_hidden: int | None = None, what: str = "DFlash draft
     return DFlashDraft(config, layer_ids, block, mask, target_hidden or config.hidden_size)
 
 
-def official_config(source: str | Path) -> tuple[dict, bool]:
-    """A drafter's config.json in z-lab's keys (a speculators checkpoint's translated), and whether it was one."""
-    raw = read_config(str(source), "DFlash drafter")
-    if speculators.is_speculators(raw):
-        return speculators.dflash_official(raw, f"DFlash drafter '{source}'"), True
-    return raw, False
-
-
 def load(source: str, target_model: nn.Module) -> DFlashDraft:
     """An official-layout (or speculators) drafter, checked against the target: its width, vocabulary and layers."""
     what = f"DFlash drafter '{source}'"
-    raw, shipped_as_speculators = official_config(source)
+    raw, shipped_as_speculators = speculators.official(source, "dflash", "DFlash drafter")
     vocab, hidden = target_model.get_output_embeddings().weight.shape
     text = target_model.config.get_text_config()
     draft = build(raw, hidden, what)
@@ -320,7 +312,7 @@ def save(draft: DFlashDraft, raw: dict, out: Path, half: bool = False) -> None:
 
 def fits(folder: Path) -> tuple[int, int | None]:
     """The target hidden size and vocabulary: the drafter's own (it embeds and reads out through the target)."""
-    config = official_config(folder)[0]
+    config = speculators.official(folder, "dflash", "DFlash drafter")[0]
     if not isinstance(config.get("hidden_size"), int):
         raise SpecbenchError(f"DFlash drafter '{folder}': config.json has no hidden_size")
     return config["hidden_size"], config.get("vocab_size")

@@ -23,7 +23,7 @@ from ..errors import SpecbenchError
 from ..models.decoder import MLP, Attention, adopt_norm
 from ..registry import HeadFamily, head_family
 from . import eagle, speculators
-from .checkpoint import check, read_config, read_weights
+from .checkpoint import check, read_weights
 
 
 def feature_layers(num_layers: int) -> tuple[int, int, int]:
@@ -150,20 +150,11 @@ def build(raw: dict) -> Eagle3Head:
     return Eagle3Head(eagle.llama_config({**raw, "num_hidden_layers": 1}, "EAGLE-3 head"))
 
 
-def official_config(source: str | Path) -> tuple[dict, bool]:
-    """A head's config.json in the official layout's keys (a speculators checkpoint's translated), and whether it
-    was a speculators one."""
-    raw = read_config(str(source), "EAGLE-3 head")
-    if speculators.is_speculators(raw):
-        return speculators.eagle3_official(raw, f"EAGLE-3 head '{source}'"), True
-    return raw, False
-
-
 def load(source: str, target_model: nn.Module) -> Eagle3Head:
     """An official-layout or speculators head; d2t/t2d are ignored for a full draft vocabulary, a missing embedding
     is the target's."""
     what = f"EAGLE-3 head '{source}'"
-    raw, shipped_as_speculators = official_config(source)
+    raw, shipped_as_speculators = speculators.official(source, "eagle3", "EAGLE-3 head")
     head = build(raw)
     vocab, target_hidden = target_model.get_output_embeddings().weight.shape
     if (vocab, 3 * target_hidden) != (head.config.vocab_size, head.feature_size):
@@ -213,7 +204,7 @@ def save(head: Eagle3Head, raw_config: dict, out: Path, half: bool = False) -> N
 
 def fits(folder: Path) -> tuple[int, int | None]:
     """The target hidden size (`target_hidden_size`, else the head's own) and vocabulary the head is for."""
-    config = official_config(folder)[0]
+    config = speculators.official(folder, "eagle3", "EAGLE-3 head")[0]
     hidden = config.get("target_hidden_size") or config.get("hidden_size")
     if not isinstance(hidden, int):
         raise SpecbenchError(f"EAGLE-3 head '{folder}': config.json has no target_hidden_size or hidden_size")

@@ -21,7 +21,7 @@ import torch
 
 from ..errors import SpecbenchError
 from ..models import aliases, hub
-from .checkpoint import save_safetensors
+from .checkpoint import read_config, save_safetensors
 
 FORMAT_VERSION = "0.9.0"  # the speculators release whose config classes the written files were checked against
 LAYER, MIDLAYER = "layers.0.", "midlayer."
@@ -34,6 +34,16 @@ UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
 
 def is_speculators(raw: dict) -> bool:
     return "speculators_model_type" in raw
+
+
+def official(source: str | Path, kind: str, what: str) -> tuple[dict, bool]:
+    """A head's config.json in its official layout's keys (a speculators checkpoint's translated: `kind` "eagle3" or
+    "dflash"), and whether it was a speculators one."""
+    raw = read_config(str(source), what)
+    if not is_speculators(raw):
+        return raw, False
+    translate = eagle3_official if kind == "eagle3" else dflash_official
+    return translate(raw, f"{what} '{source}'"), True
 
 
 def _kind(raw: dict, kind: str, what: str, family: str) -> None:
@@ -113,6 +123,7 @@ def eagle3_official_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Ten
 
 
 def eagle3_speculators_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An official head's tensors under the speculators names."""
     return renamed(state, MIDLAYER, LAYER)
 
 
@@ -139,7 +150,7 @@ def dflash_official(raw: dict, what: str) -> dict:
     return {
         "architectures": ["DFlashDraftModel"],
         **layer,
-        "block_size": raw.get("block_size"),
+        "block_size": settings["block_size"],
         "dflash_config": settings,
     }
 

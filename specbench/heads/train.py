@@ -388,9 +388,8 @@ def train_head(
 ) -> dict:
     """Load the target (alias, folder or hub id), train a `kind` head on `data`, save it in the official
     layout (an EAGLE-3 head or DFlash drafter in vLLM's speculators format with `layout` "speculators") with
-    accuracy.json beside
-    it. Returns that report. A PARD drafter is made from `draft` (else the target alias's draft model); the target
-    only scores it.
+    accuracy.json beside it. Returns that report. A PARD drafter is made from `draft` (else the target alias's draft
+    model); the target only scores it.
 
     `compact`: float16 storage, and an EAGLE-1/2 head or MTP module without the embedding (and readout) the
     loader copies from the target, as the bundled tiny heads are stored."""
