@@ -23,7 +23,18 @@ from specbench.models.aliases import TINY_DIR
 from specbench.models.loading import device_and_dtype
 
 # Each model's config.json as published (the shapes only); a draft where the alias has one (vicuna-68m).
+_LOOP = dict(  # one layer, 64 wide: a forward nearly free, for the loop's own cost (scripts/loop_overhead.py)
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    vocab_size=512,  # (ids past it never occur: the overhead script's prompts are random ids below it)
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-6,
+)
 SHAPES: dict[str, dict[str, dict | None]] = {
+    "loop": {"target": _LOOP, "draft": _LOOP},
     "vicuna-7b": {
         "target": dict(
             hidden_size=4096,
@@ -125,6 +136,9 @@ def write_random(
     eagle.save(head.state_dict(), raw, folders["eagle"], half=True)  # embedding included, as the Vicuna heads
     vocab = config.vocab_size
     raw3 = {**raw, "draft_vocab_size": min(EAGLE3_DRAFT_VOCAB, vocab)}
+    layers = config.num_hidden_layers
+    if layers < 5:  # (too shallow for the default states 2, L//2, L-3: the head names its own)
+        raw3["eagle_aux_hidden_state_layer_ids"] = [0, layers // 2, layers]
     with torch.device(device):
         head3 = eagle3.build(raw3)
     if head3.d2t is not None:

@@ -1,0 +1,156 @@
+"""The decode loop's own cost per step and per added slot, on a model whose forward is nearly free: a one-layer,
+64-wide Llama (random weights, a vocabulary of 512) with a draft and an EAGLE-3 head of the same
+width, run through `core.decode.decode_batch` on a `BatchedLM` of B slots (uncaptured: this is the host's cost).
+
+    python scripts/loop_overhead.py [--batches 1,8,64,256] [--methods vanilla,sps,eagle3] [--steps 24] [--repeats 3]
+
+Each B's methods run in interleaved rounds (the first discarded); a step's time is the median over the steps that
+every slot shared. Printed per method and B: ms a step, the target's forward at that step's rows (T(rows), timed
+in place), the rest (everything outside an nn.Module call: the loop's and the methods' Python, and their tensor ops outside the models, such as EAGLE's top-k), and per added slot:
+(rest(B) - rest(1)) / (B - 1). Random weights accept almost nothing (τ ≈ 1): nothing here is a method's speedup.
+Never time while anything else runs (docs/cpu-notes.md)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from random_checkpoints import write_random  # noqa: E402
+
+from specbench import methods  # noqa: E402
+from specbench.core.decode import Job, decode_batch  # noqa: E402
+from specbench.core.static_lm import BUCKETS, BatchedLM  # noqa: E402
+from specbench.models import loading  # noqa: E402
+
+PROMPT = 16  # tokens of each slot's prompt
+
+
+def _resources(folders: dict[str, Path]) -> tuple[methods.Resources, torch.nn.Module]:
+    device, dtype = torch.device("cpu"), torch.float32
+    model = loading.load_causal_lm(folders["target"], device, dtype, "target")
+    owned = loading.owned_decoder(model, "target")
+    res = methods.Resources(
+        "loop",
+        model,
+        loading.load_tokenizer(folders["target"]),
+        device,
+        dtype,
+        draft_path=folders["draft"],
+        head_paths={"eagle3": folders["eagle3"]},
+        owned={id(model): owned},
+    )
+    return res, owned
+
+
+class Clock:
+    """Seconds inside nn.Module calls (the outermost only: a model's, a head's, an lm_head's), counted by global
+    forward hooks while `on`, and the moments the target's forwards begin, with the module seconds at that moment."""
+
+    def __init__(self) -> None:
+        self.depth, self.begun, self.inside, self.on = 0, 0.0, 0.0, False
+        self.hooks = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._enter),
+            torch.nn.modules.module.register_module_forward_hook(self._leave),
+        ]
+
+    def _enter(self, module, args) -> None:
+        if self.depth == 0:
+            self.begun = time.perf_counter()
+        self.depth += 1
+
+    def _leave(self, module, args, output) -> None:
+        self.depth -= 1
+        if self.depth == 0 and self.on:
+            self.inside += time.perf_counter() - self.begun
+
+    def close(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+
+
+def step_seconds(target: BatchedLM, proposers: list, steps: int, seed: int, clock: Clock) -> list[float]:
+    """Medians, over the steps every slot shared, of a step's seconds, its target forward's model seconds and its
+    drafters' model seconds, for one batch of `target.batch` turns of `steps` tokens each (random prompts, nothing
+    stops them early). A step is the time from one target forward's start to the next's (drafting, verification,
+    acceptance, commits, updates)."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = target.model.config.vocab_size
+    jobs = [
+        Job(torch.randint(3, vocab, (PROMPT,), generator=generator).tolist(), steps, 0.0, request=(i, 0))
+        for i in range(target.batch)
+    ]
+    starts: list[tuple[float, float, float, int]] = []  # per target forward: (moment, module seconds, its own, rows)
+    run = target.run
+
+    def timed(rows, **kwargs):
+        before = (time.perf_counter(), clock.inside)
+        try:
+            return run(rows, **kwargs)
+        finally:
+            starts.append((*before, clock.inside - before[1], len(rows)))
+
+    target.run = timed  # type: ignore[method-assign]
+    clock.on, clock.inside = True, 0.0
+    try:
+        decode_batch(target, proposers, lambda: jobs.pop() if jobs else None, lambda job, gen: None, stop_ids=set())
+    finally:
+        del target.run
+        clock.on = False
+    full = [
+        (b[0] - a[0], a[2], b[1] - a[1] - a[2])
+        for a, b in zip(starts, starts[1:], strict=False)
+        if a[3] == b[3] == target.batch
+    ]
+    return [statistics.median(column) for column in zip(*full, strict=True)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,8,64,256")
+    parser.add_argument("--methods", default="vanilla,sps,eagle3")
+    parser.add_argument("--steps", type=int, default=24, help="tokens each slot's turn generates")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (one more, discarded, warms up)")
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    names = args.methods.split(",")
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as folder:
+        res, owned = _resources(write_random("loop", Path(folder), torch.device("cpu"), torch.float32))
+        rows: dict[tuple[str, int], list[float]] = {}
+        clock = Clock()
+        for batch in batches:
+            target = BatchedLM(owned, batch, capture=False, context=PROMPT + args.steps + BUCKETS[-1])
+            slots = {name: methods.build_slots(name, res, batch) for name in names}
+            times: dict[str, list[list[float]]] = {name: [] for name in names}
+            for round_ in range(args.repeats + 1):
+                for name in names:
+                    measured = step_seconds(target, slots[name], args.steps, round_, clock)
+                    if round_:
+                        times[name].append(measured)
+            for name in names:
+                rows[name, batch] = [statistics.median(t) for t in zip(*times[name], strict=True)]
+    print(f"loop overhead: one layer, 64 wide, {args.steps} tokens a turn, median of {args.repeats} rounds")
+    print("| method | B | ms/step | target model ms | drafter models ms | host ms | host per added slot (µs) |")
+    print("|---|---|---|---|---|---|---|")
+    for name in names:
+        step0, target0, drafter0 = rows[name, batches[0]]
+        base = step0 - target0 - drafter0
+        for batch in batches:
+            step, target, drafter = rows[name, batch]
+            host = step - target - drafter
+            added = f"{(host - base) / (batch - batches[0]) * 1e6:.1f}" if batch > batches[0] else "—"
+            cells = " | ".join(f"{x * 1e3:.2f}" for x in (step, target, drafter, host))
+            print(f"| {name} | {batch} | {cells} | {added} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
