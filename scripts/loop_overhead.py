@@ -4,11 +4,12 @@ width, run through `core.decode.decode_batch` on a `BatchedLM` of B slots (uncap
 
     python scripts/loop_overhead.py [--batches 1,8,64,256] [--methods vanilla,sps,eagle3] [--steps 24] [--repeats 3]
 
-Each B's methods run in interleaved rounds (the first discarded); a step's time is the median over the steps that
-every slot shared. Printed per method and B: ms a step, the target's forward at that step's rows (T(rows), timed
-in place), the rest (everything outside an nn.Module call: the loop's and the methods' Python, and their tensor ops outside the models, such as EAGLE's top-k), and per added slot:
-(rest(B) - rest(1)) / (B - 1). Random weights accept almost nothing (τ ≈ 1): nothing here is a method's speedup.
-Never time while anything else runs (docs/cpu-notes.md)."""
+Each B's methods run in interleaved rounds (the first discarded); a step (from one target forward's start to the
+next's) is the median over the steps every slot shared. Printed per method and B: ms a step; its seconds inside
+nn.Module calls (global forward hooks): the target model's, and the drafters' (draft model, heads, readouts); the
+host's, the rest (the loop's and the methods' Python, and their tensor ops outside a module, such as EAGLE's top-k);
+and the host's per added slot: (host(B) - host(1)) / (B - 1). Random weights accept almost nothing (τ ≈ 1): nothing
+here is a method's speedup. Never time while anything else runs (docs/cpu-notes.md)."""
 
 from __future__ import annotations
 
