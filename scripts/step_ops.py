@@ -154,11 +154,19 @@ class _Reads(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if self.counter.step is not None:
-            if getattr(func, "__name__", "") in READS or _masked(func, args):
+            if _reads(func, args, kwargs or {}) or _masked(func, args):
                 self.counter.step[0][-1] += 1
             if _uploads(func, args, kwargs or {}):
                 self.counter.step[3][-1] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _reads(func, args: tuple, kwargs: dict) -> bool:
+    """Whether a call brings a tensor's values to the host (`any` and `all` over a dimension stay on the device)."""
+    name = getattr(func, "__name__", "")
+    if name in ("any", "all") and (len(args) > 1 or "dim" in kwargs):
+        return False
+    return name in READS
 
 
 def _indices(func, args: tuple) -> tuple:

@@ -190,6 +190,7 @@ class TaskPlan:
     name: str
     questions: int | None  # None: the data is not on this machine yet
     note: str = ""
+    budget: int | None = None  # new tokens a turn (None: known once the data is read)
 
 
 @dataclass

@@ -5,9 +5,9 @@ import pytest
 import torch
 from scipy import stats
 
-from specbench.core.acceptance import greedy, speculative_sampling
+from specbench.core.acceptance import greedy, greedy_batch, speculative_sampling
 from specbench.core.sampling import draw_distinct
-from specbench.core.tree import Tree, chain
+from specbench.core.tree import Tree, chain, new_rows_allowed
 
 
 def test_greedy_chain_hand_worked():
@@ -70,6 +70,48 @@ def _sampled_chain(gen, q1, q2):
     x1 = int(torch.multinomial(q1, 1, generator=gen))
     x2 = int(torch.multinomial(q2[x1], 1, generator=gen))
     return chain([x1, x2]), torch.stack([q1, q2[x1]])
+
+
+def test_greedy_batch_hand_worked():
+    """Two slots side by side: a chain [3, 4, 5] whose target picks 3, 4, 1 (two accepted, bonus 1) and the tree of
+    `test_greedy_tree_follows_matching_branch`; a third slot with no tree takes its pick."""
+    ids = torch.tensor([[9, 3, 4, 5, 0], [9, 1, 2, 3, 4], [7, 0, 0, 0, 0]])
+    seen = torch.ones(3, 5, 5, dtype=torch.bool).tril()
+    seen[1] = new_rows_allowed(Tree([1, 2, 3, 4], [-1, 0, -1, 2]))
+    depth = torch.tensor([[0, 1, 2, 3, 4], [0, 1, 2, 1, 2], [0, 1, 2, 3, 4]])
+    picks = torch.tensor([[3, 4, 1, 2, 8], [3, 0, 0, 4, 0], [6, 0, 0, 0, 0]])
+    v = greedy_batch(ids, seen, depth, torch.tensor([3, 4, 0]), picks)
+    assert v.length.tolist() == [2, 2, 0] and v.tested.tolist() == [3, 2, 0]
+    assert v.kept[0, :3].tolist() == [0, 1, 2] and v.new[0, :3].tolist() == [3, 4, 1]
+    assert v.kept[1, :3].tolist() == [0, 3, 4] and v.new[1, :3].tolist() == [3, 4, 0]
+    assert v.new[2, :1].tolist() == [6]
+
+
+def test_greedy_batch_is_greedy_slot_by_slot():
+    """Random trees (siblings sharing tokens, chains, empty trees) in batches whose unused rows hold garbage: every
+    slot's accepted rows, appended tokens and tested depth are `greedy`'s on its tree alone."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        batch, b = int(rng.integers(1, 5)), 12
+        ids = torch.from_numpy(rng.integers(0, 3, (batch, b)))
+        seen = torch.from_numpy(rng.random((batch, b, b)) < 0.5)
+        depth = torch.from_numpy(rng.integers(0, 9, (batch, b)))
+        picks = torch.from_numpy(rng.integers(0, 3, (batch, b)))
+        trees = []
+        for slot in range(batch):
+            n = int(rng.integers(0, b))
+            parents = list(range(-1, n - 1)) if rng.random() < 0.3 else [int(rng.integers(-1, i)) for i in range(n)]
+            tree = Tree(ids[slot, 1 : n + 1].tolist(), parents)
+            seen[slot, : n + 1, : n + 1] = new_rows_allowed(tree)
+            depth[slot, : n + 1] = torch.tensor([0, *tree.depths()])
+            trees.append(tree)
+        v = greedy_batch(ids, seen, depth, torch.tensor([len(t) for t in trees]), picks)
+        for slot, tree in enumerate(trees):
+            expected = greedy(tree, picks[slot, : len(tree) + 1].tolist())
+            n = int(v.length[slot])
+            assert v.kept[slot, : n + 1].tolist() == [0, *expected.rows]
+            assert v.new[slot, : n + 1].tolist() == [tree.tokens[r - 1] for r in expected.rows] + [expected.token]
+            assert int(v.tested[slot]) == expected.tested
 
 
 def test_chain_speculative_sampling_is_lossless():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -13,12 +14,14 @@ import torch
 
 from specbench import methods
 from specbench.cli.main import main
+from specbench.config import RunConfig
 from specbench.core import acceptance
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import Generation, Job, Step, decode, decode_batch
 from specbench.core.losslessness import sampling_test
 from specbench.core.static_lm import BatchedLM, Row, StaticCachedLM
 from specbench.core.tree import Tree
+from specbench.errors import SpecbenchError
 from specbench.heads import dflash as dflash_heads
 from specbench.methods.dflash import BlockDrafting, DFlash
 from specbench.methods.eagle import Eagle, StaticDrafting
@@ -30,6 +33,7 @@ from specbench.models.loading import load_causal_lm, load_tokenizer
 from specbench.report import batches, metrics
 from specbench.report.cells import collect_cells
 from specbench.report.sources import load_sources
+from specbench.run.plan import check_batch, make
 from specbench.run.worker import batch_shares
 from specbench.zoo import TINY_DIR
 
@@ -323,3 +327,20 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
         assert (gen.tokens, gen.accept_lengths) == (alone[i].tokens, alone[i].accept_lengths), i
         assert max(gen.accept_lengths) > 1  # (its drafts were accepted: the check compared real drafting)
     assert max(widths) == 2
+
+
+def test_a_batch_that_cannot_fit_is_refused_at_plan_time(capsys):
+    """The tiny target in float32 keeps 2 x 12 layers x 5 heads x 64 x 4 bytes = 30 KiB a token; a slot of 8-token
+    turns holds at least 1 + 8 + 128 tokens, plus 128 a forward may pad: 265 x 30 KiB. Memory for three such slots
+    beside the weights refuses four, naming three; `run --batch 100000 --dry-run` is one line, exit 2."""
+    cfg = RunConfig(methods=["vanilla"], tasks=["quick"], max_new_tokens=8, device="cpu", dtype="float32")
+    plan = make(cfg)
+    per_slot = 265 * 2 * 12 * 5 * 64 * 4
+    files = plan.checkpoints["target"].listing.files
+    weights = sum(size for name, size in files.items() if name.endswith(".safetensors"))
+    check_batch(replace(cfg, batch=[1, 3]), plan, weights + 3 * per_slot + 1)
+    with pytest.raises(SpecbenchError, match="largest batch that fits is 3: pass --batch 3 or less"):
+        check_batch(replace(cfg, batch=[1, 4]), plan, weights + 3 * per_slot + 1)
+    assert main(["run", "--batch", "100000", "--tasks", "quick", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--batch 100000 does not fit" in err and "largest batch that fits is" in err and "\n" not in err

@@ -38,6 +38,44 @@ def greedy(tree: Tree, best: list[int]) -> Accepted:
         row = match
 
 
+@dataclass(frozen=True)
+class Verdicts:
+    """Every slot's greedy verdict from one batched verification, on the device (`greedy_batch`)."""
+
+    length: torch.Tensor  # [B]: draft tokens accepted
+    tested: torch.Tensor  # [B]: `Accepted.tested`
+    kept: torch.Tensor  # [B, b]: input rows kept, the root then the accepted path (past length + 1: padding)
+    new: torch.Tensor  # [B, b]: tokens appended, the accepted ones then the target's own (past length + 1: padding)
+
+
+def greedy_batch(
+    ids: torch.Tensor, seen: torch.Tensor, depth: torch.Tensor, nodes: torch.Tensor, picks: torch.Tensor
+) -> Verdicts:
+    """`greedy` for a batch's slots at once, in tensor operations (no host read). Each slot's input rows are ids
+    [B, b] ([root] + its tree's `nodes` [B] nodes, then side-branch or padding rows, ignored); `seen` [B, b, b] marks
+    each tree row's ancestors and itself (other entries of ignored rows may hold anything), `depth` [B, b] its depth
+    (the root's 0) and `picks` [B, b] the target's argmax at each row. As `greedy`, a node matches when its token is
+    its parent's pick and no earlier sibling matched; the accepted path is the deepest whose nodes all match."""
+    batch, b = ids.shape
+    row = torch.arange(b, device=ids.device)
+    real = row <= nodes[:, None]  # [B, b]: the root and the tree's nodes
+    anc = seen & real[:, None, :] & real[:, :, None]  # [B, b, b]: (i, j) j is i or an ancestor of i
+    strict = anc & (row[:, None] != row[None, :])
+    parent = torch.where(strict, depth[:, None, :] + 1, 0).argmax(-1)  # [B, b]: the deepest strict ancestor
+    match = real & (row >= 1) & (ids == picks.gather(1, parent))
+    earlier = (parent[:, :, None] == parent[:, None, :]) & (row[None, :] < row[:, None])  # same parent, before
+    first = match & ~(earlier & match[:, None, :]).any(-1)
+    good = first | (row == 0)
+    ok = real & ~(anc & ~good[:, None, :]).any(-1)  # [B, b]: every node on the row's path matches (a single path)
+    best = torch.where(ok, depth + 1, 0).argmax(-1, keepdim=True)  # [B, 1]: its deepest row (the root if none)
+    length = depth.gather(1, best).squeeze(1)
+    on_path = anc.gather(1, best[:, :, None].expand(batch, 1, b)).squeeze(1)  # [B, b]
+    kept = torch.where(on_path, row, b - 1).sort(dim=-1).values  # ancestors come before their descendants
+    child = (real & (row >= 1) & (parent == best)).any(-1)
+    # the path's tokens are its rows' parents' picks: every kept row's pick, in order, is what is appended
+    return Verdicts(length, length + child.long(), kept, picks.gather(1, kept))
+
+
 def speculative_sampling(
     tree: Tree,
     probs: torch.Tensor,

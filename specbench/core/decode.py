@@ -14,11 +14,12 @@ import torch
 
 from ..errors import SpecbenchError
 from . import acceptance
-from .cached_lm import CachedLM, Forward
-from .proposer import Feedback, Proposer, Turn, batch_drafting
-from .static_lm import BatchedLM, Row
-from .step import inputs, judge, outcome
+from .cached_lm import CachedLM, Forward, as_ids, margins
+from .proposer import Feedback, Proposal, Proposer, Turn, batch_drafting
+from .static_lm import BatchedLM, Inputs, Row, StaticCachedLM
+from .step import inputs
 from .transfer import upload
+from .tree import new_rows_allowed, position_ids
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,6 @@ class OneSlot:
     just prefilled crops back to it (`CachedLM.prefill`; the sampling audit's)."""
 
     batch = 1
-    last = None  # (a batch's whole output: one sequence's is its own)
 
     def __init__(self, model: CachedLM, reuse: bool = False) -> None:
         self.model, self.reuse = model, reuse
@@ -111,30 +111,73 @@ class OneSlot:
     def prefill_slot(self, slot: int, prompt: list[int], layers: tuple[int, ...] | None = None) -> Forward | None:
         return self.model.prefill(prompt, layers, reuse=self.reuse)
 
-    def run(
-        self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False, copies: bool = True
-    ) -> list[Forward]:
+    def verify(
+        self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False
+    ) -> tuple[Forward, Inputs | None]:
+        """`BatchedLM.verify` for the one sequence: its output [1, n, ...] and, when `greedy`, the inputs acceptance
+        reads (a static cache's own; built from the tree for the eager cache)."""
         (row,) = rows
-        return [self.model.run(row.tokens, row.tree, layers=layers, side=row.side, greedy=greedy)]
+        model = self.model
+        if isinstance(model, StaticCachedLM) and model.batched.batch == 1:
+            return model.batched.verify([row], layers=layers, greedy=greedy)
+        out = model.run(row.tokens, row.tree, layers=layers, side=row.side, greedy=greedy)
+        logits, features = out.logits[None], None if out.features is None else out.features[None]
+        if not greedy:
+            return Forward(logits, features), None
+        n, device = len(row.tokens), self.device
+        ids = as_ids(row.tokens, device)[None]
+        if row.chained:
+            seen = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+            depth = torch.arange(n, device=device)
+        else:
+            assert row.tree is not None
+            side = row.side
+            seen = upload(new_rows_allowed(row.tree, side.allowed if side else None), device)
+            depth = position_ids(row.tree, 0, device, side.positions if side else None)[0]
+        zero = torch.zeros(1, dtype=torch.long, device=device)
+        picks = (logits.argmax(-1), margins(logits)) if out.picks is None else (out.picks[0][None], out.picks[1][None])
+        return Forward(logits, features, picks), Inputs(ids, zero, zero + n, seen[None], depth[None])
 
     def commit(self, moves: list[tuple[int, int, list[int]]]) -> None:
         ((_, start, keep),) = moves
         self.model.commit(start, keep)
 
 
+@dataclass(frozen=True, slots=True)
+class StepMarks:
+    """One step of a batch: its marks (`Marks` indices: drafting began, the forward began, every slot's verdict was
+    committed, the proposers' updates ended), the slots that shared it and the widest slot's rows."""
+
+    drafting: int
+    forward: int
+    committed: int
+    updated: int
+    slots: int
+    width: int
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """A turn's part in one step: the step, the tokens it appended, the draft depth tested and the rows verified."""
+
+    step: StepMarks
+    tokens: int
+    tested: int
+    rows: int
+
+
 @dataclass
 class _Turn:
-    """A slot's turn in progress: its committed tokens, what it generated, and the marks of its steps."""
+    """A slot's turn in progress: its committed tokens, what it generated, and its part in each step."""
 
     job: Job
     tokens: list[int]
     gen: Generation
     budget: int
     marks: tuple[int, int, int]  # before the prefill, after it, after the proposer's start
-    steps: list[tuple[int, int, int, tuple[int, int, int, int, int, int]]] = field(default_factory=list)  # with
-    # the step's marks: before drafting, before and after the forward, after the updates; the slots that shared it
-    # and the widest slot's rows
-    picked: list[tuple[list[int], torch.Tensor]] = field(default_factory=list)  # T=0: the target's picks per step
+    shares: list[Share] = field(default_factory=list)
+    picked: list[tuple[tuple[torch.Tensor, torch.Tensor], int, int]] = field(default_factory=list)  # T=0, per step:
+    # (the target's argmax and margin at the step's kept rows [A, b], this turn's row, its new tokens), read at the end
     end: int = 0  # the mark at its last step's end
 
 
@@ -150,13 +193,20 @@ def decode_batch(
     """Answer turns in `target.batch` slots, slot i drafting with `proposers[i]` (one method: they share feature
     layers), until `next_job` has none left; `finished` gets each turn's generation as it ends (so it may queue the
     conversation's next turn; the timings are filled in when the batch ends). Returns the batch's wall seconds
-    (device synchronised). `rule` is the method's acceptance rule (its preset's, through `methods.rule`)."""
+    (device synchronised). `rule` is the method's acceptance rule (its preset's, through `methods.rule`).
+
+    A step is batch operations: one forward for every slot's rows, at T = 0 every slot's verdict in one
+    (`acceptance.greedy_batch`) and one read of the device (accepted lengths, kept rows and new tokens), one commit;
+    what remains per slot is its tokens on the host and its proposer's update."""
     device = target.device
     layers = proposers[0].feature_layers
     slots: list[_Turn | None] = [None] * target.batch
     done: list[_Turn] = []
     propose_all = batch_drafting(proposers)  # (a duck-typed one too)
-    batched = isinstance(target, BatchedLM)  # (one read and one gather for every slot; views, not copies)
+    updates = any(
+        getattr(type(p), "update", None) is not Proposer.update or "update" in getattr(p, "__dict__", {})
+        for p in proposers
+    )  # (a proposer that learns nothing from a verification is not told)
     start = clock(device)
     mark = Marks(device)
     mark()
@@ -176,13 +226,6 @@ def decode_batch(
         budget = min(job.max_new_tokens, target.context_length - len(job.prompt))
         return _Turn(job, list(job.prompt), Generation([]), budget, (m0, m1, mark()))
 
-    def end(slot: int) -> None:
-        turn = slots[slot]
-        assert turn is not None
-        turn.end, slots[slot] = mark(), None
-        done.append(turn)
-        finished(turn.job, turn.gen)
-
     while True:
         for slot in range(target.batch):  # refill: a free slot takes the next turn waiting
             if slots[slot] is None and (job := next_job()) is not None:
@@ -195,65 +238,64 @@ def decode_batch(
         drafted = propose_all([proposers[s] for s, _ in active], [t.tokens for _, t in active], depths)
         proposals = [p.pruned(depth) for p, depth in zip(drafted, depths, strict=True)]
         v0 = mark()
-        past = [target.lengths[slot] for slot, _ in active]
+        past = list(target.lengths)
         rows = [
             Row(slot, inputs(turn.tokens[-1], p), p.tree, p.side)
             for (slot, turn), p in zip(active, proposals, strict=True)
         ]
         greedy = all(turn.job.temperature == 0 for _, turn in active)
-        outs = target.run(rows, layers=layers, greedy=greedy, copies=not batched)
-        whole = target.last if batched else None
-        host = whole.picks[0].tolist() if whole is not None and whole.picks is not None else None
-        verdicts = [
-            judge(p, out, rule, turn.job.temperature, turn.job.generator, host and host[row.slot][: len(row.tokens)])
-            for (_, turn), p, out, row in zip(active, proposals, outs, rows, strict=True)
-        ]
-        kept = [[0, *accepted.rows] for accepted, _ in verdicts]
-        target.commit([(slot, p0, k) for (slot, _), p0, k in zip(active, past, kept, strict=True)])
-        kept_margins, kept_features = [None] * len(active), [None] * len(active)
-        if whole is not None:  # every slot's kept rows gathered at once
-            index = upload([slot for (slot, _), k in zip(active, kept, strict=True) for _ in k], device)
-            rows_kept = upload([r for k in kept for r in k], device)
-            sizes = [len(k) for k in kept]
-            if whole.picks is not None:
-                kept_margins = list(whole.picks[1][index, rows_kept].split(sizes))
-            if whole.features is not None:
-                kept_features = list(whole.features[index, rows_kept].split(sizes))
+        whole, shape = target.verify(rows, layers=layers, greedy=greedy)
+        lanes = upload([slot for slot, _ in active], device)
+        if greedy:
+            assert shape is not None
+            verdicts, kept = judged(target.batch, active, proposals, whole, shape)
+            kept = kept[lanes]  # [A, b]
+        else:
+            verdicts = sampled(active, proposals, whole, rule)
+            width = len(whole.logits[0])
+            padded = [r for v in verdicts for r in v.kept + [0] * (width - len(v.kept))]
+            kept = upload(padded, device).view(len(active), width)
+        target.commit([(slot, past[slot], v.kept) for (slot, _), v in zip(active, verdicts, strict=True)])
+        # every slot's kept rows gathered at once: the drafters' features, the margins the greedy check reads
+        features = None if whole.features is None else whole.features[lanes[:, None], kept]  # [A, b, F]
+        picked = None  # T=0: the target's argmax and margin at the kept rows [A, b] each (what the greedy check reads)
+        if greedy and whole.picks is not None:
+            picked = (whole.picks[0][lanes[:, None], kept], whole.picks[1][lanes[:, None], kept])
         v1 = mark()
-        steps: list[tuple[_Turn, int, int, int]] = []
         ending: list[int] = []
-        for i, (slot, turn) in enumerate(active):
-            proposal, out, (accepted, best) = proposals[i], outs[i], verdicts[i]
-            step = outcome(proposal, out, accepted, best, kept_margins[i])
+        appended: list[int] = []
+        for i, ((slot, turn), proposal, verdict) in enumerate(zip(active, proposals, verdicts, strict=True)):
             remaining = turn.budget - len(turn.gen.tokens)
-            new = step.new
-            stop_at = next((j for j, t in enumerate(new) if t in stop_ids), None)
+            new = verdict.new
+            stop_at = None if stop_ids.isdisjoint(new) else next(j for j, t in enumerate(new) if t in stop_ids)
             if stop_at is not None:
                 new = new[: stop_at + 1]
             new = new[:remaining]
-            if step.picks is not None:
-                turn.picked.append((step.picks[0][: len(new)], step.picks[1][: len(new)]))
             turn.tokens.extend(new)
             turn.gen.tokens.extend(new)
-            n = len(proposal.tree) + 1
-            features = kept_features[i]
-            if whole is None and out.features is not None:
-                features = out.features[step.kept_rows]
-            feedback = Feedback(
-                step.accepted,
-                features,
-                out.logits[n:] if proposal.side else None,
-                step.side_picks if proposal.side else None,
-            )
-            proposers[slot].update(turn.tokens, proposal, feedback)
-            steps.append((turn, len(new), step.accepted.tested, len(out.logits)))
+            appended.append(len(new))
+            if picked is not None:
+                turn.picked.append((picked, i, len(new)))
+            if updates:
+                n = len(proposal.tree) + 1
+                feedback = Feedback(
+                    acceptance.Accepted(verdict.kept[1:], verdict.new[-1], verdict.tested),
+                    None if features is None else features[i, : len(verdict.kept)],
+                    whole.logits[slot, n : len(rows[i].tokens)] if proposal.side else None,
+                    verdict.side_picks,
+                )
+                proposers[slot].update(turn.tokens, proposal, feedback)
             if stop_at is not None or len(turn.gen.tokens) >= turn.budget:
                 ending.append(slot)
-        marks = (d0, v0, v1, mark(), len(active), max(len(row.tokens) for row in rows))
-        for turn, accepted_length, tested, size in steps:
-            turn.steps.append((accepted_length, tested, size, marks))
+        step = StepMarks(d0, v0, v1, mark(), len(active), max(len(row.tokens) for row in rows))
+        for (_, turn), verdict, row, tokens in zip(active, verdicts, rows, appended, strict=True):
+            turn.shares.append(Share(step, tokens, verdict.tested, len(row.tokens)))
         for slot in ending:
-            end(slot)
+            ended = slots[slot]
+            assert ended is not None
+            ended.end, slots[slot] = mark(), None
+            done.append(ended)
+            finished(ended.job, ended.gen)
     wall = clock(device) - start
     at = mark.seconds()
     for turn in done:
@@ -261,13 +303,67 @@ def decode_batch(
         gen = turn.gen
         gen.started, gen.ended = at[m0], at[turn.end]
         gen.wall_time, gen.prefill_draft_time = at[turn.end] - at[m0], at[m2] - at[m1]
-        for new_tokens, tested, size, (d0, v0, v1, u1, sharing, width) in turn.steps:
-            drafting = (at[v0] - at[d0] + at[u1] - at[v1]) / sharing
-            gen.steps.append(Step(new_tokens, tested, size, drafting, at[v1] - at[v0], sharing, width))
+        for share in turn.shares:
+            mk = share.step
+            drafting = (at[mk.forward] - at[mk.drafting] + at[mk.updated] - at[mk.committed]) / mk.slots
+            verifying = at[mk.committed] - at[mk.forward]
+            gen.steps.append(Step(share.tokens, share.tested, share.rows, drafting, verifying, mk.slots, mk.width))
         if turn.picked:  # read after the clock stops
-            gen.target_top1 = [top1 for p in turn.picked for top1 in p[0]]
-            gen.target_margin = torch.cat([p[1] for p in turn.picked]).tolist()
+            gen.target_top1 = torch.cat([top1[i, :k] for (top1, _), i, k in turn.picked]).tolist()
+            gen.target_margin = torch.cat([margin[i, :k] for (_, margin), i, k in turn.picked]).tolist()
     return wall
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One slot's verdict on the host: the rows it keeps (the root, then the accepted path), the tokens it appends
+    (the accepted ones, then the target's own), the draft depth tested, and at T = 0 the side branch's picks."""
+
+    kept: list[int]
+    new: list[int]
+    tested: int
+    side_picks: list[int] | None = None
+
+
+def judged(
+    batch: int, active: list, proposals: list[Proposal], whole: Forward, shape: Inputs
+) -> tuple[list[Verdict], torch.Tensor]:
+    """At T = 0, every active slot's greedy verdict from one batched forward: decided on the device for all slots at
+    once and read back in one transfer (the side branches' picks with it, when a proposal has one); and every
+    slot's kept rows [B, b] on the device."""
+    assert whole.picks is not None
+    nodes = [0] * batch
+    for (slot, _), p in zip(active, proposals, strict=True):
+        nodes[slot] = len(p.tree)
+    picks = whole.picks[0]
+    v = acceptance.greedy_batch(shape.ids, shape.local, shape.offsets, upload(nodes, picks.device), picks)
+    sides = any(p.side is not None for p in proposals)
+    host = torch.cat([v.length[:, None], v.tested[:, None], v.kept, v.new, *([picks] if sides else [])], 1).tolist()
+    b = picks.shape[1]
+    verdicts = []
+    for (slot, _), p in zip(active, proposals, strict=True):
+        row = host[slot]
+        n = row[0] + 1
+        side = row[2 + 2 * b + len(p.tree) + 1 : 2 + 2 * b + len(p.tree) + 1 + len(p.side.tokens)] if p.side else None
+        verdicts.append(Verdict(row[2 : 2 + n], row[2 + b : 2 + b + n], row[1], side))
+    return verdicts, v.kept
+
+
+def sampled(active: list, proposals: list[Proposal], whole: Forward, rule: acceptance.Rule) -> list[Verdict]:
+    """At T > 0, each slot's verdict by the method's rule on its rows, drawing from its own generator."""
+    verdicts = []
+    for (slot, turn), p in zip(active, proposals, strict=True):
+        tree = p.tree
+        if turn.job.temperature == 0:  # (a batch mixing temperatures: this slot's rows read alone)
+            best = tree.read_along(whole.logits[slot, : len(tree) + 1].argmax(-1))
+            accepted = acceptance.greedy(tree, best)
+        else:
+            logits = whole.logits[slot, : len(tree) + 1]
+            accepted = rule(tree, logits, p.draft_probs, turn.job.temperature, turn.job.generator)
+        tokens = tree.tokens
+        new = [tokens[r - 1] for r in accepted.rows] + [accepted.token]
+        verdicts.append(Verdict([0, *accepted.rows], new, accepted.tested))
+    return verdicts
 
 
 def decode(

@@ -24,7 +24,7 @@ class Proposal:
     def pruned(self, max_depth: int) -> Proposal:
         """Drop nodes deeper than max_depth (drafting past the token budget is wasted work). A side branch is
         dropped with them: its mask refers to the full tree."""
-        if self.tree.depth_bound() <= max_depth:
+        if len(self.tree) <= max_depth or self.tree.depth_bound() <= max_depth:  # (n nodes lie n deep at most)
             return self
         keep = [i for i, d in enumerate(self.tree.depths()) if d <= max_depth]
         probs = self.draft_probs[keep] if self.draft_probs is not None else None

@@ -81,7 +81,8 @@ class Row:
 
     @property
     def chained(self) -> bool:
-        return self.tree is None or (self.tree.is_chain and self.side is None)
+        tree = self.tree
+        return tree is None or (self.side is None and (len(tree) < 2 or tree.is_chain))
 
 
 class BatchedLM:
@@ -103,7 +104,6 @@ class BatchedLM:
         self.inputs: dict[tuple, Inputs] = {}  # by (bucket, span, layers, chains only, greedy)
         self.chains: dict[int, Inputs] = {}  # by bucket: a chain's shape, written over a tree's (`_shape`)
         self.cache = StaticRows(len(model.layers), self.capacity, batch)
-        self.last: Forward | None = None  # the last forward's output, every slot's rows [B, b, ...]
 
     def _check(self, rows: list[Row]) -> None:
         for row in rows:
@@ -121,18 +121,28 @@ class BatchedLM:
         layers: tuple[int, ...] | None = None,
         greedy: bool = False,
         last_only: bool = False,
-        copies: bool = True,
     ) -> list[Forward]:
-        """One forward over every slot, `rows` the ones with work (the others pad); each row's output, in order,
-        and every slot's in `last` ([B, b, ...]). `greedy`: every row's argmax and margin computed inside the forward
-        (`Forward.picks`); `last_only`: the last row's logits only; `copies`: each row's output copied (else views
-        that the next forward writes over). A row longer than any bucket (a prefill) runs alone: `prefill_slot`."""
-        self._check(rows)
+        """`verify`, then each row's output, in order, copied (the next forward writes over a replay's): `last_only`:
+        the last row's logits only. A row longer than any bucket (a prefill) runs alone."""
         n = max(len(row.tokens) for row in rows)
         if n > BUCKETS[-1]:
+            self._check(rows)
             if len(rows) > 1:
                 raise SpecbenchError(f"a forward of {n} rows runs one slot at a time (prefill_slot)")
             return [self._alone(rows[0], layers, last_only)]
+        out, _ = self.verify(rows, layers=layers, greedy=greedy)
+        return [self._output(out, row.slot, len(row.tokens), last_only) for row in rows]
+
+    @torch.inference_mode()
+    def verify(
+        self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False
+    ) -> tuple[Forward, Inputs]:
+        """One forward over every slot, `rows` the ones with work (the others pad): every slot's output [B, b, ...]
+        and the inputs it read (ids, each row's ancestors and depth: what acceptance needs), both
+        written over by the next forward of the same shape. `greedy`: every row's argmax and margin computed inside
+        the forward (`Forward.picks`)."""
+        self._check(rows)
+        n = max(len(row.tokens) for row in rows)
         bucket = next(b for b in BUCKETS if b >= n)
         past = list(self.lengths)  # (a slot without work pads past its committed rows: its writes are never kept)
         count = [0] * self.batch
@@ -172,8 +182,7 @@ class BatchedLM:
                 out = forward()
         for row in rows:  # the rows of this forward, until commit keeps some
             self.lengths[row.slot] += len(row.tokens)
-        self.last = out
-        return [self._output(out, row.slot, len(row.tokens), last_only, copies) for row in rows]
+        return out, inputs
 
     def _shape(self, inputs: Inputs, row: Row, bucket: int) -> None:
         """A row's tree shape into `inputs` (a chain's where another step's tree may have left one)."""
@@ -206,7 +215,6 @@ class BatchedLM:
             final, features = self._decoded(inputs, span, layers, row.slot)
             logits = self.model.get_output_embeddings()(final[:, -1:] if last_only else final)
         self.lengths[row.slot] += n
-        self.last = None  # (not every slot's output)
         return Forward(logits[0], None if features is None else features[0])
 
     def _decoded(
@@ -232,16 +240,13 @@ class BatchedLM:
         return self._alone(Row(slot, prompt[:-1]), layers, last_only=True)
 
     @staticmethod
-    def _output(out: Forward, slot: int, n: int, last_only: bool, copies: bool) -> Forward:
-        """One slot's rows of a (replayed) forward, copied unless `copies` is off (the next replay writes over it):
-        logits [n or 1, V], features [n, F], picks [n] each."""
+    def _output(out: Forward, slot: int, n: int, last_only: bool) -> Forward:
+        """One slot's rows of a (replayed) forward, copied (the next replay writes over it): logits [n or 1, V],
+        features [n, F], picks [n] each."""
         rows = slice(n - 1, n) if last_only else slice(0, n)  # `last_only` spares logits; features are every row's
-        logits, features = out.logits[slot, rows], None if out.features is None else out.features[slot, :n]
-        return Forward(
-            logits.clone() if copies else logits,
-            features.clone() if copies and features is not None else features,
-            None if out.picks is None else (out.picks[0][slot, :n], out.picks[1][slot, :n]),
-        )
+        features = None if out.features is None else out.features[slot, :n].clone()
+        picks = None if out.picks is None else (out.picks[0][slot, :n], out.picks[1][slot, :n])
+        return Forward(out.logits[slot, rows].clone(), features, picks)
 
     @torch.inference_mode()
     def commit(self, moves: list[tuple[int, int, list[int]]]) -> None:

@@ -4,10 +4,14 @@ those checkpoints and checking they fit the target, so a bad request fails in se
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import torch
 
 from .. import methods, tasks
 from ..config import Plan, RunConfig, TaskPlan
+from ..core.static_lm import BUCKETS, MAX_CACHE
 from ..engines.translate import restrict
 from ..errors import SpecbenchError
 from ..models import aliases, gguf, hub, loading
@@ -16,6 +20,7 @@ from ..models.hub import Checkpoint, Source
 from ..registry import HEADS, Need
 from . import inputs, lock
 
+WEIGHTS = (".safetensors", ".bin", ".pt", ".gguf")  # a checkpoint's files that hold its weights
 DEFAULT_METHODS = ["vanilla", "sps", "pld"]  # `specbench run` without --methods: those of them the model can run
 
 
@@ -84,7 +89,51 @@ def _task(name: str, cfg: RunConfig) -> TaskPlan:
         task = tasks.load(name, cfg.data_dir, cfg.fields, download=False)
     except tasks.NotDownloaded as missing:
         return TaskPlan(name, None, f"read from {missing.url} when the run starts")
-    return TaskPlan(task.name, len(tasks.limit_per_category(task.questions, cfg.limit)))
+    budget = cfg.max_new_tokens or task.max_new_tokens or tasks.MAX_NEW_TOKENS
+    return TaskPlan(task.name, len(tasks.limit_per_category(task.questions, cfg.limit)), budget=budget)
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory the device has free now: a GPU's, or the host's available memory (Linux); None when unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    meminfo = Path("/proc/meminfo")
+    if device.type != "cpu" or not meminfo.is_file():
+        return None
+    fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+    return int(fields["MemAvailable"].split()[0]) * 1024 if "MemAvailable" in fields else None
+
+
+def check_batch(cfg: RunConfig, plan: Plan, free: int | None) -> None:
+    """`--batch B` refused before anything loads when the target's static cache for B slots cannot fit the memory
+    `free`: each slot holds at least its prompt's last token, a turn's budget and a verification's widest rows
+    (`core.static_lm`: plus the rows a forward may pad), so the bound is a lower one; a target whose config is
+    not on this machine yet (or a GGUF) is not checked here."""
+    batch = max(cfg.batch)
+    target = plan.checkpoints["target"]
+    config_file = None if target.source.gguf else hub.local_file(target.source, "config.json")
+    if batch <= 1 or cfg.engine != "specbench" or free is None or config_file is None:
+        return
+    config = json.loads(config_file.read_text())
+    config = config.get("text_config", config)
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    kv_heads = config.get("num_key_value_heads") or heads
+    _, dtype = loading.device_and_dtype(cfg.device, cfg.dtype)
+    per_token = 2 * config["num_hidden_layers"] * kv_heads * head_dim * dtype.itemsize  # keys and values
+    budget = min((t.budget for t in plan.tasks if t.budget), default=1)
+    context = min(config.get("max_position_embeddings") or MAX_CACHE, MAX_CACHE, 1 + budget + BUCKETS[-1])
+    per_slot = (context + BUCKETS[-1]) * per_token
+    weights = sum(size or 0 for name, size in target.listing.files.items() if name.endswith(WEIGHTS))
+    if weights + batch * per_slot <= free:
+        return
+    fits = max(0, (free - weights) // per_slot)
+    advice = f"the largest batch that fits is {fits}: pass --batch {fits} or less" if fits else "no batch fits"
+    raise SpecbenchError(
+        f"--batch {batch} does not fit: the target's static cache takes at least {hub.human_bytes(per_slot)} a slot "
+        f"({context + BUCKETS[-1]} tokens), {hub.human_bytes(weights + batch * per_slot)} with its weights, and "
+        f"{hub.human_bytes(free)} is free on {cfg.device}; {advice}"
+    )
 
 
 def make(cfg: RunConfig) -> Plan:
@@ -108,7 +157,10 @@ def make(cfg: RunConfig) -> Plan:
             checkpoints[role] = aliases.target_checkpoint(spec)
         else:
             checkpoints[role] = hub.checkpoint(role, source, layout)
-    return Plan(spec, names, skipped, task_plans, list(cfg.temperatures), checkpoints)
+    plan = Plan(spec, names, skipped, task_plans, list(cfg.temperatures), checkpoints)
+    if max(cfg.batch) > 1:
+        check_batch(cfg, plan, free_bytes(loading.device_and_dtype(cfg.device, cfg.dtype)[0]))
+    return plan
 
 
 def _status(ck: Checkpoint) -> str:

@@ -88,7 +88,7 @@ def batch_profile(target: BatchedLM, context: int = 256, repeats: int = 5) -> di
 
     def forward(b: int) -> None:
         rows = [Row(slot, filler[context : context + b]) for slot in range(target.batch)]
-        target.run(rows, greedy=True, copies=False)
+        target.verify(rows, greedy=True)
 
     def reset() -> None:
         target.lengths = [context] * target.batch

@@ -1,0 +1,26 @@
+"""scripts/loop_overhead.py, the decode loop's own cost per step and per added slot, as a smoke test: a few steps at
+B = 1 and 2 for vanilla, sps and eagle3 on its one-layer, 64-wide family (timings are not checked: CI is busy)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "loop_overhead.py"
+
+
+def test_loop_overhead_prints_a_row_per_method_and_batch(monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("loop_overhead", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = ["loop_overhead.py", "--batches", "1,2", "--steps", "4", "--repeats", "1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert module.main() == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line.split(" | ") for line in out if line.startswith("| ") and "µs" not in line]
+    cells = {(r[0].strip("| "), int(r[1])): [float(x) for x in r[2:6]] for r in rows if r[1].strip().isdigit()}
+    assert set(cells) == {(m, b) for m in ("vanilla", "sps", "eagle3") for b in (1, 2)}
+    for (method, _), (step, target, drafter, host) in cells.items():
+        assert step > 0 and target > 0 and abs(step - target - drafter - host) < 0.02
+        assert (drafter > 0) == (method != "vanilla")
