@@ -91,43 +91,34 @@ class StepCounter:
     @contextmanager
     def counting(self):
         """Counts while the block runs (decode and the captured functions wrapped until it ends)."""
-        decode, build, names = session.decode, methods.build, {}
+        decode_batch, build, names = session.decode_batch, methods.build, {}
 
         def named(name, *args, **kwargs):
             proposer = build(name, *args, **kwargs)
             names[id(proposer)] = name
             return proposer
 
-        def counted(target, proposer, *args, **kwargs):
-            if kwargs["temperature"] > 0:  # sampling reads the drafts' laws
-                return decode(target, proposer, *args, **kwargs)
-            name, propose, update = names.get(id(proposer), type(proposer).__name__), proposer.propose, proposer.update
+        def counted(target, proposers, next_job, finished, **kwargs):
+            first = next_job()
+            waiting = [first] if first is not None else []
 
-            def step_begins(*a, **k):
-                self.step = (
-                    self.reads.setdefault(name, []),
-                    self.ops.setdefault(name, []),
-                    self.names.setdefault(name, []),
-                    self.uploads.setdefault(name, []),
-                    self.inside.setdefault(name, []),
-                )
-                for counts in (self.step[0], self.step[1], self.step[3], self.step[4]):
-                    counts.append(0)
-                self.step[2].append(Counter())
-                return propose(*a, **k)
+            def jobs():
+                return waiting.pop() if waiting else next_job()
 
-            def step_ends(*a, **k):
-                update(*a, **k)
+            if first is None or first.temperature > 0:  # sampling reads the drafts' laws
+                return decode_batch(target, proposers, jobs, finished, **kwargs)
+            for proposer in proposers:
+                name = names.get(id(proposer), type(proposer).__name__)
+                proposer.propose, proposer.update = self._begins(name, proposer.propose), self._ends(proposer.update)
+            try:
+                return decode_batch(target, proposers, jobs, finished, **kwargs)
+            finally:
+                for proposer in proposers:  # (their own methods again)
+                    del proposer.propose, proposer.update
                 self.step = None
 
-            proposer.propose, proposer.update = step_begins, step_ends
-            try:
-                return decode(target, proposer, *args, **kwargs)
-            finally:
-                proposer.propose, proposer.update, self.step = propose, update, None
-
         with ExitStack() as stack:
-            stack.enter_context(mock.patch.object(session, "decode", counted))
+            stack.enter_context(mock.patch.object(session, "decode_batch", counted))
             stack.enter_context(mock.patch.object(methods, "build", named))
             for owner, name in CAPTURED:
                 stack.enter_context(mock.patch.object(owner, name, self._inside(getattr(owner, name))))
@@ -135,6 +126,33 @@ class StepCounter:
             if self.count_ops:
                 stack.enter_context(_Ops(self))
             yield self
+
+    def _begins(self, name: str, propose):
+        """`propose`, counting from here as a step of `name`."""
+
+        def step_begins(*args, **kwargs):
+            self.step = (
+                self.reads.setdefault(name, []),
+                self.ops.setdefault(name, []),
+                self.names.setdefault(name, []),
+                self.uploads.setdefault(name, []),
+                self.inside.setdefault(name, []),
+            )
+            for counts in (self.step[0], self.step[1], self.step[3], self.step[4]):
+                counts.append(0)
+            self.step[2].append(Counter())
+            return propose(*args, **kwargs)
+
+        return step_begins
+
+    def _ends(self, update):
+        """`update`, ending the step."""
+
+        def step_ends(*args, **kwargs):
+            update(*args, **kwargs)
+            self.step = None
+
+        return step_ends
 
     def _inside(self, fn):
         def captured(*args, **kwargs):

@@ -36,9 +36,9 @@ def _greedy(
             [g.tokens for g in ours],
             [g.tokens for g in ref],
             ref_prompts,
-            [g.target_top1 for g in ours],
-            [g.target_margin for g in ours],
-            [g.target_margin for g in ref],
+            [g.target_top1 or [] for g in ours],  # (always recorded at T = 0)
+            [g.target_margin or [] for g in ours],
+            [g.target_margin or [] for g in ref],
         )
         if check["match"]:
             exact += 1

@@ -77,6 +77,7 @@ def sources(names: list[str], spec: ModelSpec, draft: str | None, heads: dict[st
     for name in names:
         for need in methods.needs(name):
             source = need_source(need, spec, draft, heads)
+            assert source is not None  # (a method whose need nothing meets was skipped: `choose_methods`)
             if need.kind == "draft":
                 out["draft"] = (source, hub.TRANSFORMERS)
             else:
@@ -140,7 +141,7 @@ def make(cfg: RunConfig) -> Plan:
     """The plan of a RunConfig; lists checkpoints (hub metadata when reachable) but downloads nothing."""
     spec = aliases.resolve(cfg.model, cfg.revision)
     locked = lock.read(cfg.lock, spec.name) if cfg.lock else None
-    requested, engine_skipped = cfg.methods, {}
+    requested, engine_skipped = cfg.methods, dict[str, str]()
     if cfg.engine == "vllm":  # first: a method vLLM cannot run is skipped, whatever it needs
         named, engine_skipped = restrict([r for r in requested if r not in ("all", "default")], {})
         requested = [r for r in requested if r in ("all", "default") or r in named]
@@ -192,10 +193,11 @@ def describe(plan: Plan) -> str:
         lines.append(f"  {role:<{width}}  {where}  [{_status(ck)}{lock.unpinned_note(ck)}]")
     pending = [ck for ck in plan.checkpoints.values() if not ck.source.local and not ck.available]
     sizes = [ck.download_bytes() if ck.files else None for ck in pending]
+    known = [s for s in sizes if s is not None]
     if not pending:
         lines.append("to download: nothing, every checkpoint is on this machine")
-    elif all(s is not None for s in sizes):
-        lines.append(f"to download: {hub.human_bytes(sum(sizes))} before the run starts")
+    elif len(known) == len(sizes):
+        lines.append(f"to download: {hub.human_bytes(sum(known))} before the run starts")
     else:
         lines.append(f"to download: {len(pending)} checkpoints whose size is known only once fetched")
     notes = sorted({ck.listing.note for ck in pending if ck.listing.note})
@@ -251,7 +253,7 @@ def fetch(plan: Plan, cfg: RunConfig) -> dict[str, Path]:
 
 def revisions(plan: Plan, paths: dict[str, Path]) -> dict[str, dict]:
     """What the manifest records of each checkpoint: its source and the revision actually loaded."""
-    out = {}
+    out: dict[str, dict] = {}
     for role, ck in plan.checkpoints.items():
         loaded = paths[role].name if not ck.source.local and hub.COMMIT.match(paths[role].name) else None
         out[role] = {"source": ck.source.id, "revision": loaded, "requested_revision": ck.source.revision}

@@ -11,6 +11,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import methods, tasks
 from ..config import AA, BatchUnit, RunConfig, Unit
@@ -25,6 +26,10 @@ from . import inputs, lock
 from . import plan as planning
 from .session import prepare
 from .worker import Worker
+
+if TYPE_CHECKING:
+    from ..engines.vllm import VllmPool
+    from .scaleout import RayPool
 
 ENGINE_LOGS = "engine-logs"  # engine mode: each method's vLLM output, one file per method
 
@@ -130,6 +135,7 @@ def run(cfg: RunConfig) -> Path:
     questions = [q for task in task_list for _, q in _questions(task, cfg)]
     inputs.fit_prompts(cfg, plan.spec.name, paths["target"], questions)  # with the tokenizer, before the weights load
     run_dir = Path(cfg.out) if cfg.out else default_out(cfg)
+    pool: LocalPool | RayPool | VllmPool
     if cfg.workers:
         from .scaleout import RayPool
 
@@ -235,7 +241,7 @@ def _sweeps(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) ->
         for task in task_list
         for temperature in cfg.temperatures
         for name in names
-        for level in cfg.concurrency
+        for level in cfg.concurrency or []
         if (task.name, temperature, name, level) not in done
     ]
 

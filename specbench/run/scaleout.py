@@ -124,8 +124,8 @@ class RayPool:
     def check(self, units: list[Unit]) -> None:
         self._gather([self.actors[0].check.remote(units)], "a question does not fit")
 
-    def answers(self, units: list[Unit], bar: Progress) -> Iterator[tuple[int, list[Answer]]]:
-        """(worker index, a unit's answers) as units finish, in whatever order they finish."""
+    def answers(self, units: list[Unit], bar: Progress) -> Iterator[tuple[int, list[Answer], list[dict]]]:
+        """(worker index, a unit's answers, no sweep rows) as units finish, in whatever order they finish."""
         ray = self.ray
         bar.set_description(f"{len(units)} questions on {len(self.actors)} workers")
         queue = deque((unit, 0) for unit in units)  # (unit, failures so far)

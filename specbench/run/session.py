@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
+from collections.abc import Hashable
 from pathlib import Path
 
 import torch
@@ -13,7 +14,7 @@ from .. import methods, tasks
 from ..config import Plan, RunConfig
 from ..core import acceptance
 from ..core.cached_lm import CachedLM
-from ..core.decode import Generation, Job, decode, decode_batch
+from ..core.decode import Generation, Job, OneSlot, decode_batch
 from ..core.static_lm import BUCKETS, BatchedLM, StaticCachedLM
 from ..errors import SpecbenchError
 from ..models import decoder, loading
@@ -104,34 +105,13 @@ class Session:
         max_new_tokens: int,
         temperature: float,
         seed: int,
-    ):
-        """Decode every turn with the method's proposer and acceptance rule, feeding the model's own earlier
-        answers back. Returns generations, prompts and texts."""
-        if method not in self.rules:
-            self.rules[method] = methods.rule(method)
-        rule = self.rules[method]
-        generator = torch.Generator(self.device).manual_seed(seed)
-        gens: list[Generation] = []
-        prompts: list[list[int]] = []
-        texts: list[str] = []
-        for number in range(len(question.turns)):
-            ids = self.prompt(question, texts)
-            gen = decode(
-                self.target,
-                proposer,
-                ids,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                stop_ids=self.stop_ids,
-                generator=generator,
-                rule=rule,
-                request=((question.group, question.id), number),
-            )
-            text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True).strip()
-            gens.append(gen)
-            prompts.append(ids)
-            texts.append(text)
-        return gens, prompts, texts
+    ) -> tuple[list[Generation], list[list[int]], list[str]]:
+        """One question answered alone (a batch of one on the run's target), every turn fed the model's own earlier
+        answers: its generations, prompts and texts."""
+        (answered,), _ = self.answer_batch(
+            method, OneSlot(self.target), [proposer], [question], max_new_tokens, temperature, [seed]
+        )
+        return answered
 
     def slot_context(self, questions: list[tasks.Question], budget: int) -> int:
         """The tokens a batch's slot holds at most for `questions`: the longest conversation's prompts and answers
@@ -147,25 +127,27 @@ class Session:
             del old
             self._batched = None  # (the old cache's memory first)
             self._batched = BatchedLM(self.owned, batch, capture=None if self.cfg.graphs else False, context=context)
+        assert self._batched is not None
         return self._batched
 
     def answer_batch(
         self,
         method: str,
-        target: BatchedLM,
+        target: BatchedLM | OneSlot,
         proposers: list,
         questions: list[tasks.Question],
         max_new_tokens: int,
         temperature: float,
         seeds: list[int],
-    ) -> tuple[list[tuple[list[Generation], list[str]]], float]:
+    ) -> tuple[list[tuple[list[Generation], list[list[int]], list[str]]], float]:
         """Every turn of every question decoded `target.batch` at a time, slot i drafting with `proposers[i]`: a
         question's next turn (its prompt holding the model's own answers) takes the slot its last turn freed, and
-        otherwise the next question does. Returns each question's generations and texts, in order, and the wall
-        seconds of the whole batch."""
+        otherwise the next question does. Returns each question's generations, prompts and texts, in order, and the
+        wall seconds of the whole batch. Each question draws from a generator of its own, seeded by `seeds`, for all
+        its turns."""
         if method not in self.rules:
             self.rules[method] = methods.rule(method)
-        answered: list[tuple[list[Generation], list[str]]] = [([], []) for _ in questions]
+        answered: list[tuple[list[Generation], list[list[int]], list[str]]] = [([], [], []) for _ in questions]
         queue = deque(
             Job(
                 self.prompt(q, []),
@@ -176,14 +158,15 @@ class Session:
             )
             for q, seed in zip(questions, seeds, strict=True)
         )
-        index = {(q.group, q.id): i for i, q in enumerate(questions)}
+        index: dict[Hashable, int] = {(q.group, q.id): i for i, q in enumerate(questions)}
 
         def finished(job: Job, gen: Generation) -> None:
             assert job.request is not None
             key, number = job.request
             i = index[key]
-            gens, texts = answered[i]
+            gens, prompts, texts = answered[i]
             gens.append(gen)
+            prompts.append(job.prompt)
             texts.append(self.tokenizer.decode(gen.tokens, skip_special_tokens=True).strip())
             question = questions[i]
             if number + 1 < len(question.turns):  # its next turn, first in line

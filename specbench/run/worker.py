@@ -284,7 +284,7 @@ class Worker:
                 )
             busy = None if load.value is None else max(0.0, load.value - self.neighbours)
             answers = []
-            for position, (question, seed, (gens, texts)) in enumerate(zip(questions, seeds, answered, strict=True)):
+            for position, (question, seed, (gens, _, texts)) in enumerate(zip(questions, seeds, answered, strict=True)):
                 a = self._record(name, unit, question, seed, gens, texts)
                 a.batch_size, a.batch_times = unit.batch, [[g.started, g.ended] for g in gens]
                 a.batch_shares = [batch_shares(g, profile) for g in gens]
