@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from specbench import methods
 from specbench.cli.main import main as specbench
 from specbench.core.capture import Replays
+from specbench.core.proposer import drafter
 from specbench.models.decoder import Decoder
 from specbench.run import session
 
@@ -91,14 +92,14 @@ class StepCounter:
     @contextmanager
     def counting(self):
         """Counts while the block runs (decode and the captured functions wrapped until it ends)."""
-        decode_batch, build, names = session.decode_batch, methods.build, {}
+        decode_batch, build, names = session.decode_batch, methods.build_batch, {}
 
         def named(name, *args, **kwargs):
-            proposer = build(name, *args, **kwargs)
-            names[id(proposer)] = name
-            return proposer
+            drafting = build(name, *args, **kwargs)
+            names[id(drafting)] = name
+            return drafting
 
-        def counted(target, proposers, next_job, finished, **kwargs):
+        def counted(target, drafts, next_job, finished, **kwargs):
             first = next_job()
             waiting = [first] if first is not None else []
 
@@ -106,20 +107,20 @@ class StepCounter:
                 return waiting.pop() if waiting else next_job()
 
             if first is None or first.temperature > 0:  # sampling reads the drafts' laws
-                return decode_batch(target, proposers, jobs, finished, **kwargs)
-            for proposer in proposers:
-                name = names.get(id(proposer), type(proposer).__name__)
-                proposer.propose, proposer.update = self._begins(name, proposer.propose), self._ends(proposer.update)
+                return decode_batch(target, drafts, jobs, finished, **kwargs)
+            drafting = drafter(drafts)
+            name = names.get(id(drafts), type(drafting).__name__)
+            drafting.propose, drafting.update = self._begins(name, drafting.propose), self._ends(drafting.update)
+            learns, drafting.learns = drafting.learns, True  # (its update ends a step, learning or not)
             try:
-                return decode_batch(target, proposers, jobs, finished, **kwargs)
+                return decode_batch(target, drafting, jobs, finished, **kwargs)
             finally:
-                for proposer in proposers:  # (their own methods again)
-                    del proposer.propose, proposer.update
-                self.step = None
+                del drafting.propose, drafting.update  # (its own methods again)
+                drafting.learns, self.step = learns, None
 
         with ExitStack() as stack:
             stack.enter_context(mock.patch.object(session, "decode_batch", counted))
-            stack.enter_context(mock.patch.object(methods, "build", named))
+            stack.enter_context(mock.patch.object(methods, "build_batch", named))
             for owner, name in CAPTURED:
                 stack.enter_context(mock.patch.object(owner, name, self._inside(getattr(owner, name))))
             stack.enter_context(_Reads(self))

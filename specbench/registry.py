@@ -22,9 +22,10 @@ from .models.hub import Layout
 @dataclass(frozen=True)
 class Implementation:
     name: str
-    build: Callable[[dict, Any], Any]  # (preset params, Resources) -> Proposer
+    build: Callable[..., Any]  # (preset params, Resources) -> Proposer; `batched`: (..., slots) -> Drafter
     nested: Nested | None = None
     graphed: Callable[[dict], bool] | None = None  # (preset params) -> its head drafting is captured under --graphs
+    batched: bool = False  # `build` makes one Drafter for a batch's slots (else a Proposer per slot, `PerSlot`)
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,15 @@ IMPLEMENTATIONS: dict[str, Implementation] = {}
 HEADS: dict[str, HeadFamily] = {}
 
 
-def implementation(name: str, nested: Nested | None = None, graphed: Callable[[dict], bool] | None = None) -> Callable:
-    """Decorator registering `build(params, resources) -> Proposer` under `name` (a preset's `implementation:`)."""
+def implementation(
+    name: str, nested: Nested | None = None, graphed: Callable[[dict], bool] | None = None, batched: bool = False
+) -> Callable:
+    """Decorator registering a method's builder under `name` (a preset's `implementation:`): `build(params,
+    resources) -> Proposer`, one sequence's (a batch's slots get one each), or with `batched`, `build(params,
+    resources, slots) -> Drafter`, one for all the slots of a batch."""
 
     def register(build: Callable) -> Callable:
-        IMPLEMENTATIONS[name] = Implementation(name, build, nested, graphed)
+        IMPLEMENTATIONS[name] = Implementation(name, build, nested, graphed, batched)
         return build
 
     return register
@@ -80,6 +85,7 @@ def add_methods(folder: str | Path) -> None:
         if name in sys.modules:
             continue
         spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None  # a .py file's
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)

@@ -15,7 +15,7 @@ import torch
 from ..errors import SpecbenchError
 from . import acceptance
 from .cached_lm import CachedLM, Forward, as_ids, margins
-from .proposer import Feedback, Proposal, Proposer, Turn, batch_drafting
+from .proposer import Drafter, Feedback, Proposal, Proposer, Turn, drafter
 from .static_lm import BatchedLM, Inputs, Row, StaticCachedLM
 from .step import inputs
 from .transfer import upload
@@ -183,30 +183,27 @@ class _Turn:
 
 def decode_batch(
     target: BatchedLM | OneSlot,
-    proposers: list[Proposer],
+    drafts: Drafter | list[Proposer],
     next_job: Callable[[], Job | None],
     finished: Callable[[Job, Generation], None],
     *,
     stop_ids: set[int],
     rule: acceptance.Rule = acceptance.EXACT,
 ) -> float:
-    """Answer turns in `target.batch` slots, slot i drafting with `proposers[i]` (one method: they share feature
-    layers), until `next_job` has none left; `finished` gets each turn's generation as it ends (so it may queue the
-    conversation's next turn; the timings are filled in when the batch ends). Returns the batch's wall seconds
-    (device synchronised). `rule` is the method's acceptance rule (its preset's, through `methods.rule`).
+    """Answer turns in `target.batch` slots, the method's `drafts` drafting for them (its Drafter, or one-sequence
+    proposers, one per slot, adapted: `proposer.PerSlot`), until `next_job` has none left; `finished` gets each
+    turn's generation as it ends (so it may queue the conversation's next turn; the timings are filled in when the
+    batch ends). Returns the batch's wall seconds (device synchronised). `rule` is the method's acceptance rule (its
+    preset's, through `methods.rule`).
 
     A step is batch operations: one forward for every slot's rows, at T = 0 every slot's verdict in one
     (`acceptance.greedy_batch`) and one read of the device (accepted lengths, kept rows and new tokens), one commit;
-    what remains per slot is its tokens on the host and its proposer's update."""
+    what remains per slot is its tokens on the host; the drafter proposes and learns once a step for every slot."""
     device = target.device
-    layers = proposers[0].feature_layers
+    drafting = drafter(drafts)
+    layers = drafting.feature_layers
     slots: list[_Turn | None] = [None] * target.batch
     done: list[_Turn] = []
-    propose_all = batch_drafting(proposers)  # (a duck-typed one too)
-    updates = any(
-        getattr(type(p), "update", None) is not Proposer.update or "update" in getattr(p, "__dict__", {})
-        for p in proposers
-    )  # (a proposer that learns nothing from a verification is not told)
     start = clock(device)
     mark = Marks(device)
     mark()
@@ -222,7 +219,7 @@ def decode_batch(
         prefill = target.prefill_slot(slot, job.prompt, layers)
         m1 = mark()
         features = prefill.features if prefill is not None else None
-        proposers[slot].start(Turn(job.prompt, job.temperature, job.generator, features, job.request))
+        drafting.start(slot, Turn(job.prompt, job.temperature, job.generator, features, job.request))
         budget = min(job.max_new_tokens, target.context_length - len(job.prompt))
         return _Turn(job, list(job.prompt), Generation([]), budget, (m0, m1, mark()))
 
@@ -235,7 +232,8 @@ def decode_batch(
             break
         d0 = mark()  # (a phase's marks, not a slot's: each slot's share of the drafting is the phase over the slots)
         depths = [turn.budget - len(turn.gen.tokens) - 1 for _, turn in active]  # drafts the budget has room for
-        drafted = propose_all([proposers[s] for s, _ in active], [t.tokens for _, t in active], depths)
+        lanes_host = [slot for slot, _ in active]
+        drafted = drafting.propose(lanes_host, [t.tokens for _, t in active], depths)
         proposals = [p.pruned(depth) for p, depth in zip(drafted, depths, strict=True)]
         v0 = mark()
         past = list(target.lengths)
@@ -245,7 +243,7 @@ def decode_batch(
         ]
         greedy = all(turn.job.temperature == 0 for _, turn in active)
         whole, shape = target.verify(rows, layers=layers, greedy=greedy)
-        lanes = upload([slot for slot, _ in active], device)
+        lanes = upload(lanes_host, device)
         if greedy:
             assert shape is not None
             verdicts, kept = judged(target.batch, active, proposals, whole, shape)
@@ -264,6 +262,7 @@ def decode_batch(
         v1 = mark()
         ending: list[int] = []
         appended: list[int] = []
+        feedback: list[Feedback] = []
         for i, ((slot, turn), proposal, verdict) in enumerate(zip(active, proposals, verdicts, strict=True)):
             remaining = turn.budget - len(turn.gen.tokens)
             new = verdict.new
@@ -276,17 +275,20 @@ def decode_batch(
             appended.append(len(new))
             if picked is not None:
                 turn.picked.append((picked, i, len(new)))
-            if updates:
+            if drafting.learns:
                 n = len(proposal.tree) + 1
-                feedback = Feedback(
-                    acceptance.Accepted(verdict.kept[1:], verdict.new[-1], verdict.tested),
-                    None if features is None else features[i, : len(verdict.kept)],
-                    whole.logits[slot, n : len(rows[i].tokens)] if proposal.side else None,
-                    verdict.side_picks,
+                feedback.append(
+                    Feedback(
+                        acceptance.Accepted(verdict.kept[1:], verdict.new[-1], verdict.tested),
+                        None if features is None else features[i, : len(verdict.kept)],
+                        whole.logits[slot, n : len(rows[i].tokens)] if proposal.side else None,
+                        verdict.side_picks,
+                    )
                 )
-                proposers[slot].update(turn.tokens, proposal, feedback)
             if stop_at is not None or len(turn.gen.tokens) >= turn.budget:
                 ending.append(slot)
+        if drafting.learns:
+            drafting.update(lanes_host, [t.tokens for _, t in active], proposals, feedback)
         step = StepMarks(d0, v0, v1, mark(), len(active), max(len(row.tokens) for row in rows))
         for (_, turn), verdict, row, tokens in zip(active, verdicts, rows, appended, strict=True):
             turn.shares.append(Share(step, tokens, verdict.tested, len(row.tokens)))
@@ -305,9 +307,11 @@ def decode_batch(
         gen.wall_time, gen.prefill_draft_time = at[turn.end] - at[m0], at[m2] - at[m1]
         for share in turn.shares:
             mk = share.step
-            drafting = (at[mk.forward] - at[mk.drafting] + at[mk.updated] - at[mk.committed]) / mk.slots
+            drafting_share = (at[mk.forward] - at[mk.drafting] + at[mk.updated] - at[mk.committed]) / mk.slots
             verifying = at[mk.committed] - at[mk.forward]
-            gen.steps.append(Step(share.tokens, share.tested, share.rows, drafting, verifying, mk.slots, mk.width))
+            gen.steps.append(
+                Step(share.tokens, share.tested, share.rows, drafting_share, verifying, mk.slots, mk.width)
+            )
         if turn.picked:  # read after the clock stops
             gen.target_top1 = torch.cat([top1[i, :k] for (top1, _), i, k in turn.picked]).tolist()
             gen.target_margin = torch.cat([margin[i, :k] for (_, margin), i, k in turn.picked]).tolist()
@@ -368,7 +372,7 @@ def sampled(active: list, proposals: list[Proposal], whole: Forward, rule: accep
 
 def decode(
     target: CachedLM,
-    proposer: Proposer,
+    proposer: Proposer | Drafter,
     prompt: list[int],
     *,
     max_new_tokens: int,
@@ -387,7 +391,7 @@ def decode(
     out: list[Generation] = []
     decode_batch(
         OneSlot(target, reuse_prefill),
-        [proposer],
+        proposer if isinstance(proposer, Drafter) else [proposer],
         lambda: jobs.pop() if jobs else None,
         lambda job, gen: out.append(gen),
         stop_ids=stop_ids,

@@ -14,7 +14,7 @@ from ..progress import Progress
 from . import acceptance
 from .cached_lm import CachedLM, margins
 from .decode import Job, decode, decode_batch
-from .proposer import Proposer
+from .proposer import Drafter, Proposer
 from .sampling import probabilities
 from .static_lm import BatchedLM
 from .tree import trie
@@ -182,7 +182,7 @@ def _bins(law: dict[tuple[int, ...], float], samples: int) -> tuple[dict[tuple[i
 
 def sampling_test(
     target: CachedLM,
-    proposer: Proposer,
+    proposer: Proposer | Drafter,
     prompt: list[int],
     *,
     horizon: int,
@@ -192,10 +192,10 @@ def sampling_test(
     alpha: float = 1e-3,
     seed: int = 0,
     rule: acceptance.Rule = acceptance.EXACT,
-    batch: tuple[BatchedLM, list[Proposer]] | None = None,
+    batch: tuple[BatchedLM, Drafter | list[Proposer]] | None = None,
 ) -> SamplingTest:
     """Chi-square goodness of fit of the method's first `horizon` sampled tokens against vanilla's exact law; with
-    `batch` (a target of B slots and a proposer per slot) the samples are drawn B at a time.
+    `batch` (a target of B slots and the method's drafting for them) the samples are drawn B at a time.
 
     Continuations of probability >= 1/samples are enumerated exactly and grouped into bins of expected
     count >= 5 (most probable first); the rest forms one more bin. A lossless method passes at `alpha`.

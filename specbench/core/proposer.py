@@ -133,6 +133,61 @@ class Proposer:
         return [p.propose(t, d) for p, t, d in zip(proposers, tokens, max_depths, strict=True)]
 
 
+class Drafter:
+    """A method's drafting for a whole batch: one object for every slot of it (B = 1 a batch of one). Each step the
+    loop asks it once for every active slot's proposal and tells it once what each accepted; a slot starting a turn
+    is told alone. A method drafting from the target's states names them in `feature_layers`."""
+
+    feature_layers: tuple[int, ...] | None = None
+    learns: bool = True  # whether `update` has anything to learn (the loop skips it otherwise)
+
+    def start(self, slot: int, turn: Turn) -> None:
+        """Slot `slot` begins a turn."""
+
+    def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
+        """A proposal for each of `slots`, with its committed tokens and depth budget (as `Proposer.propose`)."""
+        return [NO_PROPOSAL for _ in slots]
+
+    def update(
+        self, slots: list[int], tokens: list[list[int]], proposals: list[Proposal], feedback: list[Feedback]
+    ) -> None:
+        """What each of `slots` accepted: its tokens now, its proposal and the verification's feedback."""
+
+
+class PerSlot(Drafter):
+    """Proposers written for one sequence (a plug-in's, the host drafters'), one per slot, as a batch's Drafter:
+    adapted once, here. Each slot's turn, proposal and update are its proposer's; proposers that draft their slots
+    together (`Proposer.propose_all`, on what their batch shares) do so."""
+
+    def __init__(self, proposers: list) -> None:
+        self.proposers = proposers
+        self.feature_layers = proposers[0].feature_layers
+        self.drafting = batch_drafting(proposers)
+        self.learns = any(
+            getattr(type(p), "update", None) is not Proposer.update or "update" in getattr(p, "__dict__", {})
+            for p in proposers
+        )
+
+    def start(self, slot: int, turn: Turn) -> None:
+        self.proposers[slot].start(turn)
+
+    def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
+        return self.drafting([self.proposers[s] for s in slots], tokens, max_depths)
+
+    def update(
+        self, slots: list[int], tokens: list[list[int]], proposals: list[Proposal], feedback: list[Feedback]
+    ) -> None:
+        for slot, t, proposal, fed in zip(slots, tokens, proposals, feedback, strict=True):
+            self.proposers[slot].update(t, proposal, fed)
+
+
+def drafter(drafting: Drafter | Proposer | list) -> Drafter:
+    """A Drafter as it is, or one-sequence proposers (one, or one per slot) adapted (`PerSlot`)."""
+    if isinstance(drafting, Drafter):
+        return drafting
+    return PerSlot(drafting if isinstance(drafting, list) else [drafting])
+
+
 def batch_drafting(proposers: list) -> Callable[[list, list[list[int]], list[int]], list[Proposal]]:
     """How a batch of these proposers (one class) drafts: its `propose_all`, unless `propose` was overridden below
     the class that drafts its slots together (by a subclass, or on a proposer itself), which its batched drafting
@@ -147,6 +202,9 @@ def batch_drafting(proposers: list) -> Callable[[list, list[list[int]], list[int
 
 __all__ = [
     "NO_PROPOSAL",
+    "Drafter",
+    "PerSlot",
+    "drafter",
     "Feedback",
     "Nested",
     "Proposal",

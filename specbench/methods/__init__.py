@@ -14,7 +14,18 @@ import pkgutil
 
 from .. import presets, registry
 from ..core import acceptance
-from ..core.proposer import NO_PROPOSAL, Feedback, Nested, Proposal, Proposer, Turn, chain_prefix, tree_prefix
+from ..core.proposer import (
+    NO_PROPOSAL,
+    Drafter,
+    Feedback,
+    Nested,
+    PerSlot,
+    Proposal,
+    Proposer,
+    Turn,
+    chain_prefix,
+    tree_prefix,
+)
 from ..errors import SpecbenchError
 from ..presets import variant, variant_name
 from ..registry import Need, implementation, parse_needs
@@ -53,15 +64,23 @@ def eager_drafting(name: str) -> bool:
     return any(need.kind == "head" and not registry.HEADS[need.family].static for need in needs(name))
 
 
-def build(name: str, res: Resources, overrides: dict | None = None) -> Proposer:
+def _built(name: str, res: Resources, overrides: dict | None, *slots: int):
+    """What the method's registered builder makes of its preset's params (with `overrides`)."""
     spec = preset(name)
     params = {**spec.params, **(overrides or {})}
     heads = [n for n in needs(name) if n.kind == "head"]
     try:
         with res.choosing(heads) if heads else contextlib.nullcontext():
-            return registry.IMPLEMENTATIONS[spec.implementation].build(params, res)
+            return registry.IMPLEMENTATIONS[spec.implementation].build(params, res, *slots)
     except (TypeError, ValueError) as err:
         raise SpecbenchError(f"bad parameters for method '{name}': {err}") from err
+
+
+def build(name: str, res: Resources, overrides: dict | None = None) -> Proposer:
+    """The method's proposer for one sequence (a batched implementation has none: `build_batch`)."""
+    if registry.IMPLEMENTATIONS[preset(name).implementation].batched:
+        raise SpecbenchError(f"method '{name}' drafts for a whole batch: it has no one-sequence proposer")
+    return _built(name, res, overrides)
 
 
 def build_slots(name: str, res: Resources, batch: int) -> list[Proposer]:
@@ -72,6 +91,14 @@ def build_slots(name: str, res: Resources, batch: int) -> list[Proposer]:
         with res.slot_of(slot, batch):
             built.append(build(name, res))
     return built
+
+
+def build_batch(name: str, res: Resources, batch: int) -> Drafter:
+    """The method's drafting for a batch of `batch` slots (B = 1 a batch of one): a batched implementation's own
+    Drafter, else one proposer per slot adapted (`PerSlot`)."""
+    if registry.IMPLEMENTATIONS[preset(name).implementation].batched:
+        return _built(name, res, None, batch)
+    return PerSlot(build_slots(name, res, batch))
 
 
 def rule(name: str) -> acceptance.Rule:
@@ -88,6 +115,7 @@ def rule(name: str) -> acceptance.Rule:
 
 __all__ = [  # the plug-in API first, then the library's use of presets
     "NO_PROPOSAL",
+    "Drafter",
     "Feedback",
     "Nested",
     "Proposal",
@@ -99,6 +127,7 @@ __all__ = [  # the plug-in API first, then the library's use of presets
     "tree_prefix",
     "available",
     "build",
+    "build_batch",
     "needs",
     "preset",
     "rule",

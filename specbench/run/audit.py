@@ -7,6 +7,7 @@ from dataclasses import replace
 from .. import methods, tasks
 from ..config import RunConfig, question_seed
 from ..core.losslessness import greedy_check, sampling_test
+from ..core.proposer import Drafter
 from ..core.static_lm import BUCKETS
 from ..errors import SpecbenchError
 from ..progress import Progress
@@ -16,7 +17,7 @@ GREEDY_TOKENS = 128  # default per-turn budget of the greedy audit when the task
 
 
 def _greedy(
-    session: Session, method: str, proposers: list, vanilla, questions, budget: int, seed: int, batch: int
+    session: Session, method: str, drafting: Drafter, vanilla, questions, budget: int, seed: int, batch: int
 ) -> tuple:
     """Each question answered by vanilla alone and by the method (`batch` questions at a time when above 1), and
     compared token by token."""
@@ -25,12 +26,12 @@ def _greedy(
     batched = None
     if batch > 1:
         target = session.batched(batch, session.slot_context(questions, budget))
-        batched = session.answer_batch(method, target, proposers, questions, budget, 0.0, seeds)[0]
+        batched = session.answer_batch(method, target, drafting, questions, budget, 0.0, seeds)[0]
     bar = Progress(len(questions), "greedy audit", "questions")
     for i, (q, s) in enumerate(zip(questions, seeds, strict=True)):
         bar.update()
         ref, ref_prompts, _ = session.answer("vanilla", vanilla, q, budget, 0.0, s)
-        ours = batched[i][0] if batched is not None else session.answer(method, proposers[0], q, budget, 0.0, s)[0]
+        ours = batched[i][0] if batched is not None else session.answer(method, drafting, q, budget, 0.0, s)[0]
         check = greedy_check(
             session.model,
             [g.tokens for g in ours],
@@ -76,7 +77,7 @@ def audit(
     cfg = replace(cfg, methods=["vanilla", method])
     session = Session.open(cfg)
     batch = max(cfg.batch)
-    proposers = methods.build_slots(method, session.resources, batch)
+    drafting = methods.build_batch(method, session.resources, batch)
     vanilla = methods.build("vanilla", session.resources)
     questions = [
         q
@@ -88,7 +89,7 @@ def audit(
     print(f"verify {method} on {session.spec.name} ({'lossless rule' if lossless else 'LOSSY rule'}{at})")
     if mode in ("greedy", "both"):
         budget = cfg.max_new_tokens or GREEDY_TOKENS
-        exact, ties, bugs = _greedy(session, method, proposers, vanilla, questions, budget, cfg.seed, batch)
+        exact, ties, bugs = _greedy(session, method, drafting, vanilla, questions, budget, cfg.seed, batch)
         print(
             f"greedy: {exact}/{len(questions)} questions token-identical to vanilla, {ties} numerical divergences "
             f"(margins within the measured rounding spread), {bugs} real mismatches -> {'FAIL' if bugs else 'pass'}"
@@ -101,10 +102,10 @@ def audit(
         )
         for q in questions[:prompts]:
             ids = session.prompt(q, [])
-            slots = (session.batched(batch, len(ids) + horizon + BUCKETS[-1]), proposers) if batch > 1 else None
+            slots = (session.batched(batch, len(ids) + horizon + BUCKETS[-1]), drafting) if batch > 1 else None
             result = sampling_test(
                 session.target,
-                proposers[0],
+                drafting,
                 ids,
                 horizon=horizon,
                 samples=samples,

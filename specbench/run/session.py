@@ -15,6 +15,7 @@ from ..config import Plan, RunConfig
 from ..core import acceptance
 from ..core.cached_lm import CachedLM
 from ..core.decode import Generation, Job, OneSlot, decode_batch
+from ..core.proposer import Drafter
 from ..core.static_lm import BUCKETS, BatchedLM, StaticCachedLM
 from ..errors import SpecbenchError
 from ..models import decoder, loading
@@ -108,8 +109,9 @@ class Session:
     ) -> tuple[list[Generation], list[list[int]], list[str]]:
         """One question answered alone (a batch of one on the run's target), every turn fed the model's own earlier
         answers: its generations, prompts and texts."""
+        drafts = proposer if isinstance(proposer, Drafter) else [proposer]
         (answered,), _ = self.answer_batch(
-            method, OneSlot(self.target), [proposer], [question], max_new_tokens, temperature, [seed]
+            method, OneSlot(self.target), drafts, [question], max_new_tokens, temperature, [seed]
         )
         return answered
 
@@ -134,13 +136,13 @@ class Session:
         self,
         method: str,
         target: BatchedLM | OneSlot,
-        proposers: list,
+        drafting: Drafter | list,
         questions: list[tasks.Question],
         max_new_tokens: int,
         temperature: float,
         seeds: list[int],
     ) -> tuple[list[tuple[list[Generation], list[list[int]], list[str]]], float]:
-        """Every turn of every question decoded `target.batch` at a time, slot i drafting with `proposers[i]`: a
+        """Every turn of every question decoded `target.batch` at a time, the method's `drafting` drafting for them: a
         question's next turn (its prompt holding the model's own answers) takes the slot its last turn freed, and
         otherwise the next question does. Returns each question's generations, prompts and texts, in order, and the
         wall seconds of the whole batch. Each question draws from a generator of its own, seeded by `seeds`, for all
@@ -175,7 +177,7 @@ class Session:
 
         wall = decode_batch(
             target,
-            proposers,
+            drafting,
             lambda: queue.popleft() if queue else None,
             finished,
             stop_ids=self.stop_ids,

@@ -18,6 +18,7 @@ from .. import methods
 from ..config import BatchUnit, Plan, RunConfig, Unit, base_method, question_seed
 from ..core.cached_lm import CachedLM
 from ..core.decode import Generation
+from ..core.proposer import Drafter
 from ..core.static_lm import BUCKETS, BatchedLM, Row
 from ..interference import OtherLoad, set_aside, take_back, without_gc
 from ..machine import machine, warm_gpu
@@ -122,10 +123,10 @@ class Worker:
             torch.set_num_threads(cfg.threads)
         self.cfg = cfg
         self.session = Session(cfg, plan, paths or fetch(plan, cfg))
-        self.proposers = {name: methods.build(name, self.session.resources) for name in plan.methods}
+        self.proposers = {name: methods.build_batch(name, self.session.resources, 1) for name in plan.methods}
         self.lossless = {name: methods.preset(name).lossless for name in plan.methods}
         self.warmed: set[str] = set()
-        self.slot_proposers: dict[tuple[str, int], list] = {}  # (method, batch size) -> its proposers, one per slot
+        self.drafters: dict[tuple[str, int], Drafter] = {}  # (method, batch size) -> its drafting for the batch
         self.warmed_batches: set[tuple[str, int]] = set()  # (method, batch size) warmed up
         self.batch_profiles: dict[int, dict[int, float]] = {}  # batch size -> its T(rows) (`batch_profile`)
         self.neighbours = 0.0  # CPUs other workers on this machine may keep busy: not a foreign load
@@ -246,16 +247,15 @@ class Worker:
         )
         return list(answers.values())
 
-    def _proposers(self, name: str, batch: int) -> list:
-        """`batch` proposers of the method `name` (the A/A column's are vanilla's), one per slot, each built as its
-        slot's (`Resources.slot_of`): each keeps its own state (its pools, its draft's rows); built once per batch
-        size, those of other batch sizes let go."""
+    def _drafter(self, name: str, batch: int) -> Drafter:
+        """The method `name`'s drafting for a batch of `batch` slots (the A/A column's is vanilla's): built once per
+        batch size, those of other batch sizes let go."""
         method = base_method(name)
-        for key in [k for k in self.slot_proposers if k[1] != batch]:
-            del self.slot_proposers[key]
-        if (method, batch) not in self.slot_proposers:
-            self.slot_proposers[method, batch] = methods.build_slots(method, self.session.resources, batch)
-        return self.slot_proposers[method, batch]
+        for key in [k for k in self.drafters if k[1] != batch]:
+            del self.drafters[key]
+        if (method, batch) not in self.drafters:
+            self.drafters[method, batch] = methods.build_batch(method, self.session.resources, batch)
+        return self.drafters[method, batch]
 
     def answer_batch(self, unit: BatchUnit) -> Iterator[list[Answer]]:
         """The unit's methods one after another (vanilla first), each answering every question `unit.batch` at a
@@ -269,18 +269,18 @@ class Worker:
         profile = self.batch_profiles[unit.batch]
         reference = dict(unit.vanilla)
         for slot, name in enumerate(unit.methods):
-            proposers = self._proposers(name, unit.batch)
+            drafting = self._drafter(name, unit.batch)
             method = base_method(name)
             if self.cfg.warmup and (method, unit.batch) not in self.warmed_batches:
                 first = [dataclasses.replace(q, turns=q.turns[:1]) for q in questions[: unit.batch]]
                 session.answer_batch(
-                    method, target, proposers, first, unit.budget, unit.temperature, seeds[: len(first)]
+                    method, target, drafting, first, unit.budget, unit.temperature, seeds[: len(first)]
                 )
                 self.warmed_batches.add((method, unit.batch))
                 warm_gpu(session.device)
             with without_gc(), OtherLoad() as load:
                 answered, _ = session.answer_batch(
-                    method, target, proposers, questions, unit.budget, unit.temperature, seeds
+                    method, target, drafting, questions, unit.budget, unit.temperature, seeds
                 )
             busy = None if load.value is None else max(0.0, load.value - self.neighbours)
             answers = []
