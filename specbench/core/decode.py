@@ -16,8 +16,8 @@ from ..errors import SpecbenchError
 from . import acceptance
 from .cached_lm import CachedLM, Forward, as_ids, margins
 from .proposer import Drafter, Feedback, Proposal, Proposer, Turn, drafter
-from .static_lm import BatchedLM, Inputs, Row, StaticCachedLM
-from .step import inputs
+from .static_lm import BatchedLM, Row, StaticCachedLM
+from .step import Judged, inputs, judge_batch
 from .transfer import upload
 from .tree import new_rows_allowed, position_ids
 
@@ -112,20 +112,22 @@ class OneSlot:
         return self.model.prefill(prompt, layers, reuse=self.reuse)
 
     def verify(
-        self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False
-    ) -> tuple[Forward, Inputs | None]:
-        """`BatchedLM.verify` for the one sequence: its output [1, n, ...] and, when `greedy`, the inputs acceptance
-        reads (a static cache's own; built from the tree for the eager cache)."""
+        self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False, judged: bool = False
+    ) -> tuple[Forward, Judged | None]:
+        """`BatchedLM.verify` for the one sequence: its output [1, n, ...] and, when `judged`, its greedy verdict (a
+        static cache's, computed with its forward; the eager cache's after it, from the tree)."""
         (row,) = rows
         model = self.model
         if isinstance(model, StaticCachedLM) and model.batched.batch == 1:
-            return model.batched.verify([row], layers=layers, greedy=greedy)
-        out = model.run(row.tokens, row.tree, layers=layers, side=row.side, greedy=greedy)
+            return model.batched.verify([row], layers=layers, greedy=greedy, judged=judged)
+        out = model.run(row.tokens, row.tree, layers=layers, side=row.side, greedy=greedy or judged)
         logits, features = out.logits[None], None if out.features is None else out.features[None]
-        if not greedy:
+        if not (greedy or judged):
             return Forward(logits, features), None
+        picks = (logits.argmax(-1), margins(logits)) if out.picks is None else (out.picks[0][None], out.picks[1][None])
+        if not judged:
+            return Forward(logits, features, picks), None
         n, device = len(row.tokens), self.device
-        ids = as_ids(row.tokens, device)[None]
         if row.chained:
             seen = torch.ones(n, n, dtype=torch.bool, device=device).tril()
             depth = torch.arange(n, device=device)
@@ -134,9 +136,9 @@ class OneSlot:
             side = row.side
             seen = upload(new_rows_allowed(row.tree, side.allowed if side else None), device)
             depth = position_ids(row.tree, 0, device, side.positions if side else None)[0]
-        zero = torch.zeros(1, dtype=torch.long, device=device)
-        picks = (logits.argmax(-1), margins(logits)) if out.picks is None else (out.picks[0][None], out.picks[1][None])
-        return Forward(logits, features, picks), Inputs(ids, zero, zero + n, seen[None], depth[None])
+        nodes = upload([0 if row.tree is None else len(row.tree)], device)
+        verdict = judge_batch(as_ids(row.tokens, device)[None], seen[None], depth[None], nodes, picks, features)
+        return Forward(logits, features, picks), verdict
 
     def commit(self, moves: list[tuple[int, int, list[int]]]) -> None:
         ((_, start, keep),) = moves
@@ -177,7 +179,7 @@ class _Turn:
     marks: tuple[int, int, int]  # before the prefill, after it, after the proposer's start
     shares: list[Share] = field(default_factory=list)
     picked: list[tuple[tuple[torch.Tensor, torch.Tensor], int, int]] = field(default_factory=list)  # T=0, per step:
-    # (the target's argmax and margin at the step's kept rows [A, b], this turn's row, its new tokens), read at the end
+    # (the target's argmax and margin at the step's kept rows [B, b], this slot, its new tokens), read at the end
     end: int = 0  # the mark at its last step's end
 
 
@@ -242,23 +244,22 @@ def decode_batch(
             for (slot, turn), p in zip(active, proposals, strict=True)
         ]
         greedy = all(turn.job.temperature == 0 for _, turn in active)
-        whole, shape = target.verify(rows, layers=layers, greedy=greedy)
-        lanes = upload(lanes_host, device)
-        if greedy:
-            assert shape is not None
-            verdicts, kept = judged(target.batch, active, proposals, whole, shape)
-            kept = kept[lanes]  # [A, b]
+        whole, judgement = target.verify(rows, layers=layers, greedy=greedy, judged=greedy)
+        picked = None  # T=0: the target's argmax and margin at every slot's kept rows [B, b] (the greedy check's)
+        if judgement is not None:  # every slot's verdict, computed with the forward: one read
+            verdicts = read(judgement.summary, active, proposals)
+            picked = (judgement.top1.clone(), judgement.margin.clone())  # (the next replay writes over them)
+            features = None if judgement.features is None else judgement.features.clone()  # [B, b, F]
         else:
             verdicts = sampled(active, proposals, whole, rule)
-            width = len(whole.logits[0])
-            padded = [r for v in verdicts for r in v.kept + [0] * (width - len(v.kept))]
-            kept = upload(padded, device).view(len(active), width)
+            features = None
+            if whole.features is not None:  # every slot's kept rows gathered at once
+                width = len(whole.logits[0])
+                padded = [r for v in verdicts for r in v.kept + [0] * (width - len(v.kept))]
+                features = whole.features.new_zeros(target.batch, width, whole.features.shape[-1])
+                lanes = upload(lanes_host, device)
+                features[lanes] = whole.features[lanes[:, None], upload(padded, device).view(len(active), width)]
         target.commit([(slot, past[slot], v.kept) for (slot, _), v in zip(active, verdicts, strict=True)])
-        # every slot's kept rows gathered at once: the drafters' features, the margins the greedy check reads
-        features = None if whole.features is None else whole.features[lanes[:, None], kept]  # [A, b, F]
-        picked = None  # T=0: the target's argmax and margin at the kept rows [A, b] each (what the greedy check reads)
-        if greedy and whole.picks is not None:
-            picked = (whole.picks[0][lanes[:, None], kept], whole.picks[1][lanes[:, None], kept])
         v1 = mark()
         ending: list[int] = []
         appended: list[int] = []
@@ -274,13 +275,13 @@ def decode_batch(
             turn.gen.tokens.extend(new)
             appended.append(len(new))
             if picked is not None:
-                turn.picked.append((picked, i, len(new)))
+                turn.picked.append((picked, slot, len(new)))
             if drafting.learns:
                 n = len(proposal.tree) + 1
                 feedback.append(
                     Feedback(
                         acceptance.Accepted(verdict.kept[1:], verdict.new[-1], verdict.tested),
-                        None if features is None else features[i, : len(verdict.kept)],
+                        None if features is None else features[slot, : len(verdict.kept)],
                         whole.logits[slot, n : len(rows[i].tokens)] if proposal.side else None,
                         verdict.side_picks,
                     )
@@ -329,28 +330,20 @@ class Verdict:
     side_picks: list[int] | None = None
 
 
-def judged(
-    batch: int, active: list, proposals: list[Proposal], whole: Forward, shape: Inputs
-) -> tuple[list[Verdict], torch.Tensor]:
-    """At T = 0, every active slot's greedy verdict from one batched forward: decided on the device for all slots at
-    once and read back in one transfer (the side branches' picks with it, when a proposal has one); and every
-    slot's kept rows [B, b] on the device."""
-    assert whole.picks is not None
-    nodes = [0] * batch
-    for (slot, _), p in zip(active, proposals, strict=True):
-        nodes[slot] = len(p.tree)
-    picks = whole.picks[0]
-    v = acceptance.greedy_batch(shape.ids, shape.local, shape.offsets, upload(nodes, picks.device), picks)
-    sides = any(p.side is not None for p in proposals)
-    host = torch.cat([v.length[:, None], v.tested[:, None], v.kept, v.new, *([picks] if sides else [])], 1).tolist()
-    b = picks.shape[1]
+def read(summary: torch.Tensor, active: list, proposals: list[Proposal]) -> list[Verdict]:
+    """The active slots' greedy verdicts from `step.Judged.summary` [B, 2 + 3b], read in one transfer."""
+    host = summary.tolist()
+    b = (len(host[0]) - 2) // 3
     verdicts = []
     for (slot, _), p in zip(active, proposals, strict=True):
         row = host[slot]
         n = row[0] + 1
-        side = row[2 + 2 * b + len(p.tree) + 1 : 2 + 2 * b + len(p.tree) + 1 + len(p.side.tokens)] if p.side else None
+        side = None
+        if p.side is not None:  # (its rows follow the root and the tree's)
+            first = 2 + 2 * b + len(p.tree) + 1
+            side = row[first : first + len(p.side.tokens)]
         verdicts.append(Verdict(row[2 : 2 + n], row[2 + b : 2 + b + n], row[1], side))
-    return verdicts, v.kept
+    return verdicts
 
 
 def sampled(active: list, proposals: list[Proposal], whole: Forward, rule: acceptance.Rule) -> list[Verdict]:

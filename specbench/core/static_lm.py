@@ -19,6 +19,7 @@ from ..errors import SpecbenchError
 from .cached_lm import CachedLM, Forward, SideBranch, as_ids, margins
 from .capture import Replays, uncompiled
 from .static_cache import StaticRows
+from .step import Judged, judge_batch
 from .transfer import upload
 from .tree import Tree, additive, new_rows_allowed, position_ids
 
@@ -41,6 +42,7 @@ class Inputs:
     ids: torch.Tensor  # [B, b]
     past: torch.Tensor  # [B] long: each slot's rows cached before this forward
     count: torch.Tensor  # [B] long: its real rows (the rest pad the bucket)
+    nodes: torch.Tensor  # [B] long: a verification's tree nodes (the rows after the root that acceptance reads)
     local: torch.Tensor  # bool [B, b, b]: the forward's rows each row sees (a tree's: its ancestors and itself)
     offsets: torch.Tensor  # [B, b]: each row's position after `past` (a tree's: its depth)
 
@@ -51,7 +53,12 @@ class Inputs:
         local = torch.ones(bucket, bucket, dtype=torch.bool, device=device).tril()
         zeros = rows.new_zeros(batch)
         return Inputs(
-            rows.new_zeros(batch, bucket), zeros, zeros.clone(), local.repeat(batch, 1, 1), rows.repeat(batch, 1)
+            rows.new_zeros(batch, bucket),
+            zeros,
+            zeros.clone(),
+            zeros.clone(),
+            local.repeat(batch, 1, 1),
+            rows.repeat(batch, 1),
         )
 
     def built(self, span: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -135,29 +142,32 @@ class BatchedLM:
 
     @torch.inference_mode()
     def verify(
-        self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False
-    ) -> tuple[Forward, Inputs]:
-        """One forward over every slot, `rows` the ones with work (the others pad): every slot's output [B, b, ...]
-        and the inputs it read (ids, each row's ancestors and depth: what acceptance needs), both
+        self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False, judged: bool = False
+    ) -> tuple[Forward, Judged | None]:
+        """One forward over every slot, `rows` the ones with work (the others pad): every slot's output [B, b, ...],
         written over by the next forward of the same shape. `greedy`: every row's argmax and margin computed inside
-        the forward (`Forward.picks`)."""
+        the forward (`Forward.picks`); `judged` (greedy too): every slot's verdict on its tree as well
+        (`step.judge_batch`)."""
         self._check(rows)
+        greedy |= judged
         n = max(len(row.tokens) for row in rows)
         bucket = next(b for b in BUCKETS if b >= n)
         past = list(self.lengths)  # (a slot without work pads past its committed rows: its writes are never kept)
-        count = [0] * self.batch
+        count, nodes = [0] * self.batch, [0] * self.batch
         for row in rows:
             count[row.slot] = len(row.tokens)
+            nodes[row.slot] = 0 if row.tree is None else len(row.tree)
         end = max(p + bucket for p in past)
         span = min(-(-end // SPAN) * SPAN, self.capacity)  # keys attended: the live rows, rounded up
         chained = all(row.chained for row in rows)
-        key = (bucket, span, layers, chained, greedy)
+        key = (bucket, span, layers, chained, greedy, judged)
         inputs = self.inputs.get(key)
         if inputs is None:
             inputs = self.inputs[key] = Inputs.chain(self.batch, bucket, self.device)
-        counts = upload(past + count, self.device)
-        inputs.past.copy_(counts[: self.batch])  # (capture's warm-up runs write past the committed rows only)
-        inputs.count.copy_(counts[self.batch :])
+        counts = upload(past + count + nodes, self.device).view(3, self.batch)
+        inputs.past.copy_(counts[0])  # (capture's warm-up runs write past the committed rows only)
+        inputs.count.copy_(counts[1])
+        inputs.nodes.copy_(counts[2])
         listed = [row for row in rows if not isinstance(row.tokens, torch.Tensor)]
         if listed:  # every host row's ids in one copy
             ids = [t for row in listed for t in [*row.tokens, *[0] * (bucket - len(row.tokens))]]
@@ -169,11 +179,16 @@ class BatchedLM:
             if not chained:
                 self._shape(inputs, row, bucket)
 
-        def forward() -> Forward:
+        def forward() -> tuple[Forward, Judged | None]:
             final, features = self._decoded(inputs, span, layers)
             logits = self.model.get_output_embeddings()(final)  # [B, b, V]
-            picks = (logits.argmax(dim=-1), margins(logits)) if greedy else None
-            return Forward(logits, features, picks)
+            if not greedy:
+                return Forward(logits, features), None
+            picks = (logits.argmax(dim=-1), margins(logits))
+            verdicts = None
+            if judged:
+                verdicts = judge_batch(inputs.ids, inputs.local, inputs.offsets, inputs.nodes, picks, features)
+            return Forward(logits, features, picks), verdicts
 
         if self.cache.keys is not None:
             out = self.replays.run(key, forward)
@@ -182,7 +197,7 @@ class BatchedLM:
                 out = forward()
         for row in rows:  # the rows of this forward, until commit keeps some
             self.lengths[row.slot] += len(row.tokens)
-        return out, inputs
+        return out
 
     def _shape(self, inputs: Inputs, row: Row, bucket: int) -> None:
         """A row's tree shape into `inputs` (a chain's where another step's tree may have left one)."""

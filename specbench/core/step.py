@@ -1,6 +1,6 @@
-"""One verification step, shared by the decode loop and by drafts that verify their own proposals (Ouroboros):
-a forward over [root] + tree (+ side branch), the acceptance rule, and the accepted path committed to the cache.
-The batched loop runs the same rule and bookkeeping on each slot's share of one forward (`judge`, `outcome`)."""
+"""One verification step: for a draft that verifies its own proposals (Ouroboros), a forward over [root] + tree
+(+ side branch), the acceptance rule, and the accepted path committed to the cache (`verify`); for the decode loop's
+batch, every slot's greedy verdict and what it keeps, computed with the forward (`judge_batch`)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,37 @@ class Verified:
     picks: tuple[list[int], torch.Tensor] | None = None  # T=0: the target's top-1 [k] and top-1/2 margin [k] at
     # the kept rows, i.e. for each token of `new`; the margins on the device (read once per turn: no extra host sync)
     side_picks: list[int] | None = None  # T=0: the target's argmax at each side-branch token
+
+
+@dataclass
+class Judged:
+    """Every slot's greedy verdict on one batched verification, on the device (inside its captured graph: written
+    over by the next replay): a summary the host reads in one transfer, and the target's picks, margins and features
+    at the kept rows (the greedy check's and the drafters')."""
+
+    summary: torch.Tensor  # [B, 2 + 3b] long: accepted length, tested depth, kept rows [b], new tokens [b], picks [b]
+    top1: torch.Tensor  # [B, b]: the target's argmax at the kept rows (each new token's)
+    margin: torch.Tensor  # [B, b]: its top-1/top-2 margin there
+    features: torch.Tensor | None  # [B, b, F]: the kept rows' features
+
+
+def judge_batch(
+    ids: torch.Tensor,
+    seen: torch.Tensor,
+    depth: torch.Tensor,
+    nodes: torch.Tensor,
+    picks: tuple[torch.Tensor, torch.Tensor],
+    features: torch.Tensor | None,
+) -> Judged:
+    """`acceptance.greedy_batch` on a forward's rows (ids [B, b], ancestors [B, b, b], depths [B, b], tree nodes [B],
+    picks: argmax and margin [B, b] each), with the kept rows' picks, margins and features gathered: tensor
+    operations only, so a captured forward computes them too."""
+    v = acceptance.greedy_batch(ids, seen, depth, nodes, picks[0])
+    summary = torch.cat([v.length[:, None], v.tested[:, None], v.kept, v.new, picks[0]], 1)
+    kept_features = None
+    if features is not None:
+        kept_features = features.gather(1, v.kept[..., None].expand(-1, -1, features.shape[-1]))
+    return Judged(summary, picks[0].gather(1, v.kept), picks[1].gather(1, v.kept), kept_features)
 
 
 def inputs(root: int, proposal: Proposal) -> list[int] | torch.Tensor:

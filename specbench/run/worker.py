@@ -89,7 +89,7 @@ def batch_profile(target: BatchedLM, context: int = 256, repeats: int = 5) -> di
 
     def forward(b: int) -> None:
         rows = [Row(slot, filler[context : context + b]) for slot in range(target.batch)]
-        target.verify(rows, greedy=True)
+        target.verify(rows, judged=True)  # (as a greedy step verifies: its verdicts computed with it)
 
     def reset() -> None:
         target.lengths = [context] * target.batch
