@@ -6,7 +6,7 @@ outside the functions `--graphs` captures (on a GPU, each is a kernel launched f
 GPU, kernels of the replayed graphs: each a few microseconds however small, which fusing saves; aten ops, so a cast
 to the dtype a tensor has counts here and costs nothing). Steps run at T = 0.
 
-    python scripts/step_ops.py [--methods vanilla,sps,eagle2] [--max-new-tokens 32] [--top 12]
+    python scripts/step_ops.py [--methods vanilla,sps,eagle2] [--max-new-tokens 32] [--top 12] [--batch 64]
 
 prints, per method, the median and the most of each over its steps (with --top, the ops a typical step runs most
 outside the captured functions). tests/test_graphs.py holds the reads to one. The CPU's few-row layout is off
@@ -17,19 +17,21 @@ calibration (one row through the other layout adds ~20 ops a layer).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
 import tempfile
 from collections import Counter
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from unittest import mock
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from specbench import methods
+from specbench import methods, tasks
 from specbench.cli.main import main as specbench
 from specbench.core.capture import Replays
 from specbench.core.proposer import drafter
@@ -246,19 +248,31 @@ def main() -> int:
         default=0,
         help="also list the N most frequent ops outside of a method's typical step (one with the median count)",
     )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="B questions decoded together (the quick task's first turns, repeated to B): counts per batch step",
+    )
     args = parser.parse_args()
     os.environ.setdefault("SPECBENCH_FEW_ROWS", "none")
     counter = StepCounter()
     with tempfile.TemporaryDirectory() as out, counter.counting():
+        task, limit = ["--tasks", "quick"], ["--limit", "1"]
+        if args.batch > 1:
+            prompts = [q.turns[0] for q in tasks.load("quick").questions]
+            path = Path(out) / "prompts.jsonl"
+            path.write_text(
+                "".join(json.dumps({"turns": [prompts[i % len(prompts)]]}) + "\n" for i in range(args.batch))
+            )
+            task, limit = ["--tasks", str(path), "--batch", str(args.batch)], ["--limit", str(args.batch)]
         code = specbench(
             [
                 "run",
                 "--methods",
                 args.methods,
-                "--limit",
-                "1",
-                "--tasks",
-                "quick",
+                *limit,
+                *task,
                 "--max-new-tokens",
                 str(args.max_new_tokens),
                 "--no-report",
@@ -269,7 +283,7 @@ def main() -> int:
                 "--temperatures",
                 "0",
                 "--out",
-                out,
+                str(Path(out) / "run"),
             ]
         )
     if code:

@@ -173,11 +173,15 @@ class BatchedLM:
             ids = [t for row in listed for t in [*row.tokens, *[0] * (bucket - len(row.tokens))]]
             at = upload([row.slot for row in listed], self.device)
             inputs.ids[at] = upload(ids, self.device).view(len(listed), bucket)
+        on_device: dict[int, list[Row]] = {}  # rows whose ids are on the device, by length: one copy for each
         for row in rows:
             if isinstance(row.tokens, torch.Tensor):
-                inputs.ids[row.slot, : len(row.tokens)] = row.tokens.to(self.device)
+                on_device.setdefault(len(row.tokens), []).append(row)
             if not chained:
                 self._shape(inputs, row, bucket)
+        for n, group in on_device.items():
+            stacked = torch.stack([row.tokens for row in group]).to(self.device)  # type: ignore[misc]
+            inputs.ids[upload([row.slot for row in group], self.device), :n] = stacked
 
         def forward() -> tuple[Forward, Judged | None]:
             final, features = self._decoded(inputs, span, layers)
