@@ -116,9 +116,12 @@ def answer(
     lossless: bool,
     texts: list[str],
     turns: list[TurnSteps],
-    **timings: float,
+    draft_time: float | None = None,
+    verify_time: float | None = None,
 ) -> Answer:
-    """The record of one question answered by one method, from either engine; `timings`: draft_time, verify_time."""
+    """The record of one question answered by one method, from either engine; draft and verify seconds, all turns."""
+    top1 = [t.target_top1 for t in turns if t.target_top1 is not None]
+    margin = [t.target_margin for t in turns if t.target_margin is not None]
     return Answer(
         question_id=question.id,
         category=question.category,
@@ -135,11 +138,12 @@ def answer(
         tested=[d for t in turns for d in t.tested],
         tree_size=[n for t in turns for n in t.tree_size],
         output_ids=[t.tokens for t in turns],
-        target_top1=None if any(t.target_top1 is None for t in turns) else [t.target_top1 for t in turns],
-        target_margin=None if any(t.target_margin is None for t in turns) else [t.target_margin for t in turns],
+        target_top1=top1 if len(top1) == len(turns) else None,
+        target_margin=margin if len(margin) == len(turns) else None,
         seed=seed,
         lossless_rule=lossless,
-        **timings,
+        draft_time=draft_time,
+        verify_time=verify_time,
     )
 
 
@@ -154,6 +158,7 @@ def check_greedy(answers: dict[str, Answer], reference: Answer | None, question:
     prompts = turn_prompts(tokenizer, question.turns, reference.turns, question.thinking)
     for name, ours in answers.items():
         if name != "vanilla":
+            assert ours.output_ids is not None and reference.output_ids is not None  # as `answer` and our files have
             diverged = first_divergence(ours.output_ids, reference.output_ids) is not None
             ours.greedy_check = greedy_check(
                 model() if diverged else None,

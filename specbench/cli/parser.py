@@ -50,7 +50,7 @@ def _fields(config: type, group: str | None) -> list[dataclasses.Field]:
 
 
 def _default(f: dataclasses.Field) -> typing.Any:
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[operator]
 
 
 def config_values(args: argparse.Namespace, config: type, group: str | None = None) -> dict[str, typing.Any]:

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..config import question_seed
 from ..errors import SpecbenchError
@@ -88,7 +89,7 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         from vllm import LLM
 
-        options = {"speculative_config": config.spec, "per_request_spec_decode_metrics": "detailed"}
+        options: dict[str, Any] = {"speculative_config": config.spec, "per_request_spec_decode_metrics": "detailed"}
         options = options if config.spec else {}
         if config.memory_share:
             options["gpu_memory_utilization"] = config.memory_share
@@ -116,6 +117,7 @@ class Engine:
             turns = conv.question.turns[: len(conv.texts) + 1]
             ids = prompt_ids(self.tokenizer, messages(turns, conv.texts), conv.question.thinking)
             request = f"r{next(self.ids)}"
+            assert conv.params is not None  # a conversation served has its sampling
             live[request] = (conv, Turn(len(ids), time.perf_counter()))
             self.engine.add_request(request, TokensPrompt(prompt_token_ids=ids), conv.params(len(conv.texts)))
 

@@ -28,6 +28,7 @@ def speculative_config(name: str, paths: dict[str, Path]) -> dict | None:
     params (a variant's included) and `model: NEED` ("draft", "eagle head", ...) by that checkpoint's folder (the
     named head a variant asks for: `eagle3[head=redhat]`). None: plain decoding."""
     spec = methods.preset(name)
+    assert isinstance(spec.vllm, dict)  # `restrict` keeps only the methods with a mapping
     keys = {f"{n.family} head": f"{n.key} head" for n in methods.needs(name) if n.kind == "head"}
     out = {}
     for key, value in spec.vllm.items():

@@ -135,7 +135,10 @@ class VllmPool:
         return list(answers.values())
 
     def _answer(self, name: str, unit: Unit, conv: Conversation, seed: int) -> Answer:
-        turns = [TurnSteps(t.tokens, t.end, *step_lengths(len(t.tokens), t.accepted, t.drafted)) for t in conv.turns]
+        turns = []
+        for t in conv.turns:
+            assert t.end is not None  # a finished request's
+            turns.append(TurnSteps(t.tokens, t.end, *step_lengths(len(t.tokens), t.accepted, t.drafted)))
         return answer(
             unit.question,
             unit.task,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -19,7 +20,7 @@ def fetch(source: str | Path, name: str) -> Path | None:
     return folder / name if (folder / name).is_file() else None
 
 
-def read_config(source: str, what: str) -> dict:
+def read_config(source: str | Path, what: str) -> dict:
     path = fetch(source, "config.json")
     if path is None:
         raise SpecbenchError(f"{what} '{source}' has no config.json")
@@ -100,7 +101,7 @@ def save_safetensors(state: dict[str, torch.Tensor], path: Path, half: bool = Fa
     save_file({k: stored(v.detach()).contiguous().cpu() for k, v in state.items()}, str(path))
 
 
-def target_signature(model: torch.nn.Module) -> str | None:
+def target_signature(model: Any) -> str | None:
     """A hash of the target's input embedding rounded to float16, or None for a bfloat16 model.
 
     A head trained by `specbench train` records it, so loading the head with a retrained target can be

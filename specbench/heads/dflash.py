@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from ..errors import SpecbenchError
-from ..models.decoder import MLP, adopt_norm, rotate
+from ..models.decoder import MLP, RMSNorm, adopt_norm, rotate
 from ..models.hub import Layout
 from ..registry import HeadFamily, head_family
 from . import speculators
@@ -68,6 +69,7 @@ class Slots:
 def slots(draft: DFlashDraft, capacity: int, batch: int = 1) -> list[Slots]:
     """Every layer's `Slots` for `batch` sequences, on the drafter's device and in its dtype."""
     config, weight = draft.config, draft.fc.weight
+    assert config.num_key_value_heads is not None  # Qwen3Config sets it
     shape = (batch, config.num_key_value_heads, capacity, config.head_dim)
     return [Slots(weight.new_zeros(shape), weight.new_zeros(shape)) for _ in draft.layers]
 
@@ -88,6 +90,7 @@ class DFlashAttention(nn.Module):
     def __init__(self, config: Qwen3Config) -> None:
         super().__init__()
         d, bias = config.head_dim, config.attention_bias
+        assert config.num_key_value_heads is not None  # Qwen3Config sets it
         self.head_dim = d
         self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * d, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * d, bias=bias)
@@ -113,6 +116,7 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(both).view(batch, both.shape[1], -1, self.head_dim).transpose(1, 2)
         cos, sin = rope
         q, k = rotate(q, cos[:, -n:], sin[:, -n:]), rotate(k, cos, sin)
+        kept: tuple[torch.Tensor, torch.Tensor] | Slots
         if isinstance(past, Slots):  # written in place; the block's rows are overwritten by the next context
             past.write(k, v)
             k, v, kept = past.keys[:, :, : past.span], past.values[:, :, : past.span], past
@@ -130,7 +134,7 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.self_attn = DFlashAttention(config)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.mlp = Qwen3MLP(config)
+        self.mlp: Qwen3MLP | MLP = Qwen3MLP(config)
 
     def forward(self, x, context, rope, mask, past):
         attended, kept = self.self_attn(self.input_layernorm(x), context, rope, mask, past)
@@ -161,15 +165,15 @@ class DFlashDraft(nn.Module):
         self.block_size = block_size
         self.mask_token_id = mask_token_id
         self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm: Qwen3RMSNorm | RMSNorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.fc = nn.Linear(self.feature_size, config.hidden_size, bias=False)
-        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hidden_norm: Qwen3RMSNorm | RMSNorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary = Qwen3RotaryEmbedding(config)
 
     def own(self) -> None:
         """Its layers' MLPs and every norm on the owned decoder's modules (same weights): what --graphs runs."""
         for layer in self.layers:
-            layer.own()
+            layer.own()  # type: ignore[operator]  # ModuleList items are typed Module
         self.norm, self.hidden_norm = adopt_norm(self.norm), adopt_norm(self.hidden_norm)
 
     def forward(
@@ -233,17 +237,17 @@ def build(raw: dict, target_hidden: int | None = None, what: str = "DFlash draft
         config = Qwen3Config(**keys)
     except (TypeError, ValueError, KeyError) as err:
         raise SpecbenchError(f"{what}: config.json is not a Qwen3 config ({err})") from err
-    sliding = [i for i, t in enumerate(config.layer_types or []) if t != "full_attention"]
+    layer_types = config.layer_types or []
+    sliding = [i for i, t in enumerate(layer_types) if t != "full_attention"]
     if sliding:
         raise SpecbenchError(
-            f"{what}: layer {sliding[0]} is {config.layer_types[sliding[0]]}; only full-attention "
-            f"DFlash layers are supported"
+            f"{what}: layer {sliding[0]} is {layer_types[sliding[0]]}; only full-attention DFlash layers are supported"
         )
     config._attn_implementation = "sdpa"
     return DFlashDraft(config, layer_ids, block, mask, target_hidden or config.hidden_size)
 
 
-def load(source: str, target_model: nn.Module) -> DFlashDraft:
+def load(source: str | Path, target_model: Any) -> DFlashDraft:
     """An official-layout (or speculators) drafter, checked against the target: its width, vocabulary and layers."""
     what = f"DFlash drafter '{source}'"
     raw, shipped_as_speculators = speculators.official(source, "dflash", "DFlash drafter")

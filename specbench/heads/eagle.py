@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -87,7 +88,7 @@ def config_from_target(target_config) -> dict:
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **config}
 
 
-def load(source: str, target_model: nn.Module) -> EagleHead:
+def load(source: str | Path, target_model: Any) -> EagleHead:
     """An official-layout head; a missing embed_tokens is copied from the target."""
     what = f"EAGLE head '{source}'"
     raw = read_config(source, "EAGLE head")

@@ -13,6 +13,7 @@ embed_tokens.weight optionally (the official heads have none: the target's is co
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,7 +21,7 @@ from transformers import Cache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..errors import SpecbenchError
-from ..models.decoder import MLP, Attention, adopt_norm
+from ..models.decoder import MLP, Attention, RMSNorm, adopt_norm
 from ..registry import HeadFamily, head_family
 from . import eagle, speculators
 from .checkpoint import check, read_weights
@@ -53,12 +54,12 @@ class Eagle3Layer(nn.Module):
         self.norm_before_residual = bool(getattr(config, "norm_before_residual", False))
         self.hidden_norm = LlamaRMSNorm(hidden, eps)
         self.input_layernorm = LlamaRMSNorm(hidden, eps)
-        self.self_attn = LlamaAttention(config, layer_idx=0)
+        self.self_attn: LlamaAttention | Attention = LlamaAttention(config, layer_idx=0)
         for name in ("q_proj", "k_proj", "v_proj"):  # 2H in: [norm(embedding), norm(hidden)]
             proj = getattr(self.self_attn, name)
             setattr(self.self_attn, name, nn.Linear(2 * hidden, proj.out_features, bias=proj.bias is not None))
         self.post_attention_layernorm = LlamaRMSNorm(hidden, eps)
-        self.mlp = LlamaMLP(config)
+        self.mlp: LlamaMLP | MLP = LlamaMLP(config)
 
     def forward(
         self,
@@ -94,7 +95,7 @@ class Eagle3Head(nn.Module):
         self.embed_tokens = nn.Embedding(vocab, hidden)
         self.fc = nn.Linear(self.feature_size, hidden, bias=False)
         self.midlayer = Eagle3Layer(config)
-        self.norm = LlamaRMSNorm(hidden, config.rms_norm_eps)
+        self.norm: LlamaRMSNorm | RMSNorm = LlamaRMSNorm(hidden, config.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
         d2t, t2d = vocabulary_maps(torch.arange(draft_vocab), vocab) if draft_vocab != vocab else (None, None)
         self.restricted = False  # `restrict` ran: its shortlist is read out
@@ -150,7 +151,7 @@ def build(raw: dict) -> Eagle3Head:
     return Eagle3Head(eagle.llama_config({**raw, "num_hidden_layers": 1}, "EAGLE-3 head"))
 
 
-def load(source: str, target_model: nn.Module) -> Eagle3Head:
+def load(source: str | Path, target_model: Any) -> Eagle3Head:
     """An official-layout or speculators head; d2t/t2d are ignored for a full draft vocabulary, a missing embedding
     is the target's."""
     what = f"EAGLE-3 head '{source}'"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -68,7 +69,7 @@ def from_state(state: dict[str, torch.Tensor], what: str) -> MedusaHeads:
     return heads
 
 
-def load(source: str | Path, target_model: nn.Module | None = None) -> MedusaHeads:
+def load(source: str | Path, target_model: Any | None = None) -> MedusaHeads:
     """Heads from the official layout; with `target_model`, checked to be for its hidden size and vocabulary."""
     heads = from_state(read_weights(source, FILES, "Medusa heads"), f"Medusa heads '{source}'")
     if target_model is not None:

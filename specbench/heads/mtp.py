@@ -28,6 +28,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -103,7 +104,7 @@ LAYOUTS = (DEEPSEEK, QWEN3_NEXT)
 class MtpHead(nn.Module):
     """MTP module 0 around a decoder layer of the target's class; the same calls as the EAGLE heads."""
 
-    def __init__(self, target_model: nn.Module, layout: MtpLayout) -> None:
+    def __init__(self, target_model: Any, layout: MtpLayout) -> None:
         super().__init__()
         decoder = target_model.get_decoder()
         config = block_config(target_model.config.get_text_config())
@@ -117,7 +118,8 @@ class MtpHead(nn.Module):
         self.hnorm = norm(hidden, config.rms_norm_eps)
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)
         self.block = type(decoder.layers[0])(config, 0)
-        self.cache_keyword = cache_argument(type(self.block))  # looked up once: torch.compile warns at a cached call
+        # looked up once: torch.compile warns at a cached call
+        self.cache_keyword = cache_argument(type(self.block))  # type: ignore[arg-type]  # a class is hashable
         self.norm = norm(hidden, config.rms_norm_eps)
         self.head = nn.Linear(hidden, vocab, bias=False)
         self.rotary = type(decoder.rotary_emb)(config=config)
@@ -212,7 +214,7 @@ def fuse_experts(state: dict[str, torch.Tensor], expected: set[str]) -> dict[str
     return out
 
 
-def load(source: str, target_model: nn.Module) -> MtpHead:
+def load(source: str | Path, target_model: Any) -> MtpHead:
     """MTP module 0 of a checkpoint in either layout; a missing embedding or readout is the target's."""
     what = f"MTP module of '{source}'"
     raw = read_config(source, "MTP checkpoint")

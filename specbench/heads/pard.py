@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,7 +36,7 @@ def pard_token(config: dict) -> int | None:
     return found if isinstance(found, int) and not isinstance(found, bool) and found >= 0 else None
 
 
-def load(source: str, target_model: nn.Module) -> nn.Module:
+def load(source: str | Path, target_model: Any) -> nn.Module:
     """A PARD drafter (any causal LM with a mask token), checked against the target's vocabulary."""
     from ..models.loading import load_causal_lm
 
@@ -98,7 +99,7 @@ def depth_rows(kept: list[list[int]]) -> list[int]:
     return [b + 1 for b, positions in enumerate(kept) for _ in positions]
 
 
-def forward_rows(model: nn.Module, example: tuple[torch.Tensor, ...]) -> torch.Tensor:
+def forward_rows(model: Any, example: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """The drafter's logits [Q, V] over one window's rows."""
     tokens, positions, allowed, _ = example
     device = model.get_output_embeddings().weight.device
@@ -108,7 +109,7 @@ def forward_rows(model: nn.Module, example: tuple[torch.Tensor, ...]) -> torch.T
     ).logits[0]
 
 
-def save(draft: nn.Module, source: Path, out: Path, mask_id: int, half: bool = False) -> None:
+def save(draft: Any, source: Path, out: Path, mask_id: int, half: bool = False) -> None:
     """A full checkpoint (config.json with pard_token and spd_type, weights, and the source's tokenizer files)."""
     out.mkdir(parents=True, exist_ok=True)
     draft.config.pard_token = mask_id

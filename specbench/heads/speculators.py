@@ -165,6 +165,7 @@ def dflash_speculators(raw: dict, verifier: dict | None) -> dict:
     settings = raw.get("dflash_config") or {}
     block = settings.get("block_size", raw.get("block_size", 16))
     layer_ids = settings.get("target_layer_ids", raw.get("target_layer_ids"))
+    assert layer_ids is not None  # a DFlash config names them
     layer = {k: v for k, v in raw.items() if k not in (*DROPPED, *DFLASH_KEYS)}
     layer.setdefault("model_type", "qwen3")
     return {

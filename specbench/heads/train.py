@@ -13,6 +13,7 @@ import copy
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,7 @@ def windows(stream: torch.Tensor, cfg: TrainConfig, generator: torch.Generator, 
 
 
 @torch.no_grad()
-def target_pass(model: nn.Module, ids: torch.Tensor, layers: tuple[int, ...] = (-1,)) -> tuple[torch.Tensor, ...]:
+def target_pass(model: Any, ids: torch.Tensor, layers: tuple[int, ...] = (-1,)) -> tuple[torch.Tensor, ...]:
     """Features [B, L, F] (CachedLM.run's `layers`; by default the final normalised states) and logits [B, L, V],
     in float32."""
     device = next(model.parameters()).device
@@ -68,6 +69,7 @@ def _loop(
 ) -> None:
     """AdamW at a constant rate; loss_fn(ids, features, logits) on each batch of windows (features: `layers`), or
     loss_fn(ids) without a `model` to read."""
+    assert cfg.lr is not None  # train_config sets it
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     generator = torch.Generator().manual_seed(cfg.seed)
     bar = Progress(cfg.steps, f"train {name}", "steps")
@@ -91,7 +93,7 @@ def _evaluate(
 ) -> list[float]:
     """Per-depth top-1 accuracy over held-out windows; depth_hits(ids, features, logits) -> [(hits, total)]."""
     generator = torch.Generator().manual_seed(cfg.seed + 1)
-    totals = 0
+    totals = torch.zeros(())
     for _ in range(cfg.eval_batches):
         ids = windows(heldout, cfg, generator, "held-out text")
         totals = totals + torch.tensor(depth_hits(ids.to(device), *target_pass(model, ids, layers)))  # [depths, 2]
@@ -103,7 +105,7 @@ def _hits(guess: torch.Tensor, target_logits: torch.Tensor) -> tuple[float, floa
     return float((guess == target_logits.argmax(-1)).sum()), float(guess.numel())
 
 
-def train_medusa(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig):
+def train_medusa(model: Any, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig):
     """Medusa-1 heads (own projection initialised from the target's lm_head, or the target's lm_head itself
     with cfg.medusa_shared_lm_head; blocks start as the identity). Returns the heads and their per-depth
     held-out accuracy."""
@@ -114,7 +116,7 @@ def train_medusa(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, c
     heads = heads.to(device)
     if not cfg.medusa_shared_lm_head:
         for head in heads:
-            head[-1].weight.data.copy_(lm_head.weight.float())
+            head[-1].weight.data.copy_(lm_head.weight.float())  # type: ignore[index]  # a Sequential, typed Module
     lm = frozen_float(lm_head)
 
     def per_head(features: torch.Tensor, target: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -136,7 +138,7 @@ def train_medusa(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, c
 
 
 def unroll(
-    head: EagleHead | eagle3.Eagle3Head, features: torch.Tensor, ids: torch.Tensor, steps: int
+    head: EagleHead | eagle3.Eagle3Head | mtp.MtpHead, features: torch.Tensor, ids: torch.Tensor, steps: int
 ) -> list[torch.Tensor]:
     """The draft's chains from every position at once, as in tree drafting: step 1 reads the target's features
     (row i: feature i, token i + 1); step s > 1 reads its own step s - 1 output and the text's next token,
@@ -157,7 +159,7 @@ def unroll(
     return outputs
 
 
-def train_eagle(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, depths: int = 6):
+def train_eagle(model: Any, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, depths: int = 6):
     """An EAGLE-1/2 head by the EAGLE-1 recipe (feature regression + token cross-entropy on noisy target
     features). Returns the head, its config.json and its per-depth held-out accuracy (depths 1..depths)."""
     lm_head = model.get_output_embeddings()
@@ -205,7 +207,7 @@ def ttt_pairs(
     return [(head.logits(x[:, : ids.shape[1] - s]), logits[:, s:]) for s, x in enumerate(outputs, 1)]
 
 
-def train_eagle3(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, depths: int = 8):
+def train_eagle3(model: Any, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, depths: int = 8):
     """An EAGLE-3 head by the training-time test: the draft unrolled cfg.ttt_steps steps on its own outputs,
     step s's loss weighted ttt_decay ** (s - 1); the draft vocabulary is the training text's most frequent
     tokens. Returns the head, its config.json and its per-step held-out accuracy (steps 1..depths)."""
@@ -238,7 +240,7 @@ def train_eagle3(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, c
     return head.eval(), raw, _evaluate(depth_hits, heldout, model, cfg, device, layers)
 
 
-def train_mtp(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, depths: int = 6):
+def train_mtp(model: Any, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, depths: int = 6):
     """An MTP module (DeepSeek-V3 layout, a decoder layer of the target's class) trained as it drafts: unrolled
     cfg.ttt_steps steps on its own outputs (EAGLE-3's training-time test), step s's cross-entropy against the
     target's distributions weighted ttt_decay ** (s - 1). The embedding and readout are the target's, frozen;
@@ -295,7 +297,7 @@ def dflash_blocks(
     return hidden.view(*rows.shape, -1)
 
 
-def train_dflash(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, mask_token_id: int):
+def train_dflash(model: Any, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, mask_token_id: int):
     """A DFlash drafter by the official recipe (SpecForge's `OnlineDFlashModel`): blocks at random anchors of each
     window, row k of a block trained to give the token k places past its anchor, weighted exp(-(k - 1) / decay).
     Ours distils the target's distributions there instead of the text's hard token (the same for the target's own
@@ -332,7 +334,7 @@ def train_dflash(model: nn.Module, train: torch.Tensor, heldout: torch.Tensor, c
 
 
 def train_pard(
-    draft: nn.Module, target: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, mask_id: int
+    draft: Any, target: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, mask_id: int
 ):
     """Adapt `draft` (float32, trained in place) into a PARD drafter guessing cfg.pard_tokens tokens per forward,
     on the text's own next tokens (the target is not read). Returns it and its held-out top-1 accuracy by depth

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,7 @@ ROUNDS = 3  # interleaved rounds per row count; the fastest of each layout is co
 
 ranges: tuple[tuple[int, int], ...] = FALLBACK  # row counts (inclusive ranges) that take the (W @ x.T).T layout
 calibrated = False
+M = TypeVar("M", bound=nn.Module)
 
 
 class FewRowLinear(nn.Linear):
@@ -51,7 +53,7 @@ def _transposed(layer: nn.Linear, flat: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def use_few_row_layout(module: nn.Module) -> nn.Module:
+def use_few_row_layout(module: M) -> M:
     """Every plain nn.Linear of a float32 CPU `module` becomes a FewRowLinear (in place; returns `module`). With
     `SPECBENCH_FEW_ROWS=measure`, the first such module whose weights stream from memory calibrates the process's
     row ranges."""

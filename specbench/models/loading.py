@@ -64,7 +64,9 @@ def load_causal_lm(
     print(f"loading {what}: {path} ({str(dtype).removeprefix('torch.')} on {device})", file=sys.stderr, flush=True)
     try:
         with _bars_on_a_terminal_only():
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+            model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, trust_remote_code=trust_remote_code
+            )
     except (OSError, ValueError) as err:
         raise SpecbenchError(f"could not load {what} '{path}': {str(err).splitlines()[0]}") from err
     if device.type == "cuda":
@@ -116,7 +118,7 @@ def compile_forward(module: torch.nn.Module, graphs: bool = False) -> torch.nn.M
     lm_head stays eager, as the loop reads logits row by row. With `graphs` on a GPU, whose forwards are captured
     once and replayed, each decoder layer apart (`compile_layers`); uncaptured, a call per layer would pay its
     guards and wrappers at every forward, so the stack stays one graph (docs/cpu-notes.md)."""
-    owner = module.get_decoder() if hasattr(module, "get_decoder") else module
+    owner = module.get_decoder() if hasattr(module, "get_decoder") else module  # type: ignore[operator]
     layers = getattr(owner, "layers", None)
     first = next(module.parameters(), None)
     if graphs and first is not None and first.device.type == "cuda" and isinstance(layers, torch.nn.ModuleList):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeGuard
 
 import pandas as pd
 
@@ -140,7 +141,7 @@ def speedup_change(
     return metrics.geometric_mean((nm / nv) / (bm / bv), noise)
 
 
-def _beyond(change: metrics.Speedup | None, limit: float) -> bool:
+def _beyond(change: metrics.Speedup | None, limit: float) -> TypeGuard[metrics.Speedup]:
     """A drop larger than the limit whose 95% interval excludes no change, over enough questions to tell."""
     return change is not None and change.pairs >= MIN_PAIRS and change.value < 1 - limit and change.high < 1
 
@@ -235,6 +236,7 @@ def compare(baseline: Path, new: Path, limits: Limits = Limits(), allow_differen
             elif method not in b_methods:
                 only_new.append(_label(*key, method))
             else:
+                assert b is not None and n is not None  # both list the method
                 got_rows, got_base, got_new = _rows(b, n, method, limits)
                 rows += got_rows
                 only_base += got_base

@@ -61,7 +61,8 @@ def method_colors(methods: set[str]) -> dict[str, str]:
 
 def _lighter(color: str) -> str:
     """`color` halfway to white."""
-    return to_hex(0.5 + 0.5 * np.array(to_rgb(color)))
+    red, green, blue = to_rgb(color)
+    return to_hex((0.5 + 0.5 * red, 0.5 + 0.5 * green, 0.5 + 0.5 * blue))
 
 
 def _yerr(speedups: list[metrics.Speedup]) -> np.ndarray:
@@ -223,8 +224,8 @@ def plot_acceptance(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str
 
 def plot_tau_vs_tree(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
     """tau against the mean verified tree size, one point per method; the diagonal accepts every verified token."""
-    points = [(s, mean_tree_size(s.steps)) for s in cell.stats.values()]
-    points = [(s, size) for s, size in points if size is not None]
+    sizes = [(s, mean_tree_size(s.steps)) for s in cell.stats.values()]
+    points = [(s, size) for s, size in sizes if size is not None]
     if not points:
         return []
     fig = Figure(figsize=(7.5, 4.2))
@@ -263,7 +264,7 @@ def plot_time_split(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str
     stats = [s for s in cell.stats.values() if draft_share(s.turns) is not None]
     if not stats:
         return []
-    parts = {"draft": [], "verify": [], "other (prefill, loop)": []}
+    parts: dict[str, list[float]] = {"draft": [], "verify": [], "other (prefill, loop)": []}
     for s in stats:
         tokens, draft, verify, wall = s.turns[["new_tokens", "draft_time", "verify_time", "wall_time"]].sum()
         for key, seconds in zip(parts, (draft, verify, wall - draft - verify), strict=True):
@@ -285,8 +286,8 @@ def plot_time_split(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str
 def plot_roofline(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
     """Roofline efficiency per method (horizontal bars): measured speedup / the overhead-free speedup at the same
     tau."""
-    bars = [(s, roofline(cell, s)) for s in _drafting(cell)]
-    bars = [(s, value) for s, value in bars if value is not None]
+    efficiencies = [(s, roofline(cell, s)) for s in _drafting(cell)]
+    bars = [(s, value) for s, value in efficiencies if value is not None]
     if not bars:
         return []
     fig = Figure(figsize=(6.5, _bars_height(len(bars))))

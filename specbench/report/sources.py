@@ -120,15 +120,15 @@ def _join_shards(sources: list[Source]) -> list[Source]:
 
     splits: dict[int, list[Source]] = {}
     for s in sources:
-        if shard(s):
-            splits.setdefault(shard(s)[1], []).append(s)
+        if split := shard(s):
+            splits.setdefault(split[1], []).append(s)
     out = []
     for s in sources:
-        group = splits.get(shard(s)[1], []) if shard(s) else []
+        group = splits.get(split[1], []) if (split := shard(s)) else []
         if len(group) < 2:
             out.append(s)
         elif s is group[0]:
-            manifest = merged_manifest([g.path for g in group], [g.manifest for g in group])
+            manifest = merged_manifest([g.path for g in group], [g.manifest or {} for g in group])
             name = re.sub(r"-shard\d+of\d+$", "", s.name)
             answers = [a for g in group for a in g.answers]
             out.append(Source(s.path, name, answers, manifest, s.profile))  # shards run no sweeps

@@ -18,7 +18,7 @@ import torch
 
 from .. import methods, registry, tasks
 from ..config import question_seed
-from ..core.decode import clock
+from ..core.decode import Step, clock
 from ..core.proposer import Nested, Proposal, Proposer, Turn
 from ..core.tree import Tree
 from ..errors import SpecbenchError
@@ -129,7 +129,10 @@ class Tuner:
         proposer = methods.build(self.cfg.method, self.session.resources, params)
         target = self.session.target
         prefilled = target.prefill(state, proposer.feature_layers or None)
-        features = prefilled.features if proposer.feature_layers else None
+        features = None
+        if proposer.feature_layers:
+            assert prefilled is not None  # `state` is a prompt and its answer
+            features = prefilled.features
         times = []
         for _ in range(4):
             proposer.start(Turn(state, 0.0, None, features, None))
@@ -151,7 +154,8 @@ class Tuner:
         except SpecbenchError as err:
             raise Unbuildable(f"{name}: {err}") from err
         proposer = Recorder(built, self.nested, self.session.device)
-        turns, vanilla, steps, asked, contexts = Turns(), Turns(), [], [], []  # each step's question and context
+        steps: list[Step] = []
+        turns, vanilla, asked, contexts = Turns(), Turns(), [], []  # each step's question and context
         accepts: dict[int, list[int]] = {i: [] for i in range(len(settings))}
         rows: dict[int, list[int]] = {i: [] for i in range(len(settings))}
         for gen, prompt in self._answer(name, proposer, turns, vanilla):
@@ -178,8 +182,8 @@ class Tuner:
         )
         slope = draft_slope(contexts, drafts)
         own = self.propose_seconds(run_params, state) if len(settings) > 1 else None
-        asked = np.array(asked)
-        mine = {q: asked == q for q in set(asked.tolist())}  # question -> its steps
+        by_step = np.array(asked)
+        mine = {q: by_step == q for q in set(by_step.tolist())}  # question -> its steps
         scores = []
         for i, setting in enumerate(settings):
             params = {**run_params, **setting}

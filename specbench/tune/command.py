@@ -56,6 +56,7 @@ def tune(cfg: TuneConfig) -> dict:
         key = zlib.crc32(json.dumps([winner, cfg.eval_task, run_cfg.limit, run_cfg.max_new_tokens]).encode())
         names = list(dict.fromkeys([cfg.method, winner]))
         measured, vanilla, taus = measure(cfg, names, out / f"verify-{key:08x}", tokenizer)
+        assert best.cost is not None  # every calibrated score has one
         vanilla.speed = vanilla.speed_against(best.cost)
         for s in scores:
             s.predicted_eval = geometric_mean(vanilla, s)
@@ -64,6 +65,7 @@ def tune(cfg: TuneConfig) -> dict:
             at_tau = replace(s, by_question={q: (tau, s.step) for q, tau in taus[name].items()}, rows_by_question={})
             s.predicted_at_tau = geometric_mean(vanilla, at_tau, calibration=True)
         chosen, note = best, "measured at least as fast as the default"
+        assert best.measured is not None and default.measured is not None  # measured above
         if best.measured.value < default.measured.value:
             chosen, note = default, "the default measured faster than the predicted winner"
     entry = {

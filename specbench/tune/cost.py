@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -134,7 +135,7 @@ class Turns:
         profiled = sum(cost(1, c) for c in self.step_contexts)
         return self.verify_seconds / profiled if profiled > 0 else None
 
-    def per_question(self, values: list[float]) -> dict:
+    def per_question(self, values: Sequence[float]) -> dict:
         out: dict = {}
         for q, v in zip(self.questions, values, strict=True):
             out[q] = out.get(q, 0.0) + v

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specbench.errors import SpecbenchError
 from specbench.progress import Progress
@@ -43,7 +43,7 @@ def _tokenize(tokenizer: PreTrainedTokenizerFast, conversations: list[Conversati
     return tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
 
 
-def _describe(name: str, path: Path, rows: torch.Tensor, plan: FamilyPlan) -> tuple[Model, torch.nn.Module]:
+def _describe(name: str, path: Path, rows: torch.Tensor, plan: FamilyPlan) -> tuple[Model, LlamaForCausalLM]:
     """Reload a saved model as shipped and measure its held-out loss and decode time."""
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     cfg = model.config
@@ -109,8 +109,9 @@ def _own_answers(
     3.24 on a spec_bench subset).
     """
     prompts = [c.prompt for c in corpus.train[: plan.draft_answers]]
-    options = {"max_new_tokens": plan.answer_tokens, "temperature": 0.0, "batch_size": 32, "seed": seed}
-    sequences, _ = regenerate(target, tokenizer, prompts, **options)
+    sequences, _ = regenerate(
+        target, tokenizer, prompts, max_new_tokens=plan.answer_tokens, temperature=0.0, batch_size=32, seed=seed
+    )
     tqdm.write(f"target answers for the draft: {len(sequences)} prompts, {sum(map(len, sequences))} tokens")
     return sequences
 
@@ -142,8 +143,8 @@ def continue_family(
     extra = _draft_docs(tokenizer, draft_text)
     docs = _tokenized(tokenizer, corpus)
     heldout_rows = pack(docs[1], plan.seq_len)
-    target = AutoModelForCausalLM.from_pretrained(family_dir / "target", dtype=torch.float32)
-    draft = AutoModelForCausalLM.from_pretrained(family_dir / "draft", dtype=torch.float32)
+    target = LlamaForCausalLM.from_pretrained(family_dir / "target", dtype=torch.float32)
+    draft = LlamaForCausalLM.from_pretrained(family_dir / "draft", dtype=torch.float32)
     number = 1 + sum(g.name.startswith("target") or "draft only" in g.name for g in history)
     logs = [*history]
     if stage != "draft":
@@ -177,7 +178,7 @@ def _history(family_dir: Path) -> list[TrainLog]:
 
 def _target_stage(
     kind: str,
-    target: torch.nn.Module,
+    target: LlamaForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
     corpus: Corpus,
     train_docs: list[list[int]],
@@ -236,7 +237,7 @@ def _tokenized(tokenizer: PreTrainedTokenizerFast, corpus: Corpus) -> tuple[list
 def _finish(
     out_dir: Path,
     data_dir: Path,
-    models: tuple[torch.nn.Module, torch.nn.Module, PreTrainedTokenizerFast],
+    models: tuple[LlamaForCausalLM, LlamaForCausalLM, PreTrainedTokenizerFast],
     corpus: Corpus,
     docs: tuple[list[list[int]], list[list[int]]],
     plans: tuple[FamilyPlan, FamilyPlan],
@@ -275,7 +276,13 @@ def _measure(
     gsm8k, others = gsm8k_test(data_dir, plan.gsm8k_prompts), quick_first_turns() + GENERAL
     answers = _greedy(target, tokenizer, gsm8k + others, plan)
     samples = [
-        Sample(prompt, tokenizer.decode(ids, skip_special_tokens=True), len(ids), distinct2(ids), repeated4(ids))
+        Sample(
+            prompt,
+            tokenizer.decode(ids, skip_special_tokens=True),  # type: ignore[arg-type]  # one sequence: a str
+            len(ids),
+            distinct2(ids),
+            repeated4(ids),
+        )
         for prompt, ids in zip(gsm8k + others, answers, strict=True)
     ]
     stats = [
@@ -308,7 +315,7 @@ def _measure(
 
 
 def _greedy(
-    target: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, prompts: list[str], plan: FamilyPlan
+    target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, prompts: list[str], plan: FamilyPlan
 ) -> list[list[int]]:
     """The target's greedy answers (token ids, at most `plan.gen_new_tokens`) to single-turn prompts."""
     bar = Progress(len(prompts), "greedy answers", "prompts")
@@ -321,7 +328,7 @@ def _greedy(
 
 
 def _spec_bench_degeneracy(
-    target: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, data_dir: Path, plan: FamilyPlan
+    target: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, data_dir: Path, plan: FamilyPlan
 ) -> list[Degeneracy]:
     """Degeneracy of the target's greedy answers to the benchmark's own prompts: all, then by subtask.
 

@@ -22,7 +22,7 @@ def content_key(text: str) -> str:
 
 def eval_keys(data_dir: Path) -> set[str]:
     """Keys of every Spec-Bench turn."""
-    keys = set()
+    keys: set[str] = set()
     with open(data_dir / "spec_bench" / "question.jsonl", encoding="utf-8") as f:
         for line in f:
             keys.update(content_key(turn) for turn in json.loads(line)["turns"])

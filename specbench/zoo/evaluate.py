@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import BatchEncoding, DynamicCache, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ..core.cached_lm import cache_argument
 
@@ -62,7 +62,7 @@ def decode_ms(model: LlamaForCausalLM, *, cache_len: int, new_tokens: int, repea
     gen = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     cache = DynamicCache(config=model.config)
-    keyword = cache_argument(type(model))
+    keyword = cache_argument(type(model))  # type: ignore[arg-type]  # a class is hashable
     model(input_ids=torch.randint(vocab, (1, cache_len), generator=gen), **{keyword: cache}, use_cache=True)
     times = []
     for _ in range(repeats + 2):  # the first two warm up
@@ -80,13 +80,15 @@ def greedy_answer(
 ) -> list[int]:
     """Token ids of the greedy answer to a single-turn chat `prompt`."""
     model.eval()
-    ids = tokenizer.apply_chat_template(
+    encoded = tokenizer.apply_chat_template(
         [{"role": "user", "content": prompt}],
         add_generation_prompt=True,
         enable_thinking=False,  # as runs render prompts (models.chat.prompt_ids): Qwen3's template would think
         return_tensors="pt",
         return_dict=True,
-    )["input_ids"]
+    )
+    assert isinstance(encoded, BatchEncoding)  # return_dict=True
+    ids = encoded["input_ids"]
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens)
     return out[0, ids.shape[1] :].tolist()
 
