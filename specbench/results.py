@@ -40,7 +40,7 @@ class Answer:
     greedy_check: dict | None = None  # vs vanilla at T=0: match, turn, position, margins, noise, verdict
     busy_cpus: float | None = None  # CPUs' worth of other processes' work while this answer was timed
     position: int | None = None  # the question's place in its task's run order (at this temperature)
-    slot: int | None = None  # the method's place among the methods timed on this question, in the order they ran
+    order: int | None = None  # the method's place among the methods timed on this question, in the order they ran
     node: dict | None = None  # --workers: the worker (its number) and Ray node (id, ip, host) that answered it
     batch_size: int = 1  # sequences decoded together (`--batch`)
     batch_times: list[list[float]] | None = None  # per turn, B > 1: [start, end] in seconds from the batch's start
@@ -82,7 +82,7 @@ class Answer:
                 "output_ids": self.output_ids,
                 "busy_cpus": self.busy_cpus,
                 "position": self.position,
-                "slot": self.slot,
+                "order": self.order,
                 "node": self.node,
                 "greedy_check": self.greedy_check,
                 "batch_size": self.batch_size,
@@ -228,7 +228,7 @@ def from_record(record: dict, source: Path) -> Answer:
         greedy_check=extra.get("greedy_check"),
         busy_cpus=extra.get("busy_cpus"),
         position=extra.get("position"),
-        slot=extra.get("slot"),
+        order=extra.get("order", extra.get("slot")),  # ("slot" in files written before 2026-11-29)
         node=extra.get("node"),
         batch_size=int(extra.get("batch_size") or 1),
         batch_times=extra.get("batch_times"),

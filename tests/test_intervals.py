@@ -132,10 +132,10 @@ def aa_cell(ratios: list[float], positions: list[int], aa_after: list[bool]) -> 
             "new_tokens": 10,
             "wall_time": 1.0,
             "position": positions,
-            "slot": [0 if after else 1 for after in aa_after],
+            "order": [0 if after else 1 for after in aa_after],
         }
     )
-    aa = base.assign(wall_time=[1.0 / r for r in ratios], slot=[1 if after else 0 for after in aa_after])
+    aa = base.assign(wall_time=[1.0 / r for r in ratios], order=[1 if after else 0 for after in aa_after])
     return aa, base
 
 
@@ -157,5 +157,5 @@ def test_order_effect_needs_recorded_order_and_six_pairs():
     aa, base = aa_cell([1.0, 1.1, 0.9, 1.0, 1.2], list(range(5)), [True, False] * 2 + [True])
     assert metrics.order_effect(aa, base).pairs == 5 and not metrics.order_effect(aa, base).flagged
     aa, base = aa_cell([1.0] * 8, list(range(8)), [True] * 8)
-    unrecorded = metrics.order_effect(aa.assign(position=None, slot=None), base.assign(position=None, slot=None))
+    unrecorded = metrics.order_effect(aa.assign(position=None, order=None), base.assign(position=None, order=None))
     assert unrecorded.pairs == 0 and not unrecorded.flagged  # runs written before order was recorded

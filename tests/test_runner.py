@@ -117,7 +117,7 @@ def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path,
     aa = read_file(answer_path(out, "quick", runner.AA, 0.0))
     assert len(aa) == 6 and all(a.greedy_check["match"] for a in aa)
     recorded = {
-        (a.position, a.question_id, a.method): a.slot
+        (a.position, a.question_id, a.method): a.order
         for m in ("vanilla", "sps", "pld", runner.AA)
         for a in read_file(answer_path(out, "quick", m, 0.0))
     }

@@ -7,7 +7,7 @@ from the sources they loaded, with `from_sources` and `steps_from_sources`). Col
 
 An answer records some fields once for all its turns. They sit on its turn-0 row, so that sums and counts over
 rows take each answer once: `draft_time` and `verify_time` (seconds, all turns) are 0.0 on later turns;
-`greedy_match`, `greedy_near_tie`, `busy_cpus`, `position` and `slot` are missing there. Where an answer did not
+`greedy_match`, `greedy_near_tie`, `busy_cpus`, `position` and `order` are missing there. Where an answer did not
 record one, it is missing on all its rows. `batch_size` is the number of sequences decoded together (1 unless
 run with `--batch`); `batch_start` and `batch_end`, a batched turn's span in seconds from its batch's start;
 `batch_steps`, `batch_forward` and `batch_profiled`, its shares of its batch's steps, of their forwards' measured
@@ -37,14 +37,14 @@ ANSWER_FIELDS = [
     "greedy_near_tie",
     "busy_cpus",
     "position",
-    "slot",
+    "order",
     "draft_time",
     "verify_time",
     "device",
     "dtype",
     "run_started",
 ]  # _answer_row keys, also for no answers
-COUNTED_ONCE = ["greedy_match", "greedy_near_tie", "busy_cpus", "position", "slot"]  # missing on later turns
+COUNTED_ONCE = ["greedy_match", "greedy_near_tie", "busy_cpus", "position", "order"]  # missing on later turns
 SUMMED_ONCE = ["draft_time", "verify_time"]  # 0.0 on later turns
 
 
@@ -71,7 +71,7 @@ def _answer_row(source: Source, answer: Answer) -> dict:
         "greedy_near_tie": check.get("near_tie"),
         "busy_cpus": answer.busy_cpus,
         "position": answer.position,
-        "slot": answer.slot,
+        "order": answer.order,
         "draft_time": answer.draft_time,
         "verify_time": answer.verify_time,
         "device": (manifest.get("machine") or {}).get("device_name"),

@@ -193,17 +193,17 @@ def welch_p(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _order(turns: pd.DataFrame) -> pd.DataFrame:
-    """Each answer's recorded position in the run and slot within its question, by question id."""
-    return turns[turns.turn == 0].set_index("question_id")[["position", "slot"]].astype(float)
+    """Each answer's recorded position in the run and order within its question, by question id."""
+    return turns[turns.turn == 0].set_index("question_id")[["position", "order"]].astype(float)
 
 
 def order_effect(aa_turns: pd.DataFrame, baseline_turns: pd.DataFrame) -> OrderEffect:
-    """Tests the A/A pairs for an order effect; needs each answer's recorded `position` and `slot` (turn-0 rows)."""
+    """Tests the A/A pairs for an order effect; needs each answer's recorded `position` and `order` (turn-0 rows)."""
     nan = float("nan")
     logs = np.log(_paired(aa_turns, baseline_turns))
     order = _order(aa_turns).add_suffix("_aa").join(_order(baseline_turns).add_suffix("_base"))
     order = order.reindex(logs.index).dropna()
-    x, pos, after = logs.loc[order.index], order.position_aa, order.slot_aa > order.slot_base
+    x, pos, after = logs.loc[order.index], order.position_aa, order.order_aa > order.order_base
     if x.size < 6:
         return OrderEffect(int(x.size), nan, nan, nan)
     drift = spearman_p(pos.to_numpy(), x.to_numpy())

@@ -237,7 +237,7 @@ class Worker:
             _, gens, texts, _ = sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]  # the median timing
             answers[name] = a = self._record(name, unit, unit.question, seed, gens, texts)
             a.busy_cpus = max((r[3] for r in runs if r[3] is not None), default=None)
-            a.position, a.slot = unit.position, unit.methods.index(name)
+            a.position, a.order = unit.position, unit.methods.index(name)
         check_greedy(
             answers,
             answers.get("vanilla") or unit.vanilla,
@@ -268,7 +268,7 @@ class Worker:
             self.batch_profiles[unit.batch] = batch_profile(target)
         profile = self.batch_profiles[unit.batch]
         reference = dict(unit.vanilla)
-        for slot, name in enumerate(unit.methods):
+        for order, name in enumerate(unit.methods):
             drafting = self._drafter(name, unit.batch)
             method = base_method(name)
             if self.cfg.warmup and (method, unit.batch) not in self.warmed_batches:
@@ -288,7 +288,7 @@ class Worker:
                 a = self._record(name, unit, question, seed, gens, texts)
                 a.batch_size, a.batch_times = unit.batch, [[g.started, g.ended] for g in gens]
                 a.batch_shares = [batch_shares(g, profile) for g in gens]
-                a.busy_cpus, a.position, a.slot = busy, position, slot
+                a.busy_cpus, a.position, a.order = busy, position, order
                 if name == "vanilla":
                     reference[question.id] = a
                 else:
