@@ -3,7 +3,9 @@
 from types import SimpleNamespace
 
 import pytest
+import torch
 
+from specbench.core.cached_lm import Forward
 from specbench.run import worker
 
 
@@ -11,24 +13,23 @@ class FakeTarget:
     """Forwards take k ms over k tokens, except during a slow spell; a fake clock advances by that much."""
 
     context_length = 4096
-    device = SimpleNamespace(type="cpu")
+    device = torch.device("cpu")
     model = SimpleNamespace(config=SimpleNamespace(vocab_size=100))
 
     def __init__(self, slow_calls: set[int]) -> None:
         self.now, self.calls, self.sizes, self.slow_calls = 0.0, 0, [], slow_calls
 
-    def reset(self) -> None:
-        pass
+    def prefill(self, prompt: list[int], layers=None, reuse: bool = False) -> None:
+        pass  # (the context)
 
     def crop(self, length: int) -> None:
         pass
 
-    def forward(self, tokens: list[int], last_only: bool = False) -> None:
-        if last_only:  # the context's prefill
-            return
+    def run(self, tokens: list[int], tree=None, *, layers=None, side=None, greedy: bool = False) -> Forward:
         self.calls += 1
         self.sizes.append(len(tokens))
         self.now += len(tokens) * 1e-3 * (3 if self.calls in self.slow_calls else 1)
+        return Forward(torch.zeros(len(tokens), 100))
 
 
 def test_sizes_are_timed_in_rounds_and_a_slow_spell_does_not_skew_one_size(monkeypatch):

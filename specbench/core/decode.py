@@ -144,6 +144,10 @@ class OneSlot:
         ((_, start, keep),) = moves
         self.model.commit(start, keep)
 
+    def rewind(self, slot: int, length: int) -> None:
+        """The sequence's cached rows from `length` on dropped."""
+        self.model.crop(length)
+
 
 @dataclass(frozen=True, slots=True)
 class StepMarks:

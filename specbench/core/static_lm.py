@@ -267,6 +267,10 @@ class BatchedLM:
         picks = None if out.picks is None else (out.picks[0][slot, :n], out.picks[1][slot, :n])
         return Forward(out.logits[slot, rows].clone(), features, picks)
 
+    def rewind(self, slot: int, length: int) -> None:
+        """`slot`'s committed rows from `length` on dropped (rows past a length are never read: nothing is cleared)."""
+        self.lengths[slot] = length
+
     @torch.inference_mode()
     def commit(self, moves: list[tuple[int, int, list[int]]]) -> None:
         """For each (slot, start, keep): rows start + keep[i] of the last forward kept as rows start + i, the rest

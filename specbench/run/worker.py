@@ -17,9 +17,9 @@ import torch
 from .. import methods
 from ..config import BatchUnit, Plan, RunConfig, Unit, base_method, question_seed
 from ..core.cached_lm import CachedLM
-from ..core.decode import Generation
+from ..core.decode import Generation, OneSlot
 from ..core.proposer import Drafter
-from ..core.static_lm import BUCKETS, BatchedLM, Row
+from ..core.static_lm import BatchedLM, Row
 from ..interference import OtherLoad, set_aside, take_back, without_gc
 from ..machine import machine, warm_gpu
 from ..results import Answer, TurnSteps, answer, check_greedy
@@ -56,46 +56,32 @@ def _median_times(sizes, repeats: int, device: torch.device, forward, reset) -> 
 
 @torch.inference_mode()
 def forward_profile(
-    target: CachedLM, context: int = 256, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 9
+    target: CachedLM | BatchedLM,
+    context: int = 256,
+    sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
+    repeats: int = 9,
 ) -> dict[int, float]:
-    """Median seconds of one target forward over k new tokens after `context` cached tokens (for roofline and
-    tune's cost model), in interleaved rounds (`_median_times`)."""
-    context = min(context, target.context_length - max(sizes) - 1)
-    vocab = target.model.config.vocab_size
+    """Median seconds of one verification forward over k new rows in every slot of `target` (a CachedLM: a batch of
+    one) after `context` cached tokens in each, its verdicts computed with it as a greedy step's are: the T(k) of
+    the roofline and of tune's cost model, and at B slots the T(rows) a batch's steps are read against (the report's
+    batch sweep). Timed in interleaved rounds (`_median_times`); the slots are emptied after."""
+    batch = target if isinstance(target, BatchedLM) else OneSlot(target)
+    context = max(1, min(context, batch.context_length - max(sizes) - 1))
     generator = torch.Generator().manual_seed(0)
-    filler = torch.randint(0, vocab, (context + max(sizes),), generator=generator).tolist()
-    target.reset()
-    target.forward(filler[:context], last_only=True)
-    return _median_times(
-        sizes,
-        repeats,
-        target.device,
-        lambda k: target.forward(filler[context : context + k]),
-        lambda: target.crop(context),
-    )
+    filler = torch.randint(0, target.model.config.vocab_size, (context + max(sizes),), generator=generator).tolist()
+    for slot in range(batch.batch):
+        batch.prefill_slot(slot, filler[: context + 1])
 
-
-@torch.inference_mode()
-def batch_profile(target: BatchedLM, context: int = 256, repeats: int = 5) -> dict[int, float]:
-    """Median seconds of one forward over every slot of the batched `target` at each bucket of rows per slot (up
-    to 64), after `context` cached tokens in each: the T(rows) a batch's steps are read against (the report's
-    batch sweep). Timed as `forward_profile` is (`_median_times`); the slots are emptied after."""
-    sizes = [b for b in BUCKETS if b <= 64]
-    context = max(1, min(context, target.context_length - sizes[-1] - 1))
-    generator = torch.Generator().manual_seed(0)
-    filler = torch.randint(0, target.model.config.vocab_size, (context + sizes[-1],), generator=generator).tolist()
-    for slot in range(target.batch):
-        target.prefill_slot(slot, filler[: context + 1])
-
-    def forward(b: int) -> None:
-        rows = [Row(slot, filler[context : context + b]) for slot in range(target.batch)]
-        target.verify(rows, judged=True)  # (as a greedy step verifies: its verdicts computed with it)
+    def forward(k: int) -> None:
+        batch.verify([Row(slot, filler[context : context + k]) for slot in range(batch.batch)], judged=True)
 
     def reset() -> None:
-        target.lengths = [context] * target.batch
+        for slot in range(batch.batch):
+            batch.rewind(slot, context)
 
     times = _median_times(sizes, repeats, target.device, forward, reset)
-    target.lengths = [0] * target.batch
+    for slot in range(batch.batch):
+        batch.rewind(slot, 0)
     return times
 
 
@@ -128,7 +114,7 @@ class Worker:
         self.warmed: set[str] = set()
         self.drafters: dict[tuple[str, int], Drafter] = {}  # (method, batch size) -> its drafting for the batch
         self.warmed_batches: set[tuple[str, int]] = set()  # (method, batch size) warmed up
-        self.batch_profiles: dict[int, dict[int, float]] = {}  # batch size -> its T(rows) (`batch_profile`)
+        self.batch_profiles: dict[int, dict[int, float]] = {}  # batch size -> its T(rows) (`forward_profile`)
         self.neighbours = 0.0  # CPUs other workers on this machine may keep busy: not a foreign load
         set_aside()  # what it loaded lives as long as it does
 
@@ -265,7 +251,7 @@ class Worker:
         seeds = [question_seed(self.cfg.seed, q.id, unit.temperature) for q in questions]
         target = session.batched(unit.batch, session.slot_context(questions, unit.budget))
         if unit.batch not in self.batch_profiles:
-            self.batch_profiles[unit.batch] = batch_profile(target)
+            self.batch_profiles[unit.batch] = forward_profile(target, repeats=5)
         profile = self.batch_profiles[unit.batch]
         reference = dict(unit.vanilla)
         for order, name in enumerate(unit.methods):
