@@ -137,7 +137,9 @@ class CachedLM:
             self.prefilled = (key, out)
         return out
 
-    def forward(self, tokens: list[int], tree: Tree | None = None, last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self, tokens: list[int] | torch.Tensor, tree: Tree | None = None, last_only: bool = False
+    ) -> torch.Tensor:
         """Append `tokens` to the cache (a chain, or [root] + tree when `tree` is given). Returns logits [n, V],
         or [1, V] for the last token only with `last_only` (a prefill: no vocabulary projection of the prompt)."""
         return self.run(tokens, tree, last_only=last_only).logits

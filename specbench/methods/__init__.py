@@ -61,7 +61,7 @@ def eager_drafting(name: str) -> bool:
     graphed = registry.IMPLEMENTATIONS[spec.implementation].graphed
     if graphed is not None and graphed(spec.params):
         return False
-    return any(need.kind == "head" and not registry.HEADS[need.family].static for need in needs(name))
+    return any(need.kind == "head" and need.family and not registry.HEADS[need.family].static for need in needs(name))
 
 
 def _built(name: str, res: Resources, overrides: dict | None, *slots: int):

@@ -71,6 +71,7 @@ class DFlash(Proposer):
         self.pending = turn.features if turn.features is not None else torch.empty(0, self.draft.feature_size)
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
+        assert feedback.features is not None  # the target returns the feature_layers' states
         self.pending = torch.cat([self.pending.to(feedback.features), feedback.features])
 
     def _new_rows(self, tokens: list[int], max_depth: int) -> tuple[int, torch.Tensor, int] | None:
@@ -154,9 +155,9 @@ class BlockDrafting:
 
     def _alone(self, slot: int, features: torch.Tensor, read: int, token: int) -> torch.Tensor:
         span = self._span(read + len(features))
-        inputs = (upload([v], self.dflash.device) for v in (len(features), read, token))
+        count, before, last = (upload([v], self.dflash.device) for v in (len(features), read, token))
         own = [layer.slot(slot) if self.batch > 1 else layer for layer in self.slots]
-        return self._block(features[None], *inputs, span, own)[0]
+        return self._block(features[None], count, before, last, span, own)[0]
 
     def _together(self, members: list[tuple[int, torch.Tensor, int, int]]) -> dict[int, torch.Tensor]:
         """The padded, captured forward over every slot (those not in `members` write past their own rows)."""
@@ -217,7 +218,7 @@ class BlockDrafting:
 @implementation("dflash", nested=chain_prefix("num_draft_tokens"), graphed=lambda params: True)
 def build(params: dict, res: Resources) -> Proposer:
     dtype = res.draft_dtype(params.pop("draft_dtype", None))
-    draft = res.head("dflash", dtype)
+    draft: DFlashDraft = res.head("dflash", dtype)
     slot, slots = res.slot
     blocks = None
     if res.graphs or slots > 1:

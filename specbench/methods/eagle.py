@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from transformers import DynamicCache
@@ -52,6 +52,9 @@ from ..registry import implementation, unless_sampled
 from .eagle_trees import Draft, DynamicTree, StaticTree, level_nodes, level_scores
 from .resources import Resources
 
+if TYPE_CHECKING:  # (importing heads.mtp registers its family: methods.mtp does)
+    from ..heads.mtp import MtpHead
+
 
 class Ahead(NamedTuple):
     """Where a draft's fed levels sit and their rotary embedding, computed once a draft, not once a level."""
@@ -60,7 +63,9 @@ class Ahead(NamedTuple):
     rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin [B or 1, levels, head dim]
 
     @staticmethod
-    def of(head: torch.nn.Module, hidden: torch.Tensor, position: int | torch.Tensor, levels: int) -> Ahead:
+    def of(
+        head: EagleHead | Eagle3Head | MtpHead, hidden: torch.Tensor, position: int | torch.Tensor, levels: int
+    ) -> Ahead:
         """At the roots' positions: `position` an int (one sequence) or [B] (each sequence's)."""
         root = position[:, None] if isinstance(position, torch.Tensor) else position
         positions = torch.arange(levels, device=hidden.device)[None] + root
@@ -79,7 +84,7 @@ class Children(NamedTuple):
 class Eagle(Proposer):
     def __init__(
         self,
-        head: EagleHead | Eagle3Head,
+        head: EagleHead | Eagle3Head | MtpHead,
         lm_head: Callable[[torch.Tensor], torch.Tensor],  # head output [n, H] -> draft-vocabulary logits [n, V']
         expansion: StaticTree | DynamicTree,
         *,
@@ -112,13 +117,14 @@ class Eagle(Proposer):
         self.pending = turn.features if turn.features is not None else torch.empty(0, self.head.feature_size)
         self.root: torch.Tensor | None = None  # [H]: the head's output at the root's position
         if self.static is not None and not self.sampling:  # the prompt's pairs are fed with the first draft
-            self.cache = self.static.cache
+            self.cache: StaticRows | DynamicCache = self.static.cache
             self.static.lengths[self.slot] = 0
             return
         self.cache = DynamicCache(config=self.head.config)  # pairs of committed tokens only
         self._extend(turn.prompt)
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
+        assert feedback.features is not None  # the target returns the feature_layers' states
         self.pending = torch.cat([self.pending.to(feedback.features), feedback.features])
         if not isinstance(self.cache, StaticRows):
             self._extend(tokens)
@@ -250,6 +256,7 @@ class Eagle(Proposer):
         q = probabilities(logits[0], self.temperature)  # [F, V']
         drawn, laws, real = draw_distinct_padded(q, k, self.generator)  # [F, k], [F, k, V'], [F] real draws
         if self.target_ids is not None:  # laws move onto the target vocabulary
+            assert self.target_vocab is not None  # given with target_ids
             full = laws.new_zeros(*drawn.shape, self.target_vocab)
             full[..., to_target] = laws
             laws = full
@@ -273,8 +280,10 @@ class Eagle(Proposer):
         positions = ahead.positions[:, depth - 1 : depth].expand(batch, n)
         rope = tuple(t[:, depth - 1 : depth].expand(batch, n, -1) for t in ahead.rope)
         if isinstance(self.cache, StaticRows):  # tree rows after the committed ones; every key row is masked
+            assert self.static is not None  # (its cache)
             mask = self.static.tree_rows(seen, n)
         else:  # (one sequence)
+            assert isinstance(root, int)  # (the eager cache's length)
             mask = torch.cat([seen.new_zeros(batch, n, root), seen], dim=2)  # [1, n, committed + fed + n]
         return self.head(features, tokens, positions, mask[:, None], self.cache, rope)
 
@@ -350,7 +359,7 @@ class StaticDrafting:
             else:
                 together.setdefault(depth, []).append((i, features, ids, past))
         for depth, members in together.items():
-            drafts = self._together([(slots[i].slot, *rest) for i, *rest in members], depth)
+            drafts = self._together([(slots[i].slot, features, ids, past) for i, features, ids, past in members], depth)
             for (i, *_), drafted in zip(members, drafts, strict=True):
                 found[i] = drafted
         return found
@@ -448,6 +457,7 @@ class StaticDrafting:
         """Where a level's n rows go in each slot (after its committed pairs, the tree rows fed so far) and which
         keys they see [B, n, span] (additive): the committed pairs, and those tree rows `seen` [B, n, fed + n]
         marks (`_draft` set the rows)."""
+        assert self.before is not None and self.rows is not None  # set by `_draft`
         fed = seen.shape[-1]
         mask = self.before[:, None].expand(-1, n, -1).clone()
         mask.scatter_(2, self.rows[:, None, :fed].expand(-1, n, -1), seen)
@@ -469,8 +479,9 @@ DYNAMIC = Nested(
 )
 
 
-def _static_paths(proposer: Eagle, proposal: Proposal) -> tuple[list[tuple], list[list[int]]]:
+def _static_paths(proposer: Proposer, proposal: Proposal) -> tuple[list[tuple], list[list[int]]]:
     """Each proposed node's path of ranks (the proposal keeps every drafted node, in order) and the tree's paths."""
+    assert isinstance(proposer, Eagle) and isinstance(proposer.expansion, StaticTree)  # EAGLE-1's
     tree = proposer.expansion
     slots = proposer.drafted.slots
     return [tree.paths[s] for s in (slots.tolist() if slots is not None else [])], tree.choices
@@ -506,7 +517,7 @@ def _on_target_head(
     """An EAGLE-1/2 head reading out through the target's lm_head, in `draft_dtype`, over the most frequent tokens
     of the head's training text only with `draft_vocab` (`_shortlist`)."""
     dtype = res.draft_dtype(draft_dtype)
-    head = res.head("eagle", dtype)
+    head: EagleHead = res.head("eagle", dtype)
     vocab = head.config.vocab_size
     ids = _shortlist(res, "eagle", draft_vocab, torch.arange(vocab, device=res.device), "the vocabulary's")
     if ids is None:
@@ -556,7 +567,7 @@ def build_eagle2(params: dict, res: Resources) -> Proposer:
 @implementation("eagle3", nested=DYNAMIC, graphed=unless_sampled)
 def build_eagle3(params: dict, res: Resources) -> Proposer:
     sampled, draft = params.pop("sampled", False), _draft_params(params)
-    head = res.head("eagle3", res.draft_dtype(draft["draft_dtype"]))
+    head: Eagle3Head = res.head("eagle3", res.draft_dtype(draft["draft_dtype"]))
     if not head.restricted:  # (a batch's slots share one head: restricted with slot 0's build)
         readable = head.target_ids(torch.arange(head.config.draft_vocab_size, device=res.device))
         keep = _shortlist(res, "eagle3", draft["draft_vocab"], readable, "the draft vocabulary's")

@@ -41,7 +41,9 @@ class Draft:
         return self.tokens.shape[-1]
 
     def _map(self, op: Callable[[torch.Tensor], torch.Tensor]) -> Draft:
-        return Draft(*(None if (t := getattr(self, f.name)) is None else op(t) for f in fields(self)))
+        return Draft(
+            *(None if (t := getattr(self, f.name)) is None else op(t) for f in fields(self))  # type: ignore[arg-type]
+        )
 
     def row(self, i: int) -> Draft:
         """Sequence i's draft of a batch's."""
@@ -58,7 +60,7 @@ class Draft:
         if len(levels) == 1:
             return levels[0]
         return Draft(
-            *(
+            *(  # type: ignore[arg-type]  # (fields() loses which fields may be None)
                 None
                 if getattr(levels[0], f.name) is None
                 else torch.cat([getattr(x, f.name) for x in levels], dim=-2 if f.name == "laws" else -1)
@@ -108,7 +110,7 @@ class StaticTree:
         paths = sorted({tuple(p) for p in choices}, key=lambda p: (len(p), p))  # parents first
         self.branch = 1 + max(r for p in paths for r in p)
         self.max_depth = max(len(p) for p in paths)
-        slot = {(): -1}  # path of ranks -> template slot; -1 is the root
+        slot: dict[tuple[int, ...], int] = {(): -1}  # path of ranks -> template slot; -1 is the root
         self.child = torch.full((len(paths) + 1, self.branch), -1)  # [parent slot + 1, rank] -> slot, -1: none
         for p in paths:
             if p and min(p) >= 0 and p[:-1] in slot:  # a path whose parent is not in the tree is never reached
@@ -157,6 +159,7 @@ class StaticTree:
     def grow(self, level: Draft) -> torch.Tensor:
         """The positions [..., F'] in a level's nodes [..., n] of those that have children in the tree, ascending
         (a level of sampled children, whose count depends on the draws, is one sequence's)."""
+        assert level.slots is not None  # (a static tree's level)
         _, inner = self._on(level.slots.device)
         growing = inner[level.slots]
         return growing.nonzero()[:, -1].view(*growing.shape[:-1], -1)

@@ -32,16 +32,18 @@ class Medusa(Proposer):
     def __init__(
         self,
         heads: MedusaHeads,
-        lm_head: nn.Module,
+        lm_head: nn.Linear,
         choices: list[list[int]],
         sampled: bool = False,
         graphs: bool = False,  # top-k candidates picked in a captured graph (on a GPU)
     ) -> None:
         vocab, hidden = lm_head.weight.shape
-        own = None if heads.shared_lm_head else heads[0][-1].out_features
-        if heads[0][0].linear.in_features != hidden or own not in (None, vocab):
+        # (a head is an nn.Sequential of ResBlocks, then its own projection unless it shares the target's)
+        width = heads[0][0].linear.in_features  # type: ignore[index]
+        own = None if heads.shared_lm_head else heads[0][-1].out_features  # type: ignore[index]
+        if width != hidden or own not in (None, vocab):
             raise SpecbenchError(
-                f"the Medusa heads are for hidden size {heads[0][0].linear.in_features} and vocabulary "
+                f"the Medusa heads are for hidden size {width} and vocabulary "
                 f"{own or vocab}, the target has {hidden} and {vocab}: use heads trained for this target"
             )
         self.choices = choices  # as listed (`tree_prefix` keeps a prefix of them)
@@ -140,11 +142,13 @@ class Medusa(Proposer):
         return Proposal(Tree(tokens, self.template.parents).subtree(keep), torch.stack([law[i] for i in keep]))
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
+        assert feedback.features is not None  # the target returns the feature_layers' states
         self.hidden = feedback.features[-1]
 
 
-def _paths(proposer: Medusa, proposal: Proposal) -> tuple[list[tuple], list[list[int]]]:
+def _paths(proposer: Proposer, proposal: Proposal) -> tuple[list[tuple], list[list[int]]]:
     """Each proposed node's path of ranks (a greedy proposal is the whole template) and the tree's paths."""
+    assert isinstance(proposer, Medusa)
     return proposer.paths if len(proposal.tree) else [], proposer.choices
 
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -20,13 +20,16 @@ from ..models.few_rows import use_few_row_layout
 from ..models.loading import DTYPES, compile_forward, load_causal_lm, owned_decoder
 from ..registry import HEADS, Need, train_hint
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 T = TypeVar("T")
 
 
 @dataclass
 class Resources:
     model_name: str
-    target_model: torch.nn.Module
+    target_model: PreTrainedModel
     tokenizer: object
     device: torch.device
     dtype: torch.dtype
@@ -165,10 +168,10 @@ class Resources:
             self._readouts[key] = use_few_row_layout(copy)  # (the few-row layout is float32's only)
         return self._readouts[key]
 
-    def head(self, family: str, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    def head(self, family: str, dtype: torch.dtype | None = None) -> Any:
         """The head of `family` (the one the method being built asked for: `choosing`) loaded for this target, on the
         run's device, in the run's dtype or `dtype`; while a batch's proposers are built, loaded once for all its
-        slots (`slot_of`)."""
+        slots (`slot_of`). Its type is the family's (`HeadFamily.load`'s)."""
         key = (self._chosen.get(family, family), dtype or self.dtype)
         if self.slot[1] > 1 and key in self._heads:
             return self._heads[key]

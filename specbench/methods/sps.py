@@ -31,7 +31,7 @@ class DraftModel(Proposer):
         logits = self.draft.forward(tokens[self.draft.cached :])[-1]
         if self.temperature == 0:  # each argmax feeds the next forward on the device: the host never waits
             drafted = [logits.argmax(-1, keepdim=True)]
-            for _ in range(k - 1):
+            for _ in range(k - 1):  # (forward takes ids on the device too: it runs `run`)
                 drafted.append(self.draft.forward(drafted[-1])[-1].argmax(-1, keepdim=True))
             return Proposal(chain(torch.cat(drafted)))
         sampled: list[int] = []
@@ -71,6 +71,7 @@ class DraftModel(Proposer):
             outs = lm.run([Row(proposers[i].draft.slot, fed) for i, fed in feeding], greedy=greedy, last_only=True)
             for (i, _), out in zip(feeding, outs, strict=True):
                 if greedy:
+                    assert out.picks is not None  # (a greedy forward's)
                     drafted[i].append(out.picks[0][-1:].clone())  # [1]: its argmax (the next forward writes over it)
                     continue
                 q = probabilities(out.logits[-1], proposers[i].temperature)

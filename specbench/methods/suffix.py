@@ -21,6 +21,7 @@ its batch-mates' answers too, those in progress included, so suffix decoding's a
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
 from ..core.tree import Tree
@@ -75,7 +76,7 @@ class SuffixDecoding(Proposer):
             )
         if max_cached_requests < 0:
             raise ValueError("suffix needs max_cached_requests >= 0 (0 turns the global index off)")
-        self.options = dict(
+        self.options: dict[str, Any] = dict(  # `speculate`'s keywords
             depth=max_tree_depth, factor=max_spec_factor, offset=max_spec_offset, min_prob=min_token_prob, tree=tree
         )
         self.max_spec_tokens = max_spec_tokens
