@@ -14,12 +14,12 @@ import torch
 
 from ..errors import SpecbenchError
 from . import acceptance
-from .cached_lm import CachedLM, Forward, as_ids, margins
+from .cached_lm import CachedLM, Forward, margins
 from .proposer import Drafter, Feedback, Proposal, Proposer, Turn, drafter
 from .static_lm import BatchedLM, Row, StaticCachedLM
-from .step import Judged, inputs, judge_batch
+from .step import Judged, inputs
 from .transfer import upload
-from .tree import new_rows_allowed, position_ids
+from .tree import EMPTY
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,8 @@ class OneSlot:
         self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False, judged: bool = False
     ) -> tuple[Forward, Judged | None]:
         """`BatchedLM.verify` for the one sequence: its output [1, n, ...] and, when `judged`, its greedy verdict (a
-        static cache's, computed with its forward; the eager cache's after it, from the tree)."""
+        static cache's, computed with its forward; the eager cache's on the host from the one read of its picks, as
+        cheaper than a batch's tensor operations for one sequence: `acceptance.greedy`)."""
         (row,) = rows
         model = self.model
         if isinstance(model, StaticCachedLM) and model.batched.batch == 1:
@@ -124,21 +125,20 @@ class OneSlot:
         logits, features = out.logits[None], None if out.features is None else out.features[None]
         if not (greedy or judged):
             return Forward(logits, features), None
-        picks = (logits.argmax(-1), margins(logits)) if out.picks is None else (out.picks[0][None], out.picks[1][None])
+        top1 = logits.argmax(-1) if out.picks is None else out.picks[0][None]  # [1, n]
         if not judged:
-            return Forward(logits, features, picks), None
-        n, device = len(row.tokens), self.device
-        if row.chained:
-            seen = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-            depth = torch.arange(n, device=device)
-        else:
-            assert row.tree is not None
-            side = row.side
-            seen = upload(new_rows_allowed(row.tree, side.allowed if side else None), device)
-            depth = position_ids(row.tree, 0, device, side.positions if side else None)[0]
-        nodes = upload([0 if row.tree is None else len(row.tree)], device)
-        verdict = judge_batch(as_ids(row.tokens, device)[None], seen[None], depth[None], nodes, picks, features)
-        return Forward(logits, features, picks), verdict
+            return Forward(logits, features, (top1, margins(logits))), None
+        tree = row.tree if row.tree is not None else EMPTY
+        best = tree.read_along(top1[0])  # (a tree still on the device comes with them: one read)
+        accepted = acceptance.greedy(tree, best[: len(tree) + 1])
+        n, kept = len(best), [0, *accepted.rows]
+        pad = [0] * (n - len(kept))
+        new = [tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
+        summary = [len(accepted.rows), accepted.tested, *kept, *pad, *new, *pad, *best]
+        at = upload(kept + pad, self.device)
+        chosen = features[:, at] if features is not None else None
+        verdict = Judged(torch.tensor([summary]), top1[:, at], margins(logits[:, at]), chosen)
+        return Forward(logits, features), verdict
 
     def commit(self, moves: list[tuple[int, int, list[int]]]) -> None:
         ((_, start, keep),) = moves
