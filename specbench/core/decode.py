@@ -137,7 +137,7 @@ class OneSlot:
         summary = [len(accepted.rows), accepted.tested, *kept, *pad, *new, *pad, *best]
         at = upload(kept + pad, self.device)
         chosen = features[:, at] if features is not None else None
-        verdict = Judged(torch.tensor([summary]), top1[:, at], margins(logits[:, at]), chosen)
+        verdict = Judged([summary], top1[:, at], margins(logits[:, at]), chosen)
         return Forward(logits, features), verdict
 
     def commit(self, moves: list[tuple[int, int, list[int]]]) -> None:
@@ -252,8 +252,12 @@ def decode_batch(
         picked = None  # T=0: the target's argmax and margin at every slot's kept rows [B, b] (the greedy check's)
         if judgement is not None:  # every slot's verdict, computed with the forward: one read
             verdicts = read(judgement.summary, active, proposals)
-            picked = (judgement.top1.clone(), judgement.margin.clone())  # (the next replay writes over them)
-            features = None if judgement.features is None else judgement.features.clone()  # [B, b, F]
+            picked, features = (judgement.top1, judgement.margin), judgement.features  # [B, b], [B, b, F]
+            if isinstance(
+                judgement.summary, torch.Tensor
+            ):  # (decided in the forward: its next replay writes over them)
+                picked = (picked[0].clone(), picked[1].clone())
+                features = None if features is None else features.clone()
         else:
             verdicts = sampled(active, proposals, whole, rule)
             features = None
@@ -334,9 +338,9 @@ class Verdict:
     side_picks: list[int] | None = None
 
 
-def read(summary: torch.Tensor, active: list, proposals: list[Proposal]) -> list[Verdict]:
+def read(summary: torch.Tensor | list[list[int]], active: list, proposals: list[Proposal]) -> list[Verdict]:
     """The active slots' greedy verdicts from `step.Judged.summary` [B, 2 + 3b], read in one transfer."""
-    host = summary.tolist()
+    host = summary if isinstance(summary, list) else summary.tolist()
     b = (len(host[0]) - 2) // 3
     verdicts = []
     for (slot, _), p in zip(active, proposals, strict=True):

@@ -37,7 +37,8 @@ class Judged:
     over by the next replay): a summary the host reads in one transfer, and the target's picks, margins and features
     at the kept rows (the greedy check's and the drafters')."""
 
-    summary: torch.Tensor  # [B, 2 + 3b] long: accepted length, tested depth, kept rows [b], new tokens [b], picks [b]
+    summary: torch.Tensor | list[list[int]]  # [B, 2 + 3b]: accepted length, tested depth, kept rows [b], new tokens
+    # [b], picks [b] (a host list when the verdict was decided there: then no tensor here is a replay's output)
     top1: torch.Tensor  # [B, b]: the target's argmax at the kept rows (each new token's)
     margin: torch.Tensor  # [B, b]: its top-1/top-2 margin there
     features: torch.Tensor | None  # [B, b, F]: the kept rows' features
