@@ -189,7 +189,7 @@ class _Turn:
 
 def decode_batch(
     target: BatchedLM | OneSlot,
-    drafts: Drafter | list[Proposer],
+    drafts: Drafter | Proposer | list[Proposer],
     next_job: Callable[[], Job | None],
     finished: Callable[[Job, Generation], None],
     *,
@@ -197,7 +197,7 @@ def decode_batch(
     rule: acceptance.Rule = acceptance.EXACT,
 ) -> float:
     """Answer turns in `target.batch` slots, the method's `drafts` drafting for them (its Drafter, or one-sequence
-    proposers, one per slot, adapted: `proposer.PerSlot`), until `next_job` has none left; `finished` gets each
+    proposers, one per slot, adapted: `proposer.drafter`), until `next_job` has none left; `finished` gets each
     turn's generation as it ends (so it may queue the conversation's next turn; the timings are filled in when the
     batch ends). Returns the batch's wall seconds (device synchronised). `rule` is the method's acceptance rule (its
     preset's, through `methods.rule`).
@@ -253,9 +253,7 @@ def decode_batch(
         if judgement is not None:  # every slot's verdict, computed with the forward: one read
             verdicts = read(judgement.summary, active, proposals)
             picked, features = (judgement.top1, judgement.margin), judgement.features  # [B, b], [B, b, F]
-            if isinstance(
-                judgement.summary, torch.Tensor
-            ):  # (decided in the forward: its next replay writes over them)
+            if isinstance(judgement.summary, torch.Tensor):  # (decided in the forward: a replay writes over them)
                 picked = (picked[0].clone(), picked[1].clone())
                 features = None if features is None else features.clone()
         else:
@@ -392,7 +390,7 @@ def decode(
     out: list[Generation] = []
     decode_batch(
         OneSlot(target, reuse_prefill),
-        proposer if isinstance(proposer, Drafter) else [proposer],
+        proposer,
         lambda: jobs.pop() if jobs else None,
         lambda job, gen: out.append(gen),
         stop_ids=stop_ids,

@@ -25,7 +25,7 @@ class Verified:
     new: list[int]  # accepted draft tokens, then the target's own
     output: Forward  # logits (and features) of every input row, side-branch rows included
     kept: list[int]  # input rows now in the cache: the root and the accepted nodes
-    kept_rows: torch.Tensor | None  # the same [k] on the logits' device (None: a batch gathered them for every slot)
+    kept_rows: torch.Tensor  # the same [k] on the logits' device
     picks: tuple[list[int], torch.Tensor] | None = None  # T=0: the target's top-1 [k] and top-1/2 margin [k] at
     # the kept rows, i.e. for each token of `new`; the margins on the device (read once per turn: no extra host sync)
     side_picks: list[int] | None = None  # T=0: the target's argmax at each side-branch token
@@ -75,16 +75,13 @@ def judge(
     rule: acceptance.Rule,
     temperature: float,
     generator: torch.Generator | None,
-    picks: list[int] | None = None,
 ) -> tuple[acceptance.Accepted, list[int] | None]:
     """The rule's verdict on a proposal from its forward's output (greedy at T = 0), and at T = 0 every row's argmax
-    (the side branch's too, read with the tree if it is still on the device: one read of the device; `picks`: the
-    argmax already on the host, read with a batch's other slots')."""
+    (the side branch's too, read with the tree if it is still on the device: one read of the device)."""
     tree = proposal.tree
     n = len(tree) + 1
     if temperature == 0:
-        if picks is None or tree.on_device:
-            picks = tree.read_along(out.logits.argmax(dim=-1) if out.picks is None else out.picks[0])
+        picks = tree.read_along(out.logits.argmax(dim=-1) if out.picks is None else out.picks[0])
         return acceptance.greedy(tree, picks[:n]), picks
     return rule(tree, out.logits[:n], proposal.draft_probs, temperature, generator), None
 
@@ -94,17 +91,15 @@ def outcome(
     out: Forward,
     accepted: acceptance.Accepted,
     best: list[int] | None,
-    kept_margins: torch.Tensor | None = None,
 ) -> Verified:
     """What a verdict appends and keeps; at T = 0 the kept rows' picks, their margins gathered before the model's
-    next forward writes over a captured one's (`kept_margins`: gathered already, with a batch's other slots')."""
+    next forward writes over a captured one's."""
     kept = [0, *accepted.rows]
     new = [proposal.tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
-    rows = None if kept_margins is not None else upload(kept, out.logits.device)
+    rows = upload(kept, out.logits.device)
     picks = side_picks = None
     if best is not None:
-        if kept_margins is None:
-            kept_margins = margins(out.logits[rows]) if out.picks is None else out.picks[1][rows]
+        kept_margins = margins(out.logits[rows]) if out.picks is None else out.picks[1][rows]
         picks = [best[r] for r in kept], kept_margins
         side_picks = best[len(proposal.tree) + 1 :]
     return Verified(accepted, new, out, kept, rows, picks, side_picks)

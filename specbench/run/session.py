@@ -15,7 +15,7 @@ from ..config import Plan, RunConfig
 from ..core import acceptance
 from ..core.cached_lm import CachedLM
 from ..core.decode import Generation, Job, OneSlot, decode_batch
-from ..core.proposer import Drafter
+from ..core.proposer import Drafter, Proposer
 from ..core.static_lm import BUCKETS, BatchedLM, StaticCachedLM
 from ..errors import SpecbenchError
 from ..models import decoder, loading
@@ -101,7 +101,7 @@ class Session:
     def answer(
         self,
         method: str,
-        proposer,
+        proposer: Drafter | Proposer,
         question: tasks.Question,
         max_new_tokens: int,
         temperature: float,
@@ -109,9 +109,8 @@ class Session:
     ) -> tuple[list[Generation], list[list[int]], list[str]]:
         """One question answered alone (a batch of one on the run's target), every turn fed the model's own earlier
         answers: its generations, prompts and texts."""
-        drafts = proposer if isinstance(proposer, Drafter) else [proposer]
         (answered,), _ = self.answer_batch(
-            method, OneSlot(self.target), drafts, [question], max_new_tokens, temperature, [seed]
+            method, OneSlot(self.target), proposer, [question], max_new_tokens, temperature, [seed]
         )
         return answered
 
@@ -136,7 +135,7 @@ class Session:
         self,
         method: str,
         target: BatchedLM | OneSlot,
-        drafting: Drafter | list,
+        drafting: Drafter | Proposer | list,
         questions: list[tasks.Question],
         max_new_tokens: int,
         temperature: float,
