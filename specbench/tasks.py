@@ -49,7 +49,10 @@ def available() -> list[str]:
 
 
 def data_dir(explicit: str | Path | None) -> Path | None:
-    """--data-dir, else $SPECBENCH_DATA_DIR, else none (then files are downloaded)."""
+    """--data-dir, else $SPECBENCH_DATA_DIR, else none (then files are downloaded). A --data-dir that is no folder is
+    refused, not passed over for a download."""
+    if explicit and not Path(explicit).expanduser().is_dir():
+        raise SpecbenchError(f"--data-dir {explicit} is not a folder: pass the folder that holds the data files")
     value = explicit or os.environ.get("SPECBENCH_DATA_DIR")
     return Path(value).expanduser() if value else None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import astuple
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,10 @@ import pytest
 
 from specbench.cli.main import main
 from specbench.errors import SpecbenchError
+from specbench.report import metrics
+from specbench.report.cells import collect_cells, select
 from specbench.report.compare import Limits, compare
+from specbench.report.sources import load_sources
 from specbench.results import Answer
 
 GROUPS = ("chat", "math")
@@ -236,3 +240,17 @@ def test_compare_loads_without_matplotlib():
 
     code = "import sys, specbench.report.compare; sys.exit(any(m.startswith('matplotlib') for m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_category_rows_pool_the_spread_over_the_categories(tmp_path):
+    """Two questions a category: each category's interval takes the spread pooled over both (metrics.pooled_speedups),
+    the overall row its own questions'; no A/A column, so no floor."""
+    base = make_run(tmp_path / "baseline", seed=1, per_group=2)
+    result = compare(base, make_run(tmp_path / "new", seed=2, per_group=2))
+    b, n = (collect_cells(load_sources([p]))[0].by_method["sps"][0] for p in (base, tmp_path / "new"))
+    ratios = {g: metrics.paired_ratios(select(n, g), select(b, g)).to_numpy() for g in GROUPS}
+    expected = metrics.pooled_speedups(ratios) | {"overall": metrics.paired_speedup(n, b)}
+    for category, speedup in expected.items():
+        got = row(result, "sps", category).throughput
+        assert astuple(got) == pytest.approx(astuple(speedup))
+    assert astuple(expected["chat"]) != pytest.approx(astuple(metrics.geometric_mean(ratios["chat"])))

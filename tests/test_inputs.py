@@ -42,10 +42,12 @@ def one_line(capsys, argv: list[str]) -> str:
 
 
 def model_folder(tmp_path, context: int):
-    """A target folder with a config.json alone: enough for the checks, which read no weights."""
+    """A target folder with a config.json and an empty weights file: enough for the checks, which list the weights
+    and read none."""
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": context}))
+    (folder / "model.safetensors").write_bytes(b"")
     return folder
 
 

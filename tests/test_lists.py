@@ -1,7 +1,8 @@
 """One list per concept: the head families are the registry's (each registered by the module that defines it), the
 methods and tasks their presets'. Every place that lists them by hand agrees: the aliases' bundled families, the
 README's train row, the alias table and the list of tasks in docs/models-and-tasks.md, the table of docs/methods.md
-(with each method's losslessness). `specbench train` reads the registry itself."""
+(with each method's losslessness), and the layouts a --head folder is listed against before torch. `specbench train`
+and `--head` read the aliases' list, the registry's without importing the methods."""
 
 import re
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from specbench import methods, presets, tasks  # (importing the methods registers the head families)
 from specbench.cli.parser import parser
+from specbench.heads.folder import HEAD_LAYOUTS
 from specbench.models import aliases
 from specbench.registry import HEADS
 
@@ -19,6 +21,12 @@ ROOT = Path(__file__).parents[1]
 def test_the_bundled_tiny_family_has_every_registered_head_family():
     assert set(aliases.HEAD_FAMILIES) == set(HEADS)
     assert set(aliases.ALIASES["tiny"].heads) == set(HEADS)
+
+
+def test_each_family_lists_its_checkpoint_by_the_layout_read_before_torch():
+    """`run` lists a --head folder against `HEAD_LAYOUTS` before the methods (and torch) are imported: each family's
+    own layout is that one."""
+    assert {family: HEADS[family].layout for family in HEADS} == HEAD_LAYOUTS
 
 
 def test_specbench_train_trains_every_registered_family_and_says_so():

@@ -1,7 +1,8 @@
 """`run --workers 2 --ray-address` on a real multi-node Ray cluster on this machine (Ray's own test cluster, every
 node bound to 127.0.0.1): a worker node killed mid-run, its question answered on another node, nothing lost or
-doubled, the tokens of one process, and the run folder and its report naming the node that answered each answer.
-Also, without Ray, the report's account of which node answered what."""
+doubled, the tokens of one process, and the run folder and its report naming the node that answered each answer;
+and with no spare node, the run failing in one line naming the dead node once its replacement found no room, what
+was written kept. Also, without Ray, the report's account of which node answered what."""
 
 import importlib.util
 import json
@@ -53,11 +54,10 @@ HEALTH = {
 }
 
 
-@pytest.fixture
-def cluster(monkeypatch):
-    """A head node of no CPUs (the driver attaches there) and three worker nodes of one CPU each: two workers and
-    the spare that takes a killed node's place. Ray keeps its files, and the address a bare `ray.init()` would join,
-    in a folder of its own, so a local Ray started meanwhile elsewhere on this machine never joins this cluster."""
+def _cluster(monkeypatch, nodes: int):
+    """A head node of no CPUs (the driver attaches there) and `nodes` worker nodes of one CPU each. Ray keeps its
+    files, and the address a bare `ray.init()` would join, in a folder of its own, so a local Ray started meanwhile
+    elsewhere on this machine never joins this cluster."""
     from ray.cluster_utils import Cluster
 
     tmp = tempfile.mkdtemp(prefix="ray")  # short: Ray's socket paths under it must fit in 107 characters
@@ -65,12 +65,24 @@ def cluster(monkeypatch):
     cluster = Cluster()
     try:
         cluster.add_node(num_cpus=0, include_dashboard=False, _system_config=HEALTH, **NODE)
-        for _ in range(3):
+        for _ in range(nodes):
             cluster.add_node(num_cpus=1, **NODE)
         yield cluster
     finally:
         cluster.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """Three worker nodes: two workers and the spare that takes a killed node's place."""
+    yield from _cluster(monkeypatch, 3)
+
+
+@pytest.fixture
+def full_cluster(monkeypatch):
+    """Two worker nodes: two workers, and no room for a replacement."""
+    yield from _cluster(monkeypatch, 2)
 
 
 def _wait_for(condition, timeout: float = 120.0):
@@ -110,6 +122,38 @@ def _answering(node) -> bool:
     return any(parent == raylet and b"Worker.answer" in cmdline for parent, cmdline in _processes().values())
 
 
+def _freeze_a_busy_node(cluster, out: Path, proc: subprocess.Popen, log: Path):
+    """A node that has answered a question and is answering another, stopped (SIGSTOP) in the middle: it falls
+    silent at once, as a machine that lost power, and the driver learns of it only from the GCS, which marks it dead
+    and places nothing there after. (Killed outright, its workers' closed connections could tell the driver first,
+    and a replacement could be sent there before the GCS noticed.)"""
+    assert proc.poll() is None, f"the run ended before a node was killed:\n{log.read_text()}"
+    written = _written_by(out)
+    for node in [n for n in cluster.worker_nodes if written[n.node_id] and _answering(n)]:
+        _signal(node, signal.SIGSTOP)
+        if _answering(node):  # still: its question did not come back just before
+            return node
+        _signal(node, signal.SIGCONT)
+    return None
+
+
+def _kill_a_busy_node(cluster, out, proc, log, frozen=lambda node: None):
+    """Freeze a node mid-answer (`frozen` told which), wait for the run to retry its question, then kill it and
+    wait for the run to end (killed itself if it outlives the test)."""
+    try:
+        victim = _wait_for(lambda: _freeze_a_busy_node(cluster, out, proc, log))
+        frozen(victim)
+        _wait_for(lambda: "retrying" in log.read_text())
+        _signal(victim, signal.SIGKILL)
+        cluster.remove_node(victim, allow_graceful=False)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    return victim
+
+
 def _signal(node, sig: int) -> None:
     """`sig` to the node's raylet and its Ray workers."""
     raylet = _raylet(node)
@@ -118,6 +162,27 @@ def _signal(node, sig: int) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             continue
+
+
+@needs_ray
+@pytest.mark.skipif(sys.platform != "linux", reason="finds the node mid-answer through /proc")
+def test_a_replacement_with_no_room_fails_the_run_in_one_line_naming_the_node(full_cluster, tmp_path):
+    """SPECBENCH_PLACEMENT_TIMEOUT=0: the replacement has the time the first workers took to start, while the worker
+    left answers a task long enough to outlast it."""
+    task, out, log = tmp_path / "many.jsonl", tmp_path / "cluster", tmp_path / "stderr"
+    task.write_text("".join(json.dumps({"question": f"Count to {n}.", "category": "c"}) + "\n" for n in range(200)))
+    run = [*RUN, "--tasks", str(task), "--limit", "200", "--workers", "2", "--ray-address", full_cluster.address]
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "SPECBENCH_PLACEMENT_TIMEOUT": "0"}
+    with log.open("w") as stderr:
+        proc = subprocess.Popen([*CLI, *run, "--out", str(out)], env=env, stderr=stderr)
+    victim = _kill_a_busy_node(full_cluster, out, proc, log)
+    err = log.read_text()
+    errors = [line for line in err.splitlines() if line.startswith("specbench: error: ")]
+    assert proc.returncode == 2 and len(errors) == 1, err
+    assert f"({victim.node_id[:8]})" in errors[0] and "no room (1 CPU)" in errors[0] and "--workers 1" in errors[0]
+    answers = read_answers(out)
+    keys = [(a.method, a.question_id) for a in answers]
+    assert 0 < len(keys) == len(set(keys)) < 400  # what was written stays, once each, for the same command to resume
 
 
 @needs_ray
@@ -134,32 +199,9 @@ def test_a_killed_node_is_replaced_and_each_answer_names_its_node(cluster, tmp_p
         proc = subprocess.Popen(
             [*CLI, *RUN, "--workers", "2", "--ray-address", cluster.address, "--out", str(out)], env=env, stderr=stderr
         )
-
-    def freeze_a_busy_node():
-        """A node that has answered a question and is answering another, stopped (SIGSTOP) in the middle: it falls
-        silent at once, as a machine that lost power, and the driver learns of it only from the GCS, which marks it
-        dead and places nothing there after. (Killed outright, its workers' closed connections could tell the
-        driver first, and a replacement could be sent there before the GCS noticed.)"""
-        assert proc.poll() is None, f"the run ended before a node was killed:\n{log.read_text()}"
-        written = _written_by(out)
-        for node in [n for n in cluster.worker_nodes if written[n.node_id] and _answering(n)]:
-            _signal(node, signal.SIGSTOP)
-            if _answering(node):  # still: its question did not come back just before
-                return node
-            _signal(node, signal.SIGCONT)
-        return None
-
-    try:
-        victim = _wait_for(freeze_a_busy_node)
-        before = _written_by(out)[victim.node_id]
-        _wait_for(lambda: "retrying" in log.read_text())
-        _signal(victim, signal.SIGKILL)
-        cluster.remove_node(victim, allow_graceful=False)
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+    written: list[int] = []
+    victim = _kill_a_busy_node(cluster, out, proc, log, lambda node: written.append(_written_by(out)[node.node_id]))
+    before = written[0]
     err = log.read_text()
     assert proc.returncode == 0, err
     retried = re.findall(r"worker \d+ failed on question (\S+) \(its worker process died\); retrying", err)

@@ -583,3 +583,53 @@ def test_a_speedup_axis_fits_the_speedups_not_the_widest_interval():
     assert plots._ratio_axis(ax, [*wide[:1], metrics.Speedup(1.5, 1.0, 2.5, 3)]) == ""
     assert ax.get_ylim()[1] == pytest.approx(2.5)  # an interval within twice the largest speedup is shown whole
     assert plots._ratio_axis(ax, wide[1:2]) == " (intervals beyond 1.3× cut)"  # every interval beyond the top
+
+
+def test_a_method_that_drafts_nothing_shows_no_draft_share_bar_or_cost(tmp_path, monkeypatch):
+    """Vanilla verifies its root alone: what the loop timed as its drafting (its own calls between the forward and
+    the next) is no draft share, no draft bar, and no D that lifted its roofline efficiency to 1 + D/T(1) > 100%."""
+    from specbench.report import tables
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "forward_profile.json").write_text(json.dumps(PROFILE))
+    root_alone = dict(steps=[1] * 4, tested=[0] * 4, tree_size=[1] * 4)  # four steps verifying the root alone
+    drafted = dict(steps=[4], tested=[3], tree_size=[6])
+    for method, how in (("vanilla", root_alone), ("vanilla-aa", root_alone), ("pld", drafted)):
+        answers = [answer(q, "chat", method, 0.0, 1.0, draft_time=0.02, verify_time=0.8, **how) for q in range(3)]
+        write(run / "answers" / "quick" / f"{method}-temperature-0.jsonl", answers)
+    (cell,) = collect_cells(sources.load_sources([run]))
+    header, rows = tables.detail_rows(cell)
+    detail = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+    assert detail["vanilla"]["draft share"] == detail["vanilla-aa"]["draft share"] == "—"
+    assert detail["pld"]["draft share"] == "2.4%"  # 0.02 / (0.02 + 0.8)
+    assert detail["vanilla"]["roofline efficiency"] == detail["vanilla-aa"]["roofline efficiency"] == "100%"
+
+    figures = {}
+
+    def keep(fig, out_dir: Path, stem: str) -> list[Path]:
+        figures[stem] = fig
+        return []
+
+    monkeypatch.setattr(plots, "_save", keep)
+    colors = plots.method_colors(set(cell.stats))
+    plots.plot_time_split(cell, colors, tmp_path, "split")
+    (ax,) = figures["split"].axes
+    draft, verify, _ = ax.containers
+    assert [s.method for s in cell.stats.values()] == ["pld", "vanilla", "vanilla-aa"]
+    assert [p.get_y() + p.get_height() / 2 for p in draft.patches] == [0] and len(verify.patches) == 3
+
+    plots.plot_tau_vs_tree(cell, colors, tmp_path, "tau")  # points at 1 and 6: a tick at or past 6 reads them
+    (ax,) = figures["tau"].axes
+    low, high = ax.get_xlim()
+    assert [t for t in ax.get_xticks() if low <= t <= high] == [1, 2, 4, 8]
+
+
+def test_a_report_inside_its_run_names_the_run_folder():
+    """`run` writes its report into `<run>/report/`: the Sources line named the run `..`, no folder a reader of a
+    committed report could find."""
+    folder = Path("results") / "tiny-quick-0123abcd"
+    source = sources.Source(folder.resolve(), folder.name, [])
+    assert source.where(folder / "report") == "../../tiny-quick-0123abcd"
+    assert source.where(folder) == "../tiny-quick-0123abcd"
+    assert source.where(Path("reports") / "tiny") == "../../results/tiny-quick-0123abcd"

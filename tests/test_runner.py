@@ -1,5 +1,6 @@
 import gc
 import json
+import shutil
 import time
 
 import pytest
@@ -79,6 +80,44 @@ def test_rerun_resumes_without_doubling(tiny_models, greedy_run):
 def test_resume_with_other_settings_is_refused(tiny_models, greedy_run):
     with pytest.raises(SpecbenchError, match="max_new_tokens"):
         run(config(tiny_models, greedy_run, max_new_tokens=8))
+
+
+def test_a_busy_machine_is_warned_of_only_when_the_run_times_something(
+    tiny_models, greedy_run, tmp_path, monkeypatch, capsys
+):
+    """A resumed run whose answers are all written times nothing: no warning that the machine is too busy to time."""
+    from specbench.run import runner
+
+    machine = json.loads((greedy_run / "manifest.json").read_text())["machine"]
+    handed = []
+
+    class BusyPool:  # what `_drive` asks of a pool, on a machine kept busy by others; nothing loaded
+        def __init__(self, *args) -> None:
+            pass
+
+        def infos(self) -> list[dict]:
+            return [{"machine": {**machine, "busy_cpus": machine["cpu_count"]}, "device": "cpu", "dtype": "float32"}]
+
+        def check(self, units) -> None:
+            pass
+
+        def answers(self, units, bar):
+            handed.extend(units)
+            return iter([])
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(runner, "LocalPool", BusyPool)
+    out = tmp_path / "run"
+    shutil.copytree(greedy_run, out)
+    capsys.readouterr()
+    run(config(tiny_models, out))
+    assert not handed and "busy" not in capsys.readouterr().err
+    path = answer_path(out, "quick", "pld", 0.0)
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))  # one answer left to time
+    run(config(tiny_models, out))
+    assert len(handed) == 1 and "other processes keep" in capsys.readouterr().err
 
 
 def test_sampling_run_records_seeds(tiny_models, tmp_path):

@@ -176,16 +176,30 @@ def _text(given: Path | None, command: str, flag: str) -> Path:
     return Path(found)
 
 
+def _target(name: str) -> None:
+    """--target resolves (an alias, a folder that is there, a GGUF file or a hub id), before the heavy imports."""
+    from ..models.aliases import resolve
+
+    resolve(name)
+
+
 def train(args) -> None:
-    from ..heads.train import train_head
-    from ..heads.train_config import TrainConfig, train_config
-    from ..models.loading import device_and_dtype
+    from ..models import hub
+    from ..zoo.text import check_text
 
     if args.format != "official" and args.kind not in ("eagle3", "dflash"):
         raise SpecbenchError(
             f"--format {args.format} writes EAGLE-3 heads and DFlash drafters only: drop it to train {args.kind}"
         )
     data = _text(args.data, "train", "--data")
+    check_text(data)
+    _target(args.target)
+    if args.draft:
+        hub.check_local("draft model", hub.parse(args.draft), hub.TRANSFORMERS)
+    from ..heads.train import train_head  # imports torch: every input above is there
+    from ..heads.train_config import TrainConfig, train_config
+    from ..models.loading import device_and_dtype
+
     knobs = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}  # (every field is an option: cli.parser)
     cfg = train_config(args.kind, args.smoke, **knobs)
     device, dtype = device_and_dtype(args.device, args.dtype)
@@ -199,25 +213,31 @@ def train(args) -> None:
 def convert(args) -> None:
     from ..heads.convert import convert as convert_head
 
-    if not args.head.is_dir():
-        raise SpecbenchError(
-            f"head folder '{args.head}' does not exist: pass the folder of an EAGLE-3 head or a DFlash drafter"
-        )
-    print(convert_head(args.head, args.to, args.out, args.target))
+    print(convert_head(args.head, args.to, args.out, args.target, args.force))
 
 
 def token_counts(args) -> None:
-    from ..heads.frequencies import FILE, count_text
+    from ..zoo.text import check_text
 
+    if not args.out.is_dir():
+        raise SpecbenchError(f"--out {args.out} is not a folder: give the EAGLE head's folder")
     data = _text(args.data, "token-counts", "--data")
+    check_text(data)
+    _target(args.target)
+    from ..heads.frequencies import FILE, count_text  # imports torch: every input above is there
+
     tokens = count_text(args.target, data, args.out, args.smoke)
     print(f"counted {tokens} tokens of {data} into {args.out / FILE}")
 
 
 def regenerate(args) -> None:
-    from ..zoo.regenerate import regenerate_text
+    from ..zoo.text import check_prompts
 
     source = _text(args.prompts, "regenerate", "--prompts")
+    check_prompts(source)
+    _target(args.target)
+    from ..zoo.regenerate import regenerate_text  # imports torch: every input above is there
+
     answered, tokens, skipped = regenerate_text(
         args.target,
         source,
@@ -238,11 +258,12 @@ def regenerate(args) -> None:
 def zoo(args) -> None:
     from ..tasks import data_dir
     from ..zoo import TINY_DIR
-    from ..zoo.build import build_family, continue_family, measure_family
-    from ..zoo.card import update_heads_section
+    from ..zoo.text import check_draft_text
 
     out = args.out or TINY_DIR
     if args.zoo_command == "card" and not args.measure:
+        from ..zoo.card import update_heads_section
+
         print(update_heads_section(out))
         return
     data = data_dir(args.data_dir)
@@ -250,6 +271,8 @@ def zoo(args) -> None:
         what = "zoo card --measure" if args.zoo_command == "card" else "zoo build"
         raise SpecbenchError(f"{what} needs the training text: pass --data-dir (e.g. ../shared/data)")
     if args.zoo_command == "card":
+        from ..zoo.build import measure_family  # imports torch: the data folder is there
+
         print(measure_family(out, data, smoke=args.smoke, seed=args.seed))
         return
     for flag, given in (("--tune", args.tune), ("--draft-only", args.draft_only), ("--draft-text", args.draft_text)):
@@ -257,6 +280,10 @@ def zoo(args) -> None:
             raise SpecbenchError(f"{flag} works on a trained family: use it with --continue")
     if args.tune and args.draft_only:
         raise SpecbenchError("--tune trains the target and --draft-only leaves it as it is: pass one of them")
+    if args.draft_text:
+        check_draft_text(args.draft_text)
+    from ..zoo.build import build_family, continue_family  # imports torch: every input above is there
+
     if args.resume:
         stage = "tune" if args.tune else "draft" if args.draft_only else "target"
         print(continue_family(out, data, smoke=args.smoke, seed=args.seed, stage=stage, draft_text=args.draft_text))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..heads.train_config import TrainConfig
+from ..models.aliases import HEAD_FAMILIES  # the registry's families, known without importing the methods (torch)
 
 
 def _config_options(
@@ -109,27 +110,21 @@ def _field(text: str) -> tuple[str, str]:
 
 
 def _head(text: str) -> tuple[str, str]:
-    """FAMILY=PATH (a registered head family) for one family, FAMILY:NAME=PATH for the head a method variant names
+    """FAMILY=PATH (a head family) for one family, FAMILY:NAME=PATH for the head a method variant names
     (`eagle3[head=NAME]`), a bare PATH for every family."""
-    from .. import methods  # noqa: F401  (importing the methods registers the head families)
-    from ..registry import HEADS
-
     key, sep, path = text.partition("=")
     family, colon, name = key.partition(":")
-    if sep and family in HEADS and (not colon or re.match(r"^[\w.-]+$", name)):
+    if sep and family in HEAD_FAMILIES and (not colon or re.match(r"^[\w.-]+$", name)):
         return key, path
     if sep and "/" not in family:
-        raise argparse.ArgumentTypeError(f"unknown head family '{family}' in '{text}': use {', '.join(HEADS)}")
+        raise argparse.ArgumentTypeError(f"unknown head family '{family}' in '{text}': use {', '.join(HEAD_FAMILIES)}")
     return "*", text
 
 
 def _family(text: str) -> str:
-    """A registered head family: what `specbench train` trains (the registry's list, read as the command parses)."""
-    from .. import methods  # noqa: F401  (importing the methods registers the head families)
-    from ..registry import HEADS
-
-    if text not in HEADS:
-        raise argparse.ArgumentTypeError(f"unknown head family '{text}': use {', '.join(HEADS)}")
+    """A head family: what `specbench train` trains."""
+    if text not in HEAD_FAMILIES:
+        raise argparse.ArgumentTypeError(f"unknown head family '{text}': use {', '.join(HEAD_FAMILIES)}")
     return text
 
 
@@ -316,7 +311,8 @@ def parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("head", type=Path, metavar="HEAD_DIR", help="the head's folder")
     convert.add_argument("--to", required=True, choices=["speculators", "official"], help="the layout to write")
-    convert.add_argument("--out", type=Path, required=True, help="folder for the converted head")
+    convert.add_argument("--out", type=Path, required=True, help="folder for the converted head (new or empty)")
+    convert.add_argument("--force", action="store_true", help="replace what a non-empty --out holds")
     convert.add_argument(
         "--target",
         help="to speculators: the target it drafts for (alias, folder or hub id), recorded as its verifier with the "

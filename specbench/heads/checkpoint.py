@@ -1,4 +1,5 @@
-"""Finding and reading head checkpoints (a local folder or a hub id) and checking them against a module."""
+"""Reading a head checkpoint's weights and checking them against a module (its folder and config.json:
+`folder`, read without torch)."""
 
 from __future__ import annotations
 
@@ -10,32 +11,7 @@ from typing import Any
 import torch
 
 from ..errors import SpecbenchError
-
-
-def fetch(source: str | Path, name: str) -> Path | None:
-    """`name` inside the head folder `source` (hub heads are fetched into the local cache first), or None."""
-    folder = Path(source).expanduser()
-    if not folder.is_dir():
-        raise SpecbenchError(f"head checkpoint '{source}' is not a folder")
-    return folder / name if (folder / name).is_file() else None
-
-
-def read_config(source: str | Path, what: str) -> dict:
-    path = fetch(source, "config.json")
-    if path is None:
-        raise SpecbenchError(f"{what} '{source}' has no config.json")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise SpecbenchError(f"{what} '{source}': unreadable config.json ({err})") from err
-
-
-def _first(source: str | Path, names: tuple[str, ...], what: str) -> Path:
-    """The first of `names` present in the head folder."""
-    path = next((p for p in (fetch(source, n) for n in names) if p is not None), None)
-    if path is None:
-        raise SpecbenchError(f"{what} '{source}' has none of {', '.join(names)}")
-    return path
+from .folder import first
 
 
 def _unreadable(err: Exception, source: str | Path, path: Path, what: str) -> SpecbenchError:
@@ -45,7 +21,7 @@ def _unreadable(err: Exception, source: str | Path, path: Path, what: str) -> Sp
 
 def read_weights(source: str | Path, names: tuple[str, ...], what: str) -> dict[str, torch.Tensor]:
     """The first of `names` that exists: safetensors, or a pickle read with weights_only=True."""
-    path = _first(source, names, what)
+    path = first(source, names, what)
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -58,7 +34,7 @@ def read_weights(source: str | Path, names: tuple[str, ...], what: str) -> dict[
 
 def weight_shapes(source: str | Path, names: tuple[str, ...], what: str) -> dict[str, tuple[int, ...]]:
     """Key -> shape of the first of `names` that exists, without reading the tensors (header or mmap)."""
-    path = _first(source, names, what)
+    path = first(source, names, what)
     try:
         if path.suffix == ".safetensors":
             from safetensors import safe_open
@@ -68,15 +44,6 @@ def weight_shapes(source: str | Path, names: tuple[str, ...], what: str) -> dict
         return {k: tuple(v.shape) for k, v in torch.load(path, weights_only=True, mmap=True).items()}
     except Exception as err:
         raise _unreadable(err, source, path, what) from err
-
-
-def config_shape(source: str | Path, what: str, hidden_keys: tuple[str, ...]) -> tuple[int, int | None]:
-    """(target hidden size, vocabulary) a head's config.json says it was built for: the first of `hidden_keys`."""
-    config = read_config(source, what)
-    hidden = next((config[k] for k in hidden_keys if config.get(k)), None)
-    if not isinstance(hidden, int):
-        raise SpecbenchError(f"{what} '{source}': config.json has no {' or '.join(hidden_keys)}")
-    return hidden, config.get("vocab_size")
 
 
 def check(expected: dict[str, torch.Size], state: dict[str, torch.Tensor], what: str) -> None:

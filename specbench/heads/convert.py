@@ -1,6 +1,7 @@
 """A head folder converted between its official layout and vLLM's speculators format (EAGLE-3 heads, DFlash
 drafters): which family a folder holds, the translation (`speculators`), its other files copied beside, and
-nothing half-written at the destination."""
+nothing half-written at the destination. Everything but the tensors is judged before torch is imported: a mistake
+is one line at once."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ import shutil
 from pathlib import Path
 
 from ..errors import SpecbenchError
-from . import eagle, speculators
-from .checkpoint import read_config, read_weights
-from .eagle3 import feature_layers
+from . import speculators
+from .folder import EAGLE_FILES, first, read_config
 
 LAYOUTS = ("speculators", "official")
 
@@ -28,36 +28,63 @@ def family_of(raw: dict, what: str) -> str:
     raise SpecbenchError(f"{what} is {found}: only EAGLE-3 heads and DFlash drafters convert")
 
 
-def convert(source: Path, to: str, out: Path, target: str | None = None) -> str:
-    """Convert the head folder `source` to the layout `to` in `out`; returns what was done, for people. `target`
-    (to speculators): recorded as the verifier, with the target states an EAGLE-3 head fuses."""
+def _check_out(out: Path, source: Path, force: bool) -> None:
+    """--out is another folder than the head's, and holds nothing that converting would replace unless `force`."""
+    if out.resolve() == source.resolve():
+        raise SpecbenchError(f"--out {out} is the head's own folder: write the converted head to another")
+    if out.exists() and not out.is_dir():
+        raise SpecbenchError(f"--out {out} is a file: pass a folder for the converted head")
+    if not force and out.is_dir() and any(out.iterdir()):
+        raise SpecbenchError(
+            f"--out {out} is not empty: pass --force to replace what it holds, or a new or empty folder"
+        )
+
+
+def _config(raw: dict, family: str, to: str, target: str | None, what: str) -> dict:
+    """The converted config.json; `target` (to speculators): recorded as the verifier, with the target states an
+    EAGLE-3 head fuses."""
+    if to == "official":
+        translate = speculators.eagle3_official if family == "eagle3" else speculators.dflash_official
+        return translate(raw, what)
+    verifier = speculators.verifier_of(target)
+    if family == "dflash":
+        return speculators.dflash_speculators(raw, verifier)
+    from .eagle3 import feature_layers  # imports torch: the head itself has passed every check
+
+    layers = None if verifier is None else list(feature_layers(verifier["num_hidden_layers"]))
+    return speculators.eagle3_speculators(raw, verifier, layers)
+
+
+def convert(source: Path, to: str, out: Path, target: str | None = None, force: bool = False) -> str:
+    """Convert the head folder `source` to the layout `to` in `out` (which must hold nothing unless `force`);
+    returns what was done, for people."""
     what = f"head '{source}'"
     if to not in LAYOUTS:
         raise SpecbenchError(f"--to {to}: convert to {' or '.join(LAYOUTS)}")
-    raw = read_config(str(source), "head")
+    if not source.is_dir():
+        raise SpecbenchError(
+            f"head folder '{source}' does not exist: pass the folder of an EAGLE-3 head or a DFlash drafter"
+        )
+    raw = read_config(source, "head")
     family = family_of(raw, what)
     if speculators.is_speculators(raw) == (to == "speculators"):
         raise SpecbenchError(f"{what} is in the {to} layout already")
-    if out.resolve() == source.resolve():
-        raise SpecbenchError(f"--out {out} is the head's own folder: write the converted head to another")
-    state = read_weights(source, eagle.FILES, what)
-    if to == "speculators":
-        verifier = speculators.verifier_of(target)
-        if family == "eagle3":
-            layers = None if verifier is None else list(feature_layers(verifier["num_hidden_layers"]))
-            config = speculators.eagle3_speculators(raw, verifier, layers)
-            state = speculators.eagle3_speculators_state(state)
-        else:
-            config = speculators.dflash_speculators(raw, verifier)
+    _check_out(out, source, force)
+    first(source, EAGLE_FILES, "head")  # its weights are there
+    config = _config(raw, family, to, target, what)
+    from .checkpoint import read_weights  # imports torch: everything else has passed
+
+    state = read_weights(source, EAGLE_FILES, "head")
+    if to == "official":
+        official = speculators.eagle3_official_state if family == "eagle3" else speculators.dflash_official_state
+        state = official(state)
     elif family == "eagle3":
-        config, state = speculators.eagle3_official(raw, what), speculators.eagle3_official_state(state)
-    else:
-        config, state = speculators.dflash_official(raw, what), speculators.dflash_official_state(state)
+        state = speculators.eagle3_speculators_state(state)
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     for item in source.iterdir():  # token counts, accuracy, a card
-        if item.is_file() and item.name not in ("config.json", *eagle.FILES):
+        if item.is_file() and item.name not in ("config.json", *EAGLE_FILES):
             shutil.copy2(item, staging / item.name)
     speculators.write(config, state, staging)
     if out.exists():

@@ -31,12 +31,12 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwe
 
 from ..errors import SpecbenchError
 from ..models.decoder import MLP, RMSNorm, adopt_norm, rotate
-from ..models.hub import Layout
 from ..registry import HeadFamily, head_family
 from . import speculators
 from .checkpoint import check, read_weights, save_safetensors
+from .folder import DFLASH_FILES as FILES
+from .folder import HEAD_LAYOUTS
 
-FILES = ("model.safetensors",)
 Context = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys and values [B, kv heads, committed, d]
 
 
@@ -322,4 +322,4 @@ def fits(folder: Path) -> tuple[int, int | None]:
     return config["hidden_size"], config.get("vocab_size")
 
 
-FAMILY = head_family(HeadFamily("dflash", "DFlash", Layout((FILES,)), load, fits))
+FAMILY = head_family(HeadFamily("dflash", "DFlash", HEAD_LAYOUTS["dflash"], load, fits))

@@ -20,11 +20,11 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from ..errors import SpecbenchError
 from ..models.decoder import Layer
-from ..models.hub import Layout
 from ..registry import HeadFamily, head_family
-from .checkpoint import check, config_shape, read_config, read_weights, save_safetensors
+from .checkpoint import check, read_weights, save_safetensors
+from .folder import EAGLE_FILES as FILES
+from .folder import HEAD_LAYOUTS, config_shape, read_config
 
-FILES = ("pytorch_model.bin", "model.safetensors")
 CONFIG_KEYS = (
     "vocab_size",
     "hidden_size",
@@ -141,4 +141,4 @@ def fits(folder: Path) -> tuple[int, int | None]:
     return config_shape(folder, "EAGLE head", ("hidden_size",))
 
 
-FAMILY = head_family(HeadFamily("eagle", "EAGLE-1/2", Layout(tuple((f,) for f in FILES)), load, fits))
+FAMILY = head_family(HeadFamily("eagle", "EAGLE-1/2", HEAD_LAYOUTS["eagle"], load, fits))

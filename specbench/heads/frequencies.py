@@ -29,14 +29,12 @@ def write(folder: Path, stream: torch.Tensor, vocab: int, data: str) -> None:
 
 def count_text(target: str, data: Path, out: Path, smoke: bool = False) -> int:
     """Count an existing head's training text (as `specbench train --data` reads it, tokenized by the target's
-    tokenizer) into `out`, the head's folder; returns the tokens counted."""
+    tokenizer) into `out`, the head's folder (the command has checked it is one); returns the tokens counted."""
     from transformers import AutoConfig
 
     from ..models import aliases, loading
     from ..zoo.text import token_streams
 
-    if not out.is_dir():
-        raise SpecbenchError(f"--out {out} is not a folder: give the EAGLE head's folder")
     folder = aliases.target_folder(aliases.resolve(target))
     vocab = AutoConfig.from_pretrained(folder).get_text_config().vocab_size
     train, _ = token_streams(data, loading.load_tokenizer(folder), smoke)

@@ -17,11 +17,10 @@ import torch
 from torch import nn
 
 from ..errors import SpecbenchError
-from ..models.hub import Layout
 from ..registry import HeadFamily, head_family
 from .checkpoint import check, read_weights, save_safetensors, weight_shapes
-
-FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
+from .folder import HEAD_LAYOUTS
+from .folder import MEDUSA_FILES as FILES
 
 
 class ResBlock(nn.Module):
@@ -108,4 +107,4 @@ def save(heads: MedusaHeads, out: Path, base_model: str, half: bool = False) -> 
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-FAMILY = head_family(HeadFamily("medusa", "Medusa", Layout(tuple((f,) for f in FILES)), load, fits))
+FAMILY = head_family(HeadFamily("medusa", "Medusa", HEAD_LAYOUTS["medusa"], load, fits))

@@ -38,9 +38,9 @@ from ..core.cached_lm import cache_argument
 from ..errors import SpecbenchError
 from ..models import decoder
 from ..models.decoder import Layer, adopt_norm
-from ..models.hub import Layout
 from ..registry import HeadFamily, head_family
-from .checkpoint import check, config_shape, read_config, read_prefixed, save_safetensors
+from .checkpoint import check, read_prefixed, save_safetensors
+from .folder import HEAD_LAYOUTS, config_shape, read_config
 
 
 @dataclass(frozen=True)
@@ -264,5 +264,4 @@ def fits(folder: Path) -> tuple[int, int | None]:
     return config_shape(folder, "MTP checkpoint", ("hidden_size",))
 
 
-LAYOUT = Layout((("model*.safetensors",),), optional=("config.json", "model.safetensors.index.json"))
-FAMILY = head_family(HeadFamily("mtp", "MTP", LAYOUT, load, fits))
+FAMILY = head_family(HeadFamily("mtp", "MTP", HEAD_LAYOUTS["mtp"], load, fits))

@@ -25,9 +25,8 @@ from torch import nn
 
 from ..core.tree import additive_mask
 from ..errors import SpecbenchError
-from ..models.hub import TRANSFORMERS
 from ..registry import HeadFamily, head_family
-from .checkpoint import read_config
+from .folder import HEAD_LAYOUTS, read_config
 
 
 def pard_token(config: dict) -> int | None:
@@ -64,7 +63,7 @@ def fits(folder: Path) -> tuple[int | None, int | None]:
     return None, None
 
 
-FAMILY = head_family(HeadFamily("pard", "PARD drafter", TRANSFORMERS, load, fits, static=True))
+FAMILY = head_family(HeadFamily("pard", "PARD drafter", HEAD_LAYOUTS["pard"], load, fits, static=True))
 
 
 def drop_rows(length: int, blocks: int, ratio: float, floor: float, generator: torch.Generator) -> list[list[int]]:

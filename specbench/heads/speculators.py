@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import SpecbenchError
 from ..models import aliases, hub
-from .checkpoint import read_config, save_safetensors
+from .folder import read_config
+
+if TYPE_CHECKING:  # the translations are torch-free: `convert` judges a head with them before torch loads
+    import torch
 
 FORMAT_VERSION = "0.9.0"  # the speculators release whose config classes the written files were checked against
 LAYER, MIDLAYER = "layers.0.", "midlayer."
@@ -200,6 +202,8 @@ def verifier_of(target: str | None) -> dict | None:
 
 def write(config: dict, state: dict[str, torch.Tensor], out: Path, half: bool = False) -> None:
     """A checkpoint folder: config.json and model.safetensors."""
+    from .checkpoint import save_safetensors  # imports torch: only to write
+
     out.mkdir(parents=True, exist_ok=True)
     save_safetensors(state, out / "model.safetensors", half)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -55,18 +55,19 @@ def parse(text: str, revision: str | None = None) -> Source:
 
 @dataclass(frozen=True)
 class Layout:
-    """Which files of a checkpoint a load reads: every existing `optional` match, and the first `weights`
-    alternative that exists (e.g. safetensors before pickles, as transformers prefers)."""
+    """Which files of a checkpoint a load reads: every existing `optional` match, the `required` files, and the
+    first `weights` alternative that exists (e.g. safetensors before pickles, as transformers prefers)."""
 
     weights: tuple[tuple[str, ...], ...]
     optional: tuple[str, ...] = ("config.json",)
+    required: tuple[str, ...] = ()  # names the load cannot do without beside the weights (a config.json)
 
     def select(self, names: list[str]) -> list[str] | None:
         """The files to fetch from a listing, or None when no weights alternative is present."""
         for patterns in self.weights:
             weights = [n for n in names if any(fnmatch.fnmatch(n, p) for p in patterns)]
             if weights:
-                extra = [n for n in names if any(fnmatch.fnmatch(n, p) for p in self.optional)]
+                extra = [n for n in names if n in self.required or any(fnmatch.fnmatch(n, p) for p in self.optional)]
                 return sorted(set(weights) | set(extra))
         return None
 
@@ -77,6 +78,7 @@ class Layout:
 TRANSFORMERS = Layout(
     weights=(("model*.safetensors",), ("pytorch_model*.bin",)),
     optional=("*.json", "tokenizer.model", "*.tiktoken", "*.txt"),
+    required=("config.json",),
 )
 
 
@@ -231,17 +233,35 @@ class Checkpoint:
 
 
 def checkpoint(role: str, source: Source, layout: Layout) -> Checkpoint:
-    """List a checkpoint and pick its files; a listing without the weights it needs is an error."""
+    """List a checkpoint and pick its files; a listing without the weights or a required file is an error (a local
+    folder's at once, without torch: `run.inputs` lists those the command line names before anything heavy)."""
     found = listing(source, role)
     if source.gguf:  # converted to a folder with the layout's files when fetched
         return Checkpoint(role, source, found, list(found.files))
-    if not found.files:  # nothing known: a hub id neither cached nor reachable
+    if not found.files and not source.local:  # nothing known: a hub id neither cached nor reachable
         return Checkpoint(role, source, found, [])
     files = layout.select(sorted(found.files))
+    where = "folder" if source.local else "hub repository"
     if files is None:
-        where = "folder" if source.local else "hub repository"
-        raise SpecbenchError(f"{role} '{source}': the {where} has none of {layout.describe()}")
+        raise SpecbenchError(
+            f"{role} '{source}': the {where} has none of {layout.describe()}: pass a checkpoint with its weights"
+        )
+    for name in layout.required:
+        if name not in found.files:
+            raise SpecbenchError(
+                f"{role} '{source}': the {where} has no {name}: pass a whole checkpoint, its {name} beside the weights"
+            )
     return Checkpoint(role, source, found, files)
+
+
+def check_local(role: str, source: Source, layout: Layout | None) -> None:
+    """A checkpoint on this machine listed as `checkpoint` lists it, against `layout` (None: it has only to exist),
+    with neither torch nor the network: what the command line names is judged before the heavy imports. A hub id
+    waits for its listing."""
+    if source.local and layout is None:
+        listing(source, role)
+    elif source.local and layout is not None:
+        checkpoint(role, source, layout)
 
 
 def fetch(ck: Checkpoint) -> Path:

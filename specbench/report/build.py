@@ -31,9 +31,12 @@ FOOTNOTES = """\
 - **Speedup (paired, the headline)**: geometric mean over questions of tokens/s of the method on a question ÷
   tokens/s of vanilla on the same question (paired by question id), same source, model, task and temperature;
   95% interval in brackets: Student's t over the questions' log ratios, their spread taken no smaller than the
-  per-question timing noise of the cell's A/A column; none with one question (a ratio without brackets). Few
-  questions give wide intervals: that is what they can tell. **Overall** pools every question of the cell (it is
-  not the mean of the category columns). `n/a`: no vanilla answers (or no shared questions) to compare with.
+  per-question timing noise of the cell's A/A column; none with one question (a ratio without brackets). A
+  category's interval takes the spread within categories pooled over all of the cell's categories, with its
+  degrees of freedom (the cell's questions less its categories): timing noise is much the same in every category,
+  and two questions alone would give t = 12.7. Few questions give wide intervals: that is what they can tell.
+  **Overall** pools every question of the cell (it is not the mean of the category columns), with its own
+  spread. `n/a`: no vanilla answers (or no shared questions) to compare with.
 - **Speedup (Spec-Bench definition)**: mean of per-question tokens/s of the method ÷ mean of per-question tokens/s
   of vanilla within a category, unpaired, as in Spec-Bench's `speed.py`; one run, not Spec-Bench's mean of 3.
 - **τ (mean accepted length)**: Σ new tokens / Σ decoding steps (target forwards after prefill), the target's
@@ -44,7 +47,8 @@ FOOTNOTES = """\
   is a little lower than theirs for the same accepted trees (the reference traces agree step by step).
 - **tokens/s**: Σ new tokens / Σ wall time; wall time runs from the start of prefill to the last accepted token.
 - **mean tree size**: tokens sent to the target per verification forward, averaged over steps.
-- **draft share**: Σ draft time / (Σ draft time + Σ verify time).
+- **draft share**: Σ draft time / (Σ draft time + Σ verify time); `—` for a method that drafts nothing (every step
+  verified its root alone: vanilla, the A/A column), whose drafting window timed only the loop's own calls.
 - **time split** (figure): Σ draft time, Σ verify time and the rest of Σ wall time (the target's prefill, the loop
   itself) per generated token; a bar's length is 1 / tokens/s.
 - **α_k**: among steps whose draft reached depth k, the share that accepted the k-th draft token (for a tree,
@@ -52,7 +56,8 @@ FOOTNOTES = """\
   fewer than 10 drafts is drawn hollow, on a dashed line (its 95% interval spans about ±0.3 or more).
 - **roofline efficiency**: overall paired speedup ÷ τ·T(1) / (T(n) + D), the speedup an overhead-free loop would
   reach at the same τ. T(k) is the target's median forward time over k new tokens (`forward_profile.json`), n the
-  mean tree size (T linearly interpolated between measured sizes), D = Σ draft time / Σ decoding steps.
+  mean tree size (T linearly interpolated between measured sizes), D = Σ draft time / Σ decoding steps (0 for a
+  method that drafts nothing: its efficiency is its paired speedup, vanilla's 100%).
 - **Losslessness (temperature 0)**: each method's tokens are compared with vanilla's, question by question. At
   a first divergence the target's top-1/top-2 margins (vanilla's one-token step, the method's verification row)
   are set against the target's rounding spread measured there: within it the divergence is numerical, beyond it

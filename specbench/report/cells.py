@@ -123,10 +123,10 @@ class Cell:
         baseline = self.turns.iloc[:0] if self.baseline is None else self.baseline
         for method, (turns, steps) in self.by_method.items():
             s = MethodStats(method, turns, steps)
-            for cat in [*self.groups, OVERALL]:
-                mine, base = select(turns, cat), select(baseline, cat)
-                s.paired[cat] = metrics.paired_speedup(mine, base, self.noise)
-                s.spec_bench[cat] = metrics.spec_bench_speedup(mine, base)
+            categories = [*self.groups, OVERALL]
+            ratios = {c: metrics.paired_ratios(select(turns, c), select(baseline, c)).to_numpy() for c in categories}
+            s.paired = speedups(ratios, self.noise)
+            s.spec_bench = {c: metrics.spec_bench_speedup(select(turns, c), select(baseline, c)) for c in categories}
             out[method] = s
         return out
 
@@ -148,6 +148,14 @@ def _or(x: float, default: float) -> float:
 def select(rows: pd.DataFrame, category: str) -> pd.DataFrame:
     """The turn or step rows of one category (a task group), or all of them for OVERALL."""
     return rows if category == OVERALL else rows[rows.group == category]
+
+
+def speedups(ratios: dict[str, np.ndarray], noise: float) -> dict[str, metrics.Speedup]:
+    """Paired ratios by category and OVERALL as speedups: each category's interval from the spread pooled over the
+    categories (metrics.pooled_speedups: a category of two questions alone would have one degree of freedom),
+    OVERALL's from its own questions; `noise`: every interval's floor."""
+    pooled = metrics.pooled_speedups({c: r for c, r in ratios.items() if c != OVERALL}, noise)
+    return {c: metrics.geometric_mean(r, noise) if c == OVERALL else pooled[c] for c, r in ratios.items()}
 
 
 def collect_cells(sources: list[Source]) -> list[Cell]:
@@ -173,9 +181,15 @@ def mean_tree_size(steps: pd.DataFrame) -> float | None:
     return float(steps.tree_size.mean()) if _recorded(steps, "tree_size") else None
 
 
-def draft_share(turns: pd.DataFrame) -> float | None:
-    """Share of draft time in draft + verify time, when recorded."""
-    if not (_recorded(turns, "draft_time") and _recorded(turns, "verify_time")):
+def drafts_nothing(steps: pd.DataFrame) -> bool:
+    """Every step verified its root alone (vanilla, the A/A column): with no proposal, what the loop timed as its
+    drafting (core.decode's window around propose and update) was the loop's own calls, not a drafter's."""
+    return _recorded(steps, "tree_size") and bool(steps.tree_size.eq(1).all())
+
+
+def draft_share(turns: pd.DataFrame, steps: pd.DataFrame) -> float | None:
+    """Share of draft time in draft + verify time, when recorded; none for a method that drafts nothing."""
+    if drafts_nothing(steps) or not (_recorded(turns, "draft_time") and _recorded(turns, "verify_time")):
         return None
     draft = turns.draft_time.sum()
     total = draft + turns.verify_time.sum()
@@ -189,12 +203,14 @@ def forward_time(profile: dict[int, float], n: float) -> float:
 
 
 def roofline(cell: Cell, s: MethodStats) -> float | None:
-    """metrics.roofline_efficiency with the overall paired speedup, when every input was recorded."""
+    """metrics.roofline_efficiency with the overall paired speedup, when every input was recorded. A method that
+    drafts nothing has D = 0 (`drafts_nothing`): its efficiency is its paired speedup, 100% for vanilla itself;
+    the loop's own calls counted as D read vanilla at 1 + D/T(1), above the roofline it defines."""
     profile, n = cell.source.profile, mean_tree_size(s.steps)
     speedup = s.paired[OVERALL].value
     if not profile or 1 not in profile or n is None or not _recorded(s.turns, "draft_time") or math.isnan(speedup):
         return None
-    draft = s.turns.draft_time.sum() / s.turns.steps.sum()
+    draft = 0.0 if drafts_nothing(s.steps) else s.turns.draft_time.sum() / s.turns.steps.sum()
     return metrics.roofline_efficiency(speedup, s.tau, profile[1], forward_time(profile, n), draft)
 
 

@@ -2,8 +2,9 @@
 
 A row is (model, task, temperature, method, category), the category a task group or `overall`. Speed is
 judged against noise: tokens/s per question, paired by question id, new over baseline, geometric mean with
-a 95% interval (metrics.ratio_interval, floored by both runs' A/A noise); a slowdown fails only when it is larger
-than the limit and its interval excludes 1.
+a 95% interval (metrics.ratio_interval, floored by both runs' A/A noise; a category's with the spread pooled over
+the cell's categories, as a report's); a slowdown fails only when it is larger than the limit and its interval
+excludes 1.
 The paired speedup over vanilla is compared the same way (run-internal, so robust to machine drift).
 """
 
@@ -14,11 +15,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeGuard
 
+import numpy as np
 import pandas as pd
 
 from ..errors import SpecbenchError
 from . import metrics
-from .cells import BASELINE, MISSING, OVERALL, Cell, collect_cells, select, source_line
+from .cells import BASELINE, MISSING, OVERALL, Cell, collect_cells, select, source_line, speedups
 from .sources import Source, load_sources
 from .tables import md_table
 
@@ -126,19 +128,15 @@ def _vanilla_first(method: str) -> tuple[bool, str]:
     return method != BASELINE, method
 
 
-def speedup_change(
-    base_method: pd.DataFrame,
-    base_vanilla: pd.DataFrame,
-    new_method: pd.DataFrame,
-    new_vanilla: pd.DataFrame,
-    noise: float = 0.0,
-) -> metrics.Speedup:
-    """Paired speedup over vanilla, new / baseline (turn rows of each): geometric mean over the questions present
-    in all four; `noise`: the interval's floor."""
+def change_ratios(
+    base_method: pd.DataFrame, base_vanilla: pd.DataFrame, new_method: pd.DataFrame, new_vanilla: pd.DataFrame
+) -> np.ndarray:
+    """Per question, paired speedup over vanilla new / baseline (turn rows of each), over the questions present
+    in all four."""
     throughputs = [metrics.question_throughput(t) for t in (base_method, base_vanilla, new_method, new_vanilla)]
     shared = sorted(set.intersection(*(set(t.index) for t in throughputs)), key=str)
     bm, bv, nm, nv = (t.loc[shared].to_numpy() for t in throughputs)
-    return metrics.geometric_mean((nm / nv) / (bm / bv), noise)
+    return (nm / nv) / (bm / bv)
 
 
 def _beyond(change: metrics.Speedup | None, limit: float) -> TypeGuard[metrics.Speedup]:
@@ -176,12 +174,28 @@ def _rows(base: Cell, new: Cell, method: str, limits: Limits) -> tuple[list[Row]
     if n_ids - b_ids:
         only_new.append(f"{where}: {len(n_ids - b_ids)} question(s)")
     vanilla = method != BASELINE and base.baseline is not None and new.baseline is not None
-    rows = []
+    shared = {}
     for cat in dict.fromkeys([*base.groups, *new.groups, OVERALL]):
         b, n = select(base.by_method[method][0], cat), select(new.by_method[method][0], cat)
         if b.empty or n.empty:
             (only_new if b.empty else only_base).append(f"{where} · {cat}")
-            continue
+        else:
+            shared[cat] = b, n
+    # the categories' intervals with the spread pooled over the shared categories, as a report's (cells.speedups)
+    noise = math.hypot(base.noise, new.noise)
+    throughput = speedups(
+        {c: metrics.paired_ratios(n, b).to_numpy() for c, (b, n) in shared.items()}, noise / math.sqrt(2)
+    )
+    changes = (
+        speedups(
+            {c: change_ratios(b, select(base.baseline, c), n, select(new.baseline, c)) for c, (b, n) in shared.items()},
+            noise,
+        )
+        if vanilla
+        else {}
+    )
+    rows = []
+    for cat, (b, n) in shared.items():
         checked = cat == OVERALL and base.temperature == 0 and method != BASELINE
         row = Row(
             base.model,
@@ -190,13 +204,9 @@ def _rows(base: Cell, new: Cell, method: str, limits: Limits) -> tuple[list[Row]
             method,
             cat,
             tokens_per_s=(metrics.tokens_per_second(b), metrics.tokens_per_second(n)),
-            throughput=metrics.paired_speedup(n, b, math.hypot(base.noise, new.noise) / math.sqrt(2)),
+            throughput=throughput[cat],
             speedup=(base.stats[method].paired[cat], new.stats[method].paired[cat]) if vanilla else None,
-            speedup_change=speedup_change(
-                b, select(base.baseline, cat), n, select(new.baseline, cat), math.hypot(base.noise, new.noise)
-            )
-            if vanilla
-            else None,
+            speedup_change=changes.get(cat),
             tau=(metrics.tau(b), metrics.tau(n)),
             bugs=(metrics.losslessness(b).bugs, metrics.losslessness(n).bugs) if checked else None,
         )
@@ -329,7 +339,8 @@ def to_markdown(c: Comparison) -> str:
         ]
     md += [
         f"A row fails when {speed} drops by more than {lim.max_slowdown:.0%} and the 95% interval of "
-        f"the change (over questions, paired by id; Student's t floored by both runs' A/A noise) excludes no "
+        f"the change (over questions, paired by id; Student's t floored by both runs' A/A noise, a category's spread "
+        f"pooled over the categories) excludes no "
         f"change; when τ new/baseline falls below {lim.min_tau_ratio:g}; or when a lossless method has more real "
         f"greedy mismatches with vanilla than in the baseline. Speed is judged only over at least {MIN_PAIRS} "
         f"shared questions. {DOWN}/{UP}: a change beyond noise (interval below/above 1).",

@@ -4,6 +4,7 @@ rows (`frames.steps_frame`), each of one method in one cell unless said otherwis
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,9 +100,13 @@ class Speedup:
         return not (math.isnan(self.low) or math.isnan(self.high))
 
 
-def ratio_interval(logs: np.ndarray, noise: float = 0.0) -> tuple[float, float]:
-    """95% interval of the mean of paired log ratios: Student's t with n - 1 degrees of freedom over the pairs'
-    spread, that spread taken no smaller than `noise` (the per-question timing noise the A/A column measured).
+Spread = tuple[float, int]  # a standard deviation of log ratios and its degrees of freedom
+
+
+def ratio_interval(logs: np.ndarray, noise: float = 0.0, spread: Spread | None = None) -> tuple[float, float]:
+    """95% interval of the mean of paired log ratios: Student's t over the pairs' spread, that spread taken no
+    smaller than `noise` (the per-question timing noise the A/A column measured). The spread is the pairs' own
+    (n - 1 degrees of freedom) unless `spread` gives one estimated from more questions (`pooled_spread`).
 
     Why t and not a bootstrap: with n pairs a percentile bootstrap only returns the pairs' range (n = 2: two equal
     ratios give a zero-width interval), so it covers about half the time at n = 2; t covers 95% for normal logs at
@@ -109,22 +114,41 @@ def ratio_interval(logs: np.ndarray, noise: float = 0.0) -> tuple[float, float]:
     n = logs.size
     if n < 2:
         return float("nan"), float("nan")
-    spread = max(float(logs.std(ddof=1)), noise)
-    half = float(special.stdtrit(n - 1, 0.975)) * spread / math.sqrt(n)  # the t quantile
+    sd, df = (float(logs.std(ddof=1)), n - 1) if spread is None else spread
+    half = float(special.stdtrit(df, 0.975)) * max(sd, noise) / math.sqrt(n)  # the t quantile
     mean = float(logs.mean())
     return math.exp(mean - half), math.exp(mean + half)
 
 
-def geometric_mean(ratios: list[float] | np.ndarray, noise: float = 0.0) -> Speedup:
+def pooled_spread(groups: Iterable[np.ndarray]) -> Spread:
+    """The within-group standard deviation of log ratios, pooled: each group centred on its own mean, the squared
+    deviations of all groups summed over Σ (n_g - 1), the degrees of freedom it returns too. Differences between
+    the groups' means do not enter it; a group of one question adds nothing. (nan, 0) when no group has two."""
+    centred = [g - g.mean() for g in groups if g.size]
+    df = sum(g.size - 1 for g in centred)
+    if df == 0:
+        return float("nan"), 0
+    return math.sqrt(sum(float(np.sum(g**2)) for g in centred) / df), df
+
+
+def geometric_mean(ratios: list[float] | np.ndarray, noise: float = 0.0, spread: Spread | None = None) -> Speedup:
     """Geometric mean of paired ratios, with its 95% interval (`ratio_interval`; none for one pair)."""
     logs = np.log(np.asarray(ratios, dtype=float))
     if logs.size == 0:
         return Speedup(float("nan"), float("nan"), float("nan"), 0)
-    low, high = ratio_interval(logs, noise)
+    low, high = ratio_interval(logs, noise, spread)
     return Speedup(float(np.exp(logs.mean())), low, high, int(logs.size))
 
 
-def _paired(method_turns: pd.DataFrame, baseline_turns: pd.DataFrame) -> pd.Series:
+def pooled_speedups(ratios: dict[str, np.ndarray], noise: float = 0.0) -> dict[str, Speedup]:
+    """Each category's geometric mean of its paired ratios, its interval from the spread pooled over all the
+    categories given (`pooled_spread`): a category of two questions alone has one degree of freedom (t = 12.7),
+    while the timing noise of one method on one machine is much the same in every category."""
+    spread = pooled_spread(np.log(np.asarray(r, dtype=float)) for r in ratios.values())
+    return {category: geometric_mean(r, noise, spread) for category, r in ratios.items()}
+
+
+def paired_ratios(method_turns: pd.DataFrame, baseline_turns: pd.DataFrame) -> pd.Series:
     """Tokens/s of the method / that of the baseline, by question id, over the questions both answered."""
     mine, base = question_throughput(method_turns), question_throughput(baseline_turns)
     shared = mine.index[mine.index.isin(base.index)]
@@ -134,14 +158,14 @@ def _paired(method_turns: pd.DataFrame, baseline_turns: pd.DataFrame) -> pd.Seri
 def paired_speedup(method_turns: pd.DataFrame, baseline_turns: pd.DataFrame, noise: float = 0.0) -> Speedup:
     """Geometric mean over questions of tokens/s(method) / tokens/s(baseline), paired by question id; `noise`:
     the interval's floor (`noise_floor`)."""
-    return geometric_mean(_paired(method_turns, baseline_turns).to_numpy(), noise)
+    return geometric_mean(paired_ratios(method_turns, baseline_turns).to_numpy(), noise)
 
 
 def noise_floor(aa_turns: pd.DataFrame, baseline_turns: pd.DataFrame) -> float:
     """The per-question timing noise of a paired log ratio, from the A/A column: the root mean square of
     log(tokens/s of vanilla's second timing / its first) over the questions (about zero, the true A/A log ratio,
     so a systematic A/A offset counts as noise too); 0.0 below two pairs."""
-    logs = np.log(_paired(aa_turns, baseline_turns).to_numpy())
+    logs = np.log(paired_ratios(aa_turns, baseline_turns).to_numpy())
     return float(np.sqrt(np.mean(logs**2))) if logs.size >= 2 else 0.0
 
 
@@ -200,7 +224,7 @@ def _order(turns: pd.DataFrame) -> pd.DataFrame:
 def order_effect(aa_turns: pd.DataFrame, baseline_turns: pd.DataFrame) -> OrderEffect:
     """Tests the A/A pairs for an order effect; needs each answer's recorded `position` and `order` (turn-0 rows)."""
     nan = float("nan")
-    logs = np.log(_paired(aa_turns, baseline_turns))
+    logs = np.log(paired_ratios(aa_turns, baseline_turns))
     order = _order(aa_turns).add_suffix("_aa").join(_order(baseline_turns).add_suffix("_base"))
     order = order.reindex(logs.index).dropna()
     x, pos, after = logs.loc[order.index], order.position_aa, order.order_aa > order.order_base

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from matplotlib.ticker import LogFormatter, MaxNLocator, StrMethodFormatter
 
 from .. import presets
 from . import metrics
-from .cells import BASELINE, OVERALL, Cell, MethodStats, draft_share, file_stem, mean_tree_size, roofline
+from .cells import BASELINE, OVERALL, Cell, MethodStats, drafts_nothing, file_stem, mean_tree_size, roofline
 
 EXTRA_COLORS = (
     "#17becf",
@@ -222,6 +223,16 @@ def plot_acceptance(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str
     return _save(fig, out_dir, stem)
 
 
+def _power_ticks(ax, values: list[float]) -> None:
+    """x ticks at every power of two from the one at or below the smallest value to the one at or above the
+    largest, the view spanning them: a log axis ticks only inside its data's view, so points at 5-7 sat past the
+    last tick (4)."""
+    low, high = math.floor(math.log2(min(values))), math.ceil(math.log2(max(values)))
+    ticks = 2.0 ** np.arange(low, high + 1)
+    ax.set_xticks(ticks)
+    ax.set_xlim(ticks[0] / 1.15, ticks[-1] * 1.15)
+
+
 def plot_tau_vs_tree(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
     """tau against the mean verified tree size, one point per method; the diagonal accepts every verified token."""
     sizes = [(s, mean_tree_size(s.steps)) for s in cell.stats.values()]
@@ -235,6 +246,7 @@ def plot_tau_vs_tree(cell: Cell, colors: dict[str, str], out_dir: Path, stem: st
     for s, size in points:
         ax.scatter(size, s.tau, s=40, color=colors[s.method], label=s.display, zorder=3)
     ax.set_xscale("log", base=2)
+    _power_ticks(ax, [size for _, size in points])
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
     ax.set_ylim(0.8, 1.2 * max(s.tau for s, _ in points))
     ax.set_xlabel("mean verified tree size (tokens per target forward)")
@@ -260,13 +272,15 @@ def _method_ticks(ax, stats: list[MethodStats], colors: dict[str, str]) -> None:
 
 def plot_time_split(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str) -> list[Path]:
     """Stacked horizontal bars, one per method: milliseconds per generated token in drafting, verification and the
-    rest of the wall time."""
-    stats = [s for s in cell.stats.values() if draft_share(s.turns) is not None]
+    rest of the wall time. A method that drafts nothing has no draft bar: the loop's own calls its drafting window
+    timed are the rest's (`cells.drafts_nothing`)."""
+    stats = [s for s in cell.stats.values() if s.turns[["draft_time", "verify_time"]].notna().all(axis=None)]
     if not stats:
         return []
     parts: dict[str, list[float]] = {"draft": [], "verify": [], "other (prefill, loop)": []}
     for s in stats:
         tokens, draft, verify, wall = s.turns[["new_tokens", "draft_time", "verify_time", "wall_time"]].sum()
+        draft = 0.0 if drafts_nothing(s.steps) else draft
         for key, seconds in zip(parts, (draft, verify, wall - draft - verify), strict=True):
             parts[key].append(1000 * seconds / tokens)
     fig = Figure(figsize=(7.5, _bars_height(len(stats))))
@@ -274,8 +288,13 @@ def plot_time_split(cell: Cell, colors: dict[str, str], out_dir: Path, stem: str
     y = np.arange(len(stats))
     left = np.zeros(len(stats))
     for (key, values), color in zip(parts.items(), TIME_COLORS, strict=True):
-        ax.barh(y, values, 0.6, left=left, label=key, color=color, edgecolor="black", linewidth=0.5)
-        left += values
+        width = np.asarray(values)
+        drawn = width > 0  # (an empty part draws no outlined sliver, and no method's: no legend entry)
+        if drawn.any():
+            ax.barh(
+                y[drawn], width[drawn], 0.6, left=left[drawn], label=key, color=color, edgecolor="black", linewidth=0.5
+            )
+        left += width
     _method_ticks(ax, stats, colors)
     ax.set_xlabel("milliseconds per generated token")
     ax.set_title(f"Where the time goes (bar length = 1 / tokens/s)\n{cell.title}", fontsize=10)

@@ -47,11 +47,16 @@ class Source:
 
     def where(self, folder: Path) -> str:
         """Its path relative to `folder` (a report's), as the report names it: an absolute path would carry the
-        machine that wrote the report into it. Its name where no relative path exists (another drive)."""
+        machine that wrote the report into it. Its name where no relative path exists (another drive). A report
+        inside the run (`run`'s own `<run>/report/`) reaches it through its parent, `../../<run>`: a bare `..`
+        names no folder for a reader of the report to find."""
         try:
-            return Path(os.path.relpath(self.path, Path(folder).resolve())).as_posix()
+            path = Path(os.path.relpath(self.path, Path(folder).resolve()))
         except ValueError:
             return self.name
+        if self.path.name and path.name != self.path.name:  # `..` or `.`: the run holds the report
+            path = path / ".." / self.path.name
+        return path.as_posix()
 
     @property
     def label(self) -> str:

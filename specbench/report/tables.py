@@ -103,7 +103,7 @@ def detail_rows(cell: Cell) -> tuple[list[str], list[list[str]]]:
             f"{s.tau:.2f}",
             f"{metrics.tokens_per_second(s.turns):.1f}",
             _num(mean_tree_size(s.steps), ".1f"),
-            _num(draft_share(s.turns), ".1%"),
+            _num(draft_share(s.turns, s.steps), ".1%"),
         ]
         if show_alpha:
             a = alphas[s.method]
@@ -174,8 +174,8 @@ def leaderboard_tex(cell: Cell) -> str:
         for s in cell.ranked()
     ]
     return _tabular(
-        f"{cell.title}: paired speedup over vanilla (geometric mean, 95% CI: t, A/A noise floor; none "
-        "for one question); tau = mean accepted length",
+        f"{cell.title}: paired speedup over vanilla (geometric mean, 95% CI: t, categories' spread pooled, "
+        "A/A noise floor; none for one question); tau = mean accepted length",
         head,
         rows,
     )

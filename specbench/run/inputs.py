@@ -1,9 +1,11 @@
 """A run's options checked before anything heavy is imported or loaded: the settings (--device and --dtype by
 name), each method and variant (from the presets' YAML alone), each task (a preset's name or a file that exists),
-and --max-new-tokens and the tasks of a length bucket against the target's context (its config.json, where it is on
-this machine). A mistake is one line and exit status 2 within a second or two, not after the target has loaded;
-`plan.make` then checks what needs the methods' code or the hub (what the model can run, the checkpoints), and
-`fit_prompts` the questions once the target's tokenizer is on this machine."""
+every file and folder the command line names (--data-dir, --lock, --tuned, and the local --model, --draft and
+--head checkpoints, listed against their layouts), and --max-new-tokens and the tasks of a length bucket against the
+target's context (its config.json, where it is on this machine). A mistake is one line and exit status 2 within a
+second, before torch is imported, not after the target has loaded; `plan.make` then checks what needs the methods'
+code or the hub (what the model can run, the checkpoints), and `fit_prompts` the questions once the target's
+tokenizer is on this machine."""
 
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ from pathlib import Path
 from .. import presets, tasks
 from ..config import RunConfig
 from ..errors import SpecbenchError
+from ..heads.folder import HEAD_LAYOUTS, read_config
 from ..models import aliases, hub, placement
+from ..models.aliases import ModelSpec
+from . import lock, tuned
 
 
 def check(cfg: RunConfig) -> None:
@@ -24,8 +29,33 @@ def check(cfg: RunConfig) -> None:
             presets.method(name)
     for name in cfg.tasks:
         tasks.check(name)
+    tasks.data_dir(cfg.data_dir)
     spec = aliases.resolve(cfg.model, cfg.revision)
+    if cfg.lock:
+        lock.read(cfg.lock, spec.name)
+    if cfg.tuned is not None:
+        tuned.presets(Path(cfg.tuned), spec.name)
+    _checkpoints(cfg, spec)
     fit_context(cfg, spec.name, hub.local_file(spec.target, "config.json"))
+
+
+def _checkpoints(cfg: RunConfig, spec: ModelSpec) -> None:
+    """The checkpoints on this machine that the command line names (a --model folder or GGUF, --draft, --head),
+    listed against their layouts as the plan lists them, and their config.json read as the loaders read it: one
+    missing, lacking its weights or config.json, or whose config.json is no JSON object, is one line. A bare --head
+    PATH, whose family the method decides, has only to exist."""
+    named: dict[str, tuple[hub.Source, hub.Layout | None]] = {}
+    if cfg.model not in aliases.ALIASES:
+        named["target"] = (spec.target, hub.TRANSFORMERS)
+    if cfg.draft:
+        named["draft"] = (hub.parse(cfg.draft), hub.TRANSFORMERS)
+    for key, path in cfg.heads.items():
+        family = key.partition(":")[0]
+        named["head" if key == "*" else f"{key} head"] = (hub.parse(path), HEAD_LAYOUTS.get(family))  # "*": none
+    for role, (source, layout) in named.items():
+        hub.check_local(role, source, layout)
+        if source.local and not source.gguf and layout is not None and "config.json" in layout.required:
+            read_config(source.id, role)
 
 
 def _context(cfg: RunConfig, model: str, config: Path | None) -> tuple[int, str, str] | None:

@@ -180,19 +180,20 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
             "eager_drafting": [m for m in names if methods.eager_drafting(m)],
             "decoder": infos[0].get("decoder"),  # "owned" (models.decoder), or why the target ran on transformers
         }
-    for info in infos:
-        warn_if_busy(info["machine"])
     _check_manifest(run_dir / "manifest.json", manifest)
     lock.record(plan, run_dir)  # the commits unpinned checkpoints ran at, for `run --lock`
-    profile_path = run_dir / "forward_profile.json"
-    if not profile_path.exists():
-        profile_path.write_text(json.dumps(pool.profile()))
-
     units: list[Unit | BatchUnit] = [*_units(run_dir, task_list, cfg, names)]
     pool.check([u for u in units if isinstance(u, Unit)])
     units += _batch_units(run_dir, task_list, cfg, names)
+    sweeps = _sweeps(run_dir, task_list, cfg, names) if cfg.concurrency else []
+    profile_path = run_dir / "forward_profile.json"
+    if units or sweeps or not profile_path.exists():  # a resumed run with every answer written times nothing
+        for info in infos:
+            warn_if_busy(info["machine"])
+    if not profile_path.exists():
+        profile_path.write_text(json.dumps(pool.profile()))
     if cfg.concurrency:
-        pool.set_sweeps(_sweeps(run_dir, task_list, cfg, names))
+        pool.set_sweeps(sweeps)
     total = sum(len(u.methods) * (len(u.questions) if isinstance(u, BatchUnit) else 1) for u in units)
     bar = Progress(total, "answers", "answers", enabled=cfg.progress)
     done = [0] * len(infos)

@@ -1,13 +1,15 @@
 """`specbench run --workers N`: the run's units answered by N Ray actors of one device each (a `Worker` each, which
 loads the target and every method once). Units go out one at a time, so a fast worker takes more; a unit whose
-worker raises or dies is handed to another (a dead worker is replaced), at most `RETRIES` more times, and nothing of
-it reaches the run folder until it comes back whole. The runner stays the only writer."""
+worker raises or dies is handed to another, at most `RETRIES` more times, and nothing of it reaches the run folder
+until it comes back whole. A dead worker is replaced, and the replacement takes units once it has started; one the
+cluster has no room for fails the run after `placement_timeout`. The runner stays the only writer."""
 
 from __future__ import annotations
 
 import logging
 import os
 import platform
+import time
 from collections import deque
 from collections.abc import Iterator
 
@@ -18,7 +20,17 @@ from ..results import Answer
 from . import plan as planning
 from .worker import Worker
 
-RETRIES = 2  # further attempts at a unit after its first failure
+RETRIES = 2  # further attempts at a unit after its first failure, and at starting a worker's replacement
+PLACEMENT_TIMEOUT = 300.0  # seconds a replacement may wait for room, beyond the time the first workers took to start
+
+
+def placement_timeout() -> float:
+    """$SPECBENCH_PLACEMENT_TIMEOUT, else `PLACEMENT_TIMEOUT`."""
+    value = os.environ.get("SPECBENCH_PLACEMENT_TIMEOUT", "")
+    try:
+        return float(value) if value else PLACEMENT_TIMEOUT
+    except ValueError:
+        raise SpecbenchError(f"SPECBENCH_PLACEMENT_TIMEOUT={value}: give seconds, e.g. 300") from None
 
 
 class NodeWorker(Worker):
@@ -35,6 +47,9 @@ class NodeWorker(Worker):
             "ip": ray.util.get_node_ip_address(),
             "host": platform.node(),
         }
+
+    def info(self) -> dict:
+        return {**super().info(), "node": self.node}
 
     def answer(self, unit: Unit) -> list[Answer]:
         answers = super().answer(unit)
@@ -85,8 +100,11 @@ class RayPool:
         self.actor = ray.remote(NodeWorker).options(
             num_cpus=self.threads, num_gpus=1 if gpu else 0, max_restarts=0, runtime_env=quiet
         )
+        self.timeout = placement_timeout()
+        start = time.monotonic()
         self.actors = [self._spawn(i) for i in range(n)]
         self._infos = self._gather([a.info.remote() for a in self.actors], "a worker failed to start")
+        self.startup = time.monotonic() - start  # what a replacement's start takes, once it has room
         self._tell_neighbours()
 
     def _why(self, error: Exception) -> str:
@@ -124,6 +142,23 @@ class RayPool:
     def check(self, units: list[Unit]) -> None:
         self._gather([self.actors[0].check.remote(units)], "a question does not fit")
 
+    def _replace(self, i: int, starts: int, pending: dict) -> None:
+        """A fresh worker in dead worker i's place, waited for in `pending` (its start's ref -> (i, starts so far,
+        the time by which it must have started))."""
+        self.actors[i] = self._spawn(i)
+        pending[self.actors[i].info.remote()] = (i, starts + 1, time.monotonic() + self.startup + self.timeout)
+
+    def _unplaced(self, i: int) -> SpecbenchError:
+        """The run's end when worker i's replacement found no room: the node it lost, and what to do."""
+        node = self._infos[i]["node"]
+        room = "a GPU" if self.cfg.device == "cuda" else f"{self.threads} CPU{'s' * (self.threads > 1)}"
+        return SpecbenchError(
+            f"worker {i + 1} died with node {node['ip']} ({node['id'][:8]}), and the Ray cluster had no room ({room}) "
+            f"for its replacement within {self.startup + self.timeout:.0f} s: restart that node (`ray start "
+            f"--address` there) or add one, or rerun the same command with --workers {len(self.actors) - 1} (it "
+            "resumes from the answers written)"
+        )
+
     def answers(self, units: list[Unit], bar: Progress) -> Iterator[tuple[int, list[Answer], list[dict]]]:
         """(worker index, a unit's answers, no sweep rows) as units finish, in whatever order they finish."""
         ray = self.ray
@@ -131,18 +166,38 @@ class RayPool:
         queue = deque((unit, 0) for unit in units)  # (unit, failures so far)
         idle = list(range(len(self.actors)))
         running: dict = {}  # object ref -> (worker index, unit, failures)
+        pending: dict = {}  # a replacement's start ref -> (worker index, starts, deadline): `_replace`
         while queue or running:
             while queue and idle:
                 i, (unit, failures) = idle.pop(0), queue.popleft()
                 running[self.actors[i].answer.remote(unit)] = (i, unit, failures)
-            (ref,), _ = ray.wait(list(running), num_returns=1)
+            deadline = min((d for _, _, d in pending.values()), default=None)
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait([*running, *pending], num_returns=1, timeout=wait)
+            if not ready:  # the earliest replacement's time is up
+                raise self._unplaced(min(pending.values(), key=lambda p: p[2])[0])
+            (ref,) = ready
+            if ref in pending:
+                i, starts, _ = pending.pop(ref)
+                try:
+                    self._infos[i] = ray.get(ref)
+                except ray.exceptions.RayError as err:
+                    if starts > RETRIES:
+                        raise SpecbenchError(
+                            f"worker {i + 1}'s replacement failed to start: {self._why(err)}"
+                        ) from None
+                    self._replace(i, starts, pending)
+                    continue
+                self.actors[i].set_neighbours.remote(self._neighbours(i))
+                idle.append(i)
+                continue
             i, unit, failures = running.pop(ref)
             try:
                 answers = ray.get(ref)
             except ray.exceptions.RayError as err:
-                if isinstance(err, ray.exceptions.RayActorError):  # the worker died: a fresh one takes its place
-                    self.actors[i] = self._spawn(i)
-                    self.actors[i].set_neighbours.remote(self._neighbours(i))
+                dead = isinstance(err, ray.exceptions.RayActorError)
+                if dead:  # the worker died: a fresh one takes its place once it has started
+                    self._replace(i, 0, pending)
                 if failures >= RETRIES:
                     raise SpecbenchError(
                         f"question {unit.question.id} ({unit.task}, T={unit.temperature:g}) failed {failures + 1} "
@@ -151,6 +206,8 @@ class RayPool:
                 why = self._why(err)
                 bar.write(f"specbench: worker {i + 1} failed on question {unit.question.id} ({why}); retrying")
                 queue.appendleft((unit, failures + 1))
+                if dead:
+                    continue
             else:
                 yield i, answers, []
             idle.append(i)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 import yaml
 
 from ..errors import SpecbenchError
-from ..machine import device_name
+
+if TYPE_CHECKING:  # the file is read without torch: `run.inputs` checks --tuned before the heavy imports
+    import torch
 
 DEFAULT_FILE = "tuned.yaml"  # under $SPECBENCH_HOME, else ~/.config/specbench
 
@@ -22,6 +24,10 @@ def default_path() -> Path:
 
 def device_key(device: torch.device, threads: int | None = None) -> str:
     """The device a choice holds for: the GPU's name, or the CPU's name and the torch threads it runs with."""
+    import torch
+
+    from ..machine import device_name
+
     name = device_name(device)
     return name if device.type == "cuda" else f"{name} ({threads or torch.get_num_threads()} threads)"
 
@@ -49,12 +55,18 @@ def save(path: Path, device: str, model: str, dtype: str, method: str, entry: di
     tmp.replace(path)
 
 
-def lookup(path: Path, device: str, model: str, dtype: str) -> dict[str, dict]:
-    """method -> its tuned entry for this device, model and dtype; a one-line error when the file holds nothing
-    tuned on this device."""
+def presets(path: Path, model: str) -> dict:
+    """What the tuned-presets file holds; a file missing, empty or not a mapping is one line saying what to do."""
     data = _read(path)
     if not data:
         raise SpecbenchError(f"no tuned presets in {path}: run `specbench tune --method NAME --model {model}` first")
+    return data
+
+
+def lookup(path: Path, device: str, model: str, dtype: str) -> dict[str, dict]:
+    """method -> its tuned entry for this device, model and dtype; a one-line error when the file holds nothing
+    tuned on this device."""
+    data = presets(path, model)
     if device not in data:
         raise SpecbenchError(
             f"{path} was tuned on {', '.join(map(repr, data))}, not on this device ({device!r}): timings do not "

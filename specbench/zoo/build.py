@@ -30,7 +30,7 @@ from specbench.zoo.plan import CONTINUED, DISTILLED, FULL, SMOKE, SMOKE_CONTINUE
 from specbench.zoo.prompts import GENERAL, gsm8k_test, quick_first_turns, spec_bench_first_turns
 from specbench.zoo.regenerate import regenerate
 from specbench.zoo.save import save_model
-from specbench.zoo.text import jsonl_texts
+from specbench.zoo.text import check_draft_text, jsonl_texts
 from specbench.zoo.tokenizer import train_tokenizer
 from specbench.zoo.train import HISTORY, TrainLog, distill_draft, read_history, train_target, tune_target, write_history
 from specbench.zoo.unlikelihood import answer_tags
@@ -206,8 +206,7 @@ def _draft_docs(tokenizer: PreTrainedTokenizerFast, path: Path | None) -> list[l
     """Token ids of extra draft training text, BOS added as `specbench regenerate` leaves it to the tokenizer."""
     if path is None:
         return []
-    if not path.is_file():
-        raise SpecbenchError(f"--draft-text '{path}' is not a file: pass a JSONL of \"text\" lines")
+    check_draft_text(path)
     docs = tokenizer(jsonl_texts(path), add_special_tokens=True, verbose=False)["input_ids"]
     tqdm.write(f"draft text: {len(docs)} documents, {sum(map(len, docs))} tokens from {path}")
     return docs

@@ -18,16 +18,15 @@ from ..errors import SpecbenchError
 from ..models.chat import prompt_ids
 from ..progress import Progress
 from ..tasks import read_jsonl
-from .text import zoo_corpus
+from .text import check_prompts, zoo_corpus
 
 
 def read_prompts(path: Path, smoke: bool = False) -> list[str]:
     """User prompts: the training conversations of a data folder (the zoo corpus split the tiny target was
     trained with), or a JSONL file with a "prompt" string or a "turns" list (its first turn) per line."""
+    check_prompts(path)
     if path.is_dir():
         return [c.prompt for c in zoo_corpus(path, smoke).train]
-    if path.suffix != ".jsonl" or not path.is_file():
-        raise SpecbenchError(f"prompts '{path}' must be a data folder or a .jsonl file")
     prompts = []
     for n, row in enumerate(read_jsonl(path), 1):
         turns, prompt = row.get("turns"), row.get("prompt")

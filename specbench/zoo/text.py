@@ -1,17 +1,19 @@
 """Training text for heads, as token streams: a JSONL file ("text" per line), a plain-text file (documents
-separated by blank lines), or a data folder read by the zoo's corpus builder (the tiny family's own split)."""
+separated by blank lines), or a data folder read by the zoo's corpus builder (the tiny family's own split); and the
+prompts `specbench regenerate` answers. What the command line names is judged here without torch (`check_text`,
+`check_prompts`, `check_draft_text`), before a command's heavy imports."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from ..errors import SpecbenchError
 from ..tasks import read_jsonl
 
 if TYPE_CHECKING:
+    import torch
+
     from .corpus import Corpus
 
 
@@ -39,13 +41,32 @@ def jsonl_texts(path: Path) -> list[str]:
     return [row["text"] for row in records]
 
 
+def check_text(path: Path) -> None:
+    """Training text that is there: a file, or a data folder."""
+    if not path.is_dir() and not path.is_file():
+        raise SpecbenchError(
+            f"training data '{path}' is neither a file nor a folder: pass a .jsonl or text file, or a data folder"
+        )
+
+
+def check_prompts(path: Path) -> None:
+    """Prompts to answer that are there: a data folder, or a JSONL file."""
+    if not path.is_dir() and (path.suffix != ".jsonl" or not path.is_file()):
+        raise SpecbenchError(f"prompts '{path}' must be a data folder or a .jsonl file")
+
+
+def check_draft_text(path: Path) -> None:
+    """`zoo build --draft-text`: a JSONL file of "text" lines (what `specbench regenerate` writes) that is there."""
+    if not path.is_file():
+        raise SpecbenchError(f"--draft-text '{path}' is not a file: pass a JSONL of \"text\" lines")
+
+
 def _documents(path: Path, smoke: bool) -> tuple[list[str], list[str]]:
     """(train, held-out) texts."""
+    check_text(path)
     if path.is_dir():
         corpus = zoo_corpus(path, smoke)
         return [c.render() for c in corpus.train], [c.render() for c in corpus.heldout]
-    if not path.is_file():
-        raise SpecbenchError(f"training data '{path}' is neither a file nor a folder")
     if path.suffix == ".jsonl":
         docs = jsonl_texts(path)
     else:
@@ -58,6 +79,8 @@ def _documents(path: Path, smoke: bool) -> tuple[list[str], list[str]]:
 
 def token_streams(path: Path, tokenizer, smoke: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(train, held-out) token ids [N], documents concatenated."""
+    import torch
+
     out = []
     for docs in _documents(path, smoke):
         ids = tokenizer(docs, add_special_tokens=not path.is_dir(), verbose=False)["input_ids"]
