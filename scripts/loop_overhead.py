@@ -130,7 +130,7 @@ def main() -> int:
         clock = Clock()
         for batch in batches:
             target = BatchedLM(owned, batch, capture=False, context=PROMPT + args.steps + BUCKETS[-1])
-            slots = {name: methods.build_slots(name, res, batch) for name in names}
+            slots = {name: methods.build_batch(name, res, batch) for name in names}
             times: dict[str, list[list[float]]] = {name: [] for name in names}
             for round_ in range(args.repeats + 1):
                 for name in names:

@@ -52,30 +52,36 @@ def random_qwen2(vocab: int, *, layers: int = 2, hidden: int = 64, seed: int = 0
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="captures on a GPU"))
 
 
-def recording(proposer) -> list:
-    """The trees `proposer` proposes from now on, in order (its propose wrapped; proposals pass through)."""
-    trees, propose = [], proposer.propose
+def recording(drafter) -> list:
+    """The trees a Drafter proposes from now on, in order, every slot's (its propose wrapped; proposals pass
+    through)."""
+    trees, propose = [], drafter.propose
 
-    def recorded(tokens: list[int], max_depth: int):
-        proposal = propose(tokens, max_depth)
-        trees.append(proposal.tree)
-        return proposal
+    def recorded(slots: list[int], tokens: list[list[int]], max_depths: list[int]):
+        proposals = propose(slots, tokens, max_depths)
+        trees.extend(proposal.tree for proposal in proposals)
+        return proposals
 
-    proposer.propose = recorded
+    drafter.propose = recorded
     return trees
 
 
+def propose_one(drafter, tokens: list[int], max_depth: int):
+    """A Drafter's proposal for slot 0 alone (a test's hand-driven step)."""
+    return drafter.propose([0], [tokens], [max_depth])[0]
+
+
 class ClaimsUniform:
-    """A planted mistake to mix into a proposer that samples its drafts: rows drawn from its own law but verified
+    """A planted mistake to mix into a Drafter that samples its drafts: rows drawn from its own law but verified
     as if drawn uniformly (the sampling audit must fail it)."""
 
-    def propose(self, tokens, max_depth):
+    def propose(self, slots, tokens, max_depths):
         from specbench.core.proposer import Proposal
 
-        proposal = super().propose(tokens, max_depth)
-        if proposal.draft_probs is None:
-            return proposal
-        return Proposal(proposal.tree, torch.full_like(proposal.draft_probs, 1 / proposal.draft_probs.shape[1]))
+        return [
+            p if p.draft_probs is None else Proposal(p.tree, torch.full_like(p.draft_probs, 1 / p.draft_probs.shape[1]))
+            for p in super().propose(slots, tokens, max_depths)
+        ]
 
 
 @pytest.fixture(scope="session")

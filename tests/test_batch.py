@@ -23,8 +23,8 @@ from specbench.core.static_lm import BatchedLM, Row, StaticCachedLM
 from specbench.core.tree import Tree
 from specbench.errors import SpecbenchError
 from specbench.heads import dflash as dflash_heads
-from specbench.methods.dflash import BlockDrafting, DFlash
-from specbench.methods.eagle import Eagle, StaticDrafting
+from specbench.methods.dflash import DFlash
+from specbench.methods.eagle import Eagle
 from specbench.methods.eagle_trees import DynamicTree
 from specbench.methods.sps import DraftModel
 from specbench.models.chat import prompt_ids
@@ -100,8 +100,8 @@ def test_every_slot_sees_its_own_rows_only(target, device):
 @pytest.mark.parametrize("device", ["cpu", CUDA])
 def test_slots_refilled_as_turns_end_give_each_turns_tokens_alone(target, device, shared):
     """Five turns of different lengths and budgets through two slots (one ends at a stop token, the others at their
-    budgets), sps drafting in each slot, with a draft of its own or its slot of one draft for both (drafting them
-    together, `DraftModel.propose_all`): every turn's tokens, accepted lengths and picks are its batch of one's."""
+    budgets), sps drafting for both, with a cache of the draft per slot or one batched cache (drafting them together
+    in one forward per depth): every turn's tokens, accepted lengths and picks are its batch of one's."""
     target = copy.deepcopy(target).to(device)
     draft = Decoder.adopt(random_llama(64, layers=1, seed=5, init=0.3)).to(device)
     prompts = [[5, 9, 11], [40, 41, 42, 43, 44, 45, 46], [7], [3, 3, 3, 9], [12, 30]]
@@ -116,10 +116,9 @@ def test_slots_refilled_as_turns_end_give_each_turns_tokens_alone(target, device
     together, widths = BatchedLM(draft, 2, context=64), []
     run = together.run
     together.run = lambda rows, **options: widths.append(len(rows)) or run(rows, **options)
-    drafts = [StaticCachedLM(draft, batched=together, slot=i) if shared else StaticCachedLM(draft) for i in range(2)]
     wall = decode_batch(
         BatchedLM(target, 2, context=64),
-        [DraftModel(d, 3) for d in drafts],
+        DraftModel(together if shared else [StaticCachedLM(draft) for _ in range(2)], 3),
         lambda: jobs.pop(0) if jobs else None,
         lambda job, gen: ended.__setitem__(job.request[0], gen),
         stop_ids={17},
@@ -204,19 +203,18 @@ def test_a_batchs_step_split_hand_worked():
 @pytest.mark.parametrize("proposer", [DraftModel, UniformClaimDraft], ids=["sps", "planted-mistake"])
 def test_the_sampling_audit_at_batch_4(proposer):
     """Samples drawn four at a time (`verify --batch 4`'s), the slots drafting together from one shared draft (each
-    slot's draws from its own generator, `DraftModel.propose_all`): sps passes the chi-square against vanilla's exact
-    law; a draft that claims uniform draft probabilities fails it (its own `propose` overrides the batched drafting,
-    `core.proposer.batch_drafting`)."""
+    slot's draws from its own generator): sps passes the chi-square against vanilla's exact law; a draft that claims
+    uniform draft probabilities fails it."""
     target, draft = (random_llama(8, layers=1, hidden=32, seed=s, init=0.5) for s in (0, 1))
     draft = Decoder.adopt(draft)
     shared, widths = BatchedLM(draft, 4, context=16), []
     run = shared.run
     shared.run = lambda rows, **options: widths.append(len(rows)) or run(rows, **options)
-    slots = [proposer(StaticCachedLM(draft, batched=shared, slot=i), 3) for i in range(4)]
+    slots = proposer(shared, 3)
     prompt = [1, 2, 3, 1, 2]
     result = sampling_test(
         CachedLM(target),
-        slots[0],
+        proposer(draft, 3),
         prompt,
         horizon=2,
         samples=800,
@@ -225,39 +223,30 @@ def test_the_sampling_audit_at_batch_4(proposer):
         batch=(BatchedLM(Decoder.adopt(target), 4, context=16), slots),
     )
     assert result.passed == (proposer is DraftModel), result
-    assert (max(widths) > 1) == (proposer is DraftModel)  # (sps drafted its slots in one forward per depth)
+    assert max(widths) > 1  # (the slots drafted in one forward per depth)
 
 
-def _slots_drafting_together(method: str, target, widths: list[int]) -> list:
+def _slots_drafting_together(method: str, target, widths: list[int]):
     """Four slots of `method` on one static drafting for the batch (random heads for the small-vocabulary target),
     each drafting call's slot count appended to `widths`."""
-    shared: dict = {}
     if method == "eagle2":
         head, lm_head = random_eagle_head(target), target.get_output_embeddings()
-
-        def drafting(eagle):
-            if "d" not in shared:
-                shared["d"] = StaticDrafting(eagle, 4, capture=False)
-                together = shared["d"]._together
-                shared["d"]._together = lambda members, depth: widths.append(len(members)) or together(members, depth)
-            return shared["d"]
-
-        return [Eagle(head, lm_head, DynamicTree(10, 1, 3), drafting=drafting, slot=i) for i in range(4)]
+        eagle = Eagle(head, lm_head, DynamicTree(10, 1, 3), slots=4, capture=False)
+        together = eagle.static._together
+        eagle.static._together = lambda members, depth: widths.append(len(members)) or together(members, depth)
+        return eagle
     torch.manual_seed(3)
     draft = dflash_heads.build(dflash_heads.config_for(target.config, 1, 3, mask_token_id=7)).eval()
     with torch.no_grad():  # larger weights: peaked drafts that the target often rejects
         for weights in draft.parameters():
             weights.mul_(4)
 
-    def blocks(dflash):
-        if "b" not in shared:
-            shared["b"] = BlockDrafting(dflash, 4, capture=False)
-            together = shared["b"]._together
-            shared["b"]._together = lambda members: widths.append(len(members)) or together(members)
-        return shared["b"]
-
     embed, readout = target.get_input_embeddings(), target.get_output_embeddings()
-    return [DFlash(draft, embed, readout, 2, blocks=blocks, slot=i) for i in range(4)]
+    dflash = DFlash(draft, embed, readout, 2, slots=4, capture=False)
+    blocks = dflash.blocks
+    together = blocks._together
+    blocks._together = lambda members: widths.append(len(members)) or together(members)
+    return dflash
 
 
 @pytest.mark.parametrize("method", ["eagle2", "dflash"])
@@ -269,7 +258,7 @@ def test_the_sampling_audit_at_batch_4_with_slots_drafting_together(method):
     slots = _slots_drafting_together(method, target, widths)
     result = sampling_test(
         CachedLM(target),
-        slots[0],
+        slots,
         [1, 2, 3],  # (a prompt of two pairs: its first draft fits the padded, together forward)
         horizon=2,
         samples=800,
@@ -290,28 +279,27 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
     res = methods.Resources("tiny", target, None, torch.device("cpu"), torch.float32, head_paths=HEADS)
     prompts = [prompt, prompt[: len(prompt) // 2]]
     alone = [
-        decode(CachedLM(target), methods.build(method, res), p, max_new_tokens=32, temperature=0, stop_ids=set())
+        decode(CachedLM(target), methods.build_batch(method, res), p, max_new_tokens=32, temperature=0, stop_ids=set())
         for p in prompts
     ]
-    slots = methods.build_slots(method, res, 2)
+    slots = methods.build_batch(method, res, 2)
     widths: list[int] = []
     if method == "pard":
-        shared = slots[0].drafter.batched
-        assert slots[1].drafter.batched is shared and slots[0].drafter.slot != slots[1].drafter.slot
+        shared = slots.drafter.batched
+        assert shared is not None and shared.batch == 2
         run = shared.run
         shared.run = lambda rows, **options: widths.append(len(rows)) or run(rows, **options)
     elif method == "medusa":
-        assert slots[0].heads is slots[1].heads
-        top = slots[0]._top
-        slots[0]._top = lambda hidden: widths.append(len(hidden)) or top(hidden)
+        top = slots._top
+        slots._top = lambda hidden: widths.append(len(hidden)) or top(hidden)
     elif method == "dflash":
-        blocks = slots[0].blocks
-        assert slots[1].blocks is blocks and slots[0].draft is slots[1].draft and blocks.batch == 2
+        blocks = slots.blocks
+        assert blocks.batch == 2
         together = blocks._together
         blocks._together = lambda members: widths.append(len(members)) or together(members)
     else:
-        drafting = slots[0].static
-        assert slots[1].static is drafting and slots[0].head is slots[1].head and drafting.batch == 2
+        drafting = slots.static
+        assert drafting.batch == 2
         together = drafting._together
         drafting._together = lambda members, depths: widths.append(len(members)) or together(members, depths)
     jobs = [Job(p, 32, 0.0, request=(i, 0)) for i, p in enumerate(prompts)]

@@ -63,11 +63,12 @@ def test_draft_stops_at_the_token_budget(pair, monkeypatch):
     target, _ = pair
     proposer = DraftModel(target, 4)
     calls = []
-    forward = proposer.draft.forward
-    monkeypatch.setattr(proposer.draft, "forward", lambda ids: calls.append(len(ids)) or forward(ids))
+    lane = proposer.draft.lane(0)
+    run = lane.run
+    monkeypatch.setattr(lane, "run", lambda ids, *args, **kw: calls.append(len(ids)) or run(ids, *args, **kw))
     gen = greedy_tokens(target, proposer, PROMPTS[0], n=7)
     assert gen.accept_lengths == [5, 2] and [s.tested for s in gen.steps] == [4, 1]
-    assert len(calls) == 4 + 1
+    assert len(calls) == 1 + 4 + 1  # the prompt's prefill, then one forward per drafted token
 
 
 def test_tree_commit_keeps_non_contiguous_rows(pair):

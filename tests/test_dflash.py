@@ -16,11 +16,11 @@ from specbench.heads import dflash
 from specbench.heads.checkpoint import save_safetensors
 from specbench.heads.train import dflash_anchors, dflash_blocks, target_pass
 from specbench.heads.train_config import TrainConfig, train_config
-from specbench.methods.dflash import BlockDrafting, DFlash
+from specbench.methods.dflash import DFlash
 from specbench.methods.vanilla import Vanilla
 
 from . import conftest
-from .conftest import CUDA, random_llama
+from .conftest import CUDA, propose_one, random_llama
 
 
 @pytest.fixture(scope="module")
@@ -223,15 +223,14 @@ def test_the_static_context_drafts_what_the_cached_one_does(target, device):
     tokens = torch.randint(0, 47, (40,), generator=torch.Generator().manual_seed(6)).tolist()
     made = []
     for graphs in (False, True):
-        blocks = {"blocks": BlockDrafting} if graphs else {}
-        made.append(DFlash(draft, model.get_input_embeddings(), model.get_output_embeddings(), 3, **blocks))
-        made[-1].start(Turn(tokens[:9], 1.0, torch.Generator(device).manual_seed(0), features[:8]))
+        made.append(DFlash(draft, model.get_input_embeddings(), model.get_output_embeddings(), 3, static=graphs))
+        made[-1].start(0, Turn(tokens[:9], 1.0, torch.Generator(device).manual_seed(0), features[:8]))
     end = 9
     for step in [1, 4, 2, 3, 1, 1, 4, 7, 2]:  # rows committed (7: past the padding of 4)
-        drafts = [p.propose(tokens[:end], 10) for p in made]
+        drafts = [propose_one(p, tokens[:end], 10) for p in made]
         assert drafts[1].tree == drafts[0].tree
         torch.testing.assert_close(drafts[1].draft_probs, drafts[0].draft_probs, rtol=1e-4, atol=1e-5)
         for p in made:
-            p.update(tokens[: end + step], drafts[0], Feedback(None, features[end - 1 : end - 1 + step]))
+            p.update([0], [tokens[: end + step]], drafts[:1], [Feedback(None, features[end - 1 : end - 1 + step])])
         end += step
     assert made[1].blocks.inputs and made[1].blocks.slots is not None

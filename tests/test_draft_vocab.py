@@ -10,6 +10,7 @@ import torch
 from specbench import methods
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
+from specbench.core.proposer import Drafter
 from specbench.errors import SpecbenchError
 from specbench.heads import frequencies
 from specbench.models import loading as models
@@ -53,19 +54,19 @@ def tiny():
     return res, prompt_ids(tokenizer, [{"role": "user", "content": QUESTION}])
 
 
-class Drafts:
-    """Keeps every token the wrapped proposer drafted."""
+class Drafts(Drafter):
+    """Keeps every token the wrapped Drafter drafted."""
 
     def __init__(self, inner):
         self.inner, self.feature_layers, self.tokens = inner, inner.feature_layers, set()
 
-    def start(self, turn):
-        self.inner.start(turn)
+    def start(self, slot, turn):
+        self.inner.start(slot, turn)
 
-    def propose(self, tokens, max_depth):
-        proposal = self.inner.propose(tokens, max_depth)
-        self.tokens |= set(proposal.tree.tokens)
-        return proposal
+    def propose(self, slots, tokens, max_depths):
+        proposals = self.inner.propose(slots, tokens, max_depths)
+        self.tokens |= {t for proposal in proposals for t in proposal.tree.tokens}
+        return proposals
 
     def update(self, *args):
         self.inner.update(*args)

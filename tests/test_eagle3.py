@@ -34,7 +34,7 @@ from specbench.methods.vanilla import Vanilla
 from specbench.models import aliases
 from specbench.models import loading as models
 
-from .conftest import random_llama, random_qwen2
+from .conftest import propose_one, random_llama, random_qwen2
 
 VOCAB, HIDDEN, LAYERS = 64, 64, 7  # fused states 2, 3 and 4
 USED = torch.tensor(sorted(range(0, VOCAB, 3)) + [7, 8, 40, 41])  # a reduced draft vocabulary of target ids
@@ -251,12 +251,12 @@ def test_drafted_tokens_are_target_ids_of_the_draft_vocabulary(llama):
     prompt = PROMPTS[0]
     target = CachedLM(llama)
     target.reset()
-    p.start(Turn(prompt, 0.0, None, target.run(prompt[:-1], layers=p.feature_layers).features))
-    assert p.pending.shape == (0, 3 * HIDDEN) and p.feature_layers == (2, 3, 4)
-    tree = p.propose(prompt, 8).tree
+    p.start(0, Turn(prompt, 0.0, None, target.run(prompt[:-1], layers=p.feature_layers).features))
+    assert p.lanes[0].pending.shape == (0, 3 * HIDDEN) and p.feature_layers == (2, 3, 4)
+    tree = propose_one(p, prompt, 8).tree
     assert len(tree) + 1 == 60, "total_tokens counts the verified rows, root included (59 drafts)"
     assert tree.max_depth() <= 8 and set(tree.tokens) <= set(USED.tolist())
-    shallow = p.propose(prompt, 1).tree
+    shallow = propose_one(p, prompt, 1).tree
     assert len(shallow) == 10 and shallow.max_depth() == 1, "one token left to draft: the top 10 at depth 1 only"
 
 

@@ -11,12 +11,11 @@ from specbench.core import choices
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
 from specbench.core.proposer import Turn
-from specbench.core.static_cache import StaticRows
 from specbench.heads.eagle import build, config_from_target
-from specbench.methods.eagle import DYNAMIC, Eagle, StaticDrafting
+from specbench.methods.eagle import DYNAMIC, Eagle
 from specbench.methods.eagle_trees import Draft, DynamicTree, StaticTree
 
-from .conftest import CUDA, random_llama, recording
+from .conftest import CUDA, propose_one, random_llama, recording
 
 PROMPTS = [[1, 5, 7, 9, 5, 7, 9, 11, 3], [1, 40, 41, 7], [7, 8]]
 
@@ -40,7 +39,7 @@ def started(model, head, expansion, prompt, sampled=False, seed=None):
     target.reset()
     features = target.run(prompt[:-1], layers=proposer.feature_layers).features
     generator = None if seed is None else torch.Generator().manual_seed(seed)
-    proposer.start(Turn(prompt, 1.0 if sampled else 0.0, generator, features))
+    proposer.start(0, Turn(prompt, 1.0 if sampled else 0.0, generator, features))
     return proposer
 
 
@@ -49,16 +48,16 @@ def test_a_smaller_dynamic_tree_is_the_select_of_a_larger_drafts_first_levels(mo
     """(T, d): fewer drafts than candidates, and more (T = 500: every candidate of d + 1 levels is verified)."""
     for prompt in PROMPTS:
         large = started(model, head, DynamicTree(60, 5, top_k), prompt)
-        large.propose(prompt, 20)
-        drafted = large.drafted
+        propose_one(large, prompt, 20)
+        drafted = large.lanes[0].drafted
         assert drafted.depths.tolist() == sorted(drafted.depths.tolist())  # level by level
         assert len(drafted) == top_k + 5 * top_k * top_k
         for total, depth in [(2, 0), (5, 1), (8, 2), (12, 3), (30, 4), (60, 5), (500, 1), (500, 3)]:
             policy = DynamicTree(total, depth, top_k)
             nested = drafted.tree(policy.select(drafted.upto(depth + 1)))
-            direct = started(model, head, DynamicTree(total, depth, top_k), prompt).propose(prompt, 20).tree
+            direct = propose_one(started(model, head, DynamicTree(total, depth, top_k), prompt), prompt, 20).tree
             assert nested == direct, (prompt, total, depth)
-            registered = DYNAMIC.subtree(DYNAMIC.snapshot(large, None), {"total_tokens": total, "depth": depth})
+            registered = DYNAMIC.subtree(DYNAMIC.snapshot(large, 0, None), {"total_tokens": total, "depth": depth})
             assert registered == direct  # what eagle2 and eagle3 register for `specbench tune`
 
 
@@ -66,11 +65,13 @@ def test_a_sampled_smaller_tree_is_the_prefix_of_the_same_draws(model, head):
     """Sampled: the first levels consume the same random numbers, and the tree is the first T - 1 candidates."""
     prompt = PROMPTS[0]
     large = started(model, head, DynamicTree(60, 4, 3), prompt, sampled=True, seed=5)
-    large.propose(prompt, 20)
-    drafted = large.drafted
+    propose_one(large, prompt, 20)
+    drafted = large.lanes[0].drafted
     for total, depth in [(6, 1), (20, 2), (500, 2)]:
         keep = DynamicTree(total, depth, 3).select(drafted.upto(depth + 1))
-        proposal = started(model, head, DynamicTree(total, depth, 3), prompt, sampled=True, seed=5).propose(prompt, 20)
+        proposal = propose_one(
+            started(model, head, DynamicTree(total, depth, 3), prompt, sampled=True, seed=5), prompt, 20
+        )
         assert drafted.tree(keep) == proposal.tree
         assert torch.equal(drafted.laws[keep], proposal.draft_probs)
 
@@ -90,7 +91,7 @@ class FeedRecorder:
 def brute_force_masks(proposer, committed: int) -> list[torch.Tensor]:
     """Each feed's allowed keys from the drafted parents in plain Python: the committed prefix, the node's fed
     ancestors and itself."""
-    drafted = proposer.drafted
+    drafted = proposer.lanes[0].drafted
     parents, depths = drafted.parents.tolist(), drafted.depths.tolist()
     fed, masks = [], []
     for depth in range(1, max(depths)):  # every level but the last grows and is fed
@@ -115,14 +116,14 @@ def test_the_feed_mask_is_the_fed_ancestors_by_hand(model, head):
     3 and 5 grow. Level 3: 6 under 3, 7 under 5, both grow; level 4: 8 under 6, 9 under 7."""
     prompt = PROMPTS[0]
     proposer = started(model, head, StaticTree(HAND), prompt)
-    committed = proposer.cache.get_seq_length()
+    committed = proposer.lanes[0].cache.get_seq_length()
     recorder = FeedRecorder(head)
     try:
-        tree = proposer.propose(prompt, 20).tree
+        tree = propose_one(proposer, prompt, 20).tree
     finally:
         recorder.handle.remove()
     assert tree.parents == [-1, -1, -1, 0, 0, 1, 3, 5, 6, 7]
-    assert proposer.drafted.depths.tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 4, 4]
+    assert proposer.lanes[0].drafted.depths.tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 4, 4]
     tails = [allowed[:, committed:].int().tolist() for _, allowed in recorder.calls]
     assert tails == [
         [[1, 0], [0, 1]],  # fed: 0, 1
@@ -130,7 +131,7 @@ def test_the_feed_mask_is_the_fed_ancestors_by_hand(model, head):
         [[1, 0, 1, 0, 1, 0], [0, 1, 0, 1, 0, 1]],  # fed: 6 (sees 0, 3), 7 (sees 1, 5)
     ]
     assert all(allowed[:, :committed].all() for _, allowed in recorder.calls)
-    tokens = proposer.drafted.tokens.tolist()
+    tokens = proposer.lanes[0].drafted.tokens.tolist()
     assert [t for t, _ in recorder.calls] == [tokens[0:2], [tokens[3], tokens[5]], tokens[6:8]]
 
 
@@ -142,13 +143,13 @@ def test_the_feed_mask_is_the_fed_ancestors_by_hand(model, head):
 def test_the_feed_mask_equals_a_brute_force_one(model, head, expansion, sampled):
     for prompt in PROMPTS:
         proposer = started(model, head, expansion, prompt, sampled=sampled, seed=3)
-        committed = proposer.cache.get_seq_length()
+        committed = proposer.lanes[0].cache.get_seq_length()
         recorder = FeedRecorder(head)
         try:
-            proposer.propose(prompt, 20)
+            propose_one(proposer, prompt, 20)
         finally:
             recorder.handle.remove()
-        assert proposer.cache.get_seq_length() == committed  # the tree keys are cropped
+        assert proposer.lanes[0].cache.get_seq_length() == committed  # the tree keys are cropped
         expected = brute_force_masks(proposer, committed)
         assert len(recorder.calls) == len(expected) > 1
         for (_, allowed), want in zip(recorder.calls, expected, strict=True):
@@ -189,8 +190,7 @@ def test_static_drafting_proposes_the_eager_trees_step_by_step(model, head, expa
         for prompt in PROMPTS:
             runs = []
             for graphs in (False, True):
-                static = {"drafting": StaticDrafting} if graphs else {}
-                proposer = Eagle(head, model.get_output_embeddings(), expansion, sampled=sampled, **static)
+                proposer = Eagle(head, model.get_output_embeddings(), expansion, sampled=sampled, static=graphs)
                 trees = recording(proposer)
                 gen = decode(
                     CachedLM(model),
@@ -202,7 +202,7 @@ def test_static_drafting_proposes_the_eager_trees_step_by_step(model, head, expa
                     generator=torch.Generator(device).manual_seed(1),
                 )
                 runs.append((gen.tokens, gen.accept_lengths, trees))
-                assert isinstance(proposer.cache, StaticRows) == (graphs and not sampled)
+                assert (proposer.lanes[0].cache is None) == (graphs and not sampled)
                 assert bool(graphs and not sampled and proposer.static.inputs) == (graphs and not sampled)
                 if graphs and not sampled:
                     replays = proposer.static.replays
@@ -218,8 +218,8 @@ def test_a_static_trees_fixed_levels_are_what_its_template_admits_and_grows(mode
     """The levels `StaticTree.fixed` reads from the template are those the host-synced path finds in a draft."""
     tree = StaticTree(HAND)
     proposer = started(model, head, tree, PROMPTS[0])
-    proposer.propose(PROMPTS[0], 20)
-    depths = proposer.drafted.depths
+    propose_one(proposer, PROMPTS[0], 20)
+    depths = proposer.lanes[0].drafted.depths
     levels = [tree.fixed(d, tree.branch, torch.device("cpu")) for d in range(1, 5)]
     assert [len(admitted) for admitted, _ in levels] == [int((depths == d).sum()) for d in range(1, 5)]
     assert [grown.tolist() for _, grown in levels] == [[0, 1], [0, 2], [0, 1], []]

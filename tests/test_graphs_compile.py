@@ -6,7 +6,6 @@ layer's number is one too, so the layers share their graphs."""
 from __future__ import annotations
 
 import copy
-import functools
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from specbench.core.decode import decode
 from specbench.core.static_lm import SPAN, StaticCachedLM
 from specbench.core.tree import Tree
 from specbench.heads.eagle import build, config_from_target
-from specbench.methods.eagle import Eagle, StaticDrafting
+from specbench.methods.eagle import Eagle
 from specbench.methods.eagle_trees import DynamicTree
 from specbench.models.decoder import Decoder
 from specbench.models.loading import compile_layers
@@ -77,8 +76,7 @@ def test_compiled_static_drafting_proposes_the_uncompiled_trees(device):
     prompt = [int(t) for t in torch.randint(3, 64, (SPAN - 40,), generator=torch.Generator().manual_seed(1))]
     runs, built = [], []
     for compiled in (False, True):
-        drafting = functools.partial(StaticDrafting, compile=compiled)
-        proposer = Eagle(head, model.get_output_embeddings(), DynamicTree(16, 3, 3), drafting=drafting)
+        proposer = Eagle(head, model.get_output_embeddings(), DynamicTree(16, 3, 3), static=True, compile=compiled)
         trees = recording(proposer)
         for tokens, spans in ((8, {SPAN}), (40, {SPAN, 2 * SPAN})):  # the first key span, then into the second
             gen = decode(CachedLM(model), proposer, prompt, max_new_tokens=tokens, temperature=0.0, stop_ids=set())

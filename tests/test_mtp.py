@@ -19,7 +19,7 @@ from specbench.errors import SpecbenchError
 from specbench.heads import mtp
 from specbench.methods.vanilla import Vanilla
 
-from .conftest import random_llama
+from .conftest import propose_one, random_llama
 
 VOCAB, HIDDEN = 64, 32
 PROMPT = [1, 5, 7, 9, 5, 7, 9, 11, 3]
@@ -263,8 +263,8 @@ def test_cached_drafting_equals_recomputing_the_chain(llama_mtp):
     proposer = methods.build("mtp[num_draft_tokens=4]", resources(target, folder))
     head = proposer.head
     features = CachedLM(target).prefill(PROMPT, layers=(-1,)).features  # [n-1, H]: the states before the root
-    proposer.start(Turn(PROMPT, 0.0, features=features))
-    drafted = proposer.propose(PROMPT, max_depth=8).tree.tokens
+    proposer.start(0, Turn(PROMPT, 0.0, features=features))
+    drafted = propose_one(proposer, PROMPT, 8).tree.tokens
     with torch.no_grad():
         states, tokens = features[None], list(PROMPT[1:])
         for _ in range(4):

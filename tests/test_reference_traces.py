@@ -14,6 +14,7 @@ import torch
 from specbench import methods
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
+from specbench.core.proposer import Drafter
 from specbench.models.aliases import ALIASES
 from specbench.models.loading import load_causal_lm
 from specbench.zoo import TINY_DIR
@@ -47,21 +48,22 @@ def _trace(method: str) -> dict:
     return trace
 
 
-class Recorder:
-    """Wraps a proposer and keeps the tree the loop verifies at each step (pruned to the budget, as the loop does)."""
+class Recorder(Drafter):
+    """Wraps a batch of one's Drafter and keeps the tree the loop verifies at each step (pruned to the budget, as
+    the loop does)."""
 
-    def __init__(self, proposer) -> None:
-        self.inner = proposer
-        self.feature_layers = proposer.feature_layers
+    def __init__(self, drafter) -> None:
+        self.inner = drafter
+        self.feature_layers = drafter.feature_layers
         self.trees = []
 
     def start(self, *args) -> None:
         self.inner.start(*args)
 
-    def propose(self, tokens, max_depth):
-        proposal = self.inner.propose(tokens, max_depth)
-        self.trees.append(proposal.pruned(max_depth).tree)
-        return proposal
+    def propose(self, slots, tokens, max_depths):
+        proposals = self.inner.propose(slots, tokens, max_depths)
+        self.trees += [p.pruned(d).tree for p, d in zip(proposals, max_depths, strict=True)]
+        return proposals
 
     def update(self, *args) -> None:
         self.inner.update(*args)
@@ -96,7 +98,7 @@ def test_steps_match_the_reference_at_shared_roots(tiny, method):
     model, resources = tiny
     compared = widest = 0
     for qid, q in list(trace["questions"].items())[:QUESTIONS]:
-        recorder = Recorder(methods.build(method, resources))
+        recorder = Recorder(methods.build_batch(method, resources))
         gen = decode(
             CachedLM(model),
             recorder,

@@ -167,8 +167,8 @@ def test_a_batchs_slots_share_one_global_index():
     """Built as a batch's slots, suffix proposers share the global index, as a serving engine's requests share its
     cache: a slot drafts from its batch-mate's answer in progress; evicted answers take no more tokens."""
     res = methods.Resources("none", None, None, torch.device("cpu"), torch.float32)
-    one, two = methods.build_slots("suffix", res, 2)
-    assert one.answers is two.answers and methods.build("suffix", res).answers is not one.answers
+    one, two = methods.build_batch("suffix", res, 2).proposers
+    assert one.answers is two.answers and methods.build("suffix", res).proposers[0].answers is not one.answers
     one.start(turn([1, 2], request=("q1", 0)))
     two.start(turn([5, 6], request=("q2", 0)))
     one.update([1, 2, 30, 31, 32, 33], None, None)  # q1's answer so far, still in progress
@@ -229,7 +229,7 @@ def test_suffix_passes_the_sampling_test():
 
 
 def test_bad_parameters_are_user_errors():
-    assert isinstance(methods.build("suffix", None), SuffixDecoding)
+    assert isinstance(methods.build("suffix", None).proposers[0], SuffixDecoding)
     with pytest.raises(SpecbenchError, match="max_tree_depth >= 2"):
         methods.build("suffix", None, {"max_tree_depth": 1})
     with pytest.raises(SpecbenchError, match="max_cached_requests >= 0"):

@@ -182,8 +182,8 @@ def small_vocab():
 class UnconditionedSiblings(Eagle):
     """The planted mistake: siblings drawn without replacement but verified against the draft's whole law."""
 
-    def _children(self, logits):
-        children = super()._children(logits)
+    def _children(self, logits, lane):
+        children = super()._children(logits, lane)
         return children._replace(laws=torch.softmax(logits.float(), dim=-1).unsqueeze(-2).expand_as(children.laws))
 
 
@@ -282,8 +282,10 @@ def test_medusa_under_graphs_proposes_the_eager_trees(device):
         trees = recording(medusa)
         gen = decode(CachedLM(model), medusa, PROMPTS[0], max_new_tokens=20, temperature=0.0, stop_ids=set())
         runs.append((gen.tokens, trees))
-        top = medusa._logits(medusa.hidden).topk(10, dim=-1).indices.tolist()  # the last state's, by hand:
-        tree = propose(gen.tokens, 20).tree  # node i is the rank-r guess of head d, r and d from its template path
+        top = medusa._logits(medusa.hidden[0]).topk(10, dim=-1).indices.tolist()  # the last state's, by hand:
+        tree = propose([0], [gen.tokens], [20])[
+            0
+        ].tree  # node i is the rank-r guess of head d, r and d from its template path
         assert tree.tokens == [
             top[d - 1][r] for d, r in zip(medusa.template.depths(), medusa.template.tokens, strict=True)
         ]

@@ -17,7 +17,7 @@ from specbench.config import RunConfig
 from specbench.core import acceptance, choices
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
-from specbench.core.proposer import Proposal, Proposer, Turn
+from specbench.core.proposer import Drafter, Proposal, Turn
 from specbench.core.step import verify
 from specbench.core.tree import Tree, chain
 from specbench.errors import SpecbenchError
@@ -30,7 +30,7 @@ from specbench.tune.cost import Cost, Score, Turns, draft_slope, geometric_mean,
 from specbench.tune.space import TuneConfig, grid_values
 from specbench.zoo import TINY_DIR
 
-from .conftest import random_llama
+from .conftest import propose_one, random_llama
 from .test_cli import error_of
 
 
@@ -79,14 +79,14 @@ def test_a_shorter_chain_is_the_prefix_of_the_longer_one(tiny_models):
     for name, key in (("sps", "num_draft_tokens"), ("pld", "num_pred_tokens")):
         nested = registry.IMPLEMENTATIONS[name].nested
         assert nested.keys == (key,)
-        big = methods.build(name, res, {key: 6})
-        big.start(Turn(prompt, 0.0))
-        proposal = big.propose(prompt, 10)
+        big = methods.build_batch(name, res, 1, {key: 6})
+        big.start(0, Turn(prompt, 0.0))
+        proposal = propose_one(big, prompt, 10)
         for small_len in (1, 2, 3):
-            small = methods.build(name, res, {key: small_len})
-            small.start(Turn(prompt, 0.0))
-            expected = small.propose(prompt, 10).tree
-            assert nested.subtree(nested.snapshot(big, proposal), {key: small_len}) == expected
+            small = methods.build_batch(name, res, 1, {key: small_len})
+            small.start(0, Turn(prompt, 0.0))
+            expected = propose_one(small, prompt, 10).tree
+            assert nested.subtree(nested.snapshot(big, 0, proposal), {key: small_len}) == expected
 
 
 def test_recorded_steps_score_the_run_own_accept_lengths(tiny_models):
@@ -276,12 +276,12 @@ def test_a_smaller_static_tree_or_mtp_chain_is_nested_in_the_larger(name, key, l
     prompt = list(range(3, 70))
     features = CachedLM(model).prefill(prompt, layers=(-1,)).features
     big = methods.build(name, res, {key: largest})
-    big.start(Turn(prompt, 0.0, features=features))
-    snapshot = nested.snapshot(big, big.propose(prompt, 10))
+    big.start(0, Turn(prompt, 0.0, features=features))
+    snapshot = nested.snapshot(big, 0, propose_one(big, prompt, 10))
     for n in smaller:
         small = methods.build(name, res, {key: n})
-        small.start(Turn(prompt, 0.0, features=features))
-        expected = small.propose(prompt, 10).tree
+        small.start(0, Turn(prompt, 0.0, features=features))
+        expected = propose_one(small, prompt, 10).tree
         assert len(expected) == n
         assert nested.subtree(snapshot, {key: n}) == expected
 
@@ -487,20 +487,20 @@ def test_each_timed_propose_follows_a_target_forward(monkeypatch):
         def crop(self, length):
             events.append(("crop", length))
 
-    class Timed(Proposer):
+    class Timed(Drafter):
         feature_layers = ()
 
-        def start(self, turn):
+        def start(self, slot, turn):
             events.append(("start",))
 
-        def propose(self, tokens, max_depth):
+        def propose(self, slots, tokens, max_depths):
             events.append(("propose",))
-            return Proposal(Tree([], []))
+            return [Proposal(Tree([], []))]
 
     class FakeSession:
         target, resources, device = Target(), None, torch.device("cpu")
 
-    monkeypatch.setattr(calibration.methods, "build", lambda *a: Timed())
+    monkeypatch.setattr(calibration.methods, "build_batch", lambda *a: Timed())
     tuner = object.__new__(calibration.Tuner)
     tuner.session, tuner.budget = FakeSession(), 8
     tuner.cfg = TuneConfig("sps", RunConfig(methods=["sps"]))

@@ -36,10 +36,10 @@ def small_vocab():
 class UniformClaimDraft(DraftModel):
     """A deliberately wrong sampler: drafts from its model but reports uniform draft probabilities."""
 
-    def propose(self, tokens, max_depth):
-        proposal = super().propose(tokens, max_depth)
-        n, vocab = len(proposal.tree), self.draft.model.config.vocab_size
-        return Proposal(proposal.tree, torch.full((n, vocab), 1.0 / vocab))
+    def propose(self, slots, tokens, max_depths):
+        vocab = self.draft.model.config.vocab_size
+        proposals = super().propose(slots, tokens, max_depths)
+        return [Proposal(p.tree, torch.full((len(p.tree), vocab), 1.0 / vocab)) for p in proposals]
 
 
 def run_test(target, proposer, samples=1500):

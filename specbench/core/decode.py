@@ -152,11 +152,13 @@ class OneSlot:
 @dataclass(frozen=True, slots=True)
 class StepMarks:
     """One step of a batch: its marks (`Marks` indices: drafting began, the forward began, every slot's verdict was
-    committed, the proposers' updates ended), the slots that shared it and the widest slot's rows."""
+    committed, the loop's bookkeeping ended and the drafter's update began, it ended), the slots that shared it and
+    the widest slot's rows."""
 
     drafting: int
     forward: int
     committed: int
+    updating: int
     updated: int
     slots: int
     width: int
@@ -270,7 +272,7 @@ def decode_batch(
         ending: list[int] = []
         appended: list[int] = []
         feedback: list[Feedback] = []
-        for i, ((slot, turn), proposal, verdict) in enumerate(zip(active, proposals, verdicts, strict=True)):
+        for (slot, turn), verdict in zip(active, verdicts, strict=True):
             remaining = turn.budget - len(turn.gen.tokens)
             new = verdict.new
             stop_at = None if stop_ids.isdisjoint(new) else next(j for j, t in enumerate(new) if t in stop_ids)
@@ -282,7 +284,11 @@ def decode_batch(
             appended.append(len(new))
             if picked is not None:
                 turn.picked.append((picked, slot, len(new)))
-            if drafting.learns:
+            if stop_at is not None or len(turn.gen.tokens) >= turn.budget:
+                ending.append(slot)
+        u0 = mark()  # the loop's own bookkeeping above is no drafter's: drafting resumes here
+        if drafting.learns:
+            for i, ((slot, _), proposal, verdict) in enumerate(zip(active, proposals, verdicts, strict=True)):
                 n = len(proposal.tree) + 1
                 feedback.append(
                     Feedback(
@@ -292,11 +298,8 @@ def decode_batch(
                         verdict.side_picks,
                     )
                 )
-            if stop_at is not None or len(turn.gen.tokens) >= turn.budget:
-                ending.append(slot)
-        if drafting.learns:
             drafting.update(lanes_host, [t.tokens for _, t in active], proposals, feedback)
-        step = StepMarks(d0, v0, v1, mark(), len(active), max(len(row.tokens) for row in rows))
+        step = StepMarks(d0, v0, v1, u0, mark(), len(active), max(len(row.tokens) for row in rows))
         for (_, turn), verdict, row, tokens in zip(active, verdicts, rows, appended, strict=True):
             turn.shares.append(Share(step, tokens, verdict.tested, len(row.tokens)))
         for slot in ending:
@@ -314,7 +317,7 @@ def decode_batch(
         gen.wall_time, gen.prefill_draft_time = at[turn.end] - at[m0], at[m2] - at[m1]
         for share in turn.shares:
             mk = share.step
-            drafting_share = (at[mk.forward] - at[mk.drafting] + at[mk.updated] - at[mk.committed]) / mk.slots
+            drafting_share = (at[mk.forward] - at[mk.drafting] + at[mk.updated] - at[mk.updating]) / mk.slots
             verifying = at[mk.committed] - at[mk.forward]
             gen.steps.append(
                 Step(share.tokens, share.tested, share.rows, drafting_share, verifying, mk.slots, mk.width)

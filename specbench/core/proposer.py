@@ -54,7 +54,8 @@ class Nested:
     propose: one calibration run with the largest values scores every smaller setting (`specbench tune`)."""
 
     keys: tuple[str, ...]
-    snapshot: Callable[[Any, Any], Any]  # (proposer, its proposal) -> what `subtree` needs, taken right after propose
+    snapshot: Callable[[Any, int, Any], Any]  # (drafter, slot, its proposal) -> what `subtree` needs, taken right
+    # after propose
     subtree: Callable[[Any, dict], Any]  # (snapshot, {key: smaller value}) -> the Tree those values would propose
 
 
@@ -62,24 +63,23 @@ def chain_prefix(key: str) -> Nested:
     """A chain drafted greedily token by token: a smaller `key` (its length) proposes the first `key` tokens."""
     return Nested(
         (key,),
-        snapshot=lambda proposer, proposal: proposal.tree,
+        snapshot=lambda drafter, slot, proposal: proposal.tree,
         subtree=lambda tree, params: tree.subtree(list(range(min(params[key], len(tree))))),
     )
 
 
-def tree_prefix(key: str, paths: Callable[[Proposer, Proposal], tuple[list[tuple], list[list[int]]]]) -> Nested:
+def tree_prefix(key: str, paths: Callable[[Any, int, Proposal], tuple[list[tuple], list[list[int]]]]) -> Nested:
     """A static tree of rank paths (Medusa, EAGLE-1): a smaller `key` keeps the tree's first `key` paths
     (`choices.first`), and at T = 0 proposes the nodes of the whole tree's proposal that lie on them. `paths` gives,
-    right after a propose, each proposed node's path of ranks and the tree's paths in their listed order."""
+    right after a propose, each proposed node's path of ranks and the tree's paths in their listed order (from the
+    drafter, the slot and its proposal)."""
 
     def subtree(snapshot: tuple[Tree, list[tuple], list[list[int]]], params: dict) -> Tree:
         tree, node_paths, listed = snapshot
         kept = {tuple(p) for p in first(listed, params[key])}
         return tree.subtree([i for i, p in enumerate(node_paths) if p in kept])
 
-    return Nested(
-        (key,), snapshot=lambda proposer, proposal: (proposal.tree, *paths(proposer, proposal)), subtree=subtree
-    )
+    return Nested((key,), snapshot=lambda drafter, slot, p: (p.tree, *paths(drafter, slot, p)), subtree=subtree)
 
 
 @dataclass(frozen=True)
@@ -126,12 +126,6 @@ class Proposer:
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
         """`tokens` now include the accepted path and the target's own token."""
 
-    @classmethod
-    def propose_all(cls, proposers: list[Proposer], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
-        """A batch's proposals, one per slot (`proposers[i]` with its `tokens[i]` and `max_depths[i]`): one slot
-        after another, unless a method drafts its slots together (one drafter forward per depth for all)."""
-        return [p.propose(t, d) for p, t, d in zip(proposers, tokens, max_depths, strict=True)]
-
 
 class Drafter:
     """A method's drafting for a whole batch: one object for every slot of it (B = 1 a batch of one). Each step the
@@ -156,13 +150,11 @@ class Drafter:
 
 class PerSlot(Drafter):
     """Proposers written for one sequence (a plug-in's, the host drafters'), one per slot, as a batch's Drafter:
-    adapted once, here. Each slot's turn, proposal and update are its proposer's; proposers that draft their slots
-    together (`Proposer.propose_all`, on what their batch shares) do so."""
+    adapted once, here. Each slot's turn, proposal and update are its proposer's."""
 
     def __init__(self, proposers: list) -> None:
         self.proposers = proposers
         self.feature_layers = proposers[0].feature_layers
-        self.drafting = batch_drafting(proposers)
         self.learns = any(
             getattr(type(p), "update", None) is not Proposer.update or "update" in getattr(p, "__dict__", {})
             for p in proposers
@@ -172,7 +164,7 @@ class PerSlot(Drafter):
         self.proposers[slot].start(turn)
 
     def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
-        return self.drafting([self.proposers[s] for s in slots], tokens, max_depths)
+        return [self.proposers[s].propose(t, d) for s, t, d in zip(slots, tokens, max_depths, strict=True)]
 
     def update(
         self, slots: list[int], tokens: list[list[int]], proposals: list[Proposal], feedback: list[Feedback]
@@ -188,18 +180,6 @@ def drafter(drafting: Drafter | Proposer | list) -> Drafter:
     return PerSlot(drafting if isinstance(drafting, list) else [drafting])
 
 
-def batch_drafting(proposers: list) -> Callable[[list, list[list[int]], list[int]], list[Proposal]]:
-    """How a batch of these proposers (one class) drafts: its `propose_all`, unless `propose` was overridden below
-    the class that drafts its slots together (by a subclass, or on a proposer itself), which its batched drafting
-    would skip: then one slot after another."""
-    cls = type(proposers[0])
-    owner = next((c for c in cls.__mro__ if "propose_all" in vars(c)), None)
-    overridden = any("propose" in getattr(p, "__dict__", {}) for p in proposers)
-    if owner is None or overridden or getattr(cls, "propose", None) is not getattr(owner, "propose", None):
-        return Proposer.propose_all
-    return cls.propose_all  # type: ignore[attr-defined]
-
-
 __all__ = [
     "NO_PROPOSAL",
     "Drafter",
@@ -212,6 +192,5 @@ __all__ = [
     "Turn",
     "chain_of_rows",
     "chain_prefix",
-    "batch_drafting",
     "tree_prefix",
 ]

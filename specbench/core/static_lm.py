@@ -281,31 +281,23 @@ class BatchedLM:
 
 
 class StaticCachedLM(CachedLM):
-    """The CachedLM interface over one slot of a BatchedLM: by default a batch of one of its own (the target, a draft
-    model or PARD's drafter under `--graphs`); `batched` and `slot`: one slot of a batch's shared draft model, whose
-    proposers draft together (`Proposer.propose_all`)."""
+    """The CachedLM interface over a BatchedLM of one slot: one sequence's model (the target, or a draft model a
+    one-sequence proposer drafts with) on the owned decoder and a static cache, under `--graphs`."""
 
-    def __init__(self, model, capture: bool | None = None, *, batched: BatchedLM | None = None, slot: int = 0) -> None:
+    def __init__(self, model, capture: bool | None = None) -> None:
         super().__init__(model)
-        self.batched = batched or BatchedLM(model, 1, capture)
-        self.slot = slot
+        self.batched = BatchedLM(model, 1, capture)
         self.context_length = self.batched.context_length
         self.cache = self.batched.cache
         self.replays = self.batched.replays
 
     @property
     def cached(self) -> int:
-        return self.batched.lengths[self.slot]
+        return self.batched.lengths[0]
 
     def reset(self) -> None:
-        self.batched.lengths[self.slot] = 0  # rows past the length are never attended to, so nothing needs clearing
+        self.batched.lengths[0] = 0  # rows past the length are never attended to, so nothing needs clearing
         self.prefilled = None
-
-    def prefill(self, prompt: list[int], layers: tuple[int, ...] | None = None, reuse: bool = False) -> Forward | None:
-        if self.batched.batch == 1:
-            return super().prefill(prompt, layers, reuse)
-        self.prefilled = None
-        return self.batched.prefill_slot(self.slot, prompt, layers)  # (its slot alone, not every slot padded)
 
     def run(
         self,
@@ -317,20 +309,10 @@ class StaticCachedLM(CachedLM):
         side: SideBranch | None = None,
         greedy: bool = False,
     ) -> Forward:
-        row = Row(self.slot, tokens, tree, side)
-        return self.batched.run([row], layers=layers, greedy=greedy, last_only=last_only)[0]
+        return self.batched.run([Row(0, tokens, tree, side)], layers=layers, greedy=greedy, last_only=last_only)[0]
 
     def commit(self, start: int, keep: list[int]) -> None:
-        self.batched.commit([(self.slot, start, keep)])
+        self.batched.commit([(0, start, keep)])
 
     def crop(self, length: int) -> None:
-        self.batched.lengths[self.slot] = min(self.batched.lengths[self.slot], length)
-
-
-def one_batch(lms: list[CachedLM]) -> BatchedLM | None:
-    """The BatchedLM whose slots `lms` all are (a batch's shared draft: its proposers can draft together), or None
-    (one slot alone, or caches of their own)."""
-    batches = {id(lm.batched) if isinstance(lm, StaticCachedLM) else None for lm in lms}
-    if len(lms) < 2 or len(batches) > 1 or batches == {None}:
-        return None
-    return lms[0].batched  # type: ignore[attr-defined]
+        self.batched.lengths[0] = min(self.batched.lengths[0], length)

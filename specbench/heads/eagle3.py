@@ -98,7 +98,6 @@ class Eagle3Head(nn.Module):
         self.norm: LlamaRMSNorm | RMSNorm = LlamaRMSNorm(hidden, config.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
         d2t, t2d = vocabulary_maps(torch.arange(draft_vocab), vocab) if draft_vocab != vocab else (None, None)
-        self.restricted = False  # `restrict` ran: its shortlist is read out
         self.register_buffer("d2t", d2t)  # [V_draft] long
         self.register_buffer("t2d", t2d)  # [V] bool
         self.rotary = LlamaRotaryEmbedding(config)
@@ -136,7 +135,6 @@ class Eagle3Head(nn.Module):
         """Read out only the draft ids `keep` (ascending) from now on, renumbered 0.. in that order (FR-Spec's
         shortlist of the draft vocabulary, for inference): the lm_head keeps their rows, d2t and t2d follow."""
         used = self.target_ids(keep)
-        self.restricted = True
         self.lm_head.weight = nn.Parameter(self.lm_head.weight[keep], requires_grad=False)
         self.lm_head.out_features = len(keep)
         self.d2t, self.t2d = vocabulary_maps(used, self.config.vocab_size)

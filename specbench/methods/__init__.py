@@ -2,8 +2,9 @@
 
 Every module here is imported on first use, so a new method is one module calling `implementation` plus one preset;
 nothing else changes. A method folder outside the package imports what it needs from here: the proposer types
-(`Proposer`, `Proposal`, `Feedback`, `Turn`, `NO_PROPOSAL`), `Resources`, `implementation` and the nested-knob
-helpers (`Nested`, `chain_prefix`, `tree_prefix`); token trees come from `specbench.tree`.
+(`Drafter` for a whole batch, `Proposer` for one sequence, `PerSlot`, `Proposal`, `Feedback`, `Turn`,
+`NO_PROPOSAL`), `Resources`, `implementation` and the nested-knob helpers (`Nested`, `chain_prefix`,
+`tree_prefix`); token trees come from `specbench.tree`.
 """
 
 from __future__ import annotations
@@ -64,41 +65,32 @@ def eager_drafting(name: str) -> bool:
     return any(need.kind == "head" and need.family and not registry.HEADS[need.family].static for need in needs(name))
 
 
-def _built(name: str, res: Resources, overrides: dict | None, *slots: int):
+def _built(name: str, res: Resources | None, overrides: dict | None, *slots: int):
     """What the method's registered builder makes of its preset's params (with `overrides`)."""
     spec = preset(name)
     params = {**spec.params, **(overrides or {})}
     heads = [n for n in needs(name) if n.kind == "head"]
     try:
-        with res.choosing(heads) if heads else contextlib.nullcontext():
+        with res.choosing(heads) if heads and res is not None else contextlib.nullcontext():
             return registry.IMPLEMENTATIONS[spec.implementation].build(params, res, *slots)
     except (TypeError, ValueError) as err:
         raise SpecbenchError(f"bad parameters for method '{name}': {err}") from err
 
 
-def build(name: str, res: Resources, overrides: dict | None = None) -> Proposer:
-    """The method's proposer for one sequence (a batched implementation has none: `build_batch`)."""
+def build(name: str, res: Resources | None, overrides: dict | None = None) -> Proposer | Drafter:
+    """What the method drafts one sequence with: its proposer, or a batched implementation's Drafter for a batch of
+    one."""
     if registry.IMPLEMENTATIONS[preset(name).implementation].batched:
-        raise SpecbenchError(f"method '{name}' drafts for a whole batch: it has no one-sequence proposer")
+        return _built(name, res, overrides, 1)
     return _built(name, res, overrides)
 
 
-def build_slots(name: str, res: Resources, batch: int) -> list[Proposer]:
-    """`batch` proposers of `name`, one per slot of a batch, each built as its slot's (`Resources.slot_of`: a
-    method that drafts its slots together shares one draft among them)."""
-    built = []
-    for slot in range(batch):
-        with res.slot_of(slot, batch):
-            built.append(build(name, res))
-    return built
-
-
-def build_batch(name: str, res: Resources, batch: int) -> Drafter:
-    """The method's drafting for a batch of `batch` slots (B = 1 a batch of one): a batched implementation's own
-    Drafter, else one proposer per slot adapted (`PerSlot`)."""
+def build_batch(name: str, res: Resources | None, batch: int = 1, overrides: dict | None = None) -> Drafter:
+    """The method's drafting for a batch of `batch` slots (B = 1 a batch of one), its preset's params changed by
+    `overrides`: a batched implementation's own Drafter, else one proposer per slot adapted (`PerSlot`)."""
     if registry.IMPLEMENTATIONS[preset(name).implementation].batched:
-        return _built(name, res, None, batch)
-    return PerSlot(build_slots(name, res, batch))
+        return _built(name, res, overrides, batch)
+    return PerSlot([_built(name, res, overrides) for _ in range(batch)])
 
 
 def rule(name: str) -> acceptance.Rule:
@@ -116,6 +108,7 @@ def rule(name: str) -> acceptance.Rule:
 __all__ = [  # the plug-in API first, then the library's use of presets
     "NO_PROPOSAL",
     "Drafter",
+    "PerSlot",
     "Feedback",
     "Nested",
     "Proposal",

@@ -7,18 +7,17 @@ the shared rejection rule (the official code does the same); at T = 0 the rows a
 Under --graphs the context's keys and values live in preallocated rows (`heads.dflash.Slots`), and a step's forward
 (the newly committed context rows, padded to the most a step commits, and the block) has fixed shapes: captured on
 a GPU as one CUDA graph per key span and replayed. The prompt's first block runs it uncaptured. A batch's slots
-(`run --batch`) share those rows, side by side, and draft their blocks in one forward (`DFlash.propose_all`).
+(`run --batch`) share those rows, side by side, and draft their blocks in one forward (`BlockDrafting`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ..core.capture import Replays
-from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_of_rows, chain_prefix
+from ..core.proposer import NO_PROPOSAL, Drafter, Feedback, Proposal, Turn, chain_of_rows, chain_prefix
 from ..core.static_lm import MAX_CACHE, SPAN
 from ..core.transfer import upload
 from ..heads.dflash import Context, DFlashDraft, Slots, slots
@@ -36,7 +35,17 @@ class BlockInputs:
     token: torch.Tensor  # [B] long: the last committed token, the block's first
 
 
-class DFlash(Proposer):
+@dataclass
+class Lane:
+    """One slot's turn: the committed rows the drafter has read, and the target states it has not yet."""
+
+    turn: Turn
+    pending: torch.Tensor  # [c, F]
+    read: int = 0
+    context: Context | None = None  # keys and values of the rows read (the eager forward's; else in BlockDrafting)
+
+
+class DFlash(Drafter):
     def __init__(
         self,
         draft: DFlashDraft,
@@ -44,8 +53,10 @@ class DFlash(Proposer):
         readout: torch.nn.Module,
         num_draft_tokens: int,
         block_size: int | None = None,
-        blocks: Callable[[DFlash], BlockDrafting] | None = None,  # the block forward on preallocated rows
-        slot: int = 0,  # this proposer's slot of those rows
+        *,
+        slots: int = 1,
+        static: bool = False,  # the block forward on preallocated rows, every slot's in one (`BlockDrafting`)
+        capture: bool = True,  # (and captured, on a GPU)
     ) -> None:
         self.block = draft.block_size if block_size is None else block_size
         if not isinstance(self.block, int) or self.block < 2:
@@ -61,71 +72,68 @@ class DFlash(Proposer):
         self.k = num_draft_tokens
         self.feature_layers = draft.feature_layers
         self.device = draft.fc.weight.device
-        self.slot = slot
-        self.blocks = blocks(self) if blocks is not None else None
+        self.lanes: dict[int, Lane] = {}
+        self.blocks = BlockDrafting(self, slots, capture) if static or slots > 1 else None
 
-    def start(self, turn: Turn) -> None:
-        super().start(turn)
-        self.context: Context | None = None  # keys and values of the committed rows the drafter has read
-        self.read = 0  # how many committed rows that is
-        self.pending = turn.features if turn.features is not None else torch.empty(0, self.draft.feature_size)
+    def start(self, slot: int, turn: Turn) -> None:
+        pending = turn.features if turn.features is not None else torch.empty(0, self.draft.feature_size)
+        self.lanes[slot] = Lane(turn, pending)
 
-    def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
-        assert feedback.features is not None  # the target returns the feature_layers' states
-        self.pending = torch.cat([self.pending.to(feedback.features), feedback.features])
+    def update(
+        self, slots: list[int], tokens: list[list[int]], proposals: list[Proposal], feedback: list[Feedback]
+    ) -> None:
+        for slot, fed in zip(slots, feedback, strict=True):
+            assert fed.features is not None  # the target returns the feature_layers' states
+            lane = self.lanes[slot]
+            lane.pending = torch.cat([lane.pending.to(fed.features), fed.features])
 
-    def _new_rows(self, tokens: list[int], max_depth: int) -> tuple[int, torch.Tensor, int] | None:
+    def _new_rows(self, lane: Lane, tokens: list[int], max_depth: int) -> tuple[int, torch.Tensor, int] | None:
         """The rows to draft (k), the newly committed context rows' features [c, F] taken from the pending ones,
         and how many rows were read before them; None when there is nothing to draft or features are missing."""
         k = min(self.k, max_depth)
         root = len(tokens) - 1  # the block's first position; rows before it are the context
-        new = root - self.read
-        if k < 1 or len(self.pending) < new:
+        new = root - lane.read
+        if k < 1 or len(lane.pending) < new:
             return None
-        features, self.pending, read, self.read = self.pending[:new], self.pending[new:], self.read, root
+        features, lane.pending, read, lane.read = lane.pending[:new], lane.pending[new:], lane.read, root
         return k, features, read
 
     @torch.inference_mode()
-    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
-        if self.blocks is not None:
-            return self.propose_all([self], [tokens], [max_depth])[0]
-        found = self._new_rows(tokens, max_depth)
-        if found is None:
-            return NO_PROPOSAL
-        k, features, read = found
-        ids = torch.full((1, self.block), self.draft.mask_token_id, device=self.device)
-        ids[0, 0] = tokens[-1]
-        block = self.draft.embed(ids, self.embedding)  # [1, n, H]
-        positions = torch.arange(read, len(tokens) - 1 + self.block, device=self.device)[None]
-        hidden, self.context = self.draft(block, features[None], positions, None, self.context)
-        logits = self.draft.logits(hidden[0, 1 : 1 + k], self.readout)  # [k, V]: row i guesses token root + i
-        return chain_of_rows(logits, self.temperature, self.generator)
-
-    @classmethod
-    @torch.inference_mode()
-    def propose_all(cls, proposers: list, tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
-        """Slots of one block drafting (a batch's: `Resources.per_batch`) draft their blocks in one forward
-        (`BlockDrafting.logits`); each slot's rows are then drawn from its own generator, as it draws alone."""
-        if proposers[0].blocks is None or len({id(p.blocks) for p in proposers}) > 1:
-            return super().propose_all(proposers, tokens, max_depths)
-        found: list[Proposal] = [NO_PROPOSAL] * len(proposers)
+    def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
+        """Every slot's block in one forward (`BlockDrafting.logits`; without it, slot after slot); each slot's
+        rows then drawn from its own generator, as it draws alone."""
+        found: list[Proposal] = [NO_PROPOSAL] * len(slots)
         members = []
-        for i, (p, committed, depth) in enumerate(zip(proposers, tokens, max_depths, strict=True)):
-            rows = p._new_rows(committed, depth)
+        for i, (slot, committed, depth) in enumerate(zip(slots, tokens, max_depths, strict=True)):
+            rows = self._new_rows(self.lanes[slot], committed, depth)
             if rows is not None:
-                members.append((i, rows[0], (p.slot, rows[1], rows[2], committed[-1])))
-        drafted = proposers[0].blocks.logits([m for _, _, m in members])
+                members.append((i, rows[0], (slot, rows[1], rows[2], committed[-1])))
+        if self.blocks is not None:
+            drafted = self.blocks.logits([m for _, _, m in members])
+        else:
+            drafted = [self._eager(self.lanes[s], f, read, last) for _, _, (s, f, read, last) in members]
         for (i, k, _), logits in zip(members, drafted, strict=True):
-            found[i] = chain_of_rows(logits[:k], proposers[i].temperature, proposers[i].generator)
+            turn = self.lanes[slots[i]].turn
+            found[i] = chain_of_rows(logits[:k], turn.temperature, turn.generator)
         return found
+
+    def _eager(self, lane: Lane, features: torch.Tensor, read: int, token: int) -> torch.Tensor:
+        """One slot's block forward on its own context (no preallocated rows): logits [num_draft_tokens, V], row i
+        guessing token root + i."""
+        ids = torch.full((1, self.block), self.draft.mask_token_id, device=self.device)
+        ids[0, 0] = token
+        block = self.draft.embed(ids, self.embedding)  # [1, n, H]
+        positions = torch.arange(read, read + len(features) + self.block, device=self.device)[None]
+        hidden, lane.context = self.draft(block, features[None], positions, None, lane.context)
+        return self.draft.logits(hidden[0, 1 : 1 + self.k], self.readout)
 
 
 class BlockDrafting:
     """DFlash's block forward on preallocated rows (`heads.dflash.Slots`; under --graphs, and for a batch's slots,
     side by side): the newly committed context rows, padded to the most a step commits, and the block, in fixed
     shapes, captured on a GPU (with --graphs) as one CUDA graph per key span and replayed. A slot with more new rows
-    (the prompt's) runs the same forward alone, uncaptured. `dflash` is slot 0's proposer: its drafter, embedding,
-    readout and block are every slot's."""
+    (the prompt's) runs the same forward alone, uncaptured. `dflash`'s drafter, embedding, readout and block are
+    every slot's."""
 
     def __init__(self, dflash: DFlash, batch: int = 1, capture: bool = True) -> None:
         self.dflash = dflash
@@ -215,22 +223,9 @@ class BlockDrafting:
         return dflash.draft.logits(hidden[:, 1 : 1 + dflash.k], dflash.readout)
 
 
-@implementation("dflash", nested=chain_prefix("num_draft_tokens"), graphed=lambda params: True)
-def build(params: dict, res: Resources) -> Proposer:
+@implementation("dflash", nested=chain_prefix("num_draft_tokens"), graphed=lambda params: True, batched=True)
+def build(params: dict, res: Resources, slots: int) -> Drafter:
     dtype = res.draft_dtype(params.pop("draft_dtype", None))
-    draft: DFlashDraft = res.head("dflash", dtype)
-    slot, slots = res.slot
-    blocks = None
-    if res.graphs or slots > 1:
-
-        def blocks(dflash: DFlash) -> BlockDrafting:
-            return res.per_batch("dflash", lambda: BlockDrafting(dflash, slots, res.graphs))
-
-    return DFlash(
-        draft,
-        res.target_model.get_input_embeddings(),
-        res.readout(dtype),
-        **params,
-        blocks=blocks,
-        slot=slot,
-    )
+    draft: DFlashDraft = res.head("dflash", dtype, slots)
+    embedding, readout = res.target_model.get_input_embeddings(), res.readout(dtype)
+    return DFlash(draft, embedding, readout, **params, slots=slots, static=res.graphs, capture=res.graphs)

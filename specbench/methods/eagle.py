@@ -19,69 +19,52 @@ keeps the first `total_tokens - 1` candidates in the order they were drawn (leve
 The candidates live in tensors on the head's device (`Draft`), a whole level at a time: no Python runs per node,
 and the host waits on the device only for a count that depends on the draft (how many children a sampled level
 admits and grows; a static tree of top-k candidates reads its levels from the template, `StaticTree.fixed`) and
-once at the end, for the tree handed to the target. The last proposal's candidates stay on the proposer as
+once at the end, for the tree handed to the target. Each slot's last candidates stay on its `Lane` as
 `drafted`. Under --graphs, top-k candidates draft on a static cache, captured on a GPU (`StaticDrafting`), and the
 tree stays on the device for the target to verify and read with its picks (`DeviceTree`). A batch's slots
 (`run --batch`) share one static cache and draft together: every tensor of a draft has the slots as its first
-dimension, and one head forward per level serves them all (`Eagle.propose_all`).
+dimension, and one head forward per level serves them all (`StaticDrafting.propose`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
 
 from ..core import choices
-from ..core.capture import Replays, uncompiled
-from ..core.proposer import NO_PROPOSAL, Feedback, Nested, Proposal, Proposer, Turn, tree_prefix
+from ..core.proposer import NO_PROPOSAL, Drafter, Feedback, Nested, Proposal, Turn, tree_prefix
 from ..core.sampling import draw_distinct_padded, probabilities
 from ..core.static_cache import StaticRows
-from ..core.static_lm import MAX_CACHE, SPAN
-from ..core.transfer import upload
-from ..core.tree import DeviceTree, Tree, additive, additive_mask, ancestors_from
+from ..core.tree import Tree, additive, additive_mask
 from ..heads import frequencies
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head, feature_layers
-from ..models.loading import compile_function
 from ..registry import implementation, unless_sampled
-from .eagle_trees import Draft, DynamicTree, StaticTree, level_nodes, level_scores
+from .eagle_static import StaticDrafting, rows_of
+from .eagle_trees import Ahead, Children, Draft, DynamicTree, StaticTree, level_nodes, level_scores, per_slot
 from .resources import Resources
 
 if TYPE_CHECKING:  # (importing heads.mtp registers its family: methods.mtp does)
     from ..heads.mtp import MtpHead
 
 
-class Ahead(NamedTuple):
-    """Where a draft's fed levels sit and their rotary embedding, computed once a draft, not once a level."""
+@dataclass
+class Lane:
+    """One slot's turn."""
 
-    positions: torch.Tensor  # [B or 1, levels]: level d + 1 is fed at the root's position + d
-    rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin [B or 1, levels, head dim]
-
-    @staticmethod
-    def of(
-        head: EagleHead | Eagle3Head | MtpHead, hidden: torch.Tensor, position: int | torch.Tensor, levels: int
-    ) -> Ahead:
-        """At the roots' positions: `position` an int (one sequence) or [B] (each sequence's)."""
-        root = position[:, None] if isinstance(position, torch.Tensor) else position
-        positions = torch.arange(levels, device=hidden.device)[None] + root
-        return Ahead(positions, head.rotary(hidden, positions))
+    turn: Turn
+    sampling: bool  # children drawn (`sampled` at T > 0): on an eager cache of the slot's own
+    pending: torch.Tensor  # [c, F]: target states of committed tokens not yet fed to the head
+    cache: DynamicCache | None  # the committed pairs' keys (eager); None: in the static drafting's rows
+    root: torch.Tensor | None = None  # [H] (eager): the head's output at the root's position
+    drafted: Draft | None = None  # the last proposal's candidates, kept or not
 
 
-class Children(NamedTuple):
-    """The candidate children of each growing node, in rank order."""
-
-    tokens: torch.Tensor  # [B, F, k] target ids
-    logps: torch.Tensor  # [B, F, k] float32 draft log-probabilities
-    valid: torch.Tensor | None  # [1, F, k] bool when sampled: the row had mass for that many draws; None: all
-    laws: torch.Tensor | None  # [1, F, k, V] when sampled: the law each was drawn from, over the target vocabulary
-
-
-class Eagle(Proposer):
+class Eagle(Drafter):
     def __init__(
         self,
         head: EagleHead | Eagle3Head | MtpHead,
@@ -92,8 +75,10 @@ class Eagle(Proposer):
         target_ids: Callable[[torch.Tensor], torch.Tensor] | None = None,  # draft ids -> target ids; None: equal
         target_vocab: int | None = None,  # the target's vocabulary size when the draft's differs
         sampled: bool = False,  # at T > 0, draw children from the draft without replacement (module docstring)
-        drafting: Callable[[Eagle], StaticDrafting] | None = None,  # top-k candidates draft on a static cache
-        slot: int = 0,  # this proposer's slot of that drafting's batch
+        slots: int = 1,
+        static: bool = False,  # top-k candidates draft on a static cache (`StaticDrafting`; always for a batch)
+        capture: bool = True,  # (captured on a GPU)
+        compile: bool = False,  # (its drafting through torch.compile)
     ) -> None:
         self.head = head
         self.lm_head = lm_head
@@ -106,80 +91,89 @@ class Eagle(Proposer):
         self.dtype = head.fc.weight.dtype  # the head's masks' (additive: 0 where a key is seen, the dtype's min not)
         self.eye = additive(torch.eye(expansion.fed, dtype=torch.bool, device=self.device), self.dtype)  # a level
         # grows at most `fed` nodes; each sees itself
-        self.drafted = Draft.empty(self.device)  # the last proposal's candidates, kept or not
         self.constants: dict[tuple[str, int, int], torch.Tensor] = {}  # `_constant`'s
-        self.slot = slot
-        self.static = drafting(self) if drafting is not None else None
+        self.lanes: dict[int, Lane] = {}
+        self.static = StaticDrafting(self, slots, capture, compile) if static or slots > 1 else None
 
-    def start(self, turn: Turn) -> None:
-        super().start(turn)
-        self.sampling = self.sampled and turn.temperature > 0
-        self.pending = turn.features if turn.features is not None else torch.empty(0, self.head.feature_size)
-        self.root: torch.Tensor | None = None  # [H]: the head's output at the root's position
-        if self.static is not None and not self.sampling:  # the prompt's pairs are fed with the first draft
-            self.cache: StaticRows | DynamicCache = self.static.cache
-            self.static.lengths[self.slot] = 0
+    def start(self, slot: int, turn: Turn) -> None:
+        sampling = self.sampled and turn.temperature > 0
+        pending = turn.features if turn.features is not None else torch.empty(0, self.head.feature_size)
+        if self.static is not None and not sampling:  # the prompt's pairs are fed with the first draft
+            self.static.lengths[slot] = 0
+            self.lanes[slot] = Lane(turn, sampling, pending, None)
             return
-        self.cache = DynamicCache(config=self.head.config)  # pairs of committed tokens only
-        self._extend(turn.prompt)
+        self.lanes[slot] = lane = Lane(turn, sampling, pending, DynamicCache(config=self.head.config))
+        self._extend(lane, turn.prompt)
 
-    def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
-        assert feedback.features is not None  # the target returns the feature_layers' states
-        self.pending = torch.cat([self.pending.to(feedback.features), feedback.features])
-        if not isinstance(self.cache, StaticRows):
-            self._extend(tokens)
+    def update(
+        self, slots: list[int], tokens: list[list[int]], proposals: list[Proposal], feedback: list[Feedback]
+    ) -> None:
+        for slot, committed, fed in zip(slots, tokens, feedback, strict=True):
+            assert fed.features is not None  # the target returns the feature_layers' states
+            lane = self.lanes[slot]
+            lane.pending = torch.cat([lane.pending.to(fed.features), fed.features])
+            if lane.cache is not None:
+                self._extend(lane, committed)
 
     @torch.inference_mode()
-    def _extend(self, tokens: list[int]) -> None:
-        """Feed the committed pairs (feature of token i, token i + 1) the draft cache lacks."""
-        past = self.cache.get_seq_length()
-        n = min(len(self.pending), len(tokens) - 1 - past)
+    def _extend(self, lane: Lane, tokens: list[int]) -> None:
+        """Feed the committed pairs (feature of token i, token i + 1) the slot's eager cache lacks."""
+        assert lane.cache is not None
+        past = lane.cache.get_seq_length()
+        n = min(len(lane.pending), len(tokens) - 1 - past)
         if n <= 0:
             return
         ids = torch.tensor([tokens[past + 1 : past + 1 + n]], device=self.device)
         positions = torch.arange(past, past + n, device=self.device)[None]
         allowed = torch.ones(n, past + n, dtype=torch.bool).tril(past)  # causal over the cache and the new rows
         mask = additive_mask(allowed, self.head.fc.weight.dtype, self.device)
-        out = self.head(self.pending[None, :n], ids, positions, mask, self.cache)[0]  # [n, H]
-        self.pending = self.pending[n:]
-        self.root = out[-1] if past + n == len(tokens) - 1 else None
+        out = self.head(lane.pending[None, :n], ids, positions, mask, lane.cache)[0]  # [n, H]
+        lane.pending = lane.pending[n:]
+        lane.root = out[-1] if past + n == len(tokens) - 1 else None
 
     @torch.inference_mode()
-    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
-        depths = min(self.expansion.max_depth, max_depth)
-        self.drafted = Draft.empty(self.device)
-        if isinstance(self.cache, StaticRows):
-            return self.propose_all([self], [tokens], [max_depth])[0]
-        if self.root is None or depths < 1:
+    def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
+        """The slots on the static drafting draft together, one head forward per level for every slot
+        (`StaticDrafting.propose`); those on an eager cache (sampled children) one after another."""
+        found = [NO_PROPOSAL] * len(slots)
+        depths = [min(self.expansion.max_depth, d) for d in max_depths]
+        static = [i for i, slot in enumerate(slots) if self.lanes[slot].cache is None]
+        if static:
+            assert self.static is not None  # (a lane without a cache of its own is on it)
+            chosen = [slots[i] for i in static]
+            for i, drafted in zip(
+                static,
+                self.static.propose(chosen, [tokens[i] for i in static], [depths[i] for i in static]),
+                strict=True,
+            ):
+                self.lanes[slots[i]].drafted = Draft.empty(self.device) if drafted is None else drafted[0]
+                found[i] = NO_PROPOSAL if drafted is None else Proposal(drafted[1])
+        for i, slot in enumerate(slots):
+            if self.lanes[slot].cache is not None:
+                found[i] = self._eager(self.lanes[slot], depths[i])
+        return found
+
+    def _eager(self, lane: Lane, depths: int) -> Proposal:
+        """One slot's draft on its eager cache."""
+        assert lane.cache is not None
+        lane.drafted = Draft.empty(self.device)
+        if lane.root is None or depths < 1:
             return NO_PROPOSAL
-        batch, fed = self._grow(self.root[None], depths, self.cache.get_seq_length())
+        batch, fed = self._grow(lane.root[None], depths, lane.cache.get_seq_length(), lane)
         draft = batch.row(0)
         if fed:  # tree keys are discarded, the committed prefix stays
-            self.cache.crop(-fed)  # (transformers 5 crops by minus the count)
-        self.drafted = draft
+            lane.cache.crop(-fed)  # (transformers 5 crops by minus the count)
+        lane.drafted = draft
         keep = self.expansion.select(draft)
         return Proposal(draft.tree(keep), None if draft.laws is None else draft.laws[keep])
 
-    @classmethod
-    @torch.inference_mode()
-    def propose_all(cls, proposers: list, tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
-        """Slots of one static drafting (a batch's: `Resources.slot_of`) draft together, one head forward per level
-        for every slot (`StaticDrafting.propose`); sampled children (the eager cache) one slot after another."""
-        static = {id(p.static) if isinstance(p.cache, StaticRows) else None for p in proposers}
-        if None in static or len(static) > 1:
-            return super().propose_all(proposers, tokens, max_depths)
-        depths = [min(p.expansion.max_depth, d) for p, d in zip(proposers, max_depths, strict=True)]
-        found = []
-        for p, drafted in zip(proposers, proposers[0].static.propose(proposers, tokens, depths), strict=True):
-            p.drafted = Draft.empty(p.device) if drafted is None else drafted[0]
-            found.append(NO_PROPOSAL if drafted is None else Proposal(drafted[1]))
-        return found
-
-    def _grow(self, root: torch.Tensor, depths: int, position: int | torch.Tensor) -> tuple[Draft, int]:
+    def _grow(
+        self, root: torch.Tensor, depths: int, position: int | torch.Tensor, lane: Lane | None = None
+    ) -> tuple[Draft, int]:
         """The drafts [B, n] of `depths` levels from the head's outputs at the roots [B, H] (a batch's sequences
         drafted together; B = 1 for one, and for sampled children, whose counts depend on the draws), at the
         positions (the committed pairs in the cache) `position` (an int, or [B]); and how many tree rows went into
-        each sequence's cache."""
+        each sequence's cache. `lane`: one slot's on its eager cache (None: the static drafting's)."""
         batch = len(root)
         levels, start = [], 0  # the draft's levels, and the nodes before the newest
         frontier = torch.full((batch, 1), -1, device=self.device)  # the growing nodes [B, F]; -1 is the root
@@ -191,7 +185,7 @@ class Eagle(Proposer):
         laws = []  # per level [1, n, V] when sampled
         ahead = Ahead.of(self.head, hidden, position, depths - 1)
         for depth in range(1, depths + 1):
-            children = self._children(self.lm_head(hidden))  # [B, F, k] each
+            children = self._children(self.lm_head(hidden), lane)  # [B, F, k] each
             k = children.tokens.shape[-1]
             slots = self.expansion.admits(frontier_slots, k, self.device)  # [F, k] or None
             admitted = children.valid  # [1, F, k] or None (all): which candidates become nodes
@@ -207,8 +201,8 @@ class Eagle(Proposer):
                 level_nodes(children.tokens, picked),
                 frontier[:, rows],
                 level_scores(reached, children.logps, rows, picked),
-                _per_slot(self._constant("depths", len(rows), depth), batch),
-                None if slots is None else _per_slot(level_nodes(slots, picked), batch),
+                per_slot(self._constant("depths", len(rows), depth), batch),
+                None if slots is None else per_slot(level_nodes(slots, picked), batch),
             )
             if children.laws is not None:
                 laws.append(children.laws.flatten(1, 2)[:, picked])
@@ -220,8 +214,10 @@ class Eagle(Proposer):
                 break
             above = rows[grown]  # [B, F']: each grown node's parent's row in the frontier
             eye = self.eye[: grown.shape[-1], : grown.shape[-1]].expand(batch, -1, -1)
-            seen = torch.cat([_rows(seen, above), eye], dim=2)
-            hidden = self._feed(_rows(hidden, above), level.tokens.gather(1, grown), seen, position, depth, ahead)
+            seen = torch.cat([rows_of(seen, above), eye], dim=2)
+            hidden = self._feed(
+                rows_of(hidden, above), level.tokens.gather(1, grown), seen, position, depth, ahead, lane
+            )
             frontier, reached = start + grown, level.scores.gather(1, grown)
             frontier_slots = None if level.slots is None else level.slots[0, grown[0]]
             start += len(level)
@@ -243,18 +239,18 @@ class Eagle(Proposer):
             )
         return self.constants[key]
 
-    def _children(self, logits: torch.Tensor) -> Children:
+    def _children(self, logits: torch.Tensor, lane: Lane | None) -> Children:
         """The candidate children of each growing node from its row of logits [B, F, V']: the draft's top k, or
         when sampling (one sequence: B = 1) k draws without replacement and their laws."""
         k = min(self.expansion.branch, logits.shape[-1])
-        if not self.sampling:
+        if lane is None or not lane.sampling:
             top = torch.log_softmax(logits, dim=-1, dtype=torch.float32).topk(k)  # (the cast inside: one kernel)
             ids = top.indices if self.target_ids is None else self.target_ids(top.indices)
             return Children(ids, top.values, None, None)
         draft_ids = torch.arange(logits.shape[-1], device=logits.device)
         to_target = draft_ids if self.target_ids is None else self.target_ids(draft_ids)  # [V']
-        q = probabilities(logits[0], self.temperature)  # [F, V']
-        drawn, laws, real = draw_distinct_padded(q, k, self.generator)  # [F, k], [F, k, V'], [F] real draws
+        q = probabilities(logits[0], lane.turn.temperature)  # [F, V']
+        drawn, laws, real = draw_distinct_padded(q, k, lane.turn.generator)  # [F, k], [F, k, V'], [F] real draws
         if self.target_ids is not None:  # laws move onto the target vocabulary
             assert self.target_vocab is not None  # given with target_ids
             full = laws.new_zeros(*drawn.shape, self.target_vocab)
@@ -271,6 +267,7 @@ class Eagle(Proposer):
         root: int | torch.Tensor,
         depth: int,
         ahead: Ahead,
+        lane: Lane | None,
     ) -> torch.Tensor:
         """One draft forward over a level's growing nodes [B, n] from their parents' outputs features [B, n, H], at
         the position of the root (`root`, the committed pairs) + depth - 1; each row sees the committed prefix and
@@ -279,190 +276,15 @@ class Eagle(Proposer):
         batch, n = tokens.shape
         positions = ahead.positions[:, depth - 1 : depth].expand(batch, n)
         rope = tuple(t[:, depth - 1 : depth].expand(batch, n, -1) for t in ahead.rope)
-        if isinstance(self.cache, StaticRows):  # tree rows after the committed ones; every key row is masked
+        cache: StaticRows | DynamicCache
+        if lane is None or lane.cache is None:  # tree rows after the committed ones; every key row is masked
             assert self.static is not None  # (its cache)
-            mask = self.static.tree_rows(seen, n)
+            mask, cache = self.static.tree_rows(seen, n), self.static.cache
         else:  # (one sequence)
             assert isinstance(root, int)  # (the eager cache's length)
             mask = torch.cat([seen.new_zeros(batch, n, root), seen], dim=2)  # [1, n, committed + fed + n]
-        return self.head(features, tokens, positions, mask[:, None], self.cache, rope)
-
-
-def _per_slot(x: torch.Tensor, batch: int) -> torch.Tensor:
-    """x [n], the same for every slot, as [B, n]: a view for one slot, else a copy (a replay's outputs are written
-    over in place, and a view of one row repeated cannot be)."""
-    return x[None] if batch == 1 else x.repeat(batch, 1)
-
-
-def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Each sequence's rows `index` [B, m] of x [B, F, ...]: [B, m, ...]."""
-    return x.gather(1, index.view(*index.shape, *[1] * (x.dim() - 2)).expand(*index.shape, *x.shape[2:]))
-
-
-@dataclass
-class DraftInputs:
-    """One key span's captured drafting reads these, every slot's."""
-
-    features: torch.Tensor  # [B, P, F]: the committed pairs' target features, padded
-    ids: torch.Tensor  # [B, P]: the token after each
-    count: torch.Tensor  # [B] long: how many of the P rows are real (a slot that does not draft: 1, never kept)
-    committed: torch.Tensor  # [B] long: the pairs already in each slot's cache
-
-
-class StaticDrafting:
-    """EAGLE drafting on a static cache (under --graphs, and for a batch's slots): the head's keys live in
-    preallocated rows (`StaticRows`), `batch` slots side by side, and a step's drafting (feed the pairs the last
-    verification committed, padded to the most a step commits, then grow every slot's tree and pick the nodes to
-    verify) is one function of device tensors with fixed shapes, captured on a GPU (with --graphs) as one CUDA graph
-    per key span and tree depth (a shallower tree: the token budget's last steps) and replayed: no Python per level
-    and no host wait. A slot with more pairs (the prompt's) runs the same function alone, uncaptured. Drafting
-    sampled children (T > 0 with `sampled`) keeps the eager cache. `eagle` is slot 0's proposer: its head, readout
-    and tree policy are every slot's."""
-
-    def __init__(self, eagle: Eagle, batch: int = 1, capture: bool = True, compile: bool = False) -> None:
-        self.eagle = eagle
-        self.draft = compile_function(self._draft) if compile else self._draft  # the captured shapes' drafting
-        tree = eagle.expansion
-        self.pad = tree.max_depth + 1  # the pairs a step commits at most: the accepted path and the root
-        layers = eagle.head.config.get_text_config().num_hidden_layers
-        self.cache = StaticRows(layers, -(-(MAX_CACHE + self.pad + tree.fed) // SPAN) * SPAN, batch)
-        self.batch = batch
-        self.lengths = [0] * batch  # each slot's committed pairs in the cache
-        self.inputs: dict[int, DraftInputs] = {}  # by key span
-        self.replays = Replays(eagle.device)
-        self.replays.capture = self.replays.capture and capture
-        self.alone: int | None = None  # the slot a forward runs alone (None: every slot)
-        self.before: torch.Tensor | None = None  # [B, span]: the keys every tree row sees (a draft's committed
-        # pairs; additive, 0 where seen)
-        self.rows: torch.Tensor | None = None  # [B, fed]: the rows a draft's fed nodes go to, in feeding order
-
-    def propose(
-        self, slots: list[Eagle], tokens: list[list[int]], depths: list[int]
-    ) -> list[tuple[Draft, DeviceTree] | None]:
-        """Feed each slot's pending pairs, then its draft and the tree to verify, left on the device; None for a
-        slot with nothing to draft from (no new pairs, no depth left, or features missing for some committed token,
-        as in the eager cache). The slots drafting to one depth share one forward per level."""
-        found: list[tuple[Draft, DeviceTree] | None] = [None] * len(slots)
-        together: dict[int, list[tuple[int, torch.Tensor, torch.Tensor, int]]] = {}  # by depth
-        for i, (eagle, committed, depth) in enumerate(zip(slots, tokens, depths, strict=True)):
-            past = self.lengths[eagle.slot]
-            n = min(len(eagle.pending), len(committed) - 1 - past)
-            if n <= 0:
-                continue
-            features, eagle.pending = eagle.pending[:n], eagle.pending[n:]
-            ids = upload(committed[past + 1 : past + 1 + n], eagle.device)
-            self.lengths[eagle.slot] = past + n
-            if past + n != len(committed) - 1 or depth < 1:  # feed them; nothing to draft from
-                self._alone(eagle.slot, features, ids, past, 0)
-            elif n > self.pad:  # more pairs than a captured step feeds (the prompt's): once, uncaptured
-                found[i] = self._alone(eagle.slot, features, ids, past, depth)
-            else:
-                together.setdefault(depth, []).append((i, features, ids, past))
-        for depth, members in together.items():
-            drafts = self._together([(slots[i].slot, features, ids, past) for i, features, ids, past in members], depth)
-            for (i, *_), drafted in zip(members, drafts, strict=True):
-                found[i] = drafted
-        return found
-
-    def _alone(
-        self, slot: int, features: torch.Tensor, ids: torch.Tensor, past: int, depths: int
-    ) -> tuple[Draft, DeviceTree] | None:
-        """`slot`'s pairs features [n, F], ids [n] fed after `past` alone, uncaptured (rare: never worth compiling),
-        and its draft of `depths` levels from the last one (none: 0)."""
-        self.cache.span = self._span(past + len(ids), depths)
-        count, committed = (upload([v], self.eagle.device) for v in (len(ids), past))
-        self.alone = slot
-        try:
-            with uncompiled():
-                if not depths:
-                    self._pairs(features[None], ids[None], committed)
-                    return None
-                draft, tokens, parents, ancestors = self._draft(features[None], ids[None], count, committed, depths)
-        finally:
-            self.alone = self.cache.slot = None
-        return draft.row(0), DeviceTree(tokens[0], parents[0], depths, ancestors[0])
-
-    def _together(
-        self, members: list[tuple[int, torch.Tensor, torch.Tensor, int]], depths: int
-    ) -> list[tuple[Draft, DeviceTree]]:
-        """The drafts of `depths` levels of the slots `members` ((slot, features [n, F], ids [n], past) each), every
-        slot in one forward padded to the captured shapes (the others pad past their own committed pairs)."""
-        eagle = self.eagle
-        past = list(self.lengths)  # (the members' own are set below; the others' writes land past theirs)
-        count = [1] * self.batch
-        for slot, _, ids, before in members:
-            past[slot], count[slot] = before, len(ids)
-        span = self._span(max(past) + self.pad, depths)
-        inputs = self.inputs.get(span)
-        if inputs is None:
-            width = members[0][1].shape[1]
-            inputs = self.inputs[span] = DraftInputs(
-                members[0][1].new_zeros(self.batch, self.pad, width),
-                members[0][2].new_zeros(self.batch, self.pad),
-                members[0][2].new_ones(self.batch),
-                members[0][2].new_zeros(self.batch),
-            )
-        for slot, features, ids, _ in members:
-            inputs.features[slot, : len(ids)] = features
-            inputs.ids[slot, : len(ids)] = ids
-        counts = upload(count + past, eagle.device)
-        inputs.count.copy_(counts[: self.batch])
-        inputs.committed.copy_(counts[self.batch :])  # (capture's warm-up runs write past the committed rows only)
-        self.cache.span = span
-        full = depths == eagle.expansion.max_depth  # else a shallower tree (the budget's last steps): never compiled
-        with contextlib.nullcontext() if full else uncompiled():
-            draft, *tree = self.replays.run(
-                (span, depths), lambda: self.draft(inputs.features, inputs.ids, inputs.count, inputs.committed, depths)
-            )
-        tokens, parents, ancestors = tree  # (copied below: the next replay writes over them)
-        return [
-            (
-                draft.row(slot)._map(torch.clone),
-                DeviceTree(tokens[slot].clone(), parents[slot].clone(), depths, ancestors[slot].clone()),
-            )
-            for slot, *_ in members
-        ]
-
-    def _span(self, end: int, depths: int) -> int:
-        """The key rows a draft attends over: the pairs up to `end`, then its tree rows, rounded up to SPAN."""
-        return min(-(-(end + (self.eagle.expansion.fed if depths > 1 else 0)) // SPAN) * SPAN, self.cache.capacity)
-
-    def _draft(
-        self, features: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, committed: torch.Tensor, depths: int
-    ) -> tuple[Draft, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Feed each slot's first `count` pairs (features [B, P, F], ids [B, P]) after its `committed`, then grow
-        from the last one's output: the drafts [B, n], and the trees to verify as their tokens [B, k], parents
-        [B, k] and ancestor matrices [B, k+1, k+1] (all built here, so a captured step launches none of it)."""
-        out = self._pairs(features, ids, committed)  # [B, P, H]
-        root = _rows(out, (count - 1)[:, None])[:, 0]  # [B, H]
-        position = committed + count  # [B]: the trees' first rows
-        keys = torch.arange(self.cache.span, device=ids.device)
-        self.before = additive(keys < position[:, None], self.eagle.dtype)
-        self.rows = position[:, None] + torch.arange(self.eagle.expansion.fed, device=ids.device)
-        draft, _ = self.eagle._grow(root, depths, position)
-        keep = self.eagle.expansion.select(draft)
-        tokens, parents = draft.kept(keep.expand(len(root), -1))
-        return draft, tokens, parents, ancestors_from(parents, depths)
-
-    def _pairs(self, features: torch.Tensor, ids: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
-        """The head over pairs (features [B, P, F], ids [B, P]) at rows committed, committed + 1, ... of each slot
-        (causal over its cache): outputs [B, P, H]."""
-        rows = committed[:, None] + torch.arange(ids.shape[1], device=ids.device)  # [B, P]
-        allowed = torch.arange(self.cache.span, device=ids.device) <= rows[..., None]  # [B, P, span]
-        mask = additive(allowed, self.eagle.head.fc.weight.dtype)[:, None]
-        self.cache.write_rows(rows, self.alone)
-        return self.eagle.head(features, ids, rows, mask, self.cache)
-
-    def tree_rows(self, seen: torch.Tensor, n: int) -> torch.Tensor:
-        """Where a level's n rows go in each slot (after its committed pairs, the tree rows fed so far) and which
-        keys they see [B, n, span] (additive): the committed pairs, and those tree rows `seen` [B, n, fed + n]
-        marks (`_draft` set the rows)."""
-        assert self.before is not None and self.rows is not None  # set by `_draft`
-        fed = seen.shape[-1]
-        mask = self.before[:, None].expand(-1, n, -1).clone()
-        mask.scatter_(2, self.rows[:, None, :fed].expand(-1, n, -1), seen)
-        self.cache.write_rows(self.rows[:, fed - n : fed], self.alone)
-        return mask
+            cache = lane.cache
+        return self.head(features, tokens, positions, mask[:, None], cache, rope)
 
 
 def _nested_tree(snapshot: tuple[Draft, int], params: dict) -> Tree:
@@ -474,17 +296,17 @@ def _nested_tree(snapshot: tuple[Draft, int], params: dict) -> Tree:
 
 DYNAMIC = Nested(
     ("total_tokens", "depth"),
-    snapshot=lambda proposer, proposal: (proposer.drafted, proposer.expansion.branch),
+    snapshot=lambda drafter, slot, proposal: (drafter.lanes[slot].drafted, drafter.expansion.branch),
     subtree=_nested_tree,
 )
 
 
-def _static_paths(proposer: Proposer, proposal: Proposal) -> tuple[list[tuple], list[list[int]]]:
+def _static_paths(drafter: Drafter, slot: int, proposal: Proposal) -> tuple[list[tuple], list[list[int]]]:
     """Each proposed node's path of ranks (the proposal keeps every drafted node, in order) and the tree's paths."""
-    assert isinstance(proposer, Eagle) and isinstance(proposer.expansion, StaticTree)  # EAGLE-1's
-    tree = proposer.expansion
-    slots = proposer.drafted.slots
-    return [tree.paths[s] for s in (slots.tolist() if slots is not None else [])], tree.choices
+    assert isinstance(drafter, Eagle) and isinstance(drafter.expansion, StaticTree)  # EAGLE-1's
+    tree, drafted = drafter.expansion, drafter.lanes[slot].drafted
+    ranks = None if drafted is None else drafted.slots
+    return [tree.paths[s] for s in (ranks.tolist() if ranks is not None else [])], tree.choices
 
 
 def _shortlist(
@@ -509,6 +331,7 @@ def _shortlist(
 
 def _on_target_head(
     res: Resources,
+    slots: int,
     expansion: StaticTree | DynamicTree,
     sampled: bool,
     draft_dtype: str | None,
@@ -517,11 +340,11 @@ def _on_target_head(
     """An EAGLE-1/2 head reading out through the target's lm_head, in `draft_dtype`, over the most frequent tokens
     of the head's training text only with `draft_vocab` (`_shortlist`)."""
     dtype = res.draft_dtype(draft_dtype)
-    head: EagleHead = res.head("eagle", dtype)
+    head: EagleHead = res.head("eagle", dtype, slots)
     vocab = head.config.vocab_size
     ids = _shortlist(res, "eagle", draft_vocab, torch.arange(vocab, device=res.device), "the vocabulary's")
     if ids is None:
-        return Eagle(head, res.readout(dtype), expansion, sampled=sampled, **static_drafting(res))
+        return Eagle(head, res.readout(dtype), expansion, sampled=sampled, **batch_drafting(res, slots))
     return Eagle(
         head,
         res.readout(dtype, ids),
@@ -529,50 +352,41 @@ def _on_target_head(
         target_ids=lambda drafted: ids[drafted],
         target_vocab=vocab,
         sampled=sampled,
-        **static_drafting(res),
+        **batch_drafting(res, slots),
     )
 
 
-def static_drafting(res: Resources) -> dict:
-    """An Eagle's keywords for drafting on a static cache: under --graphs (captured on a GPU), and in a batch's
-    slots, which share one drafting of the batch's size (`Resources.per_batch`) and draft together; none (the eager
-    cache) otherwise."""
-    slot, slots = res.slot
-    if not (res.graphs or slots > 1):
-        return {}
-
-    def drafting(eagle: Eagle) -> StaticDrafting:
-        return res.per_batch("eagle", lambda: StaticDrafting(eagle, slots, res.graphs, res.graphs and res.compile))
-
-    return dict(drafting=drafting, slot=slot)
+def batch_drafting(res: Resources, slots: int) -> dict:
+    """An Eagle's keywords for a batch of `slots`: on a static cache under --graphs (captured on a GPU, compiled
+    with --compile), and always for a batch (whose slots draft together)."""
+    return dict(slots=slots, static=res.graphs, capture=res.graphs, compile=res.graphs and res.compile)
 
 
 def _draft_params(params: dict) -> dict:
     return {k: params.pop(k, None) for k in ("draft_dtype", "draft_vocab")}
 
 
-@implementation("eagle", nested=tree_prefix("nodes", _static_paths), graphed=unless_sampled)
-def build_eagle(params: dict, res: Resources) -> Proposer:
+@implementation("eagle", nested=tree_prefix("nodes", _static_paths), graphed=unless_sampled, batched=True)
+def build_eagle(params: dict, res: Resources, slots: int) -> Drafter:
     sampled, draft = params.pop("sampled", False), _draft_params(params)
     listed = choices.first(choices.resolve(params.pop("tree", "eagle_mc_sim_7b_63")), params.pop("nodes", None))
-    return _on_target_head(res, StaticTree(listed, **params), sampled, **draft)
+    return _on_target_head(res, slots, StaticTree(listed, **params), sampled, **draft)
 
 
-@implementation("eagle2", nested=DYNAMIC, graphed=unless_sampled)
-def build_eagle2(params: dict, res: Resources) -> Proposer:
+@implementation("eagle2", nested=DYNAMIC, graphed=unless_sampled, batched=True)
+def build_eagle2(params: dict, res: Resources, slots: int) -> Drafter:
     sampled, draft = params.pop("sampled", False), _draft_params(params)
-    return _on_target_head(res, DynamicTree(**params), sampled, **draft)
+    return _on_target_head(res, slots, DynamicTree(**params), sampled, **draft)
 
 
-@implementation("eagle3", nested=DYNAMIC, graphed=unless_sampled)
-def build_eagle3(params: dict, res: Resources) -> Proposer:
+@implementation("eagle3", nested=DYNAMIC, graphed=unless_sampled, batched=True)
+def build_eagle3(params: dict, res: Resources, slots: int) -> Drafter:
     sampled, draft = params.pop("sampled", False), _draft_params(params)
-    head: Eagle3Head = res.head("eagle3", res.draft_dtype(draft["draft_dtype"]))
-    if not head.restricted:  # (a batch's slots share one head: restricted with slot 0's build)
-        readable = head.target_ids(torch.arange(head.config.draft_vocab_size, device=res.device))
-        keep = _shortlist(res, "eagle3", draft["draft_vocab"], readable, "the draft vocabulary's")
-        if keep is not None:
-            head.restrict(keep)
+    head: Eagle3Head = res.head("eagle3", res.draft_dtype(draft["draft_dtype"]), slots)
+    readable = head.target_ids(torch.arange(head.config.draft_vocab_size, device=res.device))
+    keep = _shortlist(res, "eagle3", draft["draft_vocab"], readable, "the draft vocabulary's")
+    if keep is not None:
+        head.restrict(keep)
     text = res.target_model.config.get_text_config()
     return Eagle(
         head,
@@ -582,5 +396,5 @@ def build_eagle3(params: dict, res: Resources) -> Proposer:
         target_ids=head.target_ids,
         target_vocab=text.vocab_size,
         sampled=sampled,
-        **static_drafting(res),
+        **batch_drafting(res, slots),
     )

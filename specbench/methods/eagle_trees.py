@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
 
 import torch
 
@@ -194,3 +195,33 @@ class DynamicTree:
         if draft.laws is not None:  # sampled: which nodes are verified must not depend on their own draws
             return torch.arange(min(self.drafts, len(draft)), device=draft.tokens.device)
         return best(draft.scores, self.drafts)
+
+
+class Ahead(NamedTuple):
+    """Where a draft's fed levels sit and their rotary embedding, computed once a draft, not once a level."""
+
+    positions: torch.Tensor  # [B or 1, levels]: level d + 1 is fed at the root's position + d
+    rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin [B or 1, levels, head dim]
+
+    @staticmethod
+    def of(head: Any, hidden: torch.Tensor, position: int | torch.Tensor, levels: int) -> Ahead:
+        """At the roots' positions: `position` an int (one sequence) or [B] (each sequence's); `head` an EAGLE,
+        EAGLE-3 or MTP head (its `rotary`)."""
+        root = position[:, None] if isinstance(position, torch.Tensor) else position
+        positions = torch.arange(levels, device=hidden.device)[None] + root
+        return Ahead(positions, head.rotary(hidden, positions))
+
+
+class Children(NamedTuple):
+    """The candidate children of each growing node, in rank order."""
+
+    tokens: torch.Tensor  # [B, F, k] target ids
+    logps: torch.Tensor  # [B, F, k] float32 draft log-probabilities
+    valid: torch.Tensor | None  # [1, F, k] bool when sampled: the row had mass for that many draws; None: all
+    laws: torch.Tensor | None  # [1, F, k, V] when sampled: the law each was drawn from, over the target vocabulary
+
+
+def per_slot(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """x [n], the same for every slot, as [B, n]: a view for one slot, else a copy (a replay's outputs are written
+    over in place, and a view of one row repeated cannot be)."""
+    return x[None] if batch == 1 else x.repeat(batch, 1)

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..core import choices
 from ..core.capture import Replays
-from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, tree_prefix
+from ..core.proposer import NO_PROPOSAL, Drafter, Feedback, Proposal, Turn, tree_prefix
 from ..core.sampling import draw_distinct, probabilities
 from ..core.static_lm import BUCKETS
 from ..core.tree import DeviceTree, Tree, from_choices
@@ -26,7 +26,7 @@ from ..registry import implementation, unless_sampled
 from .resources import Resources
 
 
-class Medusa(Proposer):
+class Medusa(Drafter):
     feature_layers = (-1,)
 
     def __init__(
@@ -69,39 +69,36 @@ class Medusa(Proposer):
         if sampled and any([ranks[c] for c in kids] != list(range(len(kids))) for _, kids in self.families):
             raise ValueError("a sampled Medusa tree needs each node's children to have ranks 0..k-1")
         device = lm_head.weight.device
-        self.slot = (
+        self.pick = (
             torch.tensor([d - 1 for d in self.template.depths()], device=device),  # which head
             torch.tensor(self.template.tokens, device=device),  # which of its candidates
         )
-        self.hidden: torch.Tensor | None = None  # [H]: the target's last state, the one that produced the root
+        self.hidden: dict[int, torch.Tensor | None] = {}  # per slot [H]: the target's last state (the root's)
+        self.turns: dict[int, Turn] = {}
         self.replays = Replays(device) if graphs else None
         self.static: dict[int, torch.Tensor] = {}  # by bucket: the captured graph's input states [bucket, H]
 
-    def start(self, turn: Turn) -> None:
-        super().start(turn)
-        self.hidden = turn.features[-1] if turn.features is not None and len(turn.features) else None
+    def start(self, slot: int, turn: Turn) -> None:
+        self.turns[slot] = turn
+        self.hidden[slot] = turn.features[-1] if turn.features is not None and len(turn.features) else None
 
     @torch.inference_mode()
-    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
-        if self.hidden is None:
-            return NO_PROPOSAL
-        if self.sampled and self.temperature > 0:
-            return self._sampled(probabilities(self._logits(self.hidden), self.temperature))
-        return Proposal(DeviceTree(self._top(self.hidden[None])[0], self.template.parents, self.depth))
-
-    @classmethod
-    def propose_all(cls, proposers: list, tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
-        """Slots sharing one set of heads (a batch's: `Resources.slot_of`) pick their top-k trees in one heads
-        forward over every slot's last state; sampled trees (T > 0 with `sampled`) are drawn one slot after another."""
-        ready = [i for i, p in enumerate(proposers) if p.hidden is not None and not (p.sampled and p.temperature > 0)]
-        if len(ready) < 2 or len({id(p.heads) for p in proposers}) > 1:
-            return super().propose_all(proposers, tokens, max_depths)
-        slots = enumerate(zip(proposers, tokens, max_depths, strict=True))
-        found = {i: p.propose(t, d) for i, (p, t, d) in slots if i not in ready}
-        with torch.inference_mode():
-            picked = proposers[0]._top(torch.stack([proposers[i].hidden for i in ready]))  # [n, nodes]
-        trees = iter(DeviceTree(row, proposers[0].template.parents, proposers[0].depth) for row in picked)
-        return [found[i] if i in found else Proposal(next(trees)) for i in range(len(proposers))]
+    def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
+        """Every slot's top-k tree in one heads forward over their last states; sampled trees (T > 0 with
+        `sampled`) are drawn one slot after another, each from its own generator."""
+        found = [NO_PROPOSAL] * len(slots)
+        ready = []
+        for i, slot in enumerate(slots):
+            hidden, turn = self.hidden[slot], self.turns[slot]
+            if hidden is not None and self.sampled and turn.temperature > 0:
+                found[i] = self._sampled(probabilities(self._logits(hidden), turn.temperature), turn.generator)
+            elif hidden is not None:
+                ready.append(i)
+        if ready:
+            picked = self._top(torch.stack([self.hidden[slots[i]] for i in ready]))  # type: ignore[misc]
+            for i, row in zip(ready, picked, strict=True):  # [n, nodes]
+                found[i] = Proposal(DeviceTree(row, self.template.parents, self.depth))
+        return found
 
     def _top(self, hidden: torch.Tensor) -> torch.Tensor:
         """Each template node's token [n, nodes] for the states `hidden` [n, H]; under --graphs one captured graph
@@ -123,13 +120,13 @@ class Medusa(Proposer):
         """Each template node's token [n, nodes] for the states [n, H]: the candidate of its rank among its head's
         top-k."""
         top = self._logits(hidden).topk(max(self.template.tokens) + 1, dim=-1).indices  # [depth, n, k]
-        return top[self.slot[0], :, self.slot[1]].T  # [nodes, n] -> [n, nodes]
+        return top[self.pick[0], :, self.pick[1]].T  # [nodes, n] -> [n, nodes]
 
-    def _sampled(self, q: torch.Tensor) -> Proposal:
+    def _sampled(self, q: torch.Tensor, generator: torch.Generator | None) -> Proposal:
         """Every family's children drawn at once from q [depth, V] of the head at their depth. A row with less
         mass than a family is wide gives fewer draws: the nodes past them are dropped with their subtrees."""
         widest = max(len(kids) for _, kids in self.families)
-        drawn, laws = draw_distinct(q[self.family_depth], widest, self.generator)
+        drawn, laws = draw_distinct(q[self.family_depth], widest, generator)
         tokens, law = list(self.template.tokens), {}
         for (_, kids), row, rows in zip(self.families, drawn, laws, strict=True):
             for rank, child in enumerate(kids[: len(row)]):
@@ -141,18 +138,22 @@ class Medusa(Proposer):
         keep = sorted(kept)
         return Proposal(Tree(tokens, self.template.parents).subtree(keep), torch.stack([law[i] for i in keep]))
 
-    def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
-        assert feedback.features is not None  # the target returns the feature_layers' states
-        self.hidden = feedback.features[-1]
+    def update(
+        self, slots: list[int], tokens: list[list[int]], proposals: list[Proposal], feedback: list[Feedback]
+    ) -> None:
+        for slot, fed in zip(slots, feedback, strict=True):
+            assert fed.features is not None  # the target returns the feature_layers' states
+            self.hidden[slot] = fed.features[-1]
 
 
-def _paths(proposer: Proposer, proposal: Proposal) -> tuple[list[tuple], list[list[int]]]:
+def _paths(drafter: Drafter, slot: int, proposal: Proposal) -> tuple[list[tuple], list[list[int]]]:
     """Each proposed node's path of ranks (a greedy proposal is the whole template) and the tree's paths."""
-    assert isinstance(proposer, Medusa)
-    return proposer.paths if len(proposal.tree) else [], proposer.choices
+    assert isinstance(drafter, Medusa)
+    return drafter.paths if len(proposal.tree) else [], drafter.choices
 
 
-@implementation("medusa", nested=tree_prefix("nodes", _paths), graphed=unless_sampled)
-def build(params: dict, res: Resources) -> Proposer:
+@implementation("medusa", nested=tree_prefix("nodes", _paths), graphed=unless_sampled, batched=True)
+def build(params: dict, res: Resources, slots: int) -> Drafter:
     tree = choices.first(choices.resolve(params.pop("tree", "medusa_mc_sim_7b_63")), params.pop("nodes", None))
-    return Medusa(res.head("medusa"), res.target_model.get_output_embeddings(), tree, **params, graphs=res.graphs)
+    head = res.head("medusa", slots=slots)
+    return Medusa(head, res.target_model.get_output_embeddings(), tree, **params, graphs=res.graphs)

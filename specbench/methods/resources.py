@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from ..core.cached_lm import CachedLM
+from ..core.lanes import Lanes
 from ..core.static_lm import BatchedLM, StaticCachedLM
 from ..errors import SpecbenchError
 from ..heads.checkpoint import trained_for_other_target
@@ -40,11 +41,7 @@ class Resources:
     graphs: bool = False  # --graphs: the draft model on a static cache, its forwards captured on a GPU
     owned: dict[int, torch.nn.Module | None] = field(default_factory=dict)  # id of a model -> its owned decoder
     _draft: torch.nn.Module | None = None
-    _slot: tuple[int, int] | None = None  # (slot, slots) while a batch's proposer is built (`slot_of`)
-    _heads: dict[tuple[str, torch.dtype], torch.nn.Module] = field(default_factory=dict)  # the batch's heads
     _chosen: dict[str, str] = field(default_factory=dict)  # family -> the head key the method being built asked for
-    _per_batch: dict[str, Any] = field(default_factory=dict)  # what the batch's slots share (`per_batch`)
-    _shared: dict[tuple[int, int], BatchedLM] = field(default_factory=dict)  # (id(model), slots) -> a shared draft
     _readouts: dict[tuple, torch.nn.Module] = field(default_factory=dict)  # (dtype, rows) -> lm_head copy
 
     def draft_model(self) -> torch.nn.Module:
@@ -70,21 +67,6 @@ class Resources:
         return self.owned[id(model)]
 
     @contextlib.contextmanager
-    def slot_of(self, slot: int, slots: int) -> Iterator[None]:
-        """While the proposer of `slot` in a batch of `slots` is built: a draft it asks to share (`cached_lm`) is
-        that slot of one static cache for the whole batch, so the method can draft every slot in one forward per
-        depth (`Proposer.propose_all`), and its heads are slot 0's (one copy of the weights for the batch, which
-        its `propose_all` may run once for every slot). Slot 0 begins a method's batch."""
-        if slot == 0:
-            self._heads.clear()
-            self._per_batch.clear()
-        self._slot = (slot, slots)
-        try:
-            yield
-        finally:
-            self._slot = None
-
-    @contextlib.contextmanager
     def choosing(self, needs: list[Need]) -> Iterator[None]:
         """While a method is built: the heads it asked for (`eagle3[head=redhat]`) are those `head` loads."""
         self._chosen = {n.family: n.key for n in needs if n.kind == "head" and n.family}
@@ -105,42 +87,28 @@ class Resources:
             )
         return path
 
-    @property
-    def slot(self) -> tuple[int, int]:
-        """(slot, slots) of the batch whose proposer is being built (`slot_of`); (0, 1) outside a batch."""
-        return self._slot or (0, 1)
+    def cached_lm(self, model: torch.nn.Module, what: str = "draft model") -> CachedLM:
+        """`model` with a KV cache of its own (one sequence's): on the owned decoder and a static cache with
+        --graphs."""
+        owned = self.owned_decoder(model, what)
+        return StaticCachedLM(owned) if owned is not None else CachedLM(model)
 
-    def per_batch(self, key: str, make: Callable[[], T]) -> T:
-        """What `make` builds, one for every slot of the batch being built (slot 0's: `slot_of`); outside a batch,
-        a new one."""
-        if self.slot[1] == 1:
-            return make()
-        if key not in self._per_batch:
-            self._per_batch[key] = make()
-        return self._per_batch[key]
-
-    def cached_lm(self, model: torch.nn.Module, what: str = "draft model", shared: bool = False) -> CachedLM:
-        """`model` with a KV cache of its own: on the owned decoder and a static cache with --graphs; `shared`,
-        while a batch's proposer is built (`slot_of`): its slot of one static cache for the batch, so the method
-        drafts every slot in one forward per depth (a Llama-family model; else a cache of its own)."""
-        if not shared or self._slot is None or self._slot[1] == 1:
-            owned = self.owned_decoder(model, what)
-            return StaticCachedLM(owned) if owned is not None else CachedLM(model)
-        owned = self.owned_decoder(model, what, batch=True)
+    def lanes(self, model: torch.nn.Module, what: str, slots: int) -> Lanes:
+        """`model`'s caches for a batch of `slots`: one static cache on the owned decoder under --graphs or for a
+        batch, so every slot drafts in one forward (a Llama-family model; else a cache per slot), a CachedLM
+        per slot otherwise (the eager regime's batch of one)."""
+        owned = self.owned_decoder(model, what, batch=slots > 1)
         if owned is None:
-            return CachedLM(model)
-        slot, slots = self._slot
-        key = (id(model), slots)
-        if key not in self._shared:
-            for other in [k for k in self._shared if k[1] != slots]:  # (one batch size's at a time)
-                del self._shared[other]
-            self._shared[key] = BatchedLM(owned, slots, capture=None if self.graphs else False)
-        return StaticCachedLM(owned, batched=self._shared[key], slot=slot)
+            return Lanes(model)
+        return Lanes(BatchedLM(owned, slots, capture=None if self.graphs else False))
 
-    def draft_lm(self, shared: bool = False) -> CachedLM:
-        """The draft model with a KV cache of its own (each method drafting with it gets one); `shared`: as
-        `cached_lm`'s."""
-        return self.cached_lm(self.draft_model(), shared=shared)
+    def draft_lm(self) -> CachedLM:
+        """The draft model with a KV cache of its own (each method drafting with it gets one)."""
+        return self.cached_lm(self.draft_model())
+
+    def draft_lanes(self, slots: int) -> Lanes:
+        """The draft model's caches for a batch of `slots` (`lanes`)."""
+        return self.lanes(self.draft_model(), "draft model", slots)
 
     def draft_dtype(self, name: str | None) -> torch.dtype:
         """The dtype a method's draft computes in: the run's (None) or the one named. A draft may compute more
@@ -168,13 +136,10 @@ class Resources:
             self._readouts[key] = use_few_row_layout(copy)  # (the few-row layout is float32's only)
         return self._readouts[key]
 
-    def head(self, family: str, dtype: torch.dtype | None = None) -> Any:
+    def head(self, family: str, dtype: torch.dtype | None = None, slots: int = 1) -> Any:
         """The head of `family` (the one the method being built asked for: `choosing`) loaded for this target, on the
-        run's device, in the run's dtype or `dtype`; while a batch's proposers are built, loaded once for all its
-        slots (`slot_of`). Its type is the family's (`HeadFamily.load`'s)."""
-        key = (self._chosen.get(family, family), dtype or self.dtype)
-        if self.slot[1] > 1 and key in self._heads:
-            return self._heads[key]
+        run's device, in the run's dtype or `dtype`, for a batch of `slots`. Its type is the family's
+        (`HeadFamily.load`'s)."""
         path = self.head_path(family)
         if not path.is_dir():
             raise SpecbenchError(f"the {family} head is missing at {path}: {train_hint(family, self.model_name, path)}")
@@ -188,12 +153,10 @@ class Resources:
         head = HEADS[family].load(path, self.target_model).to(self.device, dtype or self.dtype)
         # under --graphs a head drafts on the owned decoder's modules: its layers (`own`), or, a whole causal LM
         # (PARD's), the owned decoder (`cached_lm`)
-        if (self.graphs or self.slot[1] > 1) and hasattr(head, "own"):  # (a batch's slots draft on static caches)
+        if (self.graphs or slots > 1) and hasattr(head, "own"):  # (a batch's slots draft on static caches)
             head.own()
         use_few_row_layout(head)
         owned = self.owned_decoder(head, f"{family} head") if hasattr(head, "get_decoder") else None
         if self.compile:
             compile_forward(owned or head, graphs=owned is not None)
-        if self.slot[1] > 1:
-            self._heads[key] = head
         return head

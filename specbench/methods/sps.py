@@ -1,87 +1,74 @@
-"""Chain speculative sampling: a small draft model sharing the tokenizer drafts k tokens autoregressively."""
+"""Chain speculative sampling: a small draft model sharing the tokenizer drafts k tokens autoregressively, every
+slot of a batch in one draft forward per depth."""
 
 from __future__ import annotations
 
 import torch
 
 from ..core.cached_lm import CachedLM
-from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn, chain_prefix
+from ..core.lanes import Lanes, argmax
+from ..core.proposer import NO_PROPOSAL, Drafter, Feedback, Proposal, Turn, chain_prefix
 from ..core.sampling import probabilities, sample
-from ..core.static_lm import BUCKETS, Row, one_batch
+from ..core.static_lm import BatchedLM, Row
 from ..core.tree import chain
 from ..registry import implementation
 from .resources import Resources
 
 
-class DraftModel(Proposer):
-    def __init__(self, draft_model, num_draft_tokens: int = 4) -> None:
+class DraftModel(Drafter):
+    """`draft`: the draft's caches for the batch (`Lanes`, or what makes them)."""
+
+    def __init__(
+        self, draft: Lanes | BatchedLM | CachedLM | list[CachedLM] | torch.nn.Module, num_draft_tokens: int = 4
+    ) -> None:
         if num_draft_tokens < 1:
             raise ValueError("sps needs num_draft_tokens >= 1")
-        self.draft = draft_model if isinstance(draft_model, CachedLM) else CachedLM(draft_model)
+        self.draft = draft if isinstance(draft, Lanes) else Lanes(draft)
         self.k = num_draft_tokens
+        self.turns: dict[int, Turn] = {}
 
-    def start(self, turn: Turn) -> None:
-        super().start(turn)
-        self.draft.prefill(turn.prompt)
+    def start(self, slot: int, turn: Turn) -> None:
+        self.turns[slot] = turn
+        self.draft.prefill(slot, turn.prompt)
 
-    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
-        k = min(self.k, max_depth)
-        if k < 1 or len(tokens) + k > self.draft.context_length:
-            return NO_PROPOSAL
-        logits = self.draft.forward(tokens[self.draft.cached :])[-1]
-        if self.temperature == 0:  # each argmax feeds the next forward on the device: the host never waits
-            drafted = [logits.argmax(-1, keepdim=True)]
-            for _ in range(k - 1):  # (forward takes ids on the device too: it runs `run`)
-                drafted.append(self.draft.forward(drafted[-1])[-1].argmax(-1, keepdim=True))
-            return Proposal(chain(torch.cat(drafted)))
-        sampled: list[int] = []
-        rows: list[torch.Tensor] = []
-        for i in range(k):
-            q = probabilities(logits, self.temperature)
-            rows.append(q)
-            sampled.append(sample(q, self.generator))
-            if i < k - 1:
-                logits = self.draft.forward(sampled[-1:])[-1]
-        return Proposal(chain(sampled), torch.stack(rows))
-
-    def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
-        self.draft.follow(tokens)
-
-    @classmethod
-    def propose_all(cls, proposers: list, tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
-        """Slots of one shared draft (`Resources.draft_lm(shared=True)`) draft together: one draft forward over
-        every slot's new tokens, then one per depth; at T = 0 each slot's argmax is fed back on the device, at T > 0
-        each slot's draw from its own generator, as it draws alone. Otherwise (a draft of its own) one slot after
-        another."""
-        lm = one_batch([p.draft for p in proposers])
-        temperatures = {p.temperature for p in proposers}
-        ks = [
-            min(p.k, d) if len(t) + min(p.k, d) <= p.draft.context_length else 0
-            for p, t, d in zip(proposers, tokens, max_depths, strict=True)
+    @torch.inference_mode()
+    def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
+        """One draft forward over every slot's new tokens, then one per depth: at T = 0 each slot's argmax is fed
+        back on the device (the host never waits), at T > 0 each slot's draw from its own generator."""
+        turns = [self.turns[s] for s in slots]
+        ks = [min(self.k, d) for d in max_depths]
+        ks = [k if k > 0 and len(t) + k <= self.draft.context_length else 0 for k, t in zip(ks, tokens, strict=True)]
+        feeding = [
+            (i, t[self.draft.cached(s) :]) for i, (s, t, k) in enumerate(zip(slots, tokens, ks, strict=True)) if k
         ]
-        feeding = [(i, t[p.draft.cached :]) for i, (p, t, k) in enumerate(zip(proposers, tokens, ks, strict=True)) if k]
-        if lm is None or len(temperatures) > 1 or any(len(fed) > BUCKETS[-1] for _, fed in feeding):
-            return super().propose_all(proposers, tokens, max_depths)  # (a long catch-up runs alone)
-        greedy = temperatures == {0}
-        drafted: list[list] = [[] for _ in proposers]  # per slot: argmax ids [1] on the device, or drawn ids
-        laws: list[list[torch.Tensor]] = [[] for _ in proposers]  # per slot at T > 0: each draw's law [V]
+        greedy = all(turn.temperature == 0 for turn in turns)
+        drafted: list[list] = [[] for _ in slots]  # per slot: argmax ids [1] on the device, or drawn ids
+        laws: list[list[torch.Tensor]] = [[] for _ in slots]  # per slot at T > 0: each draw's law [V]
         for depth in range(max(ks, default=0)):
             if depth:
-                feeding = [(i, drafted[i][-1] if greedy else drafted[i][-1:]) for i, k in enumerate(ks) if k > depth]
-            outs = lm.run([Row(proposers[i].draft.slot, fed) for i, fed in feeding], greedy=greedy, last_only=True)
+                feeding = [
+                    (i, d[-1] if turns[i].temperature == 0 else d[-1:]) for i, d in enumerate(drafted) if ks[i] > depth
+                ]
+            outs = self.draft.run([Row(slots[i], fed) for i, fed in feeding], greedy=greedy, last_only=True)
             for (i, _), out in zip(feeding, outs, strict=True):
-                if greedy:
-                    assert out.picks is not None  # (a greedy forward's)
-                    drafted[i].append(out.picks[0][-1:].clone())  # [1]: its argmax (the next forward writes over it)
+                if turns[i].temperature == 0:
+                    drafted[i].append(argmax(out))
                     continue
-                q = probabilities(out.logits[-1], proposers[i].temperature)
+                q = probabilities(out.logits[-1], turns[i].temperature)
                 laws[i].append(q)
-                drafted[i].append(sample(q, proposers[i].generator))
-        if greedy:
-            return [Proposal(chain(torch.cat(d))) if d else NO_PROPOSAL for d in drafted]
-        return [Proposal(chain(d), torch.stack(q)) if d else NO_PROPOSAL for d, q in zip(drafted, laws, strict=True)]
+                drafted[i].append(sample(q, turns[i].generator))
+        return [
+            NO_PROPOSAL if not d else Proposal(chain(torch.cat(d))) if not q else Proposal(chain(d), torch.stack(q))
+            for d, q in zip(drafted, laws, strict=True)
+        ]
+
+    def update(
+        self, slots: list[int], tokens: list[list[int]], proposals: list[Proposal], feedback: list[Feedback]
+    ) -> None:
+        for slot, t in zip(slots, tokens, strict=True):
+            self.draft.follow(slot, t)
 
 
-@implementation("sps", nested=chain_prefix("num_draft_tokens"))
-def build(params: dict, res: Resources) -> Proposer:
-    return DraftModel(res.draft_lm(shared=True), **params)
+@implementation("sps", nested=chain_prefix("num_draft_tokens"), batched=True)
+def build(params: dict, res: Resources, slots: int) -> Drafter:
+    return DraftModel(res.draft_lanes(slots), **params)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
+from ..core.proposer import NO_PROPOSAL, Drafter, Feedback, PerSlot, Proposal, Proposer, Turn
 from ..core.tree import Tree
 from ..registry import implementation
 from .resources import Resources
@@ -108,9 +108,9 @@ class SuffixDecoding(Proposer):
             self.answers.extend(self.current, new)
 
 
-@implementation("suffix")
-def build(params: dict, res: Resources | None) -> Proposer:
-    proposer = SuffixDecoding(**params)
-    if res is not None:  # (it needs no model: a caller may build it without resources)
-        proposer.answers = res.per_batch("suffix", lambda: proposer.answers)  # a batch's slots share slot 0's
-    return proposer
+@implementation("suffix", batched=True)
+def build(params: dict, res: Resources | None, slots: int) -> Drafter:
+    proposers = [SuffixDecoding(**params) for _ in range(slots)]
+    for proposer in proposers[1:]:  # a batch's slots share one pool of answers
+        proposer.answers = proposers[0].answers
+    return PerSlot(proposers)

@@ -19,7 +19,7 @@ import torch
 from .. import methods, registry, tasks
 from ..config import question_seed
 from ..core.decode import Step, clock
-from ..core.proposer import Nested, Proposal, Proposer, Turn
+from ..core.proposer import Drafter, Feedback, Nested, Proposal, Turn
 from ..core.tree import Tree
 from ..errors import SpecbenchError
 from ..interference import OtherLoad, too_busy
@@ -58,28 +58,32 @@ def _size(value) -> float:
     return math.inf if value is None else value
 
 
-class Recorder(Proposer):
-    """Wraps the method's proposer: times each propose and keeps (committed length, depth budget, snapshot)."""
+class Recorder(Drafter):
+    """Wraps the method's drafting for a batch of one: times each propose and keeps (committed length, depth
+    budget, snapshot)."""
 
-    def __init__(self, inner: Proposer, nested: Nested | None, device: torch.device) -> None:
+    def __init__(self, inner: Drafter, nested: Nested | None, device: torch.device) -> None:
         self.inner, self.nested, self.device = inner, nested, device
         self.feature_layers = inner.feature_layers
+        self.learns = inner.learns
         self.records: list[tuple[int, int, object]] = []
         self.propose_times: list[float] = []
 
-    def start(self, turn: Turn) -> None:
-        self.inner.start(turn)
+    def start(self, slot: int, turn: Turn) -> None:
+        self.inner.start(slot, turn)
 
-    def propose(self, tokens: list[int], max_depth: int) -> Proposal:
+    def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
         t0 = clock(self.device)
-        proposal = self.inner.propose(tokens, max_depth)
+        (proposal,) = self.inner.propose(slots, tokens, max_depths)
         self.propose_times.append(clock(self.device) - t0)
-        snapshot = self.nested.snapshot(self.inner, proposal) if self.nested else None
-        self.records.append((len(tokens), max_depth, snapshot))
-        return proposal
+        snapshot = self.nested.snapshot(self.inner, slots[0], proposal) if self.nested else None
+        self.records.append((len(tokens[0]), max_depths[0], snapshot))
+        return [proposal]
 
-    def update(self, tokens, proposal, feedback) -> None:
-        self.inner.update(tokens, proposal, feedback)
+    def update(
+        self, slots: list[int], tokens: list[list[int]], proposals: list[Proposal], feedback: list[Feedback]
+    ) -> None:
+        self.inner.update(slots, tokens, proposals, feedback)
 
     def clear(self) -> None:
         self.records.clear()
@@ -102,12 +106,12 @@ class Tuner:
     def elapsed(self) -> float:
         return (time.perf_counter() - self.started) / 60
 
-    def _answer(self, name: str, proposer: Proposer, turns: Turns, vanilla: Turns) -> Iterator[tuple]:
+    def _answer(self, name: str, proposer: Drafter, turns: Turns, vanilla: Turns) -> Iterator[tuple]:
         """Every calibration question answered greedily by vanilla (into `vanilla`) and then by the method, as
         `specbench run` interleaves them (the first question once more before, as a warm-up): this CPU's pace
         drifts by up to a quarter over tens of seconds, so only a vanilla answered beside the method's answers
         tells what the method's steps cost against vanilla's."""
-        pairs = ((methods.build("vanilla", self.session.resources), "vanilla", vanilla), (proposer, name, turns))
+        pairs = ((methods.build_batch("vanilla", self.session.resources), "vanilla", vanilla), (proposer, name, turns))
         for who, label, _ in pairs:
             self.session.answer(label, who, self.questions[0], min(16, self.budget), 0.0, 0)
         if isinstance(proposer, Recorder):
@@ -126,7 +130,7 @@ class Tuner:
         each after a one-token target forward, as a decode's proposes come after a verification: the target's
         weights streaming through the CPU's caches evict the draft's (proposes timed back to back ran a tiny
         bfloat16 EAGLE-2 tree 0.2x as long as its 60-token tree; after a forward, 0.26x, as in its runs)."""
-        proposer = methods.build(self.cfg.method, self.session.resources, params)
+        proposer = methods.build_batch(self.cfg.method, self.session.resources, 1, params)
         target = self.session.target
         prefilled = target.prefill(state, proposer.feature_layers or None)
         features = None
@@ -135,11 +139,11 @@ class Tuner:
             features = prefilled.features
         times = []
         for _ in range(4):
-            proposer.start(Turn(state, 0.0, None, features, None))
+            proposer.start(0, Turn(state, 0.0, None, features, None))
             target.forward(state[-1:])
             target.crop(len(state) - 1)
             t0 = clock(self.session.device)
-            proposer.propose(state, self.budget)
+            proposer.propose([0], [state], [self.budget])
             times.append(clock(self.session.device) - t0)
         return float(np.median(times[1:]))
 
@@ -150,7 +154,7 @@ class Tuner:
         run_params = {**self.defaults, **plain, **top}
         name = variant_name(self.cfg.method, run_params, self.defaults)
         try:
-            built = methods.build(self.cfg.method, self.session.resources, run_params)
+            built = methods.build_batch(self.cfg.method, self.session.resources, 1, run_params)
         except SpecbenchError as err:
             raise Unbuildable(f"{name}: {err}") from err
         proposer = Recorder(built, self.nested, self.session.device)
@@ -278,7 +282,8 @@ class Tuner:
         """A realistic committed sequence for the draft-cost timings: the first question's prompt and answer."""
         q = self.questions[0]
         ids = self.session.prompt(q, [])
-        gen = self.session.answer("vanilla", methods.build("vanilla", self.session.resources), q, self.budget, 0.0, 0)
+        vanilla = methods.build_batch("vanilla", self.session.resources)
+        gen = self.session.answer("vanilla", vanilla, q, self.budget, 0.0, 0)
         return ids + gen[0][0].tokens
 
 

@@ -1,0 +1,74 @@
+"""A drafting model's KV cache for every slot of a batch, so a drafter runs one forward for all its slots: one
+`BatchedLM` (the owned decoder: under --graphs, and for a batch) or, for a model run by transformers (the eager
+regime's batch of one), a `CachedLM` per slot, run one after another."""
+
+from __future__ import annotations
+
+import torch
+
+from .cached_lm import CachedLM, Forward
+from .static_lm import BUCKETS, BatchedLM, Row, StaticCachedLM
+
+
+class Lanes:
+    """`model` is a BatchedLM (every slot's rows in one forward), CachedLMs (one per slot; one: slot 0's, the others
+    get their own cache of its model) or a causal LM (a CachedLM per slot)."""
+
+    def __init__(self, model: BatchedLM | CachedLM | list[CachedLM] | torch.nn.Module) -> None:
+        if isinstance(model, StaticCachedLM):
+            model = model.batched
+        self.batched = model if isinstance(model, BatchedLM) else None
+        caches = model if isinstance(model, list) else [model] if isinstance(model, CachedLM) else []
+        self.own: dict[int, CachedLM] = dict(enumerate(caches))  # slot -> its cache, when not batched
+        first = caches[0] if caches else model
+        self.model = first.model if isinstance(first, CachedLM | BatchedLM) else first
+        self.context_length = self.batched.context_length if self.batched is not None else self.lane(0).context_length
+
+    def lane(self, slot: int) -> CachedLM:
+        """`slot`'s own cache (not batched)."""
+        if slot not in self.own:
+            self.own[slot] = CachedLM(self.model)
+        return self.own[slot]
+
+    def cached(self, slot: int) -> int:
+        return self.batched.lengths[slot] if self.batched is not None else self.lane(slot).cached
+
+    def prefill(self, slot: int, prompt: list[int]) -> None:
+        """Empty `slot` and fill it with all of `prompt` but its last token."""
+        if self.batched is not None:
+            self.batched.prefill_slot(slot, prompt)
+        else:
+            self.lane(slot).prefill(prompt)
+
+    def crop(self, slot: int, length: int) -> None:
+        """Drop `slot`'s rows from `length` on."""
+        if self.batched is not None:
+            self.batched.lengths[slot] = min(self.batched.lengths[slot], length)
+        else:
+            self.lane(slot).crop(length)
+
+    def follow(self, slot: int, tokens: list[int]) -> None:
+        """After a verification: `slot`'s rows stay valid up to the last accepted token (the newest is the root)."""
+        self.crop(slot, len(tokens) - 1)
+
+    @torch.inference_mode()
+    def run(self, rows: list[Row], *, greedy: bool = False, last_only: bool = False) -> list[Forward]:
+        """Each row appended to its slot's cache, its output in order (copied): batched, one forward for the rows
+        that fit a bucket (a longer one, a catch-up after a prompt, runs alone); else slot after slot. `greedy`:
+        a batched forward's picks are computed inside it (a slot's own cache leaves them to the caller)."""
+        if self.batched is None:
+            return [self.lane(r.slot).run(r.tokens, r.tree, last_only=last_only, greedy=greedy) for r in rows]
+        out: dict[int, Forward] = {}
+        short = [row for row in rows if len(row.tokens) <= BUCKETS[-1]]
+        for row in rows:
+            if len(row.tokens) > BUCKETS[-1]:
+                out[row.slot] = self.batched.run([row], last_only=last_only)[0]
+        if short:
+            outs = self.batched.run(short, greedy=greedy, last_only=last_only)
+            out.update(zip([row.slot for row in short], outs, strict=True))
+        return [out[row.slot] for row in rows]
+
+
+def argmax(out: Forward) -> torch.Tensor:
+    """The last row's argmax [1] on the device: the forward's pick when it computed them, else from its logits."""
+    return out.picks[0][-1:].clone() if out.picks is not None else out.logits[-1:].argmax(-1)
