@@ -97,8 +97,11 @@ def summary(args) -> None:
     turns = turns[(turns.temperature == 0) & (turns.batch_size == 1)]
     profile = {int(k): v for k, v in json.loads((args.run / "forward_profile.json").read_text()).items()}
     limit = roof["roofline_tokens_per_s"]
-    config = json.loads((args.run / "manifest.json").read_text())["config"]
+    manifest = json.loads((args.run / "manifest.json").read_text())
+    config, forced = manifest["config"], manifest.get("synthetic")
     regime = " ".join(flag for flag in ("--graphs", "--compile") if config.get(flag[2:])) or "eager"
+    if forced:  # `run --acceptance synthetic:...`: verdicts forced, tokens not the model's
+        regime += ", cost-only at synthetic acceptance " + ",".join(f"{r:g}" for r in forced["rates"])
     print(f"### {roof['device']}: {args.run.name} ({regime})\n")
     copy, weights = roof["copy_bytes_per_s"] / 1e12, roof["weight_bytes"] / 1e9
     print(

@@ -21,6 +21,11 @@
 # is installed; 105 s on an H200's machine, where they passed on 2026-11-27). With GPU_CHECK_PROFILES=1, after the
 # timings: `gpu_check.py forward` ($GPU_CHECK_VARIANTS) and `drafting` (eagle2, eagle3; captured and compiled), each
 # with --profile (the kernels by device time in $out/<step>-profile.txt), their tables appended to summary.md.
+# Beside the eager and graphs regimes' random-weight rows (τ 1.00: nothing is accepted), the methods of
+# $GPU_CHECK_SYNTHETIC (METHOD:RATES, default eagle2 and eagle3 below; empty: none) run again with their verdicts
+# forced at a published acceptance (`run --acceptance synthetic:RATES`, cost-only: docs/metrics.md), into
+# $out/<regime>-synthetic-<method>: what the method costs at 7B when it accepts as the papers report (four more runs
+# by default, each loading the target again and timing its own vanilla and A/A columns; not yet timed on a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1  # runs from a checkout, installed or not
@@ -44,6 +49,13 @@ written=$SECONDS
 options=$("$py" scripts/random_checkpoints.py --like "$like" --out "$checkpoints" --device cuda --dtype float16)
 echo "checkpoints written in $((SECONDS - written)) s: $options"
 "$py" scripts/gpu_check.py roofline --weights "$checkpoints/target" --out "$out/roofline.json" > /dev/null
+# Published profiles, as one constant conditional rate r per drafted position over the preset's tree depth D, solved
+# from the mean accepted tokens a step (the target's own included) τ = 1 + r + r² + ... + r^D:
+#   eagle2: Spec-Bench's τ 4.34 for EAGLE-2 on Vicuna-7B (its A100 figure, 2.36×), D = 6 (depth 5 + the first level):
+#           r = 0.835 (τ 4.34);
+#   eagle3: the EAGLE-3 paper's τ 6.65 (Vicuna-13B, MT-bench, T = 0; Li et al. 2025, Table 1), D = 8: r = 0.922.
+# A run's τ comes out a little lower: a turn's last steps draft shallower trees (its token budget).
+synthetic=${GPU_CHECK_SYNTHETIC-eagle2:0.835 eagle3:0.922}
 failed=
 for regime in ${GPU_CHECK_REGIMES:-eager graphs}; do  # the eager loop (comparable with papers), --graphs
   methods=${GPU_CHECK_METHODS:-all}
@@ -73,6 +85,17 @@ for regime in ${GPU_CHECK_REGIMES:-eager graphs}; do  # the eager loop (comparab
   fi
   "$py" -m specbench.cli report "$out/$regime" --out "$out/report-$regime" > /dev/null
   "$py" scripts/gpu_check.py summary "$out/$regime" --roofline "$out/roofline.json" | tee -a "$out/summary.md"
+  [[ $regime == eager || $regime == graphs ]] || continue
+  for entry in $synthetic; do  # the same regime at a published acceptance: cost-only rows beside the random ones
+    method=${entry%%:*} run="$out/$regime-synthetic-${entry%%:*}"
+    # shellcheck disable=SC2086  # $options and $flags are lists of options
+    timeout "${GPU_CHECK_LIMIT:-0}" "$py" -m specbench.cli run $options $flags --methods "$method" --device cuda \
+      --dtype float16 $tasks --max-new-tokens 48 --acceptance "synthetic:${entry#*:}" --out "$run" --no-report \
+      || { echo "gpu_check: $method at synthetic acceptance in the $regime regime failed or ran over its limit" \
+        | tee -a "$out/summary.md"; failed="$failed $regime-synthetic-$method"; continue; }
+    "$py" -m specbench.cli report "$run" --out "$out/report-$regime-synthetic-$method" > /dev/null
+    "$py" scripts/gpu_check.py summary "$run" --roofline "$out/roofline.json" | tee -a "$out/summary.md"
+  done
 done
 profile() {  # NAME, then gpu_check.py's subcommand and its options: its table into summary.md, its kernels beside
   local name=$1

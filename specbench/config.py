@@ -173,6 +173,14 @@ class RunConfig:
         kind="ints",
         metavar="B1,B2,...",
     )
+    acceptance: str | None = option(
+        None,
+        "cost-only: every verdict drawn inside the real verification at per-position acceptance rates, R1,R2,... "
+        "(deeper positions take the last) or FILE (a JSON list, or a report's speculation_profile.json); the target "
+        "and drafter do all their work; answers are marked cost-only, never checked for losslessness, never compared "
+        "with real runs",
+        metavar="synthetic:PROFILE",
+    )
     one_engine_at_a_time: bool = option(
         False,
         "with --engine vllm: run the methods one after another, each with the whole device, instead of every "

@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .core.synthetic import Profile
 from .errors import SpecbenchError
 from .models.chat import turn_prompts
 from .tasks import Question
@@ -37,6 +38,7 @@ class Answer:
     output_ids: list[list[int]] | None = None  # per turn
     seed: int | None = None
     lossless_rule: bool = True
+    synthetic: list[float] | None = None  # cost-only: the acceptance rates that forced its verdicts (core.synthetic)
     greedy_check: dict | None = None  # vs vanilla at T=0: match, turn, position, margins, noise, verdict
     busy_cpus: float | None = None  # CPUs' worth of other processes' work while this answer was timed
     position: int | None = None  # the question's place in its task's run order (at this temperature)
@@ -75,6 +77,7 @@ class Answer:
                 "task": self.task,
                 "seed": self.seed,
                 "lossless_rule": self.lossless_rule,
+                "synthetic": self.synthetic,
                 "tested": self.tested,
                 "tree_size": self.tree_size,
                 "draft_time": self.draft_time,
@@ -118,8 +121,10 @@ def answer(
     turns: list[TurnSteps],
     draft_time: float | None = None,
     verify_time: float | None = None,
+    synthetic: Profile | None = None,
 ) -> Answer:
-    """The record of one question answered by one method, from either engine; draft and verify seconds, all turns."""
+    """The record of one question answered by one method, from either engine; draft and verify seconds, all turns;
+    `synthetic`: the profile that forced its verdicts (a cost-only answer)."""
     top1 = [t.target_top1 for t in turns if t.target_top1 is not None]
     margin = [t.target_margin for t in turns if t.target_margin is not None]
     return Answer(
@@ -142,6 +147,7 @@ def answer(
         target_margin=margin if len(margin) == len(turns) else None,
         seed=seed,
         lossless_rule=lossless,
+        synthetic=None if synthetic is None else list(synthetic.rates),
         draft_time=draft_time,
         verify_time=verify_time,
     )
@@ -150,14 +156,15 @@ def answer(
 def check_greedy(answers: dict[str, Answer], reference: Answer | None, question: Question, tokenizer, model) -> None:
     """At T=0, set each method's `greedy_check` against vanilla's answer (`reference`, this run's or an earlier
     part's): token for token, and at a mismatch whether it is numerical or a bug (core.losslessness.greedy_check).
-    `model()` gives the target that measures it, asked for only when some answer diverged."""
-    if reference is None or any(a.temperature != 0 for a in answers.values()):
+    `model()` gives the target that measures it, asked for only when some answer diverged. A cost-only answer
+    (`synthetic`) has tokens the target never chose: it is not checked."""
+    if reference is None or reference.synthetic or any(a.temperature != 0 for a in answers.values()):
         return
     from .core.losslessness import first_divergence, greedy_check  # torch: not needed to read answer files
 
     prompts = turn_prompts(tokenizer, question.turns, reference.turns, question.thinking)
     for name, ours in answers.items():
-        if name != "vanilla":
+        if name != "vanilla" and not ours.synthetic:
             assert ours.output_ids is not None and reference.output_ids is not None  # as `answer` and our files have
             diverged = first_divergence(ours.output_ids, reference.output_ids) is not None
             ours.greedy_check = greedy_check(
@@ -225,6 +232,7 @@ def from_record(record: dict, source: Path) -> Answer:
         output_ids=extra.get("output_ids"),
         seed=extra.get("seed"),
         lossless_rule=extra.get("lossless_rule", True),
+        synthetic=extra.get("synthetic"),
         greedy_check=extra.get("greedy_check"),
         busy_cpus=extra.get("busy_cpus"),
         position=extra.get("position"),

@@ -114,8 +114,8 @@ def test_slots_refilled_as_turns_end_give_each_turns_tokens_alone(target, device
     jobs = [Job(p, b, 0.0, request=(i, 0)) for i, (p, b) in enumerate(zip(prompts, budgets, strict=True))]
     ended: dict[int, object] = {}
     together, widths = BatchedLM(draft, 2, context=64), []
-    run = together.run
-    together.run = lambda rows, **options: widths.append(len(rows)) or run(rows, **options)
+    verify = together.verify
+    together.verify = lambda rows, **options: widths.append(len(rows)) or verify(rows, **options)
     wall = decode_batch(
         BatchedLM(target, 2, context=64),
         DraftModel(together if shared else [StaticCachedLM(draft) for _ in range(2)], 3),

@@ -38,9 +38,11 @@ def make_run(
     methods: tuple[str, ...] = ("vanilla", "sps", "pld"),
     steps: dict[str, list[int]] | None = None,
     checks: dict[str, list[dict]] | None = None,
+    synthetic: list[float] | None = None,
 ) -> Path:
     """A run folder: each question's wall time is a fixed per-question base (same in every run) times the
-    method's factor, times 1 + the method's slowdown, times lognormal noise drawn with this run's seed."""
+    method's factor, times 1 + the method's slowdown, times lognormal noise drawn with this run's seed. `synthetic`:
+    its answers are cost-only, their verdicts forced at those rates."""
     questions = [(q, GROUPS[q % 2]) for q in range(2 * per_group)]
     base = np.random.default_rng(1234).uniform(0.5, 2.0, size=len(questions))
     rng = np.random.default_rng(seed)
@@ -80,7 +82,8 @@ def make_run(
                 accept_lengths=accept,
                 turns=["text"],
                 seed=q,
-                greedy_check=check,
+                greedy_check=None if synthetic else check,
+                synthetic=synthetic,
             )
             lines.append(json.dumps(answer.to_record("tiny")) + "\n")
         out = path / "answers" / "quick" / f"{method}-temperature-0.jsonl"
@@ -205,6 +208,29 @@ def test_nothing_shared_is_an_error(baseline, tmp_path):
         f.write_text(f.read_text().replace('"task": "quick"', '"task": "other"'))
     with pytest.raises(SpecbenchError, match="nothing to compare"):
         compare(baseline, new)
+
+
+def error_line(capsys, argv: list[str]) -> str:
+    """The one line `main(argv)` ends with, exit status 2."""
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    return line
+
+
+def test_synthetic_runs_compare_only_with_the_same_profile(baseline, tmp_path, capsys):
+    """A cost-only run is refused beside a real one, either way round, and beside another profile; two of the same
+    profile compare (a cost-regression check on random weights)."""
+    cost = make_run(tmp_path / "cost", seed=2, synthetic=[0.8, 0.5])
+    same = make_run(tmp_path / "same", seed=3, synthetic=[0.8, 0.5], slowdown=all_slower(0.3))
+    other = make_run(tmp_path / "other", seed=4, synthetic=[0.6])
+    for old, new, says in [
+        (baseline, cost, "real acceptance and the new run with cost-only, synthetic acceptance 0.8,0.5"),
+        (cost, baseline, "cost-only, synthetic acceptance 0.8,0.5 and the new run with real acceptance"),
+        (cost, other, "synthetic acceptance 0.8,0.5 and the new run with cost-only, synthetic acceptance 0.6"),
+    ]:
+        assert says in error_line(capsys, ["compare", str(old), str(new)])
+    result = compare(cost, same)
+    assert not result.passed and row(result, "sps").throughput.value == pytest.approx(1 / 1.3, rel=0.05)
 
 
 def test_cli_exit_codes_table_and_json(baseline, tmp_path, capsys):

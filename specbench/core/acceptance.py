@@ -7,6 +7,7 @@ and returns the accepted root-to-node path plus the target's own next token (bon
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ import torch
 
 from ..errors import SpecbenchError
 from .sampling import probabilities, sample, uniform
+from .synthetic import Profile
 from .tree import Tree
 
 
@@ -36,6 +38,29 @@ def greedy(tree: Tree, best: list[int]) -> Accepted:
             return Accepted(rows, best[row], len(rows) + (1 if children[row] else 0))
         rows.append(match)
         row = match
+
+
+def forced(tree: Tree, best: list[int], profile: Profile, draw: random.Random) -> Accepted:
+    """A cost-only verdict (`run --acceptance synthetic:...`): down the tree, at each node its child with the deepest
+    subtree (the first such in the tree's order: a chain's next node), the drafted token at depth d is accepted with
+    probability `profile.rate(d)` given all before it were, stopping at the first rejection; the target's own token
+    is its pick (`best`, the argmax of each input row) after the last accepted node, so the sequence grows as a real
+    step's would. The deepest branch is taken so that a path can reach every depth the tree drafted (a first child
+    that ends early would cap the acceptance below the profile's). Only the verdict's length is the profile's: the
+    tokens are not the target's."""
+    children = tree.children()
+    height = [0] * (len(tree) + 1)  # per input row: the depth of its subtree below it
+    for row in range(len(tree), 0, -1):  # (parents precede children)
+        parent = tree.parents[row - 1] + 1
+        height[parent] = max(height[parent], height[row] + 1)
+    rows: list[int] = []
+    row = 0
+    while children[row]:
+        if draw.random() >= profile.rate(len(rows) + 1):
+            return Accepted(rows, best[row], len(rows) + 1)
+        row = max(children[row], key=height.__getitem__)
+        rows.append(row)
+    return Accepted(rows, best[row], len(rows))
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ waiting (the batch is refilled, so it stays full while work remains: the batch s
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from .cached_lm import CachedLM, Forward, margins
 from .proposer import Drafter, Feedback, Proposal, Proposer, Turn, drafter
 from .static_lm import BatchedLM, Row, StaticCachedLM
 from .step import Judged, inputs
+from .synthetic import Profile
 from .transfer import upload
 from .tree import EMPTY
 
@@ -196,13 +198,14 @@ def decode_batch(
     finished: Callable[[Job, Generation], None],
     *,
     stop_ids: set[int],
-    rule: acceptance.Rule = acceptance.EXACT,
+    rule: acceptance.Rule | Profile = acceptance.EXACT,
 ) -> float:
     """Answer turns in `target.batch` slots, the method's `drafts` drafting for them (its Drafter, or one-sequence
     proposers, one per slot, adapted: `proposer.drafter`), until `next_job` has none left; `finished` gets each
     turn's generation as it ends (so it may queue the conversation's next turn; the timings are filled in when the
     batch ends). Returns the batch's wall seconds (device synchronised). `rule` is the method's acceptance rule (its
-    preset's, through `methods.rule`).
+    preset's, through `methods.rule`), or a synthetic profile that forces every verdict at every temperature
+    (`forced`: cost-only).
 
     A step is batch operations: one forward for every slot's rows, at T = 0 every slot's verdict in one
     (`acceptance.greedy_batch`) and one read of the device (accepted lengths, kept rows and new tokens), one commit;
@@ -250,7 +253,8 @@ def decode_batch(
             for (slot, turn), p in zip(active, proposals, strict=True)
         ]
         greedy = all(turn.job.temperature == 0 for _, turn in active)
-        whole, judgement = target.verify(rows, layers=layers, greedy=greedy, judged=greedy)
+        forcing = isinstance(rule, Profile)  # (the forward's picks read once, no verdict judged with it)
+        whole, judgement = target.verify(rows, layers=layers, greedy=greedy or forcing, judged=greedy and not forcing)
         picked = None  # T=0: the target's argmax and margin at every slot's kept rows [B, b] (the greedy check's)
         if judgement is not None:  # every slot's verdict, computed with the forward: one read
             verdicts = read(judgement.summary, active, proposals)
@@ -259,7 +263,10 @@ def decode_batch(
                 picked = (picked[0].clone(), picked[1].clone())
                 features = None if features is None else features.clone()
         else:
-            verdicts = sampled(active, proposals, whole, rule)
+            if isinstance(rule, Profile):
+                verdicts = forced(active, proposals, whole, rule)
+            else:
+                verdicts = sampled(active, proposals, whole, rule)
             features = None
             if whole.features is not None:  # every slot's kept rows gathered at once
                 width = len(whole.logits[0])
@@ -294,14 +301,14 @@ def decode_batch(
                     Feedback(
                         acceptance.Accepted(verdict.kept[1:], verdict.new[-1], verdict.tested),
                         None if features is None else features[slot, : len(verdict.kept)],
-                        whole.logits[slot, n : len(rows[i].tokens)] if proposal.side else None,
+                        whole.logits[slot, n : rows[i].size] if proposal.side else None,
                         verdict.side_picks,
                     )
                 )
             drafting.update(lanes_host, [t.tokens for _, t in active], proposals, feedback)
-        step = StepMarks(d0, v0, v1, u0, mark(), len(active), max(len(row.tokens) for row in rows))
+        step = StepMarks(d0, v0, v1, u0, mark(), len(active), max(row.size for row in rows))
         for (_, turn), verdict, row, tokens in zip(active, verdicts, rows, appended, strict=True):
-            turn.shares.append(Share(step, tokens, verdict.tested, len(row.tokens)))
+            turn.shares.append(Share(step, tokens, verdict.tested, row.size))
         for slot in ending:
             ended = slots[slot]
             assert ended is not None
@@ -372,6 +379,27 @@ def sampled(active: list, proposals: list[Proposal], whole: Forward, rule: accep
     return verdicts
 
 
+def forced(active: list, proposals: list[Proposal], whole: Forward, profile: Profile) -> list[Verdict]:
+    """Cost-only verdicts (`acceptance.forced`) from the target's picks, read in one transfer for every slot (one a
+    slot, with its tree, where a tree is still on the device). Each slot draws from a generator keyed by its
+    question's seed, its turn and its step, so its verdicts depend on no batch-mate and on no drafter's sampling."""
+    assert whole.picks is not None
+    top1 = whole.picks[0]
+    host = None if any(p.tree.on_device for p in proposals) else top1.tolist()
+    verdicts = []
+    for (slot, turn), p in zip(active, proposals, strict=True):
+        tree, job = p.tree, turn.job
+        n = len(tree) + 1 + (0 if p.side is None else len(p.side.tokens))
+        best = host[slot][:n] if host is not None else tree.read_along(top1[slot, :n])
+        seed = 0 if job.generator is None else job.generator.initial_seed()
+        draw = random.Random(f"{seed}/{0 if job.request is None else job.request[1]}/{len(turn.shares)}")
+        accepted = acceptance.forced(tree, best, profile, draw)
+        new = [tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
+        side = best[len(tree) + 1 :] if p.side is not None else None
+        verdicts.append(Verdict([0, *accepted.rows], new, accepted.tested, side))
+    return verdicts
+
+
 def decode(
     target: CachedLM,
     proposer: Proposer | Drafter,
@@ -381,7 +409,7 @@ def decode(
     temperature: float,
     stop_ids: set[int],
     generator: torch.Generator | None = None,
-    rule: acceptance.Rule = acceptance.EXACT,
+    rule: acceptance.Rule | Profile = acceptance.EXACT,
     request: tuple[Hashable, int] | None = None,
     reuse_prefill: bool = False,
 ) -> Generation:

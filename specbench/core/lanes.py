@@ -8,6 +8,7 @@ import torch
 
 from .cached_lm import CachedLM, Forward
 from .static_lm import BUCKETS, BatchedLM, Row, StaticCachedLM
+from .transfer import upload
 
 
 class Lanes:
@@ -59,14 +60,25 @@ class Lanes:
         if self.batched is None:
             return [self.lane(r.slot).run(r.tokens, r.tree, last_only=last_only, greedy=greedy) for r in rows]
         out: dict[int, Forward] = {}
-        short = [row for row in rows if len(row.tokens) <= BUCKETS[-1]]
+        short = [row for row in rows if row.size <= BUCKETS[-1]]
         for row in rows:
-            if len(row.tokens) > BUCKETS[-1]:
+            if row.size > BUCKETS[-1]:
                 out[row.slot] = self.batched.run([row], last_only=last_only)[0]
         if short:
             outs = self.batched.run(short, greedy=greedy, last_only=last_only)
             out.update(zip([row.slot for row in short], outs, strict=True))
         return [out[row.slot] for row in rows]
+
+    @torch.inference_mode()
+    def picks(self, rows: list[Row]) -> torch.Tensor:
+        """Each row appended to its slot's cache (as `run`), and its last token's argmax [len(rows)] on the device:
+        batched, the forward's own picks gathered at once (no per-row copy of its output)."""
+        if self.batched is None or any(row.size > BUCKETS[-1] for row in rows):
+            return torch.cat([argmax(out) for out in self.run(rows, greedy=True, last_only=True)])
+        out, _ = self.batched.verify(rows, greedy=True)
+        assert out.picks is not None  # (a greedy forward's)
+        at = upload([r.slot for r in rows] + [r.size - 1 for r in rows], out.picks[0].device).view(2, len(rows))
+        return out.picks[0][at[0], at[1]]
 
 
 def argmax(out: Forward) -> torch.Tensor:

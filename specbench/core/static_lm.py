@@ -11,7 +11,7 @@ the tests check against the eager loop."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -85,6 +85,10 @@ class Row:
     tokens: list[int] | torch.Tensor
     tree: Tree | None = None
     side: SideBranch | None = None
+    size: int = field(init=False)  # len(tokens), taken once (a tensor's len costs microseconds, read many times)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", len(self.tokens))
 
     @property
     def chained(self) -> bool:
@@ -114,9 +118,9 @@ class BatchedLM:
 
     def _check(self, rows: list[Row]) -> None:
         for row in rows:
-            if self.lengths[row.slot] + len(row.tokens) > self.context_length:
+            if self.lengths[row.slot] + row.size > self.context_length:
                 raise SpecbenchError(
-                    f"{self.lengths[row.slot] + len(row.tokens)} tokens do not fit the static cache of "
+                    f"{self.lengths[row.slot] + row.size} tokens do not fit the static cache of "
                     f"{self.context_length} tokens (--graphs, --batch)"
                 )
 
@@ -131,14 +135,14 @@ class BatchedLM:
     ) -> list[Forward]:
         """`verify`, then each row's output, in order, copied (the next forward writes over a replay's): `last_only`:
         the last row's logits only. A row longer than any bucket (a prefill) runs alone."""
-        n = max(len(row.tokens) for row in rows)
+        n = max(row.size for row in rows)
         if n > BUCKETS[-1]:
             self._check(rows)
             if len(rows) > 1:
                 raise SpecbenchError(f"a forward of {n} rows runs one slot at a time (prefill_slot)")
             return [self._alone(rows[0], layers, last_only)]
         out, _ = self.verify(rows, layers=layers, greedy=greedy)
-        return [self._output(out, row.slot, len(row.tokens), last_only) for row in rows]
+        return [self._output(out, row.slot, row.size, last_only) for row in rows]
 
     @torch.inference_mode()
     def verify(
@@ -150,12 +154,12 @@ class BatchedLM:
         (`step.judge_batch`)."""
         self._check(rows)
         greedy |= judged
-        n = max(len(row.tokens) for row in rows)
+        n = max(row.size for row in rows)
         bucket = next(b for b in BUCKETS if b >= n)
         past = list(self.lengths)  # (a slot without work pads past its committed rows: its writes are never kept)
         count, nodes = [0] * self.batch, [0] * self.batch
         for row in rows:
-            count[row.slot] = len(row.tokens)
+            count[row.slot] = row.size
             nodes[row.slot] = 0 if row.tree is None else len(row.tree)
         end = max(p + bucket for p in past)
         span = min(-(-end // SPAN) * SPAN, self.capacity)  # keys attended: the live rows, rounded up
@@ -170,13 +174,13 @@ class BatchedLM:
         inputs.nodes.copy_(counts[2])
         listed = [row for row in rows if not isinstance(row.tokens, torch.Tensor)]
         if listed:  # every host row's ids in one copy
-            ids = [t for row in listed for t in [*row.tokens, *[0] * (bucket - len(row.tokens))]]
+            ids = [t for row in listed for t in [*row.tokens, *[0] * (bucket - row.size)]]
             at = upload([row.slot for row in listed], self.device)
             inputs.ids[at] = upload(ids, self.device).view(len(listed), bucket)
         on_device: dict[int, list[Row]] = {}  # rows whose ids are on the device, by length: one copy for each
         for row in rows:
             if isinstance(row.tokens, torch.Tensor):
-                on_device.setdefault(len(row.tokens), []).append(row)
+                on_device.setdefault(row.size, []).append(row)
             if not chained:
                 self._shape(inputs, row, bucket)
         for n, group in on_device.items():
@@ -200,12 +204,12 @@ class BatchedLM:
             with allocating(self.cache):
                 out = forward()
         for row in rows:  # the rows of this forward, until commit keeps some
-            self.lengths[row.slot] += len(row.tokens)
+            self.lengths[row.slot] += row.size
         return out
 
     def _shape(self, inputs: Inputs, row: Row, bucket: int) -> None:
         """A row's tree shape into `inputs` (a chain's where another step's tree may have left one)."""
-        m = len(row.tokens)
+        m = row.size
         if row.chained:
             if bucket not in self.chains:
                 self.chains[bucket] = Inputs.chain(1, bucket, self.device)
@@ -222,7 +226,7 @@ class BatchedLM:
     def _alone(self, row: Row, layers: tuple[int, ...] | None, last_only: bool) -> Forward:
         """A forward over one slot's rows only (a prefill longer than any bucket, or a slot refilled mid-batch):
         never captured."""
-        n, past = len(row.tokens), self.lengths[row.slot]
+        n, past = row.size, self.lengths[row.slot]
         span = min(-(-(past + n) // SPAN) * SPAN, self.capacity)
         inputs = Inputs.chain(1, n, self.device)
         inputs.ids[0] = as_ids(row.tokens, self.device)

@@ -49,8 +49,13 @@ class DraftModel(Drafter):
                 feeding = [
                     (i, d[-1] if turns[i].temperature == 0 else d[-1:]) for i, d in enumerate(drafted) if ks[i] > depth
                 ]
-            outs = self.draft.run([Row(slots[i], fed) for i, fed in feeding], greedy=greedy, last_only=True)
-            for (i, _), out in zip(feeding, outs, strict=True):
+            rows = [Row(slots[i], fed) for i, fed in feeding]
+            if greedy:  # every slot's argmax in one gather, each fed back as a view of it
+                picked = self.draft.picks(rows)
+                for j, (i, _) in enumerate(feeding):
+                    drafted[i].append(picked[j : j + 1])
+                continue
+            for (i, _), out in zip(feeding, self.draft.run(rows, last_only=True), strict=True):
                 if turns[i].temperature == 0:
                     drafted[i].append(argmax(out))
                     continue

@@ -72,6 +72,13 @@ SPEC_BENCH_NOTE = """\
   draft depths or greedy checks, so those columns are `—` or "not checked"."""
 
 
+COST_ONLY = """\
+**Cost-only**: {} forced every verdict inside the real verification at those per-position acceptance rates (`run
+--acceptance synthetic:...`, docs/metrics.md): the target and the drafter did all their work, but the tokens are
+not the model's and τ and α are the profile's, not the method's. Its speedups say what a method costs at that
+acceptance; its answers are marked "(cost-only)" and never checked for losslessness."""
+
+
 CONCURRENCY_NOTE = """\
 Each level answers the task's questions with that many conversations in flight (a conversation's turns one after
 another), each level in a fresh engine. tokens/s: all new tokens over the level's wall time; × vanilla: over
@@ -220,6 +227,8 @@ def build_report(sources: list[Path], out_dir: Path, title: str | None = None, m
             "sources; compare τ across machines, speedups only within one.",
             "",
         ]
+    if cost_only := [s for s in loaded if s.synthetic - {None}]:
+        md += [COST_ONLY.format(", ".join(f"{s.name} ({s.acceptance})" for s in cost_only)), ""]
     if nodes := _nodes_md(loaded):
         md += ["## Which node answered what", "", *nodes, ""]
     if notes := _notes(cells):

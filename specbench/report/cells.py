@@ -47,8 +47,14 @@ class MethodStats:
         return not self.turns.lossless_rule.all()
 
     @property
+    def synthetic(self) -> bool:
+        """Cost-only: its verdicts were forced at synthetic acceptance rates (`core.synthetic`)."""
+        return bool(self.turns.synthetic.notna().any())
+
+    @property
     def display(self) -> str:
-        return f"{self.method} (lossy)" if self.lossy else self.method
+        marks = [m for m, on in (("lossy", self.lossy), ("cost-only", self.synthetic)) if on]
+        return f"{self.method} ({', '.join(marks)})" if marks else self.method
 
     @cached_property
     def tau(self) -> float:

@@ -225,6 +225,11 @@ def compare(baseline: Path, new: Path, limits: Limits = Limits(), allow_differen
             f"the baseline ran in {base_src.engine} and the new run in {new_src.engine}: compare runs "
             "of one engine (`specbench report` sets the two side by side)"
         )
+    if base_src.synthetic != new_src.synthetic:  # cost-only speeds pair only with the same forced acceptance
+        raise SpecbenchError(
+            f"the baseline ran with {base_src.acceptance} and the new run with {new_src.acceptance}: compare runs "
+            "of the same acceptance (a cost-only run with one of the same synthetic profile)"
+        )
     differ = machine_differences(base_src, new_src)
     if differ and not allow_different_machines:
         raise SpecbenchError(

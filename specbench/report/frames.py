@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..core.synthetic import Profile
 from ..errors import SpecbenchError
 from ..results import Answer
 from .sources import Source, load_sources
@@ -32,6 +33,7 @@ ANSWER_FIELDS = [
     "category",
     "group",
     "lossless_rule",
+    "synthetic",
     "seed",
     "greedy_match",
     "greedy_near_tie",
@@ -66,6 +68,7 @@ def _answer_row(source: Source, answer: Answer) -> dict:
         "category": answer.category,
         "group": answer.group,
         "lossless_rule": answer.lossless_rule,
+        "synthetic": None if answer.synthetic is None else Profile(tuple(answer.synthetic)).label,
         "seed": answer.seed,
         "greedy_match": check.get("match"),
         "greedy_near_tie": check.get("near_tie"),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..core.synthetic import Profile
 from ..engines import concurrency
 from ..errors import SpecbenchError
 from ..results import Answer, read_answers, read_file
@@ -59,8 +60,23 @@ class Source:
         return path.as_posix()
 
     @property
+    def synthetic(self) -> set[str | None]:
+        """The synthetic profiles (`Profile.label`) that forced its answers' verdicts, None for real acceptance."""
+        return {None if a.synthetic is None else Profile(tuple(a.synthetic)).label for a in self.answers}
+
+    @property
+    def acceptance(self) -> str:
+        """How its verdicts were reached: "real acceptance", or "cost-only, synthetic acceptance 0.8,0.6"."""
+        kinds = sorted(
+            "real acceptance" if x is None else f"cost-only, synthetic acceptance {x}" for x in self.synthetic
+        )
+        return " and ".join(kinds) or "real acceptance"
+
+    @property
     def label(self) -> str:
-        where = ", ".join(x for x in (self.device, None if self.engine == "specbench" else self.engine) if x)
+        engine = None if self.engine == "specbench" else self.engine
+        cost_only = self.acceptance if self.synthetic - {None} else None
+        where = ", ".join(x for x in (self.device, engine, cost_only) if x)
         return f"{self.name} ({where})" if where else self.name
 
 

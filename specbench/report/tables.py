@@ -120,11 +120,12 @@ def detail_md(cell: Cell) -> str:
 
 
 def lossless_md(cells: list[Cell]) -> str:
-    rows = []
+    rows, cost_only = [], False
     for cell in cells:
         if cell.temperature != 0:
             continue
-        for s in cell.ranked():
+        cost_only |= any(s.synthetic for s in cell.ranked())
+        for s in [s for s in cell.ranked() if not s.synthetic]:  # cost-only tokens are not the target's
             check = metrics.losslessness(s.turns)
             where = [cell.source.label, cell.model, cell.task, s.display]
             if check.questions == 0:
@@ -133,7 +134,8 @@ def lossless_md(cells: list[Cell]) -> str:
                 bugs = f"**{check.bugs}**" if check.bugs and not s.lossy else str(check.bugs)
                 rows.append([*where, str(check.questions), f"{check.exact_rate:.1%}", str(check.near_ties), bugs])
     if not rows:
-        return "No temperature-0 runs of a method other than vanilla."
+        real = " with real acceptance (cost-only answers are never checked)" if cost_only else ""
+        return f"No temperature-0 runs of a method other than vanilla{real}."
     return md_table(
         [
             "run",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .. import presets, tasks
 from ..config import RunConfig
+from ..core import synthetic
 from ..errors import SpecbenchError
 from ..heads.folder import HEAD_LAYOUTS, read_config
 from ..models import aliases, hub, placement
@@ -180,5 +181,9 @@ def _settings(cfg: RunConfig) -> None:
             f"--batch above 1 runs in our loop on one device, timed once: drop {flag} (engine mode batches with "
             "--concurrency)"
         )
+    if cfg.acceptance is not None:
+        synthetic.parse(cfg.acceptance)
+        if cfg.engine == "vllm":
+            raise SpecbenchError("--acceptance synthetic forces our loop's verdicts: drop --engine vllm")
     if cfg.graphs and cfg.engine == "vllm":
         raise SpecbenchError("--graphs captures our loop's own forwards: drop --engine vllm (one regime per run)")

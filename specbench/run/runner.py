@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from .. import methods, tasks
 from ..config import AA, BatchUnit, RunConfig, Unit
+from ..core import synthetic
 from ..core.static_lm import BUCKETS
 from ..engines import concurrency
 from ..errors import SpecbenchError
@@ -39,6 +40,7 @@ def default_out(cfg: RunConfig) -> Path:
     key = json.dumps(
         [cfg.model, sorted(cfg.tasks), cfg.limit, cfg.max_new_tokens, cfg.dtype, cfg.seed]
         + ([cfg.engine] if cfg.engine != "specbench" else [])
+        + ([cfg.acceptance] if cfg.acceptance else [])
     )
     shard = f"-shard{cfg.shard[0]}of{cfg.shard[1]}" if cfg.shard else ""
     return (
@@ -63,6 +65,7 @@ def _check_manifest(path: Path, manifest: dict) -> None:
         "repeats": 1,
         "shard": None,
         "engine": "specbench",
+        "acceptance": None,
     }  # key -> its value in manifests written before it
     differ = [k for k, default in keys.items() if old["config"].get(k, default) != manifest["config"].get(k)]
     if old["machine"]["device_name"] != manifest["machine"]["device_name"]:
@@ -171,6 +174,8 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
         manifest["engine"] = infos[0]["engine"]
     if plan.tuned:
         manifest["tuned"] = plan.tuned
+    if cfg.acceptance:  # cost-only: every verdict forced at these rates (core.synthetic)
+        manifest["synthetic"] = {"cost_only": True, "rates": list(synthetic.parse(cfg.acceptance).rates)}
     if has_thinking_switch(paths["target"]):  # task -> whether its prompts asked the template to think
         manifest["thinking"] = {task.name: task.thinking for task in task_list}
     if cfg.graphs:  # which forwards ran on static caches, captured or not, and which drafting stayed eager

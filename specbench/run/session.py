@@ -12,7 +12,7 @@ import torch
 
 from .. import methods, tasks
 from ..config import Plan, RunConfig
-from ..core import acceptance
+from ..core import acceptance, synthetic
 from ..core.cached_lm import CachedLM
 from ..core.decode import Generation, Job, OneSlot, decode_batch
 from ..core.proposer import Drafter, Proposer
@@ -72,6 +72,7 @@ class Session:
         self._batched: BatchedLM | None = None
         self.stop_ids = loading.stop_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.rules: dict[str, acceptance.Rule] = {}  # method -> its acceptance rule, read from its preset once
+        self.synthetic = synthetic.parse(cfg.acceptance) if cfg.acceptance else None  # forces every method's verdicts
         self.resources = methods.Resources(
             self.spec.name,
             self.model,
@@ -180,6 +181,6 @@ class Session:
             lambda: queue.popleft() if queue else None,
             finished,
             stop_ids=self.stop_ids,
-            rule=self.rules[method],
+            rule=self.synthetic or self.rules[method],
         )
         return answered, wall

@@ -192,6 +192,7 @@ class Worker:
             turns,
             draft_time=sum(g.prefill_draft_time + sum(s.draft_time for s in g.steps) for g in gens),
             verify_time=sum(sum(s.verify_time for s in g.steps) for g in gens),
+            synthetic=self.session.synthetic,
         )
 
     def answer(self, unit: Unit) -> list[Answer]:
