@@ -382,7 +382,8 @@ def sampled(active: list, proposals: list[Proposal], whole: Forward, rule: accep
 def forced(active: list, proposals: list[Proposal], whole: Forward, profile: Profile) -> list[Verdict]:
     """Cost-only verdicts (`acceptance.forced`) from the target's picks, read in one transfer for every slot (one a
     slot, with its tree, where a tree is still on the device). Each slot draws from a generator keyed by its
-    question's seed, its turn and its step, so its verdicts depend on no batch-mate and on no drafter's sampling."""
+    question's seed, its request (question and turn) and its step, so its verdicts depend on no batch-mate and on
+    no drafter's sampling."""
     assert whole.picks is not None
     top1 = whole.picks[0]
     host = None if any(p.tree.on_device for p in proposals) else top1.tolist()
@@ -391,8 +392,8 @@ def forced(active: list, proposals: list[Proposal], whole: Forward, profile: Pro
         tree, job = p.tree, turn.job
         n = len(tree) + 1 + (0 if p.side is None else len(p.side.tokens))
         best = host[slot][:n] if host is not None else tree.read_along(top1[slot, :n])
-        seed = 0 if job.generator is None else job.generator.initial_seed()
-        draw = random.Random(f"{seed}/{0 if job.request is None else job.request[1]}/{len(turn.shares)}")
+        seed = 0 if job.generator is None else job.generator.initial_seed()  # (None at T = 0: the request keys it)
+        draw = random.Random(f"{seed}/{job.request}/{len(turn.shares)}")
         accepted = acceptance.forced(tree, best, profile, draw)
         new = [tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
         side = best[len(tree) + 1 :] if p.side is not None else None
