@@ -48,6 +48,14 @@ class Lanes:
         else:
             self.lane(slot).crop(length)
 
+    def chains(self, k: int, tokens: list[list[int]], max_depths: list[int]) -> list[int]:
+        """How many tokens each slot's chain drafts: k, at most its depth budget, none where they would not fit the
+        model's context after its committed `tokens`."""
+        return [
+            n if (n := min(k, d)) > 0 and len(t) + n <= self.context_length else 0
+            for t, d in zip(tokens, max_depths, strict=True)
+        ]
+
     def follow(self, slot: int, tokens: list[int]) -> None:
         """After a verification: `slot`'s rows stay valid up to the last accepted token (the newest is the root)."""
         self.crop(slot, len(tokens) - 1)

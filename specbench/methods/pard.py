@@ -43,8 +43,7 @@ class Pard(Drafter):
     @torch.inference_mode()
     def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
         """One forward over every slot's new tokens and masks, each slot's chain then read from its own rows."""
-        ks = [min(self.k, d) for d in max_depths]
-        ks = [k if k > 0 and len(t) + k <= self.drafter.context_length else 0 for k, t in zip(ks, tokens, strict=True)]
+        ks = self.drafter.chains(self.k, tokens, max_depths)
         working = [i for i, k in enumerate(ks) if k]
         fed = [Row(slots[i], tokens[i][self.drafter.cached(slots[i]) :] + [self.mask] * (ks[i] - 1)) for i in working]
         found = [NO_PROPOSAL] * len(slots)

@@ -36,8 +36,7 @@ class DraftModel(Drafter):
         """One draft forward over every slot's new tokens, then one per depth: at T = 0 each slot's argmax is fed
         back on the device (the host never waits), at T > 0 each slot's draw from its own generator."""
         turns = [self.turns[s] for s in slots]
-        ks = [min(self.k, d) for d in max_depths]
-        ks = [k if k > 0 and len(t) + k <= self.draft.context_length else 0 for k, t in zip(ks, tokens, strict=True)]
+        ks = self.draft.chains(self.k, tokens, max_depths)
         feeding = [
             (i, t[self.draft.cached(s) :]) for i, (s, t, k) in enumerate(zip(slots, tokens, ks, strict=True)) if k
         ]
