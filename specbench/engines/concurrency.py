@@ -57,7 +57,7 @@ def rows(sweep: Sweep, conversations: list, wall: float) -> list[dict]:
     out = []
     for conv in conversations:
         for number, turn in enumerate(conv.turns):
-            lengths, _, _ = step_lengths(len(turn.tokens), turn.accepted, turn.drafted)
+            steps = turn.steps or len(step_lengths(len(turn.tokens), turn.accepted, turn.drafted)[0])
             out.append(
                 {
                     "task": sweep.task,
@@ -68,7 +68,7 @@ def rows(sweep: Sweep, conversations: list, wall: float) -> list[dict]:
                     "turn": number,
                     "prompt_tokens": turn.prompt_tokens,
                     "new_tokens": len(turn.tokens),
-                    "steps": len(lengths),
+                    "steps": steps,
                     "ttft": turn.first,
                     "latency": turn.end,
                     "level_wall": wall,

@@ -33,6 +33,7 @@ class Turn:
     end: float | None = None
     accepted: list[int] = field(default_factory=list)  # per speculative step: drafts accepted
     drafted: list[int] = field(default_factory=list)
+    steps: int | None = None  # target forwards, when only the totals are known (llama.cpp's concurrent requests)
 
 
 @dataclass

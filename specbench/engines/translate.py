@@ -1,5 +1,6 @@
-"""A method's preset as vLLM's speculative_config (its `vllm:` key): which methods engine mode can run, and the
-mapping with the method's params and checkpoint folders filled in."""
+"""A method's preset as an engine's settings: vLLM's speculative_config (its `vllm:` key) or llama-server's flags
+(its `llamacpp:` key). Which methods an engine can run, and the mapping with the method's params and checkpoint
+files filled in."""
 
 from __future__ import annotations
 
@@ -8,38 +9,70 @@ from pathlib import Path
 from .. import methods
 from ..errors import SpecbenchError
 
-
-def why_not(name: str) -> str | None:
-    """Why vLLM cannot run a method (its preset's `vllm:` says), or None when it can."""
-    mapping = methods.preset(name).vllm
-    if mapping is None:
-        return "its preset maps it to no vLLM speculative_config (no `vllm:` key)"
-    return mapping if isinstance(mapping, str) else None
+ENGINES = ("vllm", "llamacpp")  # engine -> the preset key of the same name
+MODEL_KEY = {"vllm": "model", "llamacpp": "spec-draft-model"}  # the setting naming a checkpoint the method needs
 
 
-def restrict(names: list[str], skipped: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """The methods vLLM can run, and the skipped ones with those it cannot added (each with its reason)."""
-    cannot = {name: f"not in engine mode: {why}" for name in names if (why := why_not(name))}
+def mapping(name: str, engine: str) -> dict | str | None:
+    assert engine in ENGINES
+    return getattr(methods.preset(name), engine)
+
+
+def why_not(name: str, engine: str = "vllm") -> str | None:
+    """Why an engine cannot run a method (its preset's key says), or None when it can."""
+    found = mapping(name, engine)
+    if found is None:
+        return f"its preset maps it to nothing in {engine} (no `{engine}:` key)"
+    return found if isinstance(found, str) else None
+
+
+def restrict(names: list[str], skipped: dict[str, str], engine: str = "vllm") -> tuple[list[str], dict[str, str]]:
+    """The methods the engine can run, and the skipped ones with those it cannot added (each with its reason)."""
+    cannot = {name: f"not in engine mode: {why}" for name in names if (why := why_not(name, engine))}
     return [n for n in names if n not in cannot], {**skipped, **cannot}
 
 
-def speculative_config(name: str, paths: dict[str, Path]) -> dict | None:
-    """vLLM's speculative_config for a method: its preset's `vllm:` mapping, `$param` replaced by the method's
-    params (a variant's included) and `model: NEED` ("draft", "eagle head", ...) by that checkpoint's folder (the
-    named head a variant asks for: `eagle3[head=redhat]`). None: plain decoding."""
-    spec = methods.preset(name)
-    assert isinstance(spec.vllm, dict)  # `restrict` keeps only the methods with a mapping
+def filled(name: str, engine: str, paths: dict[str, Path]) -> dict:
+    """The method's mapping for the engine, `$param` replaced by the method's params (a variant's included) and the
+    checkpoint setting's NEED ("draft", "eagle3 head", ...) by that checkpoint's path in `paths` (the named head a
+    variant asks for: `eagle3[head=redhat]`)."""
+    spec, found = methods.preset(name), mapping(name, engine)
+    assert isinstance(found, dict)  # `restrict` keeps only the methods with a mapping
     keys = {f"{n.family} head": f"{n.key} head" for n in methods.needs(name) if n.kind == "head"}
     out = {}
-    for key, value in spec.vllm.items():
+    for key, value in found.items():
         if isinstance(value, str) and value.startswith("$"):
             if value[1:] not in spec.params:
-                raise SpecbenchError(f"method preset '{name}': vllm.{key} is {value}, not one of its params")
+                raise SpecbenchError(f"method preset '{name}': {engine}.{key} is {value}, not one of its params")
             value = spec.params[value[1:]]
-        elif key == "model":
+        elif key == MODEL_KEY[engine]:
             value = keys.get(value, value)
             if value not in paths:
-                raise SpecbenchError(f"method preset '{name}': vllm.model is '{value}', which it does not need")
+                raise SpecbenchError(f"method preset '{name}': {engine}.{key} is '{value}', which it does not need")
             value = str(paths[value])
         out[key] = value
-    return out or None
+    return out
+
+
+def speculative_config(name: str, paths: dict[str, Path]) -> dict | None:
+    """vLLM's speculative_config for a method (None: plain decoding)."""
+    return filled(name, "vllm", paths) or None
+
+
+def needed(name: str, engine: str) -> str | None:
+    """The need ("draft", "eagle3 head", ...) whose checkpoint the engine loads for the method, if any."""
+    found = mapping(name, engine)
+    if not isinstance(found, dict) or MODEL_KEY[engine] not in found:
+        return None
+    keys = {f"{n.family} head": f"{n.key} head" for n in methods.needs(name) if n.kind == "head"}
+    return keys.get(found[MODEL_KEY[engine]], found[MODEL_KEY[engine]])
+
+
+def server_flags(name: str, files: dict[str, Path]) -> list[str]:
+    """llama-server's command-line flags for a method (`files`: each needed checkpoint as GGUF)."""
+    flags = []
+    for key, value in filled(name, "llamacpp", files).items():
+        flags += [f"--{key}"] + (
+            [] if value is True else [str(value).lower() if isinstance(value, bool) else str(value)]
+        )
+    return flags

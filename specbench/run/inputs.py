@@ -162,28 +162,32 @@ def _settings(cfg: RunConfig) -> None:
         raise SpecbenchError(f"--threads must be at least 1, got {cfg.threads}")
     if cfg.ray_address and not cfg.workers:
         raise SpecbenchError("--ray-address needs --workers N: how many workers to run on that cluster")
-    if cfg.engine not in ("specbench", "vllm"):
-        raise SpecbenchError(f"unknown --engine '{cfg.engine}': use specbench (our loop, the default) or vllm")
-    if (cfg.concurrency or cfg.one_engine_at_a_time) and cfg.engine != "vllm":
-        flag = "--concurrency" if cfg.concurrency else "--one-engine-at-a-time"
-        raise SpecbenchError(f"{flag} applies to engine mode: add --engine vllm")
+    engine = f"--engine {cfg.engine}"
+    if cfg.engine not in ("specbench", "vllm", "llamacpp"):
+        raise SpecbenchError(
+            f"unknown --engine '{cfg.engine}': use specbench (our loop, the default), vllm or llamacpp"
+        )
+    if cfg.concurrency and cfg.engine == "specbench":
+        raise SpecbenchError("--concurrency applies to engine mode: add --engine vllm or --engine llamacpp")
+    if cfg.one_engine_at_a_time and cfg.engine != "vllm":
+        raise SpecbenchError("--one-engine-at-a-time applies to vLLM's engine mode: add --engine vllm")
     if cfg.concurrency and cfg.shard:
         raise SpecbenchError("--concurrency needs all of a task's questions in one run: drop --shard")
     if cfg.concurrency and min(cfg.concurrency) < 1:
         raise SpecbenchError(f"--concurrency levels must be at least 1, got {min(cfg.concurrency)}")
-    if cfg.engine == "vllm" and (cfg.workers or cfg.repeats > 1):
-        raise SpecbenchError(f"--{'workers' if cfg.workers else 'repeats'} applies to our loop, not to --engine vllm")
+    if cfg.engine != "specbench" and (cfg.workers or cfg.repeats > 1):
+        raise SpecbenchError(f"--{'workers' if cfg.workers else 'repeats'} applies to our loop, not to {engine}")
     if min(cfg.batch, default=0) < 1:
         raise SpecbenchError(f"--batch sizes must be at least 1, got {','.join(map(str, cfg.batch)) or 'none'}")
-    if max(cfg.batch) > 1 and (cfg.engine == "vllm" or cfg.workers or cfg.repeats > 1):
-        flag = "--engine vllm" if cfg.engine == "vllm" else "--workers" if cfg.workers else "--repeats"
+    if max(cfg.batch) > 1 and (cfg.engine != "specbench" or cfg.workers or cfg.repeats > 1):
+        flag = engine if cfg.engine != "specbench" else "--workers" if cfg.workers else "--repeats"
         raise SpecbenchError(
             f"--batch above 1 runs in our loop on one device, timed once: drop {flag} (engine mode batches with "
             "--concurrency)"
         )
     if cfg.acceptance is not None:
         synthetic.parse(cfg.acceptance)
-        if cfg.engine == "vllm":
-            raise SpecbenchError("--acceptance synthetic forces our loop's verdicts: drop --engine vllm")
-    if cfg.graphs and cfg.engine == "vllm":
-        raise SpecbenchError("--graphs captures our loop's own forwards: drop --engine vllm (one regime per run)")
+        if cfg.engine != "specbench":
+            raise SpecbenchError(f"--acceptance synthetic forces our loop's verdicts: drop {engine}")
+    if cfg.graphs and cfg.engine != "specbench":
+        raise SpecbenchError(f"--graphs captures our loop's own forwards: drop {engine} (one regime per run)")

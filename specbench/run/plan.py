@@ -142,12 +142,12 @@ def make(cfg: RunConfig) -> Plan:
     spec = aliases.resolve(cfg.model, cfg.revision)
     locked = lock.read(cfg.lock, spec.name) if cfg.lock else None
     requested, engine_skipped = cfg.methods, dict[str, str]()
-    if cfg.engine == "vllm":  # first: a method vLLM cannot run is skipped, whatever it needs
-        named, engine_skipped = restrict([r for r in requested if r not in ("all", "default")], {})
+    if cfg.engine != "specbench":  # first: a method the engine cannot run is skipped, whatever it needs
+        named, engine_skipped = restrict([r for r in requested if r not in ("all", "default")], {}, cfg.engine)
         requested = [r for r in requested if r in ("all", "default") or r in named]
     names, skipped = choose_methods(requested, spec, cfg.draft, cfg.heads)
-    if cfg.engine == "vllm":  # those `all` chose: before the checkpoints are listed, so none of theirs is fetched
-        names, skipped = restrict(names, {**engine_skipped, **skipped})
+    if cfg.engine != "specbench":  # those `all` chose: before the checkpoints are listed, so none is fetched
+        names, skipped = restrict(names, {**engine_skipped, **skipped}, cfg.engine)
     task_plans = [_task(t, cfg) for t in cfg.tasks]
     checkpoints = {}
     for role, (source, layout) in sources(names, spec, cfg.draft, cfg.heads).items():

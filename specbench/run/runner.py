@@ -29,10 +29,11 @@ from .session import prepare
 from .worker import Worker
 
 if TYPE_CHECKING:
+    from ..engines.llamacpp import LlamaCppPool
     from ..engines.vllm import VllmPool
     from .scaleout import RayPool
 
-ENGINE_LOGS = "engine-logs"  # engine mode: each method's vLLM output, one file per method
+ENGINE_LOGS = "engine-logs"  # engine mode: each method's engine output (vLLM's, llama-server's), a file per method
 
 
 def default_out(cfg: RunConfig) -> Path:
@@ -138,7 +139,7 @@ def run(cfg: RunConfig) -> Path:
     questions = [q for task in task_list for _, q in _questions(task, cfg)]
     inputs.fit_prompts(cfg, plan.spec.name, paths["target"], questions)  # with the tokenizer, before the weights load
     run_dir = Path(cfg.out) if cfg.out else default_out(cfg)
-    pool: LocalPool | RayPool | VllmPool
+    pool: LocalPool | RayPool | VllmPool | LlamaCppPool
     if cfg.workers:
         from .scaleout import RayPool
 
@@ -147,6 +148,10 @@ def run(cfg: RunConfig) -> Path:
         from ..engines.vllm import VllmPool
 
         pool = VllmPool(cfg, plan, paths, run_dir / ENGINE_LOGS)
+    elif cfg.engine == "llamacpp":
+        from ..engines.llamacpp import LlamaCppPool
+
+        pool = LlamaCppPool(cfg, plan, paths, run_dir / ENGINE_LOGS)
     else:
         pool = LocalPool(cfg, plan, paths)
     try:

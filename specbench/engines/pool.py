@@ -1,0 +1,112 @@
+"""What engine mode's pools share (`run --engine vllm|llamacpp`): the target's tokenizer and stop ids, prompts
+checked against its context, each unit's methods answered back to back and checked against vanilla's answer in the
+same engine, and an engine's turns written as our answers. A pool names how its engine answers one question."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from .. import methods
+from ..config import Plan, RunConfig, Unit, base_method, question_seed
+from ..models import loading
+from ..models.chat import fitting_prompt
+from ..results import Answer, TurnSteps, answer, check_greedy
+from . import concurrency
+from .process import Turn
+from .steps import step_lengths
+
+Asked = tuple[list[Turn], list[str]]  # one question's turns as the engine ran them, and their texts
+
+
+class EnginePool:
+    """The runner's pool for an engine: answers by method, per unit, as the engine reports them."""
+
+    engine = ""  # the engine's name, in messages
+
+    def __init__(self, cfg: RunConfig, plan: Plan, paths: dict[str, Path], logs: Path | None = None) -> None:
+        """`logs`: the folder where each engine process writes its own output (None: the terminal)."""
+        from transformers import GenerationConfig
+
+        self.cfg, self.plan, self.paths, self.logs = cfg, plan, paths, logs
+        if logs is not None:
+            logs.mkdir(parents=True, exist_ok=True)
+            print(f"specbench: {self.engine}'s own output goes to {logs}/", file=sys.stderr)
+        self.device, self.dtype = loading.device_and_dtype(cfg.device, cfg.dtype)
+        self.tokenizer = loading.load_tokenizer(paths["target"], cfg.trust_remote_code)
+        try:
+            generation = GenerationConfig.from_pretrained(paths["target"])
+        except OSError:
+            generation = None
+        self.stop_ids = sorted(loading.stop_ids(self.tokenizer, generation))
+        self.sweeps: list[concurrency.Sweep] = []
+        self.vanilla: dict[tuple, Answer] = {}  # (task, temperature, question id) -> vanilla's answer in this run
+        self.margin_model = None  # the target in transformers, loaded only to measure a greedy mismatch's margin
+
+    def profile(self) -> dict[int, float]:
+        return {}  # the engine's forward is not ours to time: no roofline in engine mode
+
+    def check(self, units: list[Unit]) -> None:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(self.paths["target"], trust_remote_code=self.cfg.trust_remote_code)
+        context = config.get_text_config().max_position_embeddings
+        for unit in units:
+            question = unit.question
+            fitting_prompt(self.tokenizer, question.turns, [], context, question.id, question.thinking)
+
+    def set_sweeps(self, sweeps: list[concurrency.Sweep]) -> None:
+        self.sweeps = sweeps
+
+    def log(self, name: str) -> Path | None:
+        """Where the engine serving method `name` writes its output."""
+        return self.logs / (re.sub(r"[^\w.=,-]", "_", name) + ".log") if self.logs is not None else None
+
+    def unit(self, unit: Unit, names: list[str], ask: Callable[[str, int], Asked]) -> list[Answer]:
+        """A unit's answers by `names`, in that order, each from `ask(name, seed)` (its turns and texts); at T=0 each
+        checked against vanilla's in this engine."""
+        seed = question_seed(self.cfg.seed, unit.question.id, unit.temperature)
+        answers = {name: self._answer(name, unit, *ask(name, seed), seed) for name in names}
+        key = (unit.task, unit.temperature, unit.question.id)
+        if "vanilla" in answers:
+            self.vanilla[key] = answers["vanilla"]
+        check_greedy(answers, self.vanilla.get(key) or unit.vanilla, unit.question, self.tokenizer, self._margin_model)
+        return list(answers.values())
+
+    def _answer(self, name: str, unit: Unit, turns: list[Turn], texts: list[str], seed: int) -> Answer:
+        steps = []
+        for t in turns:
+            assert t.end is not None  # a finished request's
+            steps.append(TurnSteps(t.tokens, t.end, *step_lengths(len(t.tokens), t.accepted, t.drafted)))
+        return answer(
+            unit.question,
+            unit.task,
+            name,
+            unit.temperature,
+            self.plan.spec.name,
+            seed,
+            methods.preset(base_method(name)).lossless,
+            texts,
+            steps,
+        )
+
+    def _margin_model(self):
+        """The target in transformers on the CPU, in the run's dtype, to measure a greedy mismatch's margin (the
+        engine's logits are not ours to read); loaded at the first mismatch, once."""
+        if self.margin_model is None:
+            print(
+                f"\nspecbench: a greedy mismatch in {self.engine}: loading the target in transformers to measure its "
+                "margin",
+                file=sys.stderr,
+            )
+            self.margin_model = loading.load_causal_lm(
+                self.paths["target"], torch.device("cpu"), self.dtype, "target", self.cfg.trust_remote_code
+            )
+        return self.margin_model
+
+    def close(self) -> None:
+        pass  # each method's engine has ended by the time its answers are in
