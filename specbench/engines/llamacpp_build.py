@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -37,6 +38,9 @@ CONFIGURE = [
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF",
 ]
+# A native build uses every instruction the CPU reports, but a virtual machine may report AMX without letting a
+# process use it: the quantized kernels then die of SIGILL (seen on this project's 2-core VMs). AMX is left out.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 BUILD_COMMAND = "specbench engine build llamacpp"
 
 
@@ -124,6 +128,8 @@ def build(sdist: Path | None = None, jobs: int | None = None, cuda: bool = False
     out, log = home() / "build", home() / "build.log"
     jobs = jobs or max(1, min(os.cpu_count() or 1, 8))
     configure = ["cmake", "-S", str(src), "-B", str(out), *CONFIGURE, f"-DGGML_CUDA={'ON' if cuda else 'OFF'}"]
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        configure += [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
     make = ["cmake", "--build", str(out), "--target", "llama-server", "--config", "Release", "-j", str(jobs)]
     print(f"building llama-server ({jobs} jobs) in {out}; its output goes to {log}", file=sys.stderr)
     bar = Progress(100, "llama-server", "%")

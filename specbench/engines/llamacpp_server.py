@@ -18,7 +18,6 @@ from pathlib import Path
 
 from ..errors import SpecbenchError
 
-READY_TIMEOUT = float(os.environ.get("SPECBENCH_LLAMACPP_TIMEOUT", "300"))  # seconds for a server to load
 STEP = re.compile(r"accepted\s+(\d+)/\s*(\d+) draft tokens(?! \(restore)")  # server-context.cpp, LLAMA_TRACE=1
 
 
@@ -73,8 +72,9 @@ class Server:
             f"llama-server for {self.name} exited with code {self.process.poll()}: {last} (its log: {self.log})"
         )
 
-    def ready(self, timeout: float = READY_TIMEOUT) -> None:
+    def ready(self) -> None:
         """Wait until /health says the model is loaded; a server that exits or never answers is one line."""
+        timeout = float(os.environ.get("SPECBENCH_LLAMACPP_TIMEOUT", "300"))  # seconds for a server to load
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -1,5 +1,6 @@
 """The cross-check of engine mode: the same methods, model, heads, prompts and temperature measured by our loop and
-inside vLLM, side by side (τ, tokens verified per step, per-position acceptance, greedy agreement with vanilla)."""
+inside an engine (vLLM, llama.cpp), side by side (τ, tokens verified per step, per-position acceptance, greedy
+agreement with vanilla)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,18 @@ from .tables import md_table
 DEPTH = 4  # α_k columns
 
 NOTES = """\
-Each engine's numbers are its own: τ counts the target forwards that produced the answer (vLLM's prefill yields the
-first token and counts as a step of one), greedy agreement is with vanilla in the same engine, and no ratio is
+Each engine's numbers are its own: τ counts the target forwards that produced the answer (an engine's prefill yields
+the first token and counts as a step of one), greedy agreement is with vanilla in the same engine, and no ratio is
 taken across engines. Where τ differs, look first at how each drafts:
-- **tree vs chain**: EAGLE-1/2/3 and suffix decoding verify a tree in our loop and a single chain in vLLM, so our
-  τ is higher at the same head; α_k of a tree counts the accepted path, of a chain its only path.
-- **draft length**: the presets' `vllm:` key sets vLLM's `num_speculative_tokens` (the column "verified per step"
-  shows what each engine actually sent); a longer chain raises τ and lowers α at the deep positions.
+- **tree vs chain**: EAGLE-1/2/3 and suffix decoding verify a tree in our loop and a single chain in the engines, so
+  our τ is higher at the same head; α_k of a tree counts the accepted path, of a chain its only path.
+- **draft length**: the presets' `vllm:` and `llamacpp:` keys set the engine's draft length (the column "verified per
+  step" shows what each engine actually sent); a longer chain raises τ and lowers α at the deep positions.
+- **matching**: llama.cpp's `ngram-simple` (pld) matches one n-gram size, where ours tries 3, 2, then 1.
 - **checkpoint reading**: vLLM's EAGLE-1 drafter has no `fc` bias and ignores `fc.bias` in a checkpoint (the official
   Vicuna heads have one, as does the bundled head), so its EAGLE α_1 is lower than ours on the same head.
-- **stop handling**: both cut the answer at the first stop token and the budget; vLLM's per-step counts include
-  drafts accepted past them, which are cut before counting here.
+- **stop handling**: both cut the answer at the first stop token and the budget; the engines' counts include drafts
+  accepted past them, which are cut before counting here.
 - **T > 0**: both accept by rejection sampling, so a lossless method's α should agree within sampling noise when
   both draft alike; greedy agreement is checked at T=0 only."""
 

@@ -33,9 +33,13 @@ class Source:
 
     @property
     def engine(self) -> str:
-        """ "specbench" (our loop) or the engine it ran in, with its version ("vllm 0.32.0")."""
+        """ "specbench" (our loop) or the engine it ran in, with its version ("vllm 0.32.0"; "llamacpp 11434.0.0 Q4_1"
+        names the GGUF's quantization too)."""
         engine = (self.manifest or {}).get("engine")
-        return f"{engine['name']} {engine['version']}" if engine else "specbench"
+        if not engine:
+            return "specbench"
+        quantized = f" {engine['quantization']}" if engine.get("quantization") else ""  # llama.cpp's GGUF
+        return f"{engine['name']} {engine['version']}{quantized}"
 
     @property
     def regime(self) -> str:

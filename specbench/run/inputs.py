@@ -15,6 +15,7 @@ from pathlib import Path
 from .. import presets, tasks
 from ..config import RunConfig
 from ..core import synthetic
+from ..engines import llamacpp_build
 from ..errors import SpecbenchError
 from ..heads.folder import HEAD_LAYOUTS, read_config
 from ..models import aliases, hub, placement
@@ -31,6 +32,8 @@ def check(cfg: RunConfig) -> None:
     for name in cfg.tasks:
         tasks.check(name)
     tasks.data_dir(cfg.data_dir)
+    if cfg.engine == "llamacpp":
+        llamacpp_build.server()  # built, or one line saying how
     spec = aliases.resolve(cfg.model, cfg.revision)
     if cfg.lock:
         lock.read(cfg.lock, spec.name)
