@@ -22,7 +22,7 @@ class Strict(BaseModel):
 
 
 class MethodPreset(Strict):
-    implementation: str  # a name registered with registry.implementation
+    implementation: str | None  # a name registered with registry.implementation; null: an engine's method only
     description: str = ""
     color: str | None = Field(None, pattern=r"^#[0-9a-fA-F]{6}$")  # the report's, as #rrggbb (None: its family's)
     lossless: bool = True  # results are labelled from it; must agree with the acceptance rule
@@ -33,6 +33,18 @@ class MethodPreset(Strict):
     tune: dict[str, list[Any]] = {}  # param -> the values `specbench tune` tries (the default's value among them)
     vllm: dict[str, Any] | str | None = None  # `run --engine vllm`: its speculative_config, or why vLLM cannot run it
     llamacpp: dict[str, Any] | str | None = None  # `run --engine llamacpp`: llama-server's flags, or why it cannot
+
+    @model_validator(mode="after")
+    def _runs_somewhere(self) -> MethodPreset:
+        if self.implementation is None and not any(isinstance(x, dict) for x in (self.vllm, self.llamacpp)):
+            raise ValueError("implementation: null needs an engine that runs the method (a vllm: or llamacpp: mapping)")
+        return self
+
+    def engine_only(self) -> list[str]:
+        """The engines that run a method our loop has no implementation of (empty: our loop runs it)."""
+        if self.implementation is not None:
+            return []
+        return [engine for engine in ("vllm", "llamacpp") if isinstance(getattr(self, engine), dict)]
 
 
 class HubDataset(Strict):

@@ -188,3 +188,19 @@ def test_a_port_in_use_is_one_line(tmp_path, monkeypatch):
         with pytest.raises(SpecbenchError, match="is in use; run again"):
             server.ready()
         server.close()
+
+
+def test_llamacpp_own_methods_run_only_there(capsys, tmp_path, monkeypatch):
+    run = ["run", "--model", "tiny", "--out", str(tmp_path / "r"), "--dry-run"]
+    error = error_of(capsys, [*run, "--methods", "vanilla,llamacpp-ngram-mod"])
+    assert error == "specbench: error: llamacpp-ngram-mod runs only in an engine: add --engine llamacpp"
+    assert main([*run, "--methods", "all"]) == 0
+    assert "llamacpp-ngram" not in capsys.readouterr().out  # `all` in our loop: our loop's methods
+    monkeypatch.setenv("SPECBENCH_LLAMA_SERVER", str(_script(tmp_path / "llama-server", "exit 0\n")))
+    assert main([*run, "--methods", "all", "--engine", "llamacpp"]) == 0
+    plan = capsys.readouterr().out
+    assert "llamacpp-ngram-map-k4v" in plan and "llama.cpp has no Medusa heads" in plan
+    with pytest.raises(SpecbenchError, match="runs only in an engine, not in our loop: add --engine llamacpp"):
+        from specbench import methods
+
+        methods.build("llamacpp-ngram-mod", None)

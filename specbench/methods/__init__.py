@@ -44,10 +44,19 @@ def preset(name: str) -> presets.MethodPreset:
     """A method's YAML preset; for a variant `base[key=value,...]`, base's preset with those params changed
     (`presets.method`), naming a registered implementation."""
     spec = presets.method(name)
-    if spec.implementation not in registry.IMPLEMENTATIONS:
+    if spec.implementation is not None and spec.implementation not in registry.IMPLEMENTATIONS:
         base = variant(name)[0]
         raise SpecbenchError(f"method preset '{base}' names an unknown implementation {spec.implementation}")
     return spec
+
+
+def registered(name: str) -> registry.Implementation:
+    """The implementation our loop runs the method with; a method only an engine runs is one line."""
+    spec = preset(name)
+    if spec.implementation is None:
+        engines = " or ".join(f"--engine {e}" for e in spec.engine_only())
+        raise SpecbenchError(f"{name} runs only in an engine, not in our loop: add {engines}")
+    return registry.IMPLEMENTATIONS[spec.implementation]
 
 
 def needs(name: str) -> list[Need]:
@@ -59,6 +68,8 @@ def needs(name: str) -> list[Need]:
 def eager_drafting(name: str) -> bool:
     """Whether the method drafts with a head outside static caches and CUDA graphs under --graphs."""
     spec = preset(name)
+    if spec.implementation is None:
+        return False  # drafts in its engine
     graphed = registry.IMPLEMENTATIONS[spec.implementation].graphed
     if graphed is not None and graphed(spec.params):
         return False
@@ -72,7 +83,7 @@ def _built(name: str, res: Resources | None, overrides: dict | None, *slots: int
     heads = [n for n in needs(name) if n.kind == "head"]
     try:
         with res.choosing(heads) if heads and res is not None else contextlib.nullcontext():
-            return registry.IMPLEMENTATIONS[spec.implementation].build(params, res, *slots)
+            return registered(name).build(params, res, *slots)
     except (TypeError, ValueError) as err:
         raise SpecbenchError(f"bad parameters for method '{name}': {err}") from err
 
@@ -80,7 +91,7 @@ def _built(name: str, res: Resources | None, overrides: dict | None, *slots: int
 def build(name: str, res: Resources | None, overrides: dict | None = None) -> Proposer | Drafter:
     """What the method drafts one sequence with: its proposer, or a batched implementation's Drafter for a batch of
     one."""
-    if registry.IMPLEMENTATIONS[preset(name).implementation].batched:
+    if registered(name).batched:
         return _built(name, res, overrides, 1)
     return _built(name, res, overrides)
 
@@ -88,7 +99,7 @@ def build(name: str, res: Resources | None, overrides: dict | None = None) -> Pr
 def build_batch(name: str, res: Resources | None, batch: int = 1, overrides: dict | None = None) -> Drafter:
     """The method's drafting for a batch of `batch` slots (B = 1 a batch of one), its preset's params changed by
     `overrides`: a batched implementation's own Drafter, else one proposer per slot adapted (`PerSlot`)."""
-    if registry.IMPLEMENTATIONS[preset(name).implementation].batched:
+    if registered(name).batched:
         return _built(name, res, overrides, batch)
     return PerSlot([_built(name, res, overrides) for _ in range(batch)])
 

@@ -40,7 +40,7 @@ def method_colors(methods: set[str]) -> dict[str, str]:
     declared, family = {}, {}
     for name in presets.names("methods"):
         preset = presets.load("methods", name)
-        family[name] = preset.implementation
+        family[name] = preset.implementation or name
         if preset.color:
             declared[name] = preset.color
     out: dict[str, str] = {}

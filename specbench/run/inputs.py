@@ -27,8 +27,9 @@ def check(cfg: RunConfig) -> None:
     """Every option of `cfg` that can be judged without torch, the methods' modules or the network."""
     _settings(cfg)
     for name in cfg.methods:
-        if name not in ("all", "default"):
-            presets.method(name)
+        engines = presets.method(name).engine_only() if name not in ("all", "default") else []
+        if engines and cfg.engine not in engines:
+            raise SpecbenchError(f"{name} runs only in an engine: add {' or '.join(f'--engine {e}' for e in engines)}")
     for name in cfg.tasks:
         tasks.check(name)
     tasks.data_dir(cfg.data_dir)

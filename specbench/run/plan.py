@@ -148,6 +148,10 @@ def make(cfg: RunConfig) -> Plan:
     names, skipped = choose_methods(requested, spec, cfg.draft, cfg.heads)
     if cfg.engine != "specbench":  # those `all` chose: before the checkpoints are listed, so none is fetched
         names, skipped = restrict(names, {**engine_skipped, **skipped}, cfg.engine)
+    # `all` means the methods of this regime: another engine's own methods are left out, not listed as skipped
+    elsewhere = {n for n in methods.available() if (e := methods.preset(n).engine_only()) and cfg.engine not in e}
+    names = [n for n in names if n not in elsewhere]
+    skipped = {n: why for n, why in skipped.items() if n not in elsewhere}
     task_plans = [_task(t, cfg) for t in cfg.tasks]
     checkpoints = {}
     for role, (source, layout) in sources(names, spec, cfg.draft, cfg.heads).items():

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import methods, registry, tasks
+from .. import methods, tasks
 from ..config import question_seed
 from ..core.decode import Step, clock
 from ..core.proposer import Drafter, Feedback, Nested, Proposal, Turn
@@ -100,7 +100,7 @@ class Tuner:
         self.cfg, self.session, self.questions, self.budget = cfg, session, questions, budget
         self.spec = methods.preset(cfg.method)
         self.defaults = dict(self.spec.params)
-        self.nested = registry.IMPLEMENTATIONS[self.spec.implementation].nested
+        self.nested = methods.registered(cfg.method).nested
         self.started = time.perf_counter()
 
     def elapsed(self) -> float:

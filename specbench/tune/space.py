@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from .. import methods, presets, registry
+from .. import methods, presets
 from ..config import RunConfig
 from ..errors import SpecbenchError
 
@@ -43,7 +43,7 @@ def space(method: str, grid: dict[str, list]) -> tuple[list[dict], list[dict]]:
             presets.check_params(method, defaults, {key: value})
         if defaults[key] not in vals:
             values[key] = [*vals, defaults[key]]
-    nested = registry.IMPLEMENTATIONS[spec.implementation].nested
+    nested = methods.registered(method).nested
     nested_keys = [k for k in (nested.keys if nested else ()) if k in values]
     plain = [k for k in values if k not in nested_keys]
     runs = [dict(zip(plain, combo, strict=True)) for combo in itertools.product(*(values[k] for k in plain))]
