@@ -44,6 +44,7 @@ class LlamaCppPool(EnginePool):
         else:
             self.model = llamacpp_gguf.convert(paths["target"])
         self.files: dict[str, Path] = {}  # need -> its checkpoint as GGUF, converted when a method first asks
+        self.started: list[Server] = []  # every server this pool started: `close` stops any still running
         self.cuda = _built_with_cuda(self.binary)
         self.context = json.loads((paths["target"] / "config.json").read_text()).get("max_position_embeddings", 4096)
 
@@ -63,7 +64,8 @@ class LlamaCppPool(EnginePool):
         if self.cuda:
             flags += ["-ngl", "all"] + (["--spec-draft-ngl", "all"] if need else [])
         log = self.log(name) or Path(self.cfg.out or ".") / "llamacpp.log"
-        return Server(self.binary, self.model, flags, log, name, slots)
+        self.started.append(Server(self.binary, self.model, flags, log, name, slots))
+        return self.started[-1]
 
     def answers(self, units: list[Unit], bar) -> Iterator[tuple[int, list[Answer], list[dict]]]:
         """Every method's server running at once, each question's methods back to back in the unit's rotated
@@ -161,6 +163,11 @@ class LlamaCppPool(EnginePool):
             raise failures[0]
         convs = [_Done(q, *done[q.id]) for q in sweep.questions]
         return concurrency.rows(sweep, convs, wall)
+
+    def close(self) -> None:
+        """Stop every server still running (a run interrupted or failed between a start and its own stop)."""
+        for server in self.started:
+            server.close()
 
 
 class _Done:
