@@ -84,7 +84,7 @@ Each level answers the task's questions with that many conversations in flight (
 another), each level in a fresh engine. tokens/s: all new tokens over the level's wall time; × vanilla: over
 vanilla's tokens/s at the same level in the same engine; TTFT: from a request's submission to its first token;
 ms per token: after the first, per request; per-user tokens/s: Σ new tokens / Σ each request's latency, as the batch
-sweep's; τ as everywhere, from vLLM's per-step counts. The same figure as our batch sweep's, beside it and never
+sweep's; τ as everywhere, from the engine's own counts. The same figure as our batch sweep's, beside it and never
 paired with it: the engine's scheduler, batching and kernels are in these numbers."""
 
 

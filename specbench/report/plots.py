@@ -413,7 +413,7 @@ def all_plots(cells: list[Cell], out_dir: Path) -> list[tuple[str, list[Path]]]:
 
 def plot_concurrency(levels, colors: dict[str, str], out_dir: Path, stem: str, title: str) -> list[Path]:
     """An engine run's sweeps (`concurrency.levels` of one task and temperature), the batch sweep's figure from
-    vLLM's own counts: throughput over vanilla's against the conversations in flight; total against per-user
+    the engine's own counts: throughput over vanilla's against the conversations in flight; total against per-user
     throughput, each point labelled with its level; and τ against the level. One line per method."""
     fig = Figure(figsize=(14.0, 4.0))
     speed, pareto, tau = (fig.add_subplot(1, 3, i) for i in (1, 2, 3))
