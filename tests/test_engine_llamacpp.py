@@ -5,6 +5,7 @@ are skipped, except where SPECBENCH_REQUIRE_LLAMACPP is set (CI), where they fai
 
 import json
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -171,7 +172,9 @@ def test_a_concurrency_sweep_and_sampling_in_llamacpp(tmp_path):
     assert (rows.steps <= rows.new_tokens).all() and (rows.ttft <= rows.latency).all()
     levels = concurrency.levels(rows)
     assert levels[levels.method == "vanilla"].tau.eq(1.0).all()
-    assert "Concurrency" in (out / "report" / "report.md").read_text()
+    report = (out / "report" / "report.md").read_text()
+    assert "Concurrency" in report and "llamacpp" in report
+    assert re.search(r"llama-server: llama\.cpp \S+, cpu build, serving `target-[0-9a-f]{16}\.gguf` \(F32\)", report)
     sampled = pd.read_json(out / "answers" / "quick" / "pld-temperature-1.jsonl", lines=True)
     assert len(sampled) == 6
     assert not _servers_left()

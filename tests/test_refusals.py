@@ -163,6 +163,8 @@ def test_convert_force_replaces_what_the_folder_holds(tmp_path, capsys):
             ["zoo", "build", "--continue", "--draft-text", "{missing}", "--data-dir", "{tmp}", "--out", "{tmp}"],
             "--draft-text '{missing}'",
         ),
+        (["zoo", "build", "--continue", "--data-dir", "{tmp}", "--out", "{tmp}"], "{tmp} holds no trained tiny family"),
+        (["zoo", "card", "--measure", "--data-dir", "{tmp}", "--out", "{tmp}"], "{tmp} holds no trained tiny family"),
     ],
 )
 def test_a_training_path_that_is_not_there(tmp_path, args, names):

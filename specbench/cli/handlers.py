@@ -272,7 +272,7 @@ def regenerate(args) -> None:
 
 def zoo(args) -> None:
     from ..tasks import data_dir
-    from ..zoo import TINY_DIR
+    from ..zoo import TINY_DIR, check_family
     from ..zoo.text import check_draft_text
 
     out = args.out or TINY_DIR
@@ -286,7 +286,8 @@ def zoo(args) -> None:
         what = "zoo card --measure" if args.zoo_command == "card" else "zoo build"
         raise SpecbenchError(f"{what} needs the training text: pass --data-dir (e.g. ../shared/data)")
     if args.zoo_command == "card":
-        from ..zoo.build import measure_family  # imports torch: the data folder is there
+        check_family(out)
+        from ..zoo.build import measure_family  # imports torch: the data folder and the family are there
 
         print(measure_family(out, data, smoke=args.smoke, seed=args.seed))
         return
@@ -297,6 +298,8 @@ def zoo(args) -> None:
         raise SpecbenchError("--tune trains the target and --draft-only leaves it as it is: pass one of them")
     if args.draft_text:
         check_draft_text(args.draft_text)
+    if args.resume:
+        check_family(out)
     from ..zoo.build import build_family, continue_family  # imports torch: every input above is there
 
     if args.resume:

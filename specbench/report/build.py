@@ -109,10 +109,16 @@ def _sources_md(sources: list[Source], out_dir: Path) -> str:
     for s in sources:
         lines.append(f"- {source_line(s, out_dir)}")
         manifest = s.manifest or {}
+        engine = manifest.get("engine") or {}
+        if engine.get("name") == "llamacpp":  # what it served, as served
+            lines.append(
+                f"  - llama-server: llama.cpp {engine['version']}, {engine['build']} build, serving "
+                f"`{engine['model']}` ({engine['quantization']})"
+            )
         for role, ck in (manifest.get("checkpoints") or {}).items():
             if ck.get("revision"):
                 lines.append(f"  - {role}: `{ck['source']}` at revision `{ck['revision']}`")
-            if ck.get("gguf"):
+            if ck.get("gguf") and engine.get("name") != "llamacpp":
                 g, dtype = ck["gguf"], (manifest.get("config") or {}).get("dtype", "?")
                 lines.append(
                     f"  - {role}: GGUF `{g['file']}` ({g['file_type']}, sha256 `{g['sha256'][:16]}`), "

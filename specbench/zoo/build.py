@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM, PreTrainedToken
 
 from specbench.errors import SpecbenchError
 from specbench.progress import Progress
+from specbench.zoo import HISTORY
 from specbench.zoo.card import CardData, Model, Sample, write_card
 from specbench.zoo.corpus import Conversation, Corpus, build_corpus
 from specbench.zoo.evaluate import (
@@ -32,7 +33,7 @@ from specbench.zoo.regenerate import regenerate
 from specbench.zoo.save import save_model
 from specbench.zoo.text import check_draft_text, jsonl_texts
 from specbench.zoo.tokenizer import train_tokenizer
-from specbench.zoo.train import HISTORY, TrainLog, distill_draft, read_history, train_target, tune_target, write_history
+from specbench.zoo.train import TrainLog, distill_draft, read_history, train_target, tune_target, write_history
 from specbench.zoo.unlikelihood import answer_tags
 
 CACHE_LEN = 200

@@ -16,6 +16,7 @@ from transformers import LlamaForCausalLM
 
 from specbench.errors import SpecbenchError
 from specbench.progress import Progress
+from specbench.zoo import HISTORY
 from specbench.zoo.evaluate import heldout_loss
 from specbench.zoo.packing import batches
 from specbench.zoo.plan import FamilyPlan
@@ -35,9 +36,6 @@ class TrainLog:
     seconds: float = 0.0
     train: list[tuple[int, float]] = field(default_factory=list)  # (step, mean training loss since last log)
     heldout: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out next-token loss)
-
-
-HISTORY = "training_log.json"
 
 
 def read_history(family_dir: Path) -> list[TrainLog]:
