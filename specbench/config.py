@@ -131,7 +131,11 @@ class RunConfig:
         'install "specbench[ray]"',
     )
     ray_address: str | None = option(None, "with --workers: join this Ray cluster (default: start a local one)")
-    threads: int | None = option(None, "torch CPU threads per worker (default: torch's own; with --workers: cores / N)")
+    threads: int | None = option(
+        None,
+        "torch CPU threads per worker (default: torch's own; with --workers: cores / N); with --engine llamacpp, "
+        "each llama-server's threads",
+    )
     tuned: str | None = option(
         None,
         "run each method `specbench tune` tuned for this device, model and dtype beside its default (a tuned vs "

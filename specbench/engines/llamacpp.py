@@ -61,6 +61,8 @@ class LlamaCppPool(EnginePool):
             head = need.endswith(" head")  # a head is converted against its target's folder
             self.files[need] = llamacpp_gguf.convert(self.paths[need], self.paths["target"] if head else None)
         flags = ["-c", str(self.context * slots), "--seed", str(self.cfg.seed), *server_flags(name, self.files)]
+        if self.cfg.threads:  # --threads K: the server's generation and batch threads (default: its own choice)
+            flags += ["-t", str(self.cfg.threads), "-tb", str(self.cfg.threads)]
         if self.cuda:
             flags += ["-ngl", "all"] + (["--spec-draft-ngl", "all"] if need else [])
         log = self.log(name) or Path(self.cfg.out or ".") / "llamacpp.log"

@@ -15,7 +15,7 @@ def check_family(folder: Path) -> None:
     """A trained family's folder (its record and target), checked before the training stack loads."""
     if not (folder / HISTORY).is_file() or not (folder / "target" / "config.json").is_file():
         raise SpecbenchError(
-            f"{folder} holds no trained tiny family ({HISTORY} and target/): build one first with `specbench zoo build`"
+            f"{folder} holds no trained tiny family ({HISTORY} and target/): build it first with `specbench zoo build`"
         )
 
 
