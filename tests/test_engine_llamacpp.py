@@ -207,3 +207,15 @@ def test_llamacpp_own_methods_run_only_there(capsys, tmp_path, monkeypatch):
         from specbench import methods
 
         methods.build("llamacpp-ngram-mod", None)
+
+
+def test_a_build_without_its_tools_is_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(llamacpp_build.tasks, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(llamacpp_build.shutil, "which", lambda tool: None if tool == "cmake" else "/usr/bin/" + tool)
+    error = error_of(capsys, ["engine", "build", "llamacpp"])
+    assert error.endswith(
+        "building llama-server needs cmake, not found on PATH: pip install cmake, or your system's package"
+    )
+    assert "--jobs must be at least 1" in error_of(capsys, ["engine", "build", "llamacpp", "--jobs", "0"])
+    assert main(["engine", "where"]) == 0
+    assert "not built yet: run `specbench engine build llamacpp`" in capsys.readouterr().out
