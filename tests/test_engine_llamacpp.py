@@ -203,6 +203,8 @@ def test_llamacpp_own_methods_run_only_there(capsys, tmp_path, monkeypatch):
     assert main([*run, "--methods", "all", "--engine", "llamacpp"]) == 0
     plan = capsys.readouterr().out
     assert "llamacpp-ngram-map-k4v" in plan and "llama.cpp has no Medusa heads" in plan
+    assert "llama-server flags (the target converted to F32 GGUF once;" in plan
+    assert "--spec-type draft-eagle3 --spec-draft-model <eagle3 head as GGUF> --spec-draft-n-max 8" in plan
     with pytest.raises(SpecbenchError, match="runs only in an engine, not in our loop: add --engine llamacpp"):
         from specbench import methods
 

@@ -37,7 +37,7 @@ def run(args) -> None:
     if args.dry_run:
         from ..run import plan
 
-        print(plan.describe(plan.make(cfg)))
+        print(plan.describe(plan.make(cfg), cfg.engine))
         return
     from ..run.runner import run as run_matrix
 

@@ -12,7 +12,7 @@ import torch
 from .. import methods, tasks
 from ..config import Plan, RunConfig, TaskPlan
 from ..core.static_lm import BUCKETS, MAX_CACHE
-from ..engines.translate import restrict
+from ..engines.translate import needed, restrict, server_flags
 from ..errors import SpecbenchError
 from ..models import aliases, gguf, hub, loading
 from ..models.aliases import ModelSpec
@@ -180,8 +180,8 @@ def _status(ck: Checkpoint) -> str:
     return f"not cached: {hub.human_bytes(size)} to download" if size is not None else "not cached: size unknown"
 
 
-def describe(plan: Plan) -> str:
-    """The plan as `--dry-run` prints it."""
+def describe(plan: Plan, engine: str = "specbench") -> str:
+    """The plan as `--dry-run` prints it; with `--engine llamacpp`, each method's llama-server flags too."""
     lines = [f"plan for model {plan.spec.name} (dry run: nothing loaded, nothing downloaded)"]
     lines.append(f"methods: {', '.join(plan.methods)}")
     lines += [f"skipped: {name}: {why}" for name, why in plan.skipped.items()]
@@ -206,6 +206,13 @@ def describe(plan: Plan) -> str:
         lines.append(f"to download: {len(pending)} checkpoints whose size is known only once fetched")
     notes = sorted({ck.listing.note for ck in pending if ck.listing.note})
     lines += [f"hub: {note}; cache status only" for note in notes]
+    if engine == "llamacpp":
+        served = "as published" if plan.checkpoints["target"].source.gguf else "converted to F32 GGUF once"
+        lines.append(f"llama-server flags (the target {served}; drafts and heads converted to GGUF once):")
+        width = max(len(name) for name in plan.methods)
+        for name in plan.methods:
+            files = {need: Path(f"<{need} as GGUF>") for need in filter(None, [needed(name, engine)])}
+            lines.append(f"  {name:<{width}}  {' '.join(server_flags(name, files)) or '(no --spec-type)'}")
     return "\n".join(lines)
 
 
