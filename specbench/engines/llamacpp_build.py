@@ -106,7 +106,10 @@ def fetch(sdist: Path | None = None) -> Path:
             members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
             for member in members:
                 member.name = member.name.removeprefix(prefix)
-            archive.extractall(Path(tmp) / "src", members=members, filter="data")
+            if hasattr(tarfile, "data_filter"):  # (Pythons before 3.10.12 lack the filter)
+                archive.extractall(Path(tmp) / "src", members=members, filter="data")
+            else:
+                archive.extractall(Path(tmp) / "src", members=members)
         shutil.rmtree(source(), ignore_errors=True)
         (Path(tmp) / "src").rename(source())
     return source()
