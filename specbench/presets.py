@@ -21,6 +21,9 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+ENGINES = ("vllm", "llamacpp")  # engine mode's engines, each a method preset key of its name
+
+
 class MethodPreset(Strict):
     implementation: str | None  # a name registered with registry.implementation; null: an engine's method only
     description: str = ""
@@ -44,7 +47,11 @@ class MethodPreset(Strict):
         """The engines that run a method our loop has no implementation of (empty: our loop runs it)."""
         if self.implementation is not None:
             return []
-        return [engine for engine in ("vllm", "llamacpp") if isinstance(getattr(self, engine), dict)]
+        return [engine for engine in ENGINES if isinstance(getattr(self, engine), dict)]
+
+    def engine_flags(self) -> str:
+        """How to ask for the engines that run an engine-only method: "--engine vllm or --engine llamacpp"."""
+        return " or ".join(f"--engine {e}" for e in self.engine_only())
 
 
 class HubDataset(Strict):

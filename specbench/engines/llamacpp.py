@@ -11,11 +11,9 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from pathlib import Path
 
 from ..config import Plan, RunConfig, Unit, base_method, question_seed
-from ..errors import SpecbenchError
 from ..machine import machine
 from ..models import gguf
 from ..models.chat import messages, prompt_ids
@@ -24,7 +22,7 @@ from ..tasks import Question
 from . import concurrency, llamacpp_build, llamacpp_gguf
 from .llamacpp_server import Completion, Server
 from .pool import Asked, EnginePool
-from .process import Turn
+from .process import Conversation, Turn
 from .translate import needed, server_flags
 
 NAME = "llamacpp"
@@ -55,7 +53,7 @@ class LlamaCppPool(EnginePool):
         engine["quantization"] = held  # the served GGUF's (F32 for our conversions; as published otherwise)
         return [{"machine": machine(self.device), "device": device, "dtype": held.lower(), "engine": engine}]
 
-    def _server(self, name: str, slots: int = 1) -> Server:
+    def start(self, name: str, engines: int = 1, slots: int = 1) -> Server:
         """A server for a method (its needed checkpoint converted to GGUF first), not yet ready."""
         if (need := needed(name, NAME)) is not None and need not in self.files:
             head = need.endswith(" head")  # a head is converted against its target's folder
@@ -68,36 +66,6 @@ class LlamaCppPool(EnginePool):
         log = self.log(name) or Path(self.cfg.out or ".") / "llamacpp.log"
         self.started.append(Server(self.binary, self.model, flags, log, name, slots))
         return self.started[-1]
-
-    def answers(self, units: list[Unit], bar) -> Iterator[tuple[int, list[Answer], list[dict]]]:
-        """Every method's server running at once, each question's methods back to back in the unit's rotated
-        order; then each sweep level in a server of its own."""
-        needed_names = {base_method(m) for u in units for m in u.methods}
-        order = [m for m in self.plan.methods if m in needed_names]  # vanilla first
-        if order:
-            bar.set_description(f"starting llama-server for {', '.join(order)}")
-            servers: dict[str, Server] = {}
-            try:
-                for m in order:
-                    servers[m] = self._server(m)
-                for server in servers.values():
-                    server.ready()
-                for unit in units:
-                    names = [n for n in unit.methods if base_method(n) in servers]
-                    if names:
-                        bar.set_description(f"{unit.task} T={unit.temperature:g} question {unit.question.id}")
-                        yield 0, self._unit(unit, names, servers), []
-            finally:
-                for server in servers.values():
-                    server.close()
-        for sweep in self.sweeps:
-            bar.set_description(f"{sweep.method}: {sweep.task} T={sweep.temperature:g}, {sweep.level} in flight")
-            server = self._server(sweep.method, sweep.level)
-            try:
-                server.ready()
-                yield 0, [], self._sweep(server, sweep)
-            finally:
-                server.close()
 
     def _unit(self, unit: Unit, names: list[str], servers: dict[str, Server]) -> list[Answer]:
         def ask(name: str, seed: int) -> Asked:
@@ -129,13 +97,11 @@ class LlamaCppPool(EnginePool):
         end = done.seconds if server_clock else done.latency
         turn = Turn(len(ids), 0.0, tokens, first=end - generating, end=end)
         turn.accepted, turn.drafted = [a for a, _ in done.steps], [d for _, d in done.steps]
-        if server_clock and done.drafted and not done.steps:
-            raise SpecbenchError("llama-server's log gave no steps")  # _steps waits for them or fails first
         if not server_clock:  # forwards: one per token, less the accepted drafts (each step yields accepted + 1)
             turn.steps = max(1, len(tokens) - done.accepted)
         return turn
 
-    def _sweep(self, server: Server, sweep: concurrency.Sweep) -> list[dict]:
+    def swept(self, server: Server, sweep: concurrency.Sweep) -> list[dict]:
         """The sweep's questions with `sweep.level` conversations in flight (a thread each); its rows."""
         waiting = deque(sweep.questions)
         done: dict[int | str, Asked] = {}
@@ -163,20 +129,13 @@ class LlamaCppPool(EnginePool):
         wall = time.perf_counter() - start
         if failures:
             raise failures[0]
-        convs = [_Done(q, *done[q.id]) for q in sweep.questions]
+        convs = [Conversation(q, None, *done[q.id]) for q in sweep.questions]
         return concurrency.rows(sweep, convs, wall)
 
     def close(self) -> None:
         """Stop every server still running (a run interrupted or failed between a start and its own stop)."""
         for server in self.started:
             server.close()
-
-
-class _Done:
-    """A swept conversation as `concurrency.rows` reads it."""
-
-    def __init__(self, question: Question, turns: list[Turn], texts: list[str]) -> None:
-        self.question, self.turns, self.texts = question, turns, texts
 
 
 def _version(binary: Path) -> str:

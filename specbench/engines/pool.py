@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -61,6 +61,52 @@ class EnginePool:
 
     def set_sweeps(self, sweeps: list[concurrency.Sweep]) -> None:
         self.sweeps = sweeps
+
+    def start(self, name: str, engines: int = 1, slots: int = 1):
+        """Method `name`'s engine, started but not yet ready (`ready()`, `close()`): one of `engines` sharing the
+        device, serving `slots` conversations at once (a sweep level)."""
+        raise NotImplementedError
+
+    def groups(self, order: list[str]) -> list[list[str]]:
+        """The methods whose engines run together, group after group (default: all of them at once)."""
+        return [order] if order else []
+
+    def swept(self, engine, sweep: concurrency.Sweep) -> list[dict]:
+        """A sweep level's rows, answered by `engine` (started for it)."""
+        raise NotImplementedError
+
+    def _unit(self, unit: Unit, names: list[str], engines: dict) -> list[Answer]:
+        """A unit's answers by `names` from the running `engines` (method -> engine)."""
+        raise NotImplementedError
+
+    def answers(self, units: list[Unit], bar) -> Iterator[tuple[int, list[Answer], list[dict]]]:
+        """Each group's engines running at once, each question's methods back to back in the unit's rotated order,
+        as our loop times them; then each sweep level in an engine of its own."""
+        wanted = {base_method(m) for u in units for m in u.methods}
+        for group in self.groups([m for m in self.plan.methods if m in wanted]):  # vanilla first
+            bar.set_description(f"starting {self.engine} for {', '.join(group)}")
+            engines = {}
+            try:
+                for m in group:
+                    engines[m] = self.start(m, len(group))
+                for engine in engines.values():
+                    engine.ready()
+                for unit in units:
+                    names = [n for n in unit.methods if base_method(n) in engines]
+                    if names:
+                        bar.set_description(f"{unit.task} T={unit.temperature:g} question {unit.question.id}")
+                        yield 0, self._unit(unit, names, engines), []
+            finally:
+                for engine in engines.values():
+                    engine.close()
+        for sweep in self.sweeps:
+            bar.set_description(f"{sweep.method}: {sweep.task} T={sweep.temperature:g}, {sweep.level} in flight")
+            engine = self.start(sweep.method, slots=sweep.level)
+            try:
+                engine.ready()
+                yield 0, [], self.swept(engine, sweep)
+            finally:
+                engine.close()
 
     def log(self, name: str) -> Path | None:
         """Where the engine serving method `name` writes its output."""

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from .. import methods
 from ..errors import SpecbenchError
+from ..presets import ENGINES
 
-ENGINES = ("vllm", "llamacpp")  # engine -> the preset key of the same name
 MODEL_KEY = {"vllm": "model", "llamacpp": "spec-draft-model"}  # the setting naming a checkpoint the method needs
 
 
@@ -38,7 +38,6 @@ def filled(name: str, engine: str, paths: dict[str, Path]) -> dict:
     variant asks for: `eagle3[head=redhat]`)."""
     spec, found = methods.preset(name), mapping(name, engine)
     assert isinstance(found, dict)  # `restrict` keeps only the methods with a mapping
-    keys = {f"{n.family} head": f"{n.key} head" for n in methods.needs(name) if n.kind == "head"}
     out = {}
     for key, value in found.items():
         if isinstance(value, str) and value.startswith("$"):
@@ -46,7 +45,7 @@ def filled(name: str, engine: str, paths: dict[str, Path]) -> dict:
                 raise SpecbenchError(f"method preset '{name}': {engine}.{key} is {value}, not one of its params")
             value = spec.params[value[1:]]
         elif key == MODEL_KEY[engine]:
-            value = keys.get(value, value)
+            value = _need(name, value)
             if value not in paths:
                 raise SpecbenchError(f"method preset '{name}': {engine}.{key} is '{value}', which it does not need")
             value = str(paths[value])
@@ -64,15 +63,18 @@ def needed(name: str, engine: str) -> str | None:
     found = mapping(name, engine)
     if not isinstance(found, dict) or MODEL_KEY[engine] not in found:
         return None
+    return _need(name, found[MODEL_KEY[engine]])
+
+
+def _need(name: str, value: str) -> str:
+    """A mapping's checkpoint NEED as `paths` keys it: a head family's own, or the named head a variant asks for."""
     keys = {f"{n.family} head": f"{n.key} head" for n in methods.needs(name) if n.kind == "head"}
-    return keys.get(found[MODEL_KEY[engine]], found[MODEL_KEY[engine]])
+    return keys.get(value, value)
 
 
 def server_flags(name: str, files: dict[str, Path]) -> list[str]:
     """llama-server's command-line flags for a method (`files`: each needed checkpoint as GGUF)."""
     flags = []
     for key, value in filled(name, "llamacpp", files).items():
-        flags += [f"--{key}"] + (
-            [] if value is True else [str(value).lower() if isinstance(value, bool) else str(value)]
-        )
+        flags += [f"--{key}"] + ([] if value is True else [str(value)])  # true: a switch without a value
     return flags

@@ -5,7 +5,6 @@ engine."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 from ..config import Plan, RunConfig, Unit, base_method
@@ -55,34 +54,15 @@ class VllmPool(EnginePool):
             str(log) if log is not None else None,
         )
 
-    def answers(self, units: list[Unit], bar) -> Iterator[tuple[int, list[Answer], list[dict]]]:
-        """Every method's engine running at once, each question's methods back to back in the unit's rotated
-        order, as our loop times them (with --one-engine-at-a-time, method after method instead: for models too
-        large for an engine each); then each sweep level in an engine of its own."""
-        needed = {base_method(m) for u in units for m in u.methods}
-        order = [m for m in self.plan.methods if m in needed]  # vanilla first
-        for group in [[m] for m in order] if self.cfg.one_engine_at_a_time else [order] if order else []:
-            bar.set_description(f"starting vLLM for {', '.join(group)}")
-            engines = {m: EngineProcess(m, self._config(m, len(group))) for m in group}
-            try:
-                for engine in engines.values():
-                    engine.ready()
-                for unit in units:
-                    names = [n for n in unit.methods if base_method(n) in engines]
-                    if names:
-                        bar.set_description(f"{unit.task} T={unit.temperature:g} question {unit.question.id}")
-                        yield 0, self._unit(unit, names, engines), []
-            finally:
-                for engine in engines.values():
-                    engine.close()
-        for sweep in self.sweeps:
-            bar.set_description(f"{sweep.method}: {sweep.task} T={sweep.temperature:g}, {sweep.level} in flight")
-            engine = EngineProcess(sweep.method, self._config(sweep.method))
-            try:
-                engine.ready()
-                yield 0, [], engine.ask("sweep", sweep)[0]
-            finally:
-                engine.close()
+    def start(self, name: str, engines: int = 1, slots: int = 1) -> EngineProcess:
+        return EngineProcess(name, self._config(name, engines))  # (a sweep level's slots: vLLM schedules them)
+
+    def groups(self, order: list[str]) -> list[list[str]]:
+        """With --one-engine-at-a-time, method after method (for models too large for an engine each)."""
+        return [[m] for m in order] if self.cfg.one_engine_at_a_time else super().groups(order)
+
+    def swept(self, engine: EngineProcess, sweep) -> list[dict]:
+        return engine.ask("sweep", sweep)[0]
 
     def _unit(self, unit: Unit, names: list[str], engines: dict[str, EngineProcess]) -> list[Answer]:
         def ask(name: str, seed: int) -> tuple[list, list[str]]:

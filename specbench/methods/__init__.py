@@ -54,8 +54,7 @@ def registered(name: str) -> registry.Implementation:
     """The implementation our loop runs the method with; a method only an engine runs is one line."""
     spec = preset(name)
     if spec.implementation is None:
-        engines = " or ".join(f"--engine {e}" for e in spec.engine_only())
-        raise SpecbenchError(f"{name} runs only in an engine, not in our loop: add {engines}")
+        raise SpecbenchError(f"{name} runs only in an engine, not in our loop: add {spec.engine_flags()}")
     return registry.IMPLEMENTATIONS[spec.implementation]
 
 

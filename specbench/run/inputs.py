@@ -27,9 +27,9 @@ def check(cfg: RunConfig) -> None:
     """Every option of `cfg` that can be judged without torch, the methods' modules or the network."""
     _settings(cfg)
     for name in cfg.methods:
-        engines = presets.method(name).engine_only() if name not in ("all", "default") else []
-        if engines and cfg.engine not in engines:
-            raise SpecbenchError(f"{name} runs only in an engine: add {' or '.join(f'--engine {e}' for e in engines)}")
+        method = presets.method(name) if name not in ("all", "default") else None
+        if method and method.engine_only() and cfg.engine not in method.engine_only():
+            raise SpecbenchError(f"{name} runs only in an engine: add {method.engine_flags()}")
     for name in cfg.tasks:
         tasks.check(name)
     tasks.data_dir(cfg.data_dir)
