@@ -6,15 +6,16 @@ shares the weights (no second copy) and refuses what it cannot run with the reas
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from specbench.core.cached_lm import CachedLM
-from specbench.core.static_lm import StaticCachedLM
-from specbench.core.tree import Tree
+from specbench.core.cached_lm import CachedLM, top_two
+from specbench.core.static_lm import Inputs, StaticCachedLM
+from specbench.core.tree import Tree, additive
 from specbench.models.decoder import Decoder, unsupported
 from specbench.models.loading import load_causal_lm
 from specbench.zoo import TINY_DIR
@@ -211,3 +212,49 @@ def test_a_target_outside_the_family_runs_graphs_eagerly_and_says_so(tmp_path, c
     assert manifest["graphs"]["decoder"] == "its rope type 'dynamic' changes with the sequence's length"
     report = (out / "report" / "report.md").read_text()
     assert "under --graphs the target ran eagerly on transformers, as its rope type 'dynamic'" in report
+
+
+def _seen_by_hand(inputs, span: int) -> torch.Tensor:
+    """Which keys each row of a batched forward sees, element by element: a real row its slot's cached rows and
+    the new rows `local` marks (real ones only); a padding row column 0 alone."""
+    batch, b = inputs.ids.shape
+    seen = torch.zeros(batch, b, span, dtype=torch.bool)
+    for s in range(batch):
+        past, count = int(inputs.past[s]), int(inputs.count[s])
+        for i, k in itertools.product(range(b), range(span)):
+            if i >= count:
+                seen[s, i, k] = k == 0
+            else:
+                seen[s, i, k] = k < past or (past <= k < past + count and bool(inputs.local[s, i, k - past]))
+    return seen
+
+
+@pytest.mark.parametrize("chained", [True, False])
+def test_a_batched_forwards_mask_matches_one_built_by_hand(chained):
+    """Inputs.built's mask, for chains (one comparison) and trees (the new rows scattered over the cache's), on
+    random pasts, counts (padding rows, idle slots, an empty cache) and tree shapes."""
+    generator = torch.Generator().manual_seed(0)
+    span = 24
+    for trial in range(24):
+        batch, b = 1 + trial % 4, (1, 2, 4, 8)[trial % 4]
+        inputs = Inputs.chain(batch, b, torch.device("cpu"))
+        inputs.past.copy_(torch.randint(0, span - b + 1, (batch,), generator=generator))
+        inputs.count.copy_(torch.randint(0, b + 1, (batch,), generator=generator))
+        if not chained:  # each slot a random tree: a row sees its ancestors and itself
+            for s in range(batch):
+                parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, b)]
+                for i in range(b):
+                    inputs.local[s, i] = False
+                    j = i
+                    while j >= 0:
+                        inputs.local[s, i, j], j = True, parents[j]
+        mask, _, _ = inputs.built(span, torch.float32, chained)
+        assert torch.equal(mask, additive(_seen_by_hand(inputs, span), torch.float32)[:, None])
+
+
+def test_top_two_is_argmax_and_the_top_k_margin_ties_included():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, -1.0, 0.5, 1.5], [0.0, 0.0, 0.0, 0.0]])
+    top1, margin = top_two(logits)
+    assert top1.tolist() == logits.argmax(-1).tolist() == [1, 0, 0]
+    top = logits.topk(2, dim=-1).values
+    assert margin.tolist() == (top[:, 0] - top[:, 1]).tolist() == [0.0, 0.5, 0.0]

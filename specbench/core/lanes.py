@@ -83,7 +83,7 @@ class Lanes:
         batched, the forward's own picks gathered at once (no per-row copy of its output)."""
         if self.batched is None or any(row.size > BUCKETS[-1] for row in rows):
             return torch.cat([argmax(out) for out in self.run(rows, greedy=True, last_only=True)])
-        out, _ = self.batched.verify(rows, greedy=True)
+        out, _ = self.batched.verify(rows, greedy=True, top1_only=True)
         assert out.picks is not None  # (a greedy forward's)
         at = upload([r.slot for r in rows] + [r.size - 1 for r in rows], out.picks[0].device).view(2, len(rows))
         return out.picks[0][at[0], at[1]]

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecbenchError
-from .cached_lm import CachedLM, Forward, SideBranch, as_ids, margins
+from .cached_lm import CachedLM, Forward, SideBranch, as_ids, top_two
 from .capture import Replays, uncompiled
 from .static_cache import StaticRows
 from .step import Judged, judge_batch
 from .transfer import upload
-from .tree import Tree, additive, new_rows_allowed, position_ids
+from .tree import Tree, new_rows_allowed, position_ids
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows of a verification (root, tree, side branch), padded up to one
 SPAN = 256  # the keys a forward attends over come in multiples of this (only the live rows, not the whole cache)
@@ -61,19 +61,27 @@ class Inputs:
             rows.repeat(batch, 1),
         )
 
-    def built(self, span: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def built(self, span: int, dtype: torch.dtype, chained: bool = False) -> tuple[torch.Tensor, ...]:
         """The additive mask [B, 1, b, span], positions [B, b] and cache rows [B, b] of the forward: real rows see
         their slot's cache and the rows `local` marks; padding rows see one cached row (a row of -inf gives NaN), sit
-        at `past` and are never kept."""
+        at `past` and are never kept. `chained`: every slot's rows a chain (`local` lower-triangular), so a row sees
+        the keys up to its own. Built in float arithmetic (1 = blocked): a CPU's comparisons, masked fills and
+        bool conversions over [B, b, span] cost several times as much."""
         (batch, b), device = self.ids.shape, self.ids.device
         rows, cols = torch.arange(b, device=device), torch.arange(span, device=device)
-        rel = cols - self.past[:, None]  # [B, span]: each key's row within this forward (negative: cached before it)
+        rel = (cols - self.past[:, None]).float()  # [B, span]: each key's row in this forward (< 0: cached before)
         real = rows < self.count[:, None]  # [B, b]
-        inside = self.local.gather(2, rel.clamp(0, b - 1)[:, None].expand(batch, b, span))  # [B, b, span]
-        seen = (rel < 0)[:, None] | ((rel < self.count[:, None])[:, None] & inside)
-        seen = torch.where(real[..., None], seen, cols == 0)
+        # the last key each row sees by rule: a chain's row its own row, a tree's row the cache (its new rows are
+        # written below), a padding row column 0 (rel = -past there)
+        last = torch.where(real, rows if chained else -1, -self.past[:, None]).float()  # [B, b]
+        blocked = (rel[:, None, :] - last[..., None]).clamp_(0, 1)  # [B, b, span]
+        if not chained:  # each real row's new rows, `local`'s real ones, at their columns; a padding row's col 0
+            new = self.local & real[:, None, :] & real[..., None]
+            blocked.scatter_(2, (self.past[:, None, None] + rows).expand(batch, b, b), (~new).float())
+            blocked[..., 0].mul_(real)
+        mask = blocked.mul_(-torch.finfo(dtype).max).to(dtype)  # (the dtype's min, exact in float32)
         positions = self.past[:, None] + torch.where(real, self.offsets, 0)
-        return additive(seen, dtype)[:, None], positions, self.past[:, None] + rows
+        return mask[:, None], positions, self.past[:, None] + rows
 
 
 @dataclass(frozen=True)
@@ -146,14 +154,21 @@ class BatchedLM:
 
     @torch.inference_mode()
     def verify(
-        self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False, judged: bool = False
+        self,
+        rows: list[Row],
+        *,
+        layers: tuple[int, ...] | None = None,
+        greedy: bool = False,
+        judged: bool = False,
+        top1_only: bool = False,
     ) -> tuple[Forward, Judged | None]:
         """One forward over every slot, `rows` the ones with work (the others pad): every slot's output [B, b, ...],
         written over by the next forward of the same shape. `greedy`: every row's argmax and margin computed inside
-        the forward (`Forward.picks`); `judged` (greedy too): every slot's verdict on its tree as well
-        (`step.judge_batch`)."""
+        the forward (`Forward.picks`), the argmax alone with `top1_only` (a draft's: its margins are never read);
+        `judged` (greedy too): every slot's verdict on its tree as well (`step.judge_batch`)."""
         self._check(rows)
         greedy |= judged
+        top1_only &= not judged
         n = max(row.size for row in rows)
         bucket = next(b for b in BUCKETS if b >= n)
         past = list(self.lengths)  # (a slot without work pads past its committed rows: its writes are never kept)
@@ -164,7 +179,7 @@ class BatchedLM:
         end = max(p + bucket for p in past)
         span = min(-(-end // SPAN) * SPAN, self.capacity)  # keys attended: the live rows, rounded up
         chained = all(row.chained for row in rows)
-        key = (bucket, span, layers, chained, greedy, judged)
+        key = (bucket, span, layers, chained, greedy, judged, top1_only)
         inputs = self.inputs.get(key)
         if inputs is None:
             inputs = self.inputs[key] = Inputs.chain(self.batch, bucket, self.device)
@@ -188,11 +203,13 @@ class BatchedLM:
             inputs.ids[upload([row.slot for row in group], self.device), :n] = stacked
 
         def forward() -> tuple[Forward, Judged | None]:
-            final, features = self._decoded(inputs, span, layers)
+            final, features = self._decoded(inputs, span, layers, chained)
             logits = self.model.get_output_embeddings()(final)  # [B, b, V]
             if not greedy:
                 return Forward(logits, features), None
-            picks = (logits.argmax(dim=-1), margins(logits))
+            if top1_only:
+                return Forward(logits, features, (logits.max(dim=-1).indices, None)), None  # (argmax's, faster)
+            picks = top_two(logits)
             verdicts = None
             if judged:
                 verdicts = judge_batch(inputs.ids, inputs.local, inputs.offsets, inputs.nodes, picks, features)
@@ -235,17 +252,22 @@ class BatchedLM:
         if not row.chained:
             self._shape(inputs, Row(0, row.tokens, row.tree, row.side), n)
         with allocating(self.cache):
-            final, features = self._decoded(inputs, span, layers, row.slot)
+            final, features = self._decoded(inputs, span, layers, row.chained, row.slot)
             logits = self.model.get_output_embeddings()(final[:, -1:] if last_only else final)
         self.lengths[row.slot] += n
         return Forward(logits[0], None if features is None else features[0])
 
     def _decoded(
-        self, inputs: Inputs, span: int, layers: tuple[int, ...] | None, slot: int | None = None
+        self,
+        inputs: Inputs,
+        span: int,
+        layers: tuple[int, ...] | None,
+        chained: bool,
+        slot: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The decoder over `inputs` (every slot's, or `slot`'s alone), attending over `span` keys: final states
-        [B, b, H] and the features `layers` asks for."""
-        mask, positions, at = inputs.built(span, self.dtype)
+        """The decoder over `inputs` (every slot's, or `slot`'s alone; `chained`: only chains), attending over `span`
+        keys: final states [B, b, H] and the features `layers` asks for."""
+        mask, positions, at = inputs.built(span, self.dtype, chained)
         self.cache.write_rows(at, slot)
         self.cache.span = span
         try:
@@ -268,7 +290,10 @@ class BatchedLM:
         features [n, F], picks [n] each."""
         rows = slice(n - 1, n) if last_only else slice(0, n)  # `last_only` spares logits; features are every row's
         features = None if out.features is None else out.features[slot, :n].clone()
-        picks = None if out.picks is None else (out.picks[0][slot, :n], out.picks[1][slot, :n])
+        picks = None
+        if out.picks is not None:
+            top1, margin = out.picks
+            picks = (top1[slot, :n], None if margin is None else margin[slot, :n])
         return Forward(out.logits[slot, rows].clone(), features, picks)
 
     def rewind(self, slot: int, length: int) -> None:

@@ -99,7 +99,8 @@ def outcome(
     rows = upload(kept, out.logits.device)
     picks = side_picks = None
     if best is not None:
-        kept_margins = margins(out.logits[rows]) if out.picks is None else out.picks[1][rows]
+        margin = None if out.picks is None else out.picks[1]
+        kept_margins = margins(out.logits[rows]) if margin is None else margin[rows]
         picks = [best[r] for r in kept], kept_margins
         side_picks = best[len(proposal.tree) + 1 :]
     return Verified(accepted, new, out, kept, rows, picks, side_picks)

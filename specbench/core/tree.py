@@ -266,9 +266,10 @@ def new_rows_allowed(tree: Tree, side: torch.Tensor | None = None) -> torch.Tens
 
 
 def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool [..., keys] -> additive, on its device: 0 where allowed, the dtype's min elsewhere (two kernels, no host
-    values: a captured graph builds it)."""
-    return torch.full_like(allowed, torch.finfo(dtype).min, dtype=dtype).masked_fill_(allowed, 0.0)
+    """Bool [..., keys] -> additive, on its device: 0 where allowed, the dtype's min elsewhere, as (allowed - 1) x
+    the dtype's max (no host values: a captured graph builds it; arithmetic, where a CPU's masked fill over a
+    batch's mask took several times as long)."""
+    return allowed.to(dtype).sub_(1).mul_(torch.finfo(dtype).max)
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
