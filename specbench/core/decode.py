@@ -21,7 +21,7 @@ from .static_lm import BatchedLM, Row, StaticCachedLM
 from .step import Judged, inputs
 from .synthetic import Profile
 from .transfer import upload
-from .tree import EMPTY
+from .tree import EMPTY, DeviceTree
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ class OneSlot:
         model = self.model
         if isinstance(model, StaticCachedLM) and model.batched.batch == 1:
             return model.batched.verify([row], layers=layers, greedy=greedy, judged=judged)
-        out = model.run(row.tokens, row.tree, layers=layers, side=row.side, greedy=greedy or judged)
+        out = model.run(row.joined(), row.tree, layers=layers, side=row.side, greedy=greedy or judged)
         logits, features = out.logits[None], None if out.features is None else out.features[None]
         if not (greedy or judged):
             return Forward(logits, features), None
@@ -248,10 +248,7 @@ def decode_batch(
         proposals = [p.pruned(depth) for p, depth in zip(drafted, depths, strict=True)]
         v0 = mark()
         past = list(target.lengths)
-        rows = [
-            Row(slot, inputs(turn.tokens[-1], p), p.tree, p.side)
-            for (slot, turn), p in zip(active, proposals, strict=True)
-        ]
+        rows = [verification(slot, turn.tokens[-1], p) for (slot, turn), p in zip(active, proposals, strict=True)]
         greedy = all(turn.job.temperature == 0 for _, turn in active)
         forcing = isinstance(rule, Profile)  # (the forward's picks read once, no verdict judged with it)
         whole, judgement = target.verify(rows, layers=layers, greedy=greedy or forcing, judged=greedy and not forcing)
@@ -333,6 +330,15 @@ def decode_batch(
             gen.target_top1 = torch.cat([top1[i, :k] for (top1, _), i, k in turn.picked]).tolist()
             gen.target_margin = torch.cat([margin[i, :k] for (_, margin), i, k in turn.picked]).tolist()
     return wall
+
+
+def verification(slot: int, root: int, proposal: Proposal) -> Row:
+    """A slot's rows of the verification: [root] + tree (+ side branch); a tree drafted on the device keeps its ids
+    there, the root beside them (`Row.root`)."""
+    tree = proposal.tree
+    if isinstance(tree, DeviceTree) and tree.on_device and proposal.side is None:
+        return Row(slot, tree.ids, tree, root=root)
+    return Row(slot, inputs(root, proposal), tree, proposal.side)
 
 
 @dataclass(frozen=True, slots=True)

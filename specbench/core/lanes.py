@@ -66,7 +66,7 @@ class Lanes:
         that fit a bucket (a longer one, a catch-up after a prompt, runs alone); else slot after slot. `greedy`:
         a batched forward's picks are computed inside it (a slot's own cache leaves them to the caller)."""
         if self.batched is None:
-            return [self.lane(r.slot).run(r.tokens, r.tree, last_only=last_only, greedy=greedy) for r in rows]
+            return [self.lane(r.slot).run(r.joined(), r.tree, last_only=last_only, greedy=greedy) for r in rows]
         out: dict[int, Forward] = {}
         short = [row for row in rows if row.size <= BUCKETS[-1]]
         for row in rows:

@@ -21,7 +21,7 @@ from .capture import Replays, uncompiled
 from .static_cache import StaticRows
 from .step import Judged, judge_batch
 from .transfer import upload
-from .tree import Tree, new_rows_allowed, position_ids
+from .tree import DeviceTree, Tree, new_rows_allowed, position_ids
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows of a verification (root, tree, side branch), padded up to one
 SPAN = 256  # the keys a forward attends over come in multiples of this (only the live rows, not the whole cache)
@@ -93,10 +93,21 @@ class Row:
     tokens: list[int] | torch.Tensor
     tree: Tree | None = None
     side: SideBranch | None = None
-    size: int = field(init=False)  # len(tokens), taken once (a tensor's len costs microseconds, read many times)
+    root: int | None = None  # set: `tokens` are the rows after this root (a drafted tree's ids on the device), so
+    # a batch's roots are written with the host's other values, not joined to their ids one row at a time
+    size: int = field(init=False)  # its rows, taken once (a tensor's len costs microseconds, read many times)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", len(self.tokens))
+        n = self.tokens.shape[0] if isinstance(self.tokens, torch.Tensor) else len(self.tokens)
+        object.__setattr__(self, "size", n + (self.root is not None))
+
+    def joined(self) -> list[int] | torch.Tensor:
+        """All its rows' tokens, the root first (one sequence's forward reads them so)."""
+        if self.root is None:
+            return self.tokens
+        if isinstance(self.tokens, torch.Tensor):
+            return torch.cat([self.tokens.new_full((1,), self.root), self.tokens])
+        return [self.root, *self.tokens]
 
     @property
     def chained(self) -> bool:
@@ -188,19 +199,24 @@ class BatchedLM:
         inputs.count.copy_(counts[1])
         inputs.nodes.copy_(counts[2])
         listed = [row for row in rows if not isinstance(row.tokens, torch.Tensor)]
-        if listed:  # every host row's ids in one copy
-            ids = [t for row in listed for t in [*row.tokens, *[0] * (bucket - row.size)]]
-            at = upload([row.slot for row in listed], self.device)
-            inputs.ids[at] = upload(ids, self.device).view(len(listed), bucket)
-        on_device: dict[int, list[Row]] = {}  # rows whose ids are on the device, by length: one copy for each
-        for row in rows:
+        rooted = [row for row in rows if row.root is not None and isinstance(row.tokens, torch.Tensor)]
+        if listed or rooted:  # every host row's ids, and the roots of the rows on the device, in one copy
+            ids = [t for row in listed for t in [*row.joined(), *[0] * (bucket - row.size)]]
+            host = upload([r.slot for r in listed + rooted] + ids + [r.root for r in rooted], self.device)
+            at, ids_at, roots = host.split([len(listed) + len(rooted), len(ids), len(rooted)])
+            if listed:
+                inputs.ids[at[: len(listed)]] = ids_at.view(len(listed), bucket)
+            if rooted:
+                inputs.ids[at[len(listed) :], 0] = roots
+        on_device: dict[tuple[int, int], list[Row]] = {}  # rows whose ids are on the device, by where they start
+        for row in rows:  # and their length: one copy for each
             if isinstance(row.tokens, torch.Tensor):
-                on_device.setdefault(row.size, []).append(row)
-            if not chained:
-                self._shape(inputs, row, bucket)
-        for n, group in on_device.items():
+                on_device.setdefault((row.root is not None, row.size), []).append(row)
+        if not chained:
+            self._shapes(inputs, rows, bucket)
+        for (start, n), group in on_device.items():
             stacked = torch.stack([row.tokens for row in group]).to(self.device)  # type: ignore[misc]
-            inputs.ids[upload([row.slot for row in group], self.device), :n] = stacked
+            inputs.ids[upload([row.slot for row in group], self.device), start:n] = stacked
 
         def forward() -> tuple[Forward, Judged | None]:
             final, features = self._decoded(inputs, span, layers, chained)
@@ -224,6 +240,23 @@ class BatchedLM:
             self.lengths[row.slot] += row.size
         return out
 
+    def _shapes(self, inputs: Inputs, rows: list[Row], bucket: int) -> None:
+        """Every row's tree shape into `inputs`: the trees drafted on the device (their ancestors there, no side
+        branch) of one size written together, one copy of their masks and one of their depths; the rest row by
+        row (`_shape`)."""
+        drafted: dict[int, list[Row]] = {}  # by rows
+        for row in rows:
+            tree = row.tree
+            if isinstance(tree, DeviceTree) and tree.shape_on_device and row.side is None and not row.chained:
+                drafted.setdefault(row.size, []).append(row)
+            else:
+                self._shape(inputs, row, bucket)
+        for m, group in drafted.items():
+            at = upload([row.slot for row in group], self.device)
+            allowed = torch.stack([row.tree.ancestors for row in group])  # type: ignore[union-attr]  # [n, m, m]
+            inputs.local[at, :m, :m] = allowed.to(self.device)
+            inputs.offsets[at, :m] = allowed.sum(-1).to(self.device) - 1  # each row's depth: its ancestors
+
     def _shape(self, inputs: Inputs, row: Row, bucket: int) -> None:
         """A row's tree shape into `inputs` (a chain's where another step's tree may have left one)."""
         m = row.size
@@ -246,11 +279,11 @@ class BatchedLM:
         n, past = row.size, self.lengths[row.slot]
         span = min(-(-(past + n) // SPAN) * SPAN, self.capacity)
         inputs = Inputs.chain(1, n, self.device)
-        inputs.ids[0] = as_ids(row.tokens, self.device)
+        inputs.ids[0] = as_ids(row.joined(), self.device)
         inputs.past.fill_(past)
         inputs.count.fill_(n)
         if not row.chained:
-            self._shape(inputs, Row(0, row.tokens, row.tree, row.side), n)
+            self._shape(inputs, Row(0, row.tokens, row.tree, row.side, row.root), n)
         with allocating(self.cache):
             final, features = self._decoded(inputs, span, layers, row.chained, row.slot)
             logits = self.model.get_output_embeddings()(final[:, -1:] if last_only else final)

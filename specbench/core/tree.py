@@ -114,7 +114,7 @@ class DeviceTree(Tree):
             self.__dict__["ancestors"] = ancestors
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return self.ids.shape[0]
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Tree) and (self.tokens, self.parents) == (other.tokens, other.parents)
@@ -190,8 +190,9 @@ def reindexed(parents: list[int], keep: list[int]) -> list[int]:
 
 def chain(tokens: list[int] | torch.Tensor) -> Tree:
     """A chain of the tokens: a host list, or ids [n] on the device (a `DeviceTree` whose shape the host knows)."""
-    parents = list(range(-1, len(tokens) - 1))
-    return DeviceTree(tokens, parents, len(tokens)) if isinstance(tokens, torch.Tensor) else Tree(list(tokens), parents)
+    n = tokens.shape[0] if isinstance(tokens, torch.Tensor) else len(tokens)  # (a tensor's len costs more)
+    parents = list(range(-1, n - 1))
+    return DeviceTree(tokens, parents, n) if isinstance(tokens, torch.Tensor) else Tree(list(tokens), parents)
 
 
 def trie(sequences: list[list[int]]) -> Tree:

@@ -139,13 +139,10 @@ class StaticDrafting:
             draft, *tree = self.replays.run(
                 (span, depths), lambda: self.draft(inputs.features, inputs.ids, inputs.count, inputs.committed, depths)
             )
-        tokens, parents, ancestors = tree  # (copied below: the next replay writes over them)
+        draft = draft._map(torch.clone)  # (copied once for every slot: the next replay writes over them)
+        tokens, parents, ancestors = (t.clone() for t in tree)
         return [
-            (
-                draft.row(slot)._map(torch.clone),
-                DeviceTree(tokens[slot].clone(), parents[slot].clone(), depths, ancestors[slot].clone()),
-            )
-            for slot, *_ in members
+            (draft.row(slot), DeviceTree(tokens[slot], parents[slot], depths, ancestors[slot])) for slot, *_ in members
         ]
 
     def _span(self, end: int, depths: int) -> int:

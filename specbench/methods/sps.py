@@ -43,6 +43,7 @@ class DraftModel(Drafter):
         greedy = all(turn.temperature == 0 for turn in turns)
         drafted: list[list] = [[] for _ in slots]  # per slot: argmax ids [1] on the device, or drawn ids
         laws: list[list[torch.Tensor]] = [[] for _ in slots]  # per slot at T > 0: each draw's law [V]
+        depths: list[torch.Tensor] = []  # greedy: each depth's argmax of every drafting slot [m]
         for depth in range(max(ks, default=0)):
             if depth:
                 feeding = [
@@ -51,6 +52,7 @@ class DraftModel(Drafter):
             rows = [Row(slots[i], fed) for i, fed in feeding]
             if greedy:  # every slot's argmax in one gather, each fed back as a view of it
                 picked = self.draft.picks(rows)
+                depths.append(picked)
                 for j, (i, _) in enumerate(feeding):
                     drafted[i].append(picked[j : j + 1])
                 continue
@@ -61,6 +63,9 @@ class DraftModel(Drafter):
                 q = probabilities(out.logits[-1], turns[i].temperature)
                 laws[i].append(q)
                 drafted[i].append(sample(q, turns[i].generator))
+        if greedy and len({k for k in ks if k}) == 1:  # every drafting slot's chain a row of one [m, k] block
+            block = iter(torch.stack(depths, 1))
+            return [Proposal(chain(next(block))) if k else NO_PROPOSAL for k in ks]
         return [
             NO_PROPOSAL if not d else Proposal(chain(torch.cat(d))) if not q else Proposal(chain(d), torch.stack(q))
             for d, q in zip(drafted, laws, strict=True)
