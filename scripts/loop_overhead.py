@@ -7,9 +7,12 @@ width, run through `core.decode.decode_batch` on a `BatchedLM` of B slots (uncap
 Each B's methods run in interleaved rounds (the first discarded); a step (from one target forward's start to the
 next's) is the median over the steps every slot shared. Printed per method and B: ms a step; its seconds inside
 nn.Module calls (global forward hooks): the target model's, and the drafters' (draft model, heads, readouts); the
-host's, the rest (the loop's and the methods' Python, and their tensor ops outside a module, such as EAGLE's top-k);
-and the host's per added slot: (host(B) - host(1)) / (B - 1). Random weights accept almost nothing (τ ≈ 1): nothing
-here is a method's speedup. Never time while anything else runs (docs/cpu-notes.md)."""
+drafter's own, its propose and update calls outside those (its Python and its tensor ops outside a module, such as
+EAGLE's top-k over the head's logits); the loop's, the rest (building the verification's rows, the mask, picks and
+acceptance, commits, bookkeeping); and the loop's and the drafter's own per added slot: (x(B) - x(1)) / (B - 1).
+On a GPU the tensor ops of both run once for the batch (inside the captured graphs, under --graphs); here on the
+CPU their cost grows with B as the forwards' does. Random weights accept almost nothing (τ ≈ 1): nothing here is a
+method's speedup. Never time while anything else runs (docs/cpu-notes.md)."""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from random_checkpoints import write_random  # noqa: E402
 
 from specbench import methods  # noqa: E402
 from specbench.core.decode import Job, decode_batch  # noqa: E402
+from specbench.core.proposer import Drafter  # noqa: E402
 from specbench.core.static_lm import BUCKETS, BatchedLM  # noqa: E402
 from specbench.models import loading  # noqa: E402
 
@@ -77,37 +81,47 @@ class Clock:
             hook.remove()
 
 
-def step_seconds(target: BatchedLM, proposers: list, steps: int, seed: int, clock: Clock) -> list[float]:
-    """Medians, over the steps every slot shared, of a step's seconds, its target forward's model seconds and its
-    drafters' model seconds, for one batch of `target.batch` turns of `steps` tokens each (random prompts, nothing
-    stops them early). A step is the time from one target forward's start to the next's (drafting, verification,
-    acceptance, commits, updates)."""
+def step_seconds(target: BatchedLM, drafting: Drafter, steps: int, seed: int, clock: Clock) -> list[float]:
+    """Medians, over the steps every slot shared, of a step's seconds, its target forward's model seconds, its
+    drafters' model seconds and the drafter's own seconds outside them (its propose and update calls less their
+    models), for one batch of `target.batch` turns of `steps` tokens each (random prompts, nothing stops them
+    early). A step is the time from one target forward's start to the next's (drafting, verification, acceptance,
+    commits, updates)."""
     generator = torch.Generator().manual_seed(seed)
     vocab = target.model.config.vocab_size
     jobs = [
         Job(torch.randint(3, vocab, (PROMPT,), generator=generator).tolist(), steps, 0.0, request=(i, 0))
         for i in range(target.batch)
     ]
-    starts: list[tuple[float, float, float, int]] = []  # per target forward: (moment, module seconds, its own, rows)
-    name = "verify" if hasattr(target, "verify") else "run"  # (what the loop calls: the loop before verify ran `run`)
-    run = getattr(target, name)
+    starts: list[tuple[float, float, float, int, float]] = []  # per target forward: (moment, module seconds, its
+    # own, rows, the drafter's own seconds outside modules so far)
+    own = [0.0]  # the drafter's calls' seconds outside modules, so far
 
-    def timed(rows, **kwargs):
-        before = (time.perf_counter(), clock.inside)
-        try:
-            return run(rows, **kwargs)
-        finally:
-            starts.append((*before, clock.inside - before[1], len(rows)))
+    def timed(call, counted: bool):
+        def wrapper(*args, **kwargs):
+            before = (time.perf_counter(), clock.inside)
+            try:
+                return call(*args, **kwargs)
+            finally:
+                if counted:
+                    starts.append((*before, clock.inside - before[1], len(args[0]), own[0]))
+                else:
+                    own[0] += time.perf_counter() - before[0] - (clock.inside - before[1])
 
-    setattr(target, name, timed)
+        return wrapper
+
+    target.verify = timed(target.verify, True)  # type: ignore[method-assign]
+    drafting.propose = timed(drafting.propose, False)  # type: ignore[method-assign]
+    drafting.update = timed(drafting.update, False)  # type: ignore[method-assign]
     clock.on, clock.inside = True, 0.0
     try:
-        decode_batch(target, proposers, lambda: jobs.pop() if jobs else None, lambda job, gen: None, stop_ids=set())
+        decode_batch(target, drafting, lambda: jobs.pop() if jobs else None, lambda job, gen: None, stop_ids=set())
     finally:
-        delattr(target, name)
+        for holder, name in ((target, "verify"), (drafting, "propose"), (drafting, "update")):
+            delattr(holder, name)
         clock.on = False
     full = [
-        (b[0] - a[0], a[2], b[1] - a[1] - a[2])
+        (b[0] - a[0], a[2], b[1] - a[1] - a[2], b[4] - a[4])
         for a, b in zip(starts, starts[1:], strict=False)
         if a[3] == b[3] == target.batch
     ]
@@ -140,17 +154,23 @@ def main() -> int:
             for name in names:
                 rows[name, batch] = [statistics.median(t) for t in zip(*times[name], strict=True)]
     print(f"loop overhead: one layer, 64 wide, {args.steps} tokens a turn, median of {args.repeats} rounds")
-    print("| method | B | ms/step | target model ms | drafter models ms | host ms | host per added slot (µs) |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| method | B | ms/step | target model ms | drafter models ms | drafter's own ms | loop ms "
+        "| loop per added slot (µs) | drafter's own per added slot (µs) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in names:
-        step0, target0, drafter0 = rows[name, batches[0]]
-        base = step0 - target0 - drafter0
+        step0, target0, drafter0, own0 = rows[name, batches[0]]
+        loop0 = step0 - target0 - drafter0 - own0
         for batch in batches:
-            step, target, drafter = rows[name, batch]
-            host = step - target - drafter
-            added = f"{(host - base) / (batch - batches[0]) * 1e6:.1f}" if batch > batches[0] else "—"
-            cells = " | ".join(f"{x * 1e3:.2f}" for x in (step, target, drafter, host))
-            print(f"| {name} | {batch} | {cells} | {added} |")
+            step, target, drafter, own = rows[name, batch]
+            loop = step - target - drafter - own
+            added = [
+                f"{(x - x0) / (batch - batches[0]) * 1e6:.1f}" if batch > batches[0] else "—"
+                for x, x0 in ((loop, loop0), (own, own0))
+            ]
+            cells = " | ".join(f"{x * 1e3:.2f}" for x in (step, target, drafter, own, loop))
+            print(f"| {name} | {batch} | {cells} | {' | '.join(added)} |")
     return 0
 
 

@@ -19,8 +19,8 @@ def test_loop_overhead_prints_a_row_per_method_and_batch(monkeypatch, capsys):
     assert module.main() == 0
     out = capsys.readouterr().out.splitlines()
     rows = [line.split(" | ") for line in out if line.startswith("| ") and "µs" not in line]
-    cells = {(r[0].strip("| "), int(r[1])): [float(x) for x in r[2:6]] for r in rows if r[1].strip().isdigit()}
+    cells = {(r[0].strip("| "), int(r[1])): [float(x) for x in r[2:7]] for r in rows if r[1].strip().isdigit()}
     assert set(cells) == {(m, b) for m in ("vanilla", "sps", "eagle3") for b in (1, 2)}
-    for (method, _), (step, target, drafter, host) in cells.items():
-        assert step > 0 and target > 0 and abs(step - target - drafter - host) < 0.02
-        assert (drafter > 0) == (method != "vanilla")
+    for (method, _), (step, target, drafter, own, loop) in cells.items():
+        assert step > 0 and target > 0 and abs(step - target - drafter - own - loop) < 0.02
+        assert (drafter > 0) == (method != "vanilla") and own >= 0

@@ -111,7 +111,8 @@ class Eagle(Drafter):
         for slot, committed, fed in zip(slots, tokens, feedback, strict=True):
             assert fed.features is not None  # the target returns the feature_layers' states
             lane = self.lanes[slot]
-            lane.pending = torch.cat([lane.pending.to(fed.features), fed.features])
+            pending = lane.pending  # (usually none left: the last draft fed them)
+            lane.pending = torch.cat([pending.to(fed.features), fed.features]) if len(pending) else fed.features
             if lane.cache is not None:
                 self._extend(lane, committed)
 

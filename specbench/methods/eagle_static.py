@@ -68,19 +68,19 @@ class StaticDrafting:
         slot with nothing to draft from (no new pairs, no depth left, or features missing for some committed token,
         as in the eager cache). The slots drafting to one depth share one forward per level."""
         found: list[tuple[Draft, DeviceTree] | None] = [None] * len(slots)
-        together: dict[int, list[tuple[int, torch.Tensor, torch.Tensor, int]]] = {}  # by depth
+        together: dict[int, list[tuple[int, torch.Tensor, list[int], int]]] = {}  # by depth
         for i, (slot, committed, depth) in enumerate(zip(slots, tokens, depths, strict=True)):
             lane, past = self.eagle.lanes[slot], self.lengths[slot]
             n = min(len(lane.pending), len(committed) - 1 - past)
             if n <= 0:
                 continue
             features, lane.pending = lane.pending[:n], lane.pending[n:]
-            ids = upload(committed[past + 1 : past + 1 + n], self.eagle.device)
+            ids = committed[past + 1 : past + 1 + n]
             self.lengths[slot] = past + n
             if past + n != len(committed) - 1 or depth < 1:  # feed them; nothing to draft from
-                self._alone(slot, features, ids, past, 0)
+                self._alone(slot, features, upload(ids, self.eagle.device), past, 0)
             elif n > self.pad:  # more pairs than a captured step feeds (the prompt's): once, uncaptured
-                found[i] = self._alone(slot, features, ids, past, depth)
+                found[i] = self._alone(slot, features, upload(ids, self.eagle.device), past, depth)
             else:
                 together.setdefault(depth, []).append((i, features, ids, past))
         for depth, members in together.items():
@@ -108,10 +108,11 @@ class StaticDrafting:
         return draft.row(0), DeviceTree(tokens[0], parents[0], depths, ancestors[0])
 
     def _together(
-        self, members: list[tuple[int, torch.Tensor, torch.Tensor, int]], depths: int
+        self, members: list[tuple[int, torch.Tensor, list[int], int]], depths: int
     ) -> list[tuple[Draft, DeviceTree]]:
         """The drafts of `depths` levels of the slots `members` ((slot, features [n, F], ids [n], past) each), every
-        slot in one forward padded to the captured shapes (the others pad past their own committed pairs)."""
+        slot in one forward padded to the captured shapes (the others pad past their own committed pairs): every
+        member's pairs written in one copy of the features and one of the host's values."""
         eagle = self.eagle
         past = list(self.lengths)  # (the members' own are set below; the others' writes land past theirs)
         count = [1] * self.batch
@@ -120,17 +121,18 @@ class StaticDrafting:
         span = self._span(max(past) + self.pad, depths)
         inputs = self.inputs.get(span)
         if inputs is None:
-            width = members[0][1].shape[1]
+            features = members[0][1]
             inputs = self.inputs[span] = DraftInputs(
-                members[0][1].new_zeros(self.batch, self.pad, width),
-                members[0][2].new_zeros(self.batch, self.pad),
-                members[0][2].new_ones(self.batch),
-                members[0][2].new_zeros(self.batch),
+                features.new_zeros(self.batch, self.pad, features.shape[1]),
+                torch.zeros(self.batch, self.pad, dtype=torch.long, device=eagle.device),
+                torch.ones(self.batch, dtype=torch.long, device=eagle.device),
+                torch.zeros(self.batch, dtype=torch.long, device=eagle.device),
             )
-        for slot, features, ids, _ in members:
-            inputs.features[slot, : len(ids)] = features
-            inputs.ids[slot, : len(ids)] = ids
-        counts = upload(count + past, eagle.device)
+        at = [slot * self.pad + j for slot, _, ids, _ in members for j in range(len(ids))]  # flat [B * P] rows
+        host = upload(count + past + at + [t for *_, ids, _ in members for t in ids], eagle.device)
+        counts, rows, ids = host.split([2 * self.batch, len(at), len(at)])
+        inputs.features.view(-1, inputs.features.shape[-1])[rows] = torch.cat([m[1] for m in members])
+        inputs.ids.view(-1)[rows] = ids
         inputs.count.copy_(counts[: self.batch])
         inputs.committed.copy_(counts[self.batch :])  # (capture's warm-up runs write past the committed rows only)
         self.cache.span = span
