@@ -63,15 +63,18 @@ def target():
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
 def test_every_slot_sees_its_own_rows_only(target, device):
-    """Two slots of different lengths in one forward (a tree in one, a chain in the other, a third slot idle) give
-    the logits each gives alone; rows past a slot's length hold large garbage, planted, and reach nobody (NaN would
-    reach everybody: a masked key still multiplies); a commit in one slot moves nothing in the other."""
+    """Two slots of different lengths prefilled together (one padded to the other), then in one forward (a tree
+    in one, a chain in the other, a third slot idle) give the logits and features each gives alone; rows past a
+    slot's length hold large garbage, planted, and reach nobody (NaN would reach everybody: a masked key still
+    multiplies); a commit in one slot moves nothing in the other."""
     target = copy.deepcopy(target).to(device)
     batched, alone = BatchedLM(target, 3, context=64), [StaticCachedLM(target) for _ in range(2)]
     prompts = [[5, 9, 11, 3, 7, 21, 30, 2, 8], [40, 41]]
-    for slot, prompt in enumerate(prompts):
-        ours, theirs = batched.prefill_slot(slot, prompt), alone[slot].prefill(prompt)
+    prefilled = batched.prefill([0, 1], prompts, layers=(1, -1))
+    for ours, lm, prompt in zip(prefilled, alone, prompts, strict=True):
+        theirs = lm.prefill(prompt, (1, -1))
         torch.testing.assert_close(ours.logits, theirs.logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours.features, theirs.features, rtol=1e-5, atol=1e-5)
     assert not batched.cache.keys.requires_grad  # (a prefill outside inference mode chained every write's graph)
     with torch.inference_mode():  # every row no slot holds: garbage
         for stored in (batched.cache.keys, batched.cache.values):

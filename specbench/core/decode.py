@@ -110,8 +110,11 @@ class OneSlot:
     def lengths(self) -> list[int]:
         return [self.model.cached]
 
-    def prefill_slot(self, slot: int, prompt: list[int], layers: tuple[int, ...] | None = None) -> Forward | None:
-        return self.model.prefill(prompt, layers, reuse=self.reuse)
+    def prefill(
+        self, slots: list[int], prompts: list[list[int]], layers: tuple[int, ...] | None = None
+    ) -> list[Forward | None]:
+        (prompt,) = prompts
+        return [self.model.prefill(prompt, layers, reuse=self.reuse)]
 
     def verify(
         self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False, judged: bool = False
@@ -184,7 +187,7 @@ class _Turn:
     tokens: list[int]
     gen: Generation
     budget: int
-    marks: tuple[int, int, int]  # before the prefill, after it, after the proposer's start
+    marks: tuple[int, int, int]  # before the prefill (its slots' together), around its drafting's start
     shares: list[Share] = field(default_factory=list)
     picked: list[tuple[tuple[torch.Tensor, torch.Tensor], int, int]] = field(default_factory=list)  # T=0, per step:
     # (the target's argmax and margin at the step's kept rows [B, b], this slot, its new tokens), read at the end
@@ -219,25 +222,33 @@ def decode_batch(
     mark = Marks(device)
     mark()
 
-    def begin(slot: int, job: Job) -> _Turn:
-        if job.max_new_tokens <= 0:
-            raise SpecbenchError(f"max_new_tokens must be positive, got {job.max_new_tokens}")
-        if len(job.prompt) >= target.context_length:
-            raise SpecbenchError(
-                f"prompt of {len(job.prompt)} tokens does not fit the model's context of {target.context_length} tokens"
-            )
+    def begin(joining: list[tuple[int, Job]]) -> None:
+        """The joining slots' turns begun: their prompts prefilled together (`prefill`), then each slot's drafting
+        started. A turn's marks: before the prefill they shared, and around its own drafting's start."""
+        for _, job in joining:
+            if job.max_new_tokens <= 0:
+                raise SpecbenchError(f"max_new_tokens must be positive, got {job.max_new_tokens}")
+            if len(job.prompt) >= target.context_length:
+                raise SpecbenchError(
+                    f"prompt of {len(job.prompt)} tokens does not fit the model's context of "
+                    f"{target.context_length} tokens"
+                )
         m0 = mark()
-        prefill = target.prefill_slot(slot, job.prompt, layers)
-        m1 = mark()
-        features = prefill.features if prefill is not None else None
-        drafting.start(slot, Turn(job.prompt, job.temperature, job.generator, features, job.request))
-        budget = min(job.max_new_tokens, target.context_length - len(job.prompt))
-        return _Turn(job, list(job.prompt), Generation([]), budget, (m0, m1, mark()))
+        prefills = target.prefill([slot for slot, _ in joining], [job.prompt for _, job in joining], layers)
+        for (slot, job), prefill in zip(joining, prefills, strict=True):
+            m1 = mark()
+            features = prefill.features if prefill is not None else None
+            drafting.start(slot, Turn(job.prompt, job.temperature, job.generator, features, job.request))
+            budget = min(job.max_new_tokens, target.context_length - len(job.prompt))
+            slots[slot] = _Turn(job, list(job.prompt), Generation([]), budget, (m0, m1, mark()))
 
     while True:
-        for slot in range(target.batch):  # refill: a free slot takes the next turn waiting
+        joining = []  # refill: a free slot takes the next turn waiting
+        for slot in range(target.batch):
             if slots[slot] is None and (job := next_job()) is not None:
-                slots[slot] = begin(slot, job)
+                joining.append((slot, job))
+        if joining:
+            begin(joining)
         active = [(slot, turn) for slot, turn in enumerate(slots) if turn is not None]
         if not active:
             break

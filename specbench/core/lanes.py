@@ -37,7 +37,7 @@ class Lanes:
     def prefill(self, slot: int, prompt: list[int]) -> None:
         """Empty `slot` and fill it with all of `prompt` but its last token."""
         if self.batched is not None:
-            self.batched.prefill_slot(slot, prompt)
+            self.batched.prefill([slot], [prompt])
         else:
             self.lane(slot).prefill(prompt)
 

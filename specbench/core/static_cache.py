@@ -22,7 +22,8 @@ class StaticRows:
         self.batch = batch
         self.at: torch.Tensor | None = None  # [layers, b or 1, n]: `write_rows`, offset into the one tensor
         self.starts: torch.Tensor | None = None  # [layers, 1, 1]: each layer's first row in the one tensor
-        self.slot: int | None = None  # the one slot a forward runs over (None: all of them)
+        self.slot: int | torch.Tensor | None = None  # the slots a forward runs over: one, several [n] (a prefill's;
+        # their keys are read as a copy), None: all of them
         self.every: torch.Tensor | None = None  # [batch, 1]: all slots, the index a forward writes through
         self.span = capacity
         self.keys: torch.Tensor | None = None  # [batch, kv heads, layers * capacity, head dim]
@@ -43,19 +44,25 @@ class StaticRows:
         assert self.at is not None, "write_rows comes before a forward"
         assert self.every is not None
         start = layer * self.capacity
+        slots: slice | torch.Tensor = slice(None)  # the slots read: all, one (a view) or several (a copy)
+        lanes = self.every  # [b, 1]: the slots written
+        if isinstance(self.slot, int):
+            slots = slice(self.slot, self.slot + 1)
+            lanes = self.every[:1]  # (into the one slot's view)
+        elif self.slot is not None:
+            slots, lanes = self.slot, self.slot[:, None]
         for states, stored in ((keys, self.keys), (values, self.values)):
-            if self.slot is not None:
-                stored = stored[self.slot : self.slot + 1]  # (a view: the writes land in the whole)
+            if isinstance(self.slot, int):
+                stored = stored[slots]  # (a view: the writes land in the whole)
             if self.batch == 1:  # one sequence: the write session 37's measured loop made (see docs/gpu-notes.md)
                 stored.index_copy_(2, self.at[layer][0], states)
             else:  # [b, n, kv heads, d] into [slot, :, row]
-                stored[self.every[: len(stored)], :, self.at[layer]] = states.transpose(1, 2)
-        slots = slice(None) if self.slot is None else slice(self.slot, self.slot + 1)
+                stored[lanes, :, self.at[layer]] = states.transpose(1, 2)
         return self.keys[slots, :, start : start + self.span], self.values[slots, :, start : start + self.span]
 
-    def write_rows(self, rows: torch.Tensor, slot: int | None = None) -> None:
+    def write_rows(self, rows: torch.Tensor, slot: int | torch.Tensor | None = None) -> None:
         """The rows [n] (every slot's) or [b, n] (each slot's own) of each layer the next forward writes (offset into
-        the one tensor here, not once a layer), in every slot or in `slot` alone."""
+        the one tensor here, not once a layer), in every slot or in `slot` alone (one, or several [b])."""
         rows = rows if rows.dim() == 2 else rows[None]
         self.slot = slot
         if self.layers_count == 1:

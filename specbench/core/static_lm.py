@@ -26,6 +26,7 @@ from .tree import DeviceTree, Tree, new_rows_allowed, position_ids
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows of a verification (root, tree, side branch), padded up to one
 SPAN = 256  # the keys a forward attends over come in multiples of this (only the live rows, not the whole cache)
 MAX_CACHE = 4096  # cached tokens at most (the model's own context if shorter): prompt and answer must fit
+PREFILL_ROWS = 2048  # padded rows of one forward of several slots' prompts at most (a longer prompt runs alone)
 
 
 def allocating(cache: StaticRows) -> contextlib.AbstractContextManager:
@@ -158,8 +159,8 @@ class BatchedLM:
         if n > BUCKETS[-1]:
             self._check(rows)
             if len(rows) > 1:
-                raise SpecbenchError(f"a forward of {n} rows runs one slot at a time (prefill_slot)")
-            return [self._alone(rows[0], layers, last_only)]
+                raise SpecbenchError(f"a forward of {n} rows runs one slot at a time (prefill)")
+            return self._alone(rows, layers, last_only)
         out, _ = self.verify(rows, layers=layers, greedy=greedy)
         return [self._output(out, row.slot, row.size, last_only) for row in rows]
 
@@ -273,22 +274,38 @@ class BatchedLM:
         inputs.local[row.slot, :m, :m] = upload(new_rows_allowed(row.tree, side.allowed if side else None), self.device)
         inputs.offsets[row.slot, :m] = position_ids(row.tree, 0, self.device, side.positions if side else None)[0]
 
-    def _alone(self, row: Row, layers: tuple[int, ...] | None, last_only: bool) -> Forward:
-        """A forward over one slot's rows only (a prefill longer than any bucket, or a slot refilled mid-batch):
-        never captured."""
-        n, past = row.size, self.lengths[row.slot]
-        span = min(-(-(past + n) // SPAN) * SPAN, self.capacity)
-        inputs = Inputs.chain(1, n, self.device)
-        inputs.ids[0] = as_ids(row.joined(), self.device)
-        inputs.past.fill_(past)
-        inputs.count.fill_(n)
-        if not row.chained:
+    def _alone(self, rows: list[Row], layers: tuple[int, ...] | None, last_only: bool) -> list[Forward]:
+        """A forward over these slots' rows only (prefills, or a row longer than any bucket), each padded to the
+        longest (several rows: chains), never captured: each row's logits (its last row's with `last_only`) and
+        features."""
+        n, m = max(row.size for row in rows), len(rows)
+        past = [self.lengths[row.slot] for row in rows]
+        span = min(-(-(max(past) + n) // SPAN) * SPAN, self.capacity)
+        inputs = Inputs.chain(m, n, self.device)
+        ids = [t for row in rows for t in [*row.joined(), *[0] * (n - row.size)]] if m > 1 else []
+        host = upload(past + [row.size for row in rows] + [row.size - 1 for row in rows] + ids, self.device)
+        inputs.past.copy_(host[:m])
+        inputs.count.copy_(host[m : 2 * m])
+        inputs.ids.copy_(host[3 * m :].view(m, n) if ids else as_ids(rows[0].joined(), self.device)[None])
+        chained = all(row.chained for row in rows)
+        if not chained:  # (one row: a tree)
+            (row,) = rows
             self._shape(inputs, Row(0, row.tokens, row.tree, row.side, row.root), n)
+        slots = rows[0].slot if m == 1 else upload([row.slot for row in rows], self.device)
         with allocating(self.cache):
-            final, features = self._decoded(inputs, span, layers, row.chained, row.slot)
-            logits = self.model.get_output_embeddings()(final[:, -1:] if last_only else final)
-        self.lengths[row.slot] += n
-        return Forward(logits[0], None if features is None else features[0])
+            final, features = self._decoded(inputs, span, layers, chained, slots)
+            if last_only:  # each row's last real row
+                final = final[torch.arange(m, device=self.device), host[2 * m : 3 * m]][:, None]
+            logits = self.model.get_output_embeddings()(final)
+        for row in rows:
+            self.lengths[row.slot] += row.size
+        return [
+            Forward(
+                logits[i] if last_only else logits[i, : row.size],
+                None if features is None else features[i, : row.size],
+            )
+            for i, row in enumerate(rows)
+        ]
 
     def _decoded(
         self,
@@ -296,12 +313,12 @@ class BatchedLM:
         span: int,
         layers: tuple[int, ...] | None,
         chained: bool,
-        slot: int | None = None,
+        slots: int | torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The decoder over `inputs` (every slot's, or `slot`'s alone; `chained`: only chains), attending over `span`
-        keys: final states [B, b, H] and the features `layers` asks for."""
+        """The decoder over `inputs` (every slot's, or `slots`' alone: one, or several [n]; `chained`: only chains),
+        attending over `span` keys: final states [B, b, H] and the features `layers` asks for."""
         mask, positions, at = inputs.built(span, self.dtype, chained)
-        self.cache.write_rows(at, slot)
+        self.cache.write_rows(at, slots)
         self.cache.span = span
         try:
             return self.model(inputs.ids, positions, mask, self.cache, layers or ())
@@ -309,13 +326,28 @@ class BatchedLM:
             self.cache.slot = None
 
     @torch.inference_mode()
-    def prefill_slot(self, slot: int, prompt: list[int], layers: tuple[int, ...] | None = None) -> Forward | None:
-        """Empty `slot` and fill it with all of `prompt` but its last token (the first root), alone."""
-        self.lengths[slot] = 0
-        if len(prompt) < 2:
-            return None
-        self._check([Row(slot, prompt[:-1])])
-        return self._alone(Row(slot, prompt[:-1]), layers, last_only=True)
+    def prefill(
+        self, slots: list[int], prompts: list[list[int]], layers: tuple[int, ...] | None = None
+    ) -> list[Forward | None]:
+        """Empty `slots` and fill each with all of its prompt but the last token (the first root): the slots
+        together, in forwards of PREFILL_ROWS padded rows at most (prompts of like length together): each slot's
+        last row's logits and its rows' features (None for a one-token prompt)."""
+        rows = []
+        for slot, prompt in zip(slots, prompts, strict=True):
+            self.lengths[slot] = 0
+            if len(prompt) >= 2:
+                rows.append(Row(slot, prompt[:-1]))
+        self._check(rows)
+        out: dict[int, Forward] = {}
+        group: list[Row] = []
+        for row in sorted(rows, key=lambda r: r.size, reverse=True):  # the longest first: each group's widest
+            if group and (len(group) + 1) * group[0].size > PREFILL_ROWS:
+                out.update(zip([r.slot for r in group], self._alone(group, layers, last_only=True), strict=True))
+                group = []
+            group.append(row)
+        if group:
+            out.update(zip([r.slot for r in group], self._alone(group, layers, last_only=True), strict=True))
+        return [out.get(slot) for slot in slots]
 
     @staticmethod
     def _output(out: Forward, slot: int, n: int, last_only: bool) -> Forward:

@@ -16,3 +16,14 @@ def upload(values: list[int] | torch.Tensor, device: torch.device) -> torch.Tens
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def padded_rows(slots: list[int], counts: list[int], pad: int) -> list[int]:
+    """The rows of a [B, pad, ...] buffer, flattened to [B * pad, ...], that hold slot s's first n values, for each
+    (s, n) of `slots` and `counts`: every slot's values then land in one indexed copy, not one copy a slot."""
+    return [slot * pad + j for slot, n in zip(slots, counts, strict=True) for j in range(n)]
+
+
+def appended(pending: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """Rows waiting to be read [p, ...], then `new` [n, ...] in their dtype (usually none wait: `new` as it is)."""
+    return torch.cat([pending.to(new), new]) if len(pending) else new

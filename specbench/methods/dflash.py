@@ -19,7 +19,8 @@ import torch
 from ..core.capture import Replays
 from ..core.proposer import NO_PROPOSAL, Drafter, Feedback, Proposal, Turn, chain_of_rows, chain_prefix
 from ..core.static_lm import MAX_CACHE, SPAN
-from ..core.transfer import upload
+from ..core.transfer import appended, padded_rows, upload
+from ..core.tree import chain
 from ..heads.dflash import Context, DFlashDraft, Slots, slots
 from ..registry import implementation
 from .resources import Resources
@@ -85,7 +86,7 @@ class DFlash(Drafter):
         for slot, fed in zip(slots, feedback, strict=True):
             assert fed.features is not None  # the target returns the feature_layers' states
             lane = self.lanes[slot]
-            lane.pending = torch.cat([lane.pending.to(fed.features), fed.features])
+            lane.pending = appended(lane.pending, fed.features)
 
     def _new_rows(self, lane: Lane, tokens: list[int], max_depth: int) -> tuple[int, torch.Tensor, int] | None:
         """The rows to draft (k), the newly committed context rows' features [c, F] taken from the pending ones,
@@ -112,9 +113,15 @@ class DFlash(Drafter):
             drafted = self.blocks.logits([m for _, _, m in members])
         else:
             drafted = [self._eager(self.lanes[s], f, read, last) for _, _, (s, f, read, last) in members]
-        for (i, k, _), logits in zip(members, drafted, strict=True):
-            turn = self.lanes[slots[i]].turn
-            found[i] = chain_of_rows(logits[:k], turn.temperature, turn.generator)
+        turns = [self.lanes[slots[i]].turn for i, _, _ in members]
+        picks = None  # at T = 0 with one depth: every slot's argmax at once, each chain a row of them
+        if len({k for _, k, _ in members}) == 1 and all(turn.temperature == 0 for turn in turns):
+            picks = iter(torch.stack([logits[: members[0][1]] for logits in drafted]).argmax(-1))
+        for (i, k, _), logits, turn in zip(members, drafted, turns, strict=True):
+            if picks is not None:
+                found[i] = Proposal(chain(next(picks)))
+            else:
+                found[i] = chain_of_rows(logits[:k], turn.temperature, turn.generator)
         return found
 
     def _eager(self, lane: Lane, features: torch.Tensor, read: int, token: int) -> torch.Tensor:
@@ -178,16 +185,17 @@ class BlockDrafting:
             width = members[0][1].shape[1]
             zeros = torch.zeros(3, self.batch, dtype=torch.long, device=self.dflash.device)
             inputs = self.inputs[span] = BlockInputs(members[0][1].new_zeros(self.batch, self.pad, width), *zeros)
-        for slot, features, _, _ in members:
-            inputs.features[slot, : len(features)] = features
-        values = upload(count + read + token, self.dflash.device).view(3, self.batch)
+        rows = padded_rows([m[0] for m in members], [len(m[1]) for m in members], self.pad)
+        host = upload(count + read + token + rows, self.dflash.device)
+        values, at = host[: 3 * self.batch].view(3, self.batch), host[3 * self.batch :]
+        inputs.features.view(-1, inputs.features.shape[-1])[at] = torch.cat([m[1] for m in members])
         inputs.count.copy_(values[0])
         inputs.read.copy_(values[1])  # (capture's warm-up runs write past the context's rows only)
         inputs.token.copy_(values[2])
         logits = self.replays.run(
             span, lambda: self._block(inputs.features, inputs.count, inputs.read, inputs.token, span, self.slots)
-        )
-        return {slot: logits[slot].clone() for slot, *_ in members}  # (the next replay writes over them)
+        ).clone()  # (once for every slot: the next replay writes over them)
+        return {slot: logits[slot] for slot, *_ in members}
 
     def _span(self, end: int) -> int:
         """The key rows a forward attends over: the context up to `end`, then the block, rounded up to SPAN."""

@@ -39,6 +39,7 @@ from ..core import choices
 from ..core.proposer import NO_PROPOSAL, Drafter, Feedback, Nested, Proposal, Turn, tree_prefix
 from ..core.sampling import draw_distinct_padded, probabilities
 from ..core.static_cache import StaticRows
+from ..core.transfer import appended
 from ..core.tree import Tree, additive, additive_mask
 from ..heads import frequencies
 from ..heads.eagle import EagleHead
@@ -111,8 +112,7 @@ class Eagle(Drafter):
         for slot, committed, fed in zip(slots, tokens, feedback, strict=True):
             assert fed.features is not None  # the target returns the feature_layers' states
             lane = self.lanes[slot]
-            pending = lane.pending  # (usually none left: the last draft fed them)
-            lane.pending = torch.cat([pending.to(fed.features), fed.features]) if len(pending) else fed.features
+            lane.pending = appended(lane.pending, fed.features)
             if lane.cache is not None:
                 self._extend(lane, committed)
 

@@ -12,7 +12,7 @@ import torch
 from ..core.capture import Replays, uncompiled
 from ..core.static_cache import StaticRows
 from ..core.static_lm import MAX_CACHE, SPAN
-from ..core.transfer import upload
+from ..core.transfer import padded_rows, upload
 from ..core.tree import DeviceTree, additive, ancestors_from
 from ..models.loading import compile_function
 from .eagle_trees import Draft
@@ -128,7 +128,7 @@ class StaticDrafting:
                 torch.ones(self.batch, dtype=torch.long, device=eagle.device),
                 torch.zeros(self.batch, dtype=torch.long, device=eagle.device),
             )
-        at = [slot * self.pad + j for slot, _, ids, _ in members for j in range(len(ids))]  # flat [B * P] rows
+        at = padded_rows([m[0] for m in members], [len(m[2]) for m in members], self.pad)
         host = upload(count + past + at + [t for *_, ids, _ in members for t in ids], eagle.device)
         counts, rows, ids = host.split([2 * self.batch, len(at), len(at)])
         inputs.features.view(-1, inputs.features.shape[-1])[rows] = torch.cat([m[1] for m in members])

@@ -69,8 +69,7 @@ def forward_profile(
     context = max(1, min(context, batch.context_length - max(sizes) - 1))
     generator = torch.Generator().manual_seed(0)
     filler = torch.randint(0, target.model.config.vocab_size, (context + max(sizes),), generator=generator).tolist()
-    for slot in range(batch.batch):
-        batch.prefill_slot(slot, filler[: context + 1])
+    batch.prefill(list(range(batch.batch)), [filler[: context + 1]] * batch.batch)
 
     def forward(k: int) -> None:
         batch.verify([Row(slot, filler[context : context + k]) for slot in range(batch.batch)], judged=True)
