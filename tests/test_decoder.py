@@ -13,7 +13,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from specbench.core.cached_lm import CachedLM, top_two
+from specbench.core import cached_lm
+from specbench.core.cached_lm import CachedLM, top1, top_two
 from specbench.core.static_lm import Inputs, StaticCachedLM
 from specbench.core.tree import Tree, additive
 from specbench.models.decoder import Decoder, unsupported
@@ -252,9 +253,25 @@ def test_a_batched_forwards_mask_matches_one_built_by_hand(chained):
         assert torch.equal(mask, additive(_seen_by_hand(inputs, span), torch.float32)[:, None])
 
 
-def test_top_two_is_argmax_and_the_top_k_margin_ties_included():
+@pytest.mark.parametrize("chunked", [1 << 30, 0])
+def test_top_two_and_top1_are_argmax_and_the_top_k_margin_ties_included(monkeypatch, chunked):
+    """Both ways (plain; by chunks of 64, forced at any size), on hand-worked rows and on random ones with many
+    ties, vocabularies that are a multiple of the chunk and one that is not."""
+    monkeypatch.setattr(cached_lm, "CHUNKED", chunked)
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, -1.0, 0.5, 1.5], [0.0, 0.0, 0.0, 0.0]])
-    top1, margin = top_two(logits)
-    assert top1.tolist() == logits.argmax(-1).tolist() == [1, 0, 0]
-    top = logits.topk(2, dim=-1).values
-    assert margin.tolist() == (top[:, 0] - top[:, 1]).tolist() == [0.0, 0.5, 0.0]
+    first, margin = top_two(logits)
+    assert first.tolist() == top1(logits).tolist() == [1, 0, 0]
+    assert margin.tolist() == [0.0, 0.5, 0.0]
+    generator = torch.Generator().manual_seed(0)
+    for vocab in (128, 192, 100):
+        for trial in range(20):
+            shape = (3, 2, vocab)
+            x = (
+                torch.randn(shape, generator=generator)
+                if trial % 2
+                else torch.randint(-2, 3, shape, generator=generator).float()
+            )
+            first, margin = top_two(x)
+            top = x.topk(2, dim=-1).values
+            assert torch.equal(first, x.argmax(-1)) and torch.equal(top1(x), x.argmax(-1))
+            assert torch.equal(margin, top[..., 0] - top[..., 1])

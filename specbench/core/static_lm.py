@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecbenchError
-from .cached_lm import CachedLM, Forward, SideBranch, as_ids, top_two
+from .cached_lm import CachedLM, Forward, SideBranch, as_ids, top1, top_two
 from .capture import Replays, uncompiled
 from .static_cache import StaticRows
 from .step import Judged, judge_batch
@@ -225,7 +225,7 @@ class BatchedLM:
             if not greedy:
                 return Forward(logits, features), None
             if top1_only:
-                return Forward(logits, features, (logits.max(dim=-1).indices, None)), None  # (argmax's, faster)
+                return Forward(logits, features, (top1(logits), None)), None
             picks = top_two(logits)
             verdicts = None
             if judged:
