@@ -224,7 +224,7 @@ def test_the_static_context_drafts_what_the_cached_one_does(target, device):
     made = []
     for graphs in (False, True):
         made.append(DFlash(draft, model.get_input_embeddings(), model.get_output_embeddings(), 3, static=graphs))
-        made[-1].start(0, Turn(tokens[:9], 1.0, torch.Generator(device).manual_seed(0), features[:8]))
+        made[-1].start([0], [Turn(tokens[:9], 1.0, torch.Generator(device).manual_seed(0), features[:8])])
     end = 9
     for step in [1, 4, 2, 3, 1, 1, 4, 7, 2]:  # rows committed (7: past the padding of 4)
         drafts = [propose_one(p, tokens[:end], 10) for p in made]

@@ -60,8 +60,8 @@ class Drafts(Drafter):
     def __init__(self, inner):
         self.inner, self.feature_layers, self.tokens = inner, inner.feature_layers, set()
 
-    def start(self, slot, turn):
-        self.inner.start(slot, turn)
+    def start(self, slots, turns):
+        self.inner.start(slots, turns)
 
     def propose(self, slots, tokens, max_depths):
         proposals = self.inner.propose(slots, tokens, max_depths)

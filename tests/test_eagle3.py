@@ -251,7 +251,7 @@ def test_drafted_tokens_are_target_ids_of_the_draft_vocabulary(llama):
     prompt = PROMPTS[0]
     target = CachedLM(llama)
     target.reset()
-    p.start(0, Turn(prompt, 0.0, None, target.run(prompt[:-1], layers=p.feature_layers).features))
+    p.start([0], [Turn(prompt, 0.0, None, target.run(prompt[:-1], layers=p.feature_layers).features)])
     assert p.lanes[0].pending.shape == (0, 3 * HIDDEN) and p.feature_layers == (2, 3, 4)
     tree = propose_one(p, prompt, 8).tree
     assert len(tree) + 1 == 60, "total_tokens counts the verified rows, root included (59 drafts)"

@@ -39,7 +39,7 @@ def started(model, head, expansion, prompt, sampled=False, seed=None):
     target.reset()
     features = target.run(prompt[:-1], layers=proposer.feature_layers).features
     generator = None if seed is None else torch.Generator().manual_seed(seed)
-    proposer.start(0, Turn(prompt, 1.0 if sampled else 0.0, generator, features))
+    proposer.start([0], [Turn(prompt, 1.0 if sampled else 0.0, generator, features)])
     return proposer
 
 

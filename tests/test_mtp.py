@@ -263,7 +263,7 @@ def test_cached_drafting_equals_recomputing_the_chain(llama_mtp):
     proposer = methods.build("mtp[num_draft_tokens=4]", resources(target, folder))
     head = proposer.head
     features = CachedLM(target).prefill(PROMPT, layers=(-1,)).features  # [n-1, H]: the states before the root
-    proposer.start(0, Turn(PROMPT, 0.0, features=features))
+    proposer.start([0], [Turn(PROMPT, 0.0, features=features)])
     drafted = propose_one(proposer, PROMPT, 8).tree.tokens
     with torch.no_grad():
         states, tokens = features[None], list(PROMPT[1:])

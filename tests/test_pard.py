@@ -72,7 +72,7 @@ def test_greedy_decoding_equals_vanilla_and_the_masks_leave_the_cache(target, dr
         ours = decode(CachedLM(target), made, prompt, max_new_tokens=24, temperature=0.0, stop_ids=set())
         assert ours.tokens == reference.tokens
         assert max(s.tree_size for s in ours.steps) == k + 1
-    made.start(0, Turn(prompt, 0.0))
+    made.start([0], [Turn(prompt, 0.0)])
     propose_one(made, prompt, 8)
     assert made.drafter.cached(0) == len(prompt)  # the prompt's rows only: the three masks' are gone
 
@@ -104,7 +104,7 @@ def test_pard_passes_the_sampling_test_and_the_planted_mistake_fails():
 def test_a_smaller_drafter_vocabulary_is_padded_to_the_targets():
     drafter = random_llama(6, layers=1, hidden=32, seed=1, init=0.5)
     made = Pard(CachedLM(drafter), 5, 8, 2)
-    made.start(0, Turn([1, 2, 3], 1.0))
+    made.start([0], [Turn([1, 2, 3], 1.0)])
     assert propose_one(made, [1, 2, 3], 4).draft_probs.shape == (2, 8)
 
 

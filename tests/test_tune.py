@@ -80,11 +80,11 @@ def test_a_shorter_chain_is_the_prefix_of_the_longer_one(tiny_models):
         nested = registry.IMPLEMENTATIONS[name].nested
         assert nested.keys == (key,)
         big = methods.build_batch(name, res, 1, {key: 6})
-        big.start(0, Turn(prompt, 0.0))
+        big.start([0], [Turn(prompt, 0.0)])
         proposal = propose_one(big, prompt, 10)
         for small_len in (1, 2, 3):
             small = methods.build_batch(name, res, 1, {key: small_len})
-            small.start(0, Turn(prompt, 0.0))
+            small.start([0], [Turn(prompt, 0.0)])
             expected = propose_one(small, prompt, 10).tree
             assert nested.subtree(nested.snapshot(big, 0, proposal), {key: small_len}) == expected
 
@@ -276,11 +276,11 @@ def test_a_smaller_static_tree_or_mtp_chain_is_nested_in_the_larger(name, key, l
     prompt = list(range(3, 70))
     features = CachedLM(model).prefill(prompt, layers=(-1,)).features
     big = methods.build(name, res, {key: largest})
-    big.start(0, Turn(prompt, 0.0, features=features))
+    big.start([0], [Turn(prompt, 0.0, features=features)])
     snapshot = nested.snapshot(big, 0, propose_one(big, prompt, 10))
     for n in smaller:
         small = methods.build(name, res, {key: n})
-        small.start(0, Turn(prompt, 0.0, features=features))
+        small.start([0], [Turn(prompt, 0.0, features=features)])
         expected = propose_one(small, prompt, 10).tree
         assert len(expected) == n
         assert nested.subtree(snapshot, {key: n}) == expected

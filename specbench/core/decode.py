@@ -40,7 +40,8 @@ class Generation:
     tokens: list[int]  # new tokens, up to and including the first stop token
     steps: list[Step] = field(default_factory=list)
     wall_time: float = 0.0
-    prefill_draft_time: float = 0.0  # the proposer's own set-up for this turn (e.g. the draft's prefill)
+    prefill_draft_time: float = 0.0  # the proposer's own set-up for this turn (e.g. the draft's prefill; its share
+    # when turns began together)
     target_top1: list[int] | None = None  # T=0, per new token: the target's argmax in the forward that chose it
     target_margin: list[float] | None = None  # ... and its top-1/top-2 logit margin there
     started: float = 0.0  # in a batch: seconds from the batch's start to this turn's prefill, and to its end
@@ -187,7 +188,8 @@ class _Turn:
     tokens: list[int]
     gen: Generation
     budget: int
-    marks: tuple[int, int, int]  # before the prefill (its slots' together), around its drafting's start
+    marks: tuple[int, int, int]  # before the prefill (its slots' together), around their drafting's start
+    joined: int  # the turns that began with it (its share of their drafting's start: 1/joined)
     shares: list[Share] = field(default_factory=list)
     picked: list[tuple[tuple[torch.Tensor, torch.Tensor], int, int]] = field(default_factory=list)  # T=0, per step:
     # (the target's argmax and margin at the step's kept rows [B, b], this slot, its new tokens), read at the end
@@ -223,8 +225,8 @@ def decode_batch(
     mark()
 
     def begin(joining: list[tuple[int, Job]]) -> None:
-        """The joining slots' turns begun: their prompts prefilled together (`prefill`), then each slot's drafting
-        started. A turn's marks: before the prefill they shared, and around its own drafting's start."""
+        """The joining slots' turns begun: their prompts prefilled together (`prefill`), then their drafting
+        started together. A turn's marks: before the prefill they shared, and around their drafting's start."""
         for _, job in joining:
             if job.max_new_tokens <= 0:
                 raise SpecbenchError(f"max_new_tokens must be positive, got {job.max_new_tokens}")
@@ -233,14 +235,21 @@ def decode_batch(
                     f"prompt of {len(job.prompt)} tokens does not fit the model's context of "
                     f"{target.context_length} tokens"
                 )
+        lanes = [slot for slot, _ in joining]
         m0 = mark()
-        prefills = target.prefill([slot for slot, _ in joining], [job.prompt for _, job in joining], layers)
-        for (slot, job), prefill in zip(joining, prefills, strict=True):
-            m1 = mark()
-            features = prefill.features if prefill is not None else None
-            drafting.start(slot, Turn(job.prompt, job.temperature, job.generator, features, job.request))
+        prefills = target.prefill(lanes, [job.prompt for _, job in joining], layers)
+        m1 = mark()
+        drafting.start(
+            lanes,
+            [
+                Turn(job.prompt, job.temperature, job.generator, None if out is None else out.features, job.request)
+                for (_, job), out in zip(joining, prefills, strict=True)
+            ],
+        )
+        m2 = mark()
+        for slot, job in joining:
             budget = min(job.max_new_tokens, target.context_length - len(job.prompt))
-            slots[slot] = _Turn(job, list(job.prompt), Generation([]), budget, (m0, m1, mark()))
+            slots[slot] = _Turn(job, list(job.prompt), Generation([]), budget, (m0, m1, m2), len(joining))
 
     while True:
         joining = []  # refill: a free slot takes the next turn waiting
@@ -329,7 +338,7 @@ def decode_batch(
         m0, m1, m2 = turn.marks
         gen = turn.gen
         gen.started, gen.ended = at[m0], at[turn.end]
-        gen.wall_time, gen.prefill_draft_time = at[turn.end] - at[m0], at[m2] - at[m1]
+        gen.wall_time, gen.prefill_draft_time = at[turn.end] - at[m0], (at[m2] - at[m1]) / turn.joined
         for share in turn.shares:
             mk = share.step
             drafting_share = (at[mk.forward] - at[mk.drafting] + at[mk.updated] - at[mk.updating]) / mk.slots

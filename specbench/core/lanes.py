@@ -34,11 +34,13 @@ class Lanes:
     def cached(self, slot: int) -> int:
         return self.batched.lengths[slot] if self.batched is not None else self.lane(slot).cached
 
-    def prefill(self, slot: int, prompt: list[int]) -> None:
-        """Empty `slot` and fill it with all of `prompt` but its last token."""
+    def prefill(self, slots: list[int], prompts: list[list[int]]) -> None:
+        """Empty `slots` and fill each with all of its prompt but the last token: batched, together
+        (`BatchedLM.prefill`)."""
         if self.batched is not None:
-            self.batched.prefill([slot], [prompt])
-        else:
+            self.batched.prefill(slots, prompts)
+            return
+        for slot, prompt in zip(slots, prompts, strict=True):
             self.lane(slot).prefill(prompt)
 
     def crop(self, slot: int, length: int) -> None:

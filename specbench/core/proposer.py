@@ -129,14 +129,16 @@ class Proposer:
 
 class Drafter:
     """A method's drafting for a whole batch: one object for every slot of it (B = 1 a batch of one). Each step the
-    loop asks it once for every active slot's proposal and tells it once what each accepted; a slot starting a turn
-    is told alone. A method drafting from the target's states names them in `feature_layers`."""
+    loop asks it once for every active slot's proposal and tells it once what each accepted; the slots starting
+    turns at one step are told together. A method drafting from the target's states names them in
+    `feature_layers`."""
 
     feature_layers: tuple[int, ...] | None = None
     learns: bool = True  # whether `update` has anything to learn (the loop skips it otherwise)
 
-    def start(self, slot: int, turn: Turn) -> None:
-        """Slot `slot` begins a turn."""
+    def start(self, slots: list[int], turns: list[Turn]) -> None:
+        """Each of `slots` begins its turn (the slots a step's refill hands new turns: together, so a drafter
+        that prefills a cache of its own prefills them in one forward)."""
 
     def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
         """A proposal for each of `slots`, with its committed tokens and depth budget (as `Proposer.propose`)."""
@@ -160,8 +162,9 @@ class PerSlot(Drafter):
             for p in proposers
         )
 
-    def start(self, slot: int, turn: Turn) -> None:
-        self.proposers[slot].start(turn)
+    def start(self, slots: list[int], turns: list[Turn]) -> None:
+        for slot, turn in zip(slots, turns, strict=True):
+            self.proposers[slot].start(turn)
 
     def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
         return [self.proposers[s].propose(t, d) for s, t, d in zip(slots, tokens, max_depths, strict=True)]

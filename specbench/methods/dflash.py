@@ -76,9 +76,10 @@ class DFlash(Drafter):
         self.lanes: dict[int, Lane] = {}
         self.blocks = BlockDrafting(self, slots, capture) if static or slots > 1 else None
 
-    def start(self, slot: int, turn: Turn) -> None:
-        pending = turn.features if turn.features is not None else torch.empty(0, self.draft.feature_size)
-        self.lanes[slot] = Lane(turn, pending)
+    def start(self, slots: list[int], turns: list[Turn]) -> None:
+        for slot, turn in zip(slots, turns, strict=True):
+            pending = turn.features if turn.features is not None else torch.empty(0, self.draft.feature_size)
+            self.lanes[slot] = Lane(turn, pending)
 
     def update(
         self, slots: list[int], tokens: list[list[int]], proposals: list[Proposal], feedback: list[Feedback]

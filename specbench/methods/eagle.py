@@ -96,15 +96,16 @@ class Eagle(Drafter):
         self.lanes: dict[int, Lane] = {}
         self.static = StaticDrafting(self, slots, capture, compile) if static or slots > 1 else None
 
-    def start(self, slot: int, turn: Turn) -> None:
-        sampling = self.sampled and turn.temperature > 0
-        pending = turn.features if turn.features is not None else torch.empty(0, self.head.feature_size)
-        if self.static is not None and not sampling:  # the prompt's pairs are fed with the first draft
-            self.static.lengths[slot] = 0
-            self.lanes[slot] = Lane(turn, sampling, pending, None)
-            return
-        self.lanes[slot] = lane = Lane(turn, sampling, pending, DynamicCache(config=self.head.config))
-        self._extend(lane, turn.prompt)
+    def start(self, slots: list[int], turns: list[Turn]) -> None:
+        for slot, turn in zip(slots, turns, strict=True):
+            sampling = self.sampled and turn.temperature > 0
+            pending = turn.features if turn.features is not None else torch.empty(0, self.head.feature_size)
+            if self.static is not None and not sampling:  # the prompt's pairs are fed with the first draft
+                self.static.lengths[slot] = 0
+                self.lanes[slot] = Lane(turn, sampling, pending, None)
+                continue
+            self.lanes[slot] = lane = Lane(turn, sampling, pending, DynamicCache(config=self.head.config))
+            self._extend(lane, turn.prompt)
 
     def update(
         self, slots: list[int], tokens: list[list[int]], proposals: list[Proposal], feedback: list[Feedback]

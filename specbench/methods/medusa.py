@@ -78,9 +78,10 @@ class Medusa(Drafter):
         self.replays = Replays(device) if graphs else None
         self.static: dict[int, torch.Tensor] = {}  # by bucket: the captured graph's input states [bucket, H]
 
-    def start(self, slot: int, turn: Turn) -> None:
-        self.turns[slot] = turn
-        self.hidden[slot] = turn.features[-1] if turn.features is not None and len(turn.features) else None
+    def start(self, slots: list[int], turns: list[Turn]) -> None:
+        for slot, turn in zip(slots, turns, strict=True):
+            self.turns[slot] = turn
+            self.hidden[slot] = turn.features[-1] if turn.features is not None and len(turn.features) else None
 
     @torch.inference_mode()
     def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:

@@ -36,9 +36,9 @@ class Pard(Drafter):
         self.k = num_draft_tokens
         self.turns: dict[int, Turn] = {}
 
-    def start(self, slot: int, turn: Turn) -> None:
-        self.turns[slot] = turn
-        self.drafter.prefill(slot, turn.prompt)
+    def start(self, slots: list[int], turns: list[Turn]) -> None:
+        self.turns.update(zip(slots, turns, strict=True))
+        self.drafter.prefill(slots, [turn.prompt for turn in turns])
 
     @torch.inference_mode()
     def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:

@@ -69,8 +69,8 @@ class Recorder(Drafter):
         self.records: list[tuple[int, int, object]] = []
         self.propose_times: list[float] = []
 
-    def start(self, slot: int, turn: Turn) -> None:
-        self.inner.start(slot, turn)
+    def start(self, slots: list[int], turns: list[Turn]) -> None:
+        self.inner.start(slots, turns)
 
     def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
         t0 = clock(self.device)
@@ -139,7 +139,7 @@ class Tuner:
             features = prefilled.features
         times = []
         for _ in range(4):
-            proposer.start(0, Turn(state, 0.0, None, features, None))
+            proposer.start([0], [Turn(state, 0.0, None, features, None)])
             target.forward(state[-1:])
             target.crop(len(state) - 1)
             t0 = clock(self.session.device)
