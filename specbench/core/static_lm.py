@@ -21,7 +21,7 @@ from .capture import Replays, uncompiled
 from .static_cache import StaticRows
 from .step import Judged, judge_batch
 from .transfer import upload
-from .tree import DeviceTree, Tree, new_rows_allowed, position_ids
+from .tree import DeviceTree, Tree, ancestor_matrix, new_rows_allowed, position_ids
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows of a verification (root, tree, side branch), padded up to one
 SPAN = 256  # the keys a forward attends over come in multiples of this (only the live rows, not the whole cache)
@@ -242,21 +242,36 @@ class BatchedLM:
         return out
 
     def _shapes(self, inputs: Inputs, rows: list[Row], bucket: int) -> None:
-        """Every row's tree shape into `inputs`: the trees drafted on the device (their ancestors there, no side
-        branch) of one size written together, one copy of their masks and one of their depths; the rest row by
-        row (`_shape`)."""
-        drafted: dict[int, list[Row]] = {}  # by rows
+        """Every row's tree shape into `inputs`, in groups: the chains (the bucket's chain), the trees drafted on
+        the device of one size (their ancestors there), and the trees of one shape known on the host (a template's,
+        as Medusa's: its ancestors built once), each group in one copy of its masks and one of its depths; a side
+        branch's rows one by one (`_shape`)."""
+        groups: dict[tuple, list[Row]] = {}
         for row in rows:
             tree = row.tree
-            if isinstance(tree, DeviceTree) and tree.shape_on_device and row.side is None and not row.chained:
-                drafted.setdefault(row.size, []).append(row)
-            else:
+            if row.chained:
+                groups.setdefault(("chain",), []).append(row)
+            elif row.side is not None or tree is None:
                 self._shape(inputs, row, bucket)
-        for m, group in drafted.items():
+            elif isinstance(tree, DeviceTree) and tree.shape_on_device:
+                groups.setdefault(("drafted", row.size), []).append(row)
+            else:
+                groups.setdefault(("shape", *tree.parents), []).append(row)
+        for key, group in groups.items():
             at = upload([row.slot for row in group], self.device)
-            allowed = torch.stack([row.tree.ancestors for row in group])  # type: ignore[union-attr]  # [n, m, m]
-            inputs.local[at, :m, :m] = allowed.to(self.device)
-            inputs.offsets[at, :m] = allowed.sum(-1).to(self.device) - 1  # each row's depth: its ancestors
+            if key[0] == "chain":
+                if bucket not in self.chains:
+                    self.chains[bucket] = Inputs.chain(1, bucket, self.device)
+                inputs.local[at], inputs.offsets[at] = self.chains[bucket].local, self.chains[bucket].offsets
+                continue
+            m = group[0].size
+            if key[0] == "drafted":  # [n, m, m]
+                allowed = torch.stack([row.tree.ancestors for row in group])  # type: ignore[union-attr]
+            else:  # [1, m, m], every row's
+                allowed = ancestor_matrix(group[0].tree)[None]  # type: ignore[arg-type]
+            allowed = allowed.to(self.device)
+            inputs.local[at, :m, :m] = allowed
+            inputs.offsets[at, :m] = allowed.sum(-1) - 1  # each row's depth: its ancestors
 
     def _shape(self, inputs: Inputs, row: Row, bucket: int) -> None:
         """A row's tree shape into `inputs` (a chain's where another step's tree may have left one)."""
