@@ -80,17 +80,19 @@ class Lanes:
         return [out[row.slot] for row in rows]
 
     @torch.inference_mode()
-    def picks(self, rows: list[Row]) -> torch.Tensor:
-        """Each row appended to its slot's cache (as `run`), and its last token's argmax [len(rows)] on the device:
-        batched, the forward's own picks gathered at once (no per-row copy of its output)."""
+    def picks(self, rows: list[Row], last: int = 1) -> torch.Tensor:
+        """Each row appended to its slot's cache (as `run`), and the argmax of its `last` tokens [len(rows), last]
+        on the device: batched, the forward's own picks gathered at once (no per-row copy of its output)."""
         if self.batched is None or any(row.size > BUCKETS[-1] for row in rows):
-            return torch.cat([argmax(out) for out in self.run(rows, greedy=True, last_only=True)])
+            outs = self.run(rows, greedy=True, last_only=last == 1)
+            return torch.stack([argmax(out, last) for out in outs])
         out, _ = self.batched.verify(rows, greedy=True, top1_only=True)
         assert out.picks is not None  # (a greedy forward's)
-        at = upload([r.slot for r in rows] + [r.size - 1 for r in rows], out.picks[0].device).view(2, len(rows))
-        return out.picks[0][at[0], at[1]]
+        at = upload([r.slot for r in rows] + [r.size - last for r in rows], out.picks[0].device).view(2, len(rows))
+        return out.picks[0][at[0][:, None], at[1][:, None] + torch.arange(last, device=at.device)]
 
 
-def argmax(out: Forward) -> torch.Tensor:
-    """The last row's argmax [1] on the device: the forward's pick when it computed them, else from its logits."""
-    return out.picks[0][-1:].clone() if out.picks is not None else out.logits[-1:].argmax(-1)
+def argmax(out: Forward, last: int = 1) -> torch.Tensor:
+    """The last `last` rows' argmax [last] on the device: the forward's picks when it computed them, else from
+    its logits."""
+    return out.picks[0][-last:].clone() if out.picks is not None else out.logits[-last:].argmax(-1)

@@ -51,7 +51,7 @@ class DraftModel(Drafter):
                 ]
             rows = [Row(slots[i], fed) for i, fed in feeding]
             if greedy:  # every slot's argmax in one gather, each fed back as a view of it
-                picked = self.draft.picks(rows)
+                picked = self.draft.picks(rows)[:, 0]
                 depths.append(picked)
                 for j, (i, _) in enumerate(feeding):
                     drafted[i].append(picked[j : j + 1])
