@@ -88,8 +88,9 @@ class Lanes:
             return torch.stack([argmax(out, last) for out in outs])
         out, _ = self.batched.verify(rows, greedy=True, top1_only=True)
         assert out.picks is not None  # (a greedy forward's)
-        at = upload([r.slot for r in rows] + [r.size - last for r in rows], out.picks[0].device).view(2, len(rows))
-        return out.picks[0][at[0][:, None], at[1][:, None] + torch.arange(last, device=at.device)]
+        slots = [r.slot for r in rows for _ in range(last)]
+        at = upload(slots + [r.size - last + j for r in rows for j in range(last)], out.picks[0].device)
+        return out.picks[0][at[: len(slots)], at[len(slots) :]].view(len(rows), last)
 
 
 def argmax(out: Forward, last: int = 1) -> torch.Tensor:
