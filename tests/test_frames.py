@@ -115,3 +115,31 @@ def test_spec_bench_files_reproduce_the_reference_figures():
         assert throughput[method].mean() / throughput["vanilla"].mean() == pytest.approx(spec_bench, abs=0.005)
         ratios = throughput[method] / throughput["vanilla"]
         assert math.exp(ratios.map(math.log).mean()) == pytest.approx(paired, abs=0.005)
+
+
+def test_acceptance_csv_has_speculators_columns_worked_by_hand(run_dir, tmp_path, capsys):
+    """sps's 8 steps (accepted 3, 1 | 3, 1 | 3, 1, 2, 2; 3 drafted tokens each, depth 3 examined): 8 drafts, 24
+    draft tokens, 2 + 2 + 4 = 8 accepted (the target's own left out), acceptance length 1 + 8/8; position 0 taken
+    by the five steps that accepted 2 or more tokens, position 1 by the three that accepted 3, position 2 by none.
+    Vanilla drafted nothing: no row."""
+    out = tmp_path / "acceptance.csv"
+    assert main(["export", str(run_dir), "--format", "acceptance-csv", "--out", str(out)]) == 0
+    assert "2 rows (method x subset)" in capsys.readouterr().out
+    table = pd.read_csv(out)
+    columns = ["subset", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_length"]
+    assert list(table.columns[-8:]) == [*columns, *(f"acceptance_at_pos_{i}" for i in range(3))]
+    assert table.subset.tolist() == ["chat", "all"] and set(table.method) == {"sps"}
+    row = table.iloc[0]
+    assert (row.num_drafts, row.num_draft_tokens, row.num_accepted_tokens) == (8, 24, 8)
+    assert row.acceptance_length == 2.0
+    assert [row[f"acceptance_at_pos_{i}"] for i in range(3)] == [5 / 8, 3 / 8, 0.0]
+    assert main(["export", str(run_dir), "--steps", "--format", "acceptance-csv", "--out", str(out)]) == 2
+    assert "leave out --steps" in capsys.readouterr().err
+
+
+def test_acceptance_csv_refuses_answers_without_drafts(tmp_path, capsys):
+    run = tmp_path / "run"
+    write(run / "answers" / "quick" / "vanilla-temperature-0.jsonl", [answer(0, "chat", "vanilla", 0.0, 1.0, [1])])
+    out = tmp_path / "acceptance.csv"
+    assert main(["export", str(run), "--format", "acceptance-csv", "--out", str(out)]) == 2
+    assert "no drafts recorded" in capsys.readouterr().err and not out.exists()

@@ -112,9 +112,16 @@ def report(args) -> None:
 
 
 def export(args) -> None:
+    from ..report.frames import acceptance_table, frame, steps_frame
     from ..report.frames import export as write
-    from ..report.frames import frame, steps_frame
 
+    if args.format == "acceptance-csv":
+        if args.steps:
+            raise SpecbenchError("--format acceptance-csv sums the steps itself: leave out --steps")
+        data = acceptance_table(steps_frame(args.sources))
+        write(data, args.out, "csv")
+        print(f"{args.out}: {len(data)} rows (method x subset) x {len(data.columns)} columns")
+        return
     data = (steps_frame if args.steps else frame)(args.sources)
     write(data, args.out, args.format)
     print(f"{args.out}: {len(data)} rows ({'steps' if args.steps else 'turns'}) x {len(data.columns)} columns")

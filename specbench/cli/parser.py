@@ -215,7 +215,12 @@ def parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="answers as a table (one row per turn, or per step) for pandas and papers")
     export.add_argument("sources", nargs="+", type=Path, help="run folders, folders of answer files or answer files")
     export.add_argument("--out", type=Path, required=True, help="file to write (.csv, .parquet or .jsonl)")
-    export.add_argument("--format", metavar="csv|parquet|jsonl", help="default: from --out's suffix")
+    export.add_argument(
+        "--format",
+        metavar="csv|parquet|jsonl|acceptance-csv",
+        help="default: from --out's suffix; acceptance-csv: per-position acceptance in the columns of speculators' "
+        "evaluation (one row per method and category)",
+    )
     export.add_argument("--steps", action="store_true", help="one row per decoding step instead of per turn")
 
     compare = sub.add_parser("compare", help="regression check of a run against a baseline run (exit 1: limit crossed)")

@@ -25,6 +25,7 @@ import pandas as pd
 from ..core.synthetic import Profile
 from ..errors import SpecbenchError
 from ..results import Answer
+from . import metrics
 from .sources import Source, load_sources
 
 KEY = ["source", "model", "task", "temperature", "batch_size", "method", "question_id"]  # one answer
@@ -172,6 +173,28 @@ def steps_from_sources(sources: list[Source]) -> pd.DataFrame:
     data["tested"] = _joined(answers, "tested")
     data["tree_size"] = _joined(answers, "tree_size")
     return data
+
+
+def acceptance_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per-position acceptance as speculators' evaluation writes it (`metrics.speculators_acceptance`): one row
+    per source, model, task, temperature, batch size, method and subset (a question category, then "all" for
+    every category together), only where the method drafted; positions up to the deepest draft examined anywhere
+    in `steps` (a shallower method's deeper positions are 0: it never accepted there)."""
+    group = [c for c in KEY if c != "question_id"]
+    tested = steps.tested.dropna()
+    positions = int(tested.max()) if len(tested) else 0
+    rows = []
+    for key, part in steps.groupby(group, sort=False, dropna=False):
+        for subset, cut in [*part.groupby("category", sort=False), ("all", part)]:
+            row = metrics.speculators_acceptance(cut, positions)
+            if row["num_drafts"]:
+                rows.append({**dict(zip(group, key, strict=True)), "subset": subset, **row})
+    if not rows:
+        raise SpecbenchError(
+            "no drafts recorded in these answers (vanilla only, or files without tree sizes such as Spec-Bench's): "
+            "nothing to export as acceptance"
+        )
+    return pd.DataFrame(rows)
 
 
 def frame(paths: list[str | Path]) -> pd.DataFrame:

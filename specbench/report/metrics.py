@@ -48,6 +48,28 @@ def acceptance_counts(steps: pd.DataFrame, max_depth: int | None = None) -> list
     return _at_least(tested, int(tested.max()) if max_depth is None else max_depth).tolist()
 
 
+def speculators_acceptance(steps: pd.DataFrame, positions: int) -> dict[str, float]:
+    """A group of steps in the columns of speculators' evaluation (its acceptance.csv, from vLLM's spec-decode
+    counters): a draft is a step that verified drafted rows (`tree_size` > 1; where no tree size is recorded,
+    `tested` > 0); num_draft_tokens Σ its rows after the root, num_accepted_tokens Σ its accepted drafted tokens
+    (the target's own left out), acceptance_length 1 + accepted / drafts, and acceptance_at_pos_i (i from 0) the
+    share of all drafts that accepted their (i + 1)-th token: unconditional, unlike alpha_k."""
+    sizes, tested = steps.tree_size.to_numpy(dtype=float), steps.tested.to_numpy(dtype=float)
+    drafted = np.where(np.isnan(sizes), np.where(np.isnan(tested), 0, tested > 0), sizes > 1).astype(bool)
+    accepted = np.clip(steps.accepted.to_numpy(dtype=np.int64)[drafted] - 1, 0, None)
+    drafts = int(drafted.sum())
+    row: dict[str, float] = {
+        "num_drafts": drafts,
+        "num_draft_tokens": float(np.nansum(np.where(np.isnan(sizes), tested, sizes - 1)[drafted])),
+        "num_accepted_tokens": int(accepted.sum()),
+        "acceptance_length": 1 + accepted.sum() / drafts if drafts else float("nan"),
+    }
+    took = _at_least(accepted, positions) if positions else np.zeros(0)
+    for i in range(positions):
+        row[f"acceptance_at_pos_{i}"] = float(took[i] / drafts) if drafts else float("nan")
+    return row
+
+
 def _at_least(values: np.ndarray, depth: int) -> np.ndarray:
     """[depth]: how many of the non-negative `values` are >= k, for k = 1..depth."""
     counts = np.bincount(values, minlength=depth + 1)
