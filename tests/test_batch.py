@@ -290,8 +290,8 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
     if method == "pard":
         shared = slots.drafter.batched
         assert shared is not None and shared.batch == 2
-        run = shared.run
-        shared.run = lambda rows, **options: widths.append(len(rows)) or run(rows, **options)
+        verify = shared.verify  # (what its run and its greedy picks both call)
+        shared.verify = lambda rows, **options: widths.append(len(rows)) or verify(rows, **options)
     elif method == "medusa":
         top = slots._top
         slots._top = lambda hidden: widths.append(len(hidden)) or top(hidden)

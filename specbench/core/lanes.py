@@ -82,18 +82,20 @@ class Lanes:
     @torch.inference_mode()
     def picks(self, rows: list[Row], last: int = 1) -> torch.Tensor:
         """Each row appended to its slot's cache (as `run`), and the argmax of its `last` tokens [len(rows), last]
-        on the device: batched, the forward's own picks gathered at once (no per-row copy of its output)."""
+        on the device (a row shorter than `last` repeats its first token's in front): batched, the forward's own
+        picks gathered at once (no per-row copy of its output)."""
         if self.batched is None or any(row.size > BUCKETS[-1] for row in rows):
             outs = self.run(rows, greedy=True, last_only=last == 1)
             return torch.stack([argmax(out, last) for out in outs])
         out, _ = self.batched.verify(rows, greedy=True, top1_only=True)
         assert out.picks is not None  # (a greedy forward's)
         slots = [r.slot for r in rows for _ in range(last)]
-        at = upload(slots + [r.size - last + j for r in rows for j in range(last)], out.picks[0].device)
+        at = upload(slots + [max(r.size - last + j, 0) for r in rows for j in range(last)], out.picks[0].device)
         return out.picks[0][at[: len(slots)], at[len(slots) :]].view(len(rows), last)
 
 
 def argmax(out: Forward, last: int = 1) -> torch.Tensor:
-    """The last `last` rows' argmax [last] on the device: the forward's picks when it computed them, else from
-    its logits."""
-    return out.picks[0][-last:].clone() if out.picks is not None else out.logits[-last:].argmax(-1)
+    """The last `last` rows' argmax [last] on the device (fewer rows: the first one's repeated in front), the
+    forward's picks when it computed them, else from its logits."""
+    top = out.picks[0][-last:].clone() if out.picks is not None else out.logits[-last:].argmax(-1)
+    return top if len(top) == last else torch.cat([top[:1].expand(last - len(top)), top])

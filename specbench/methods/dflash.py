@@ -115,12 +115,13 @@ class DFlash(Drafter):
         else:
             drafted = [self._eager(self.lanes[s], f, read, last) for _, _, (s, f, read, last) in members]
         turns = [self.lanes[slots[i]].turn for i, _, _ in members]
-        picks = None  # at T = 0 with one depth: every slot's argmax at once, each chain a row of them
-        if len({k for _, k, _ in members}) == 1 and all(turn.temperature == 0 for turn in turns):
-            picks = iter(torch.stack([logits[: members[0][1]] for logits in drafted]).argmax(-1))
+        picks = None  # at T = 0: every slot's argmax at once, each chain the first k of its row
+        if members and all(turn.temperature == 0 for turn in turns):
+            deepest = max(k for _, k, _ in members)
+            picks = iter(torch.stack([logits[:deepest] for logits in drafted]).argmax(-1))
         for (i, k, _), logits, turn in zip(members, drafted, turns, strict=True):
             if picks is not None:
-                found[i] = Proposal(chain(next(picks)))
+                found[i] = Proposal(chain(next(picks)[:k]))
             else:
                 found[i] = chain_of_rows(logits[:k], turn.temperature, turn.generator)
         return found

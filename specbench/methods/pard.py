@@ -48,11 +48,12 @@ class Pard(Drafter):
         working = [i for i, k in enumerate(ks) if k]
         fed = [Row(slots[i], tokens[i][self.drafter.cached(slots[i]) :] + [self.mask] * (ks[i] - 1)) for i in working]
         found = [NO_PROPOSAL] * len(slots)
-        if fed and len({ks[i] for i in working}) == 1 and all(self.turns[slots[i]].temperature == 0 for i in working):
-            picks = iter(self.drafter.picks(fed, last=ks[working[0]]))  # every slot's chain in one gather
+        if fed and all(self.turns[slots[i]].temperature == 0 for i in working):
+            deepest = max(ks[i] for i in working)  # every slot's chain in one gather: the last k of its row
+            picks = iter(self.drafter.picks(fed, last=deepest))
             for i in working:
                 self.drafter.crop(slots[i], len(tokens[i]))
-                found[i] = Proposal(chain(next(picks)))
+                found[i] = Proposal(chain(next(picks)[deepest - ks[i] :]))
             return found
         for i, out in zip(working, self.drafter.run(fed) if fed else [], strict=True):
             self.drafter.crop(slots[i], len(tokens[i]))  # the masks' rows go; the committed tokens' stay
