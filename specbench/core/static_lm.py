@@ -251,8 +251,8 @@ class BatchedLM:
             tree = row.tree
             if row.chained:
                 groups.setdefault(("chain",), []).append(row)
-            elif row.side is not None or tree is None:
-                self._shape(inputs, row, bucket)
+            elif row.side is not None or tree is None:  # (no tree is a chain: for the type checker)
+                self._shape(inputs, row)
             elif isinstance(tree, DeviceTree) and tree.shape_on_device:
                 groups.setdefault(("drafted", row.size), []).append(row)
             else:
@@ -273,17 +273,9 @@ class BatchedLM:
             inputs.local[at, :m, :m] = allowed
             inputs.offsets[at, :m] = allowed.sum(-1) - 1  # each row's depth: its ancestors
 
-    def _shape(self, inputs: Inputs, row: Row, bucket: int) -> None:
-        """A row's tree shape into `inputs` (a chain's where another step's tree may have left one)."""
+    def _shape(self, inputs: Inputs, row: Row) -> None:
+        """A tree row's shape into `inputs`, side branch included (chains are `_shapes`' to write)."""
         m = row.size
-        if row.chained:
-            if bucket not in self.chains:
-                self.chains[bucket] = Inputs.chain(1, bucket, self.device)
-            inputs.local[row.slot], inputs.offsets[row.slot] = (
-                self.chains[bucket].local[0],
-                self.chains[bucket].offsets[0],
-            )
-            return
         assert row.tree is not None
         side = row.side
         inputs.local[row.slot, :m, :m] = upload(new_rows_allowed(row.tree, side.allowed if side else None), self.device)
@@ -305,7 +297,7 @@ class BatchedLM:
         chained = all(row.chained for row in rows)
         if not chained:  # (one row: a tree)
             (row,) = rows
-            self._shape(inputs, Row(0, row.tokens, row.tree, row.side, row.root), n)
+            self._shape(inputs, Row(0, row.tokens, row.tree, row.side, row.root))
         slots = rows[0].slot if m == 1 else upload([row.slot for row in rows], self.device)
         with allocating(self.cache):
             final, features = self._decoded(inputs, span, layers, chained, slots)
