@@ -259,7 +259,7 @@ def forward(args) -> None:
     from torch.nn.attention import SDPBackend
     from transformers import LlamaForCausalLM
 
-    from specbench.core.static_lm import StaticCachedLM
+    from specbench.core.static_lm import BatchedLM
     from specbench.models.aliases import TINY_DIR
     from specbench.models.decoder import Decoder
     from specbench.models.loading import compile_forward, compile_layers
@@ -309,7 +309,7 @@ def forward(args) -> None:
         try:
             start = time.perf_counter()
             with around:
-                lm = StaticCachedLM(owned)
+                lm = BatchedLM(owned)
                 profile = forward_profile(lm, sizes=sizes)
                 took = time.perf_counter() - start
                 if args.profile:
@@ -409,14 +409,15 @@ def _blas(library: str):
 
 
 def _one_token_forwards(lm, count: int, context: int = 256) -> None:
-    """`count` one-token forwards after `context` cached tokens (the prefill before the first is the caller's if
-    the cache already holds `context` rows; each forward's row is dropped again)."""
-    if lm.cached != context:
-        lm.reset()
-        lm.forward(list(range(context)), last_only=True)
+    """`count` one-token forwards of slot 0 of `lm` (a BatchedLM) after `context` cached tokens (the prefill before
+    the first is the caller's if the cache already holds `context` rows; each forward's row is dropped again)."""
+    from specbench.core.static_lm import Row
+
+    if lm.lengths[0] != context:
+        lm.prefill([0], [list(range(context + 1))])
     for _ in range(count):
-        lm.forward([context])
-        lm.crop(context)
+        lm.verify([Row(0, [context])])
+        lm.rewind(0, context)
 
 
 def _kernels(device: torch.device, run, *args) -> str:

@@ -19,7 +19,7 @@ from specbench.core import acceptance
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import Generation, Job, Step, decode, decode_batch
 from specbench.core.losslessness import sampling_test
-from specbench.core.static_lm import BatchedLM, Row, StaticCachedLM
+from specbench.core.static_lm import BatchedLM, Row
 from specbench.core.tree import Tree
 from specbench.errors import SpecbenchError
 from specbench.heads import dflash as dflash_heads
@@ -68,11 +68,11 @@ def test_every_slot_sees_its_own_rows_only(target, device):
     slot's length hold large garbage, planted, and reach nobody (NaN would reach everybody: a masked key still
     multiplies); a commit in one slot moves nothing in the other."""
     target = copy.deepcopy(target).to(device)
-    batched, alone = BatchedLM(target, 3, context=64), [StaticCachedLM(target) for _ in range(2)]
+    batched, alone = BatchedLM(target, 3, context=64), [BatchedLM(target) for _ in range(2)]
     prompts = [[5, 9, 11, 3, 7, 21, 30, 2, 8], [40, 41]]
     prefilled = batched.prefill([0, 1], prompts, layers=(1, -1))
     for ours, lm, prompt in zip(prefilled, alone, prompts, strict=True):
-        theirs = lm.prefill(prompt, (1, -1))
+        (theirs,) = lm.prefill([0], [prompt], (1, -1))
         torch.testing.assert_close(ours.logits, theirs.logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(ours.features, theirs.features, rtol=1e-5, atol=1e-5)
     assert not batched.cache.keys.requires_grad  # (a prefill outside inference mode chained every write's graph)
@@ -85,33 +85,36 @@ def test_every_slot_sees_its_own_rows_only(target, device):
     tree = Tree([12, 13, 14], [-1, -1, 0])
     rows = [Row(0, tree.rows(8), tree), Row(1, [2, 17, 18])]
     outs = batched.run(rows)
-    expected = [alone[0].run(tree.rows(8), tree), alone[1].run([2, 17, 18])]
+    expected = [alone[0].run([Row(0, tree.rows(8), tree)])[0], alone[1].run([Row(0, [2, 17, 18])])[0]]
     for ours, theirs in zip(outs, expected, strict=True):
         torch.testing.assert_close(ours.logits, theirs.logits, rtol=1e-5, atol=1e-5)
     batched.commit([(0, 8, [0, 2]), (1, 1, [0, 1, 2])])
-    alone[0].commit(8, [0, 2])
-    alone[1].commit(1, [0, 1, 2])
+    alone[0].commit([(0, 8, [0, 2])])
+    alone[1].commit([(0, 1, [0, 1, 2])])
     assert batched.lengths == [10, 4, 0]
     outs = batched.run([Row(0, [20]), Row(1, [21])])  # after the commits
     for ours, lm, token in zip(outs, alone, [20, 21], strict=True):
-        torch.testing.assert_close(ours.logits, lm.run([token]).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours.logits, lm.run([Row(0, [token])])[0].logits, rtol=1e-5, atol=1e-5)
     batched.run([Row(0, [22, 23, 24])])  # slot 1 idle, its rows kept: the padding must not land on them
-    torch.testing.assert_close(batched.run([Row(1, [25])])[0].logits, alone[1].run([25]).logits, rtol=1e-5, atol=1e-5)
+    ours, theirs = batched.run([Row(1, [25])])[0], alone[1].run([Row(0, [25])])[0]
+    torch.testing.assert_close(ours.logits, theirs.logits, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["draft-per-slot", "shared-draft"])
 @pytest.mark.parametrize("device", ["cpu", CUDA])
 def test_slots_refilled_as_turns_end_give_each_turns_tokens_alone(target, device, shared):
     """Five turns of different lengths and budgets through two slots (one ends at a stop token, the others at their
-    budgets), sps drafting for both, with a cache of the draft per slot or one batched cache (drafting them together
-    in one forward per depth): every turn's tokens, accepted lengths and picks are its batch of one's."""
+    budgets), sps drafting for both, with a cache of the draft per slot (transformers', one after another) or one
+    batched cache (drafting them together in one forward per depth): every turn's tokens, accepted lengths and picks
+    are its batch of one's."""
     target = copy.deepcopy(target).to(device)
-    draft = Decoder.adopt(random_llama(64, layers=1, seed=5, init=0.3)).to(device)
+    theirs = random_llama(64, layers=1, seed=5, init=0.3).to(device)
+    draft = Decoder.adopt(theirs)
     prompts = [[5, 9, 11], [40, 41, 42, 43, 44, 45, 46], [7], [3, 3, 3, 9], [12, 30]]
     budgets = [9, 3, 12, 6, 7]
-    single = StaticCachedLM(target)
+    single = BatchedLM(target)
     alone = [
-        decode(single, DraftModel(StaticCachedLM(draft), 3), p, max_new_tokens=b, temperature=0, stop_ids={17})
+        decode(single, DraftModel(BatchedLM(draft), 3), p, max_new_tokens=b, temperature=0, stop_ids={17})
         for p, b in zip(prompts, budgets, strict=True)
     ]
     jobs = [Job(p, b, 0.0, request=(i, 0)) for i, (p, b) in enumerate(zip(prompts, budgets, strict=True))]
@@ -121,7 +124,7 @@ def test_slots_refilled_as_turns_end_give_each_turns_tokens_alone(target, device
     together.verify = lambda rows, **options: widths.append(len(rows)) or verify(rows, **options)
     wall = decode_batch(
         BatchedLM(target, 2, context=64),
-        DraftModel(together if shared else [StaticCachedLM(draft) for _ in range(2)], 3),
+        DraftModel(together if shared else theirs, 3),
         lambda: jobs.pop(0) if jobs else None,
         lambda job, gen: ended.__setitem__(job.request[0], gen),
         stop_ids={17},

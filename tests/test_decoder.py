@@ -15,7 +15,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from specbench.core import cached_lm
 from specbench.core.cached_lm import CachedLM, top1, top_two
-from specbench.core.static_lm import Inputs, StaticCachedLM
+from specbench.core.one_slot import OneSlot
+from specbench.core.static_lm import BatchedLM, Inputs, Row
 from specbench.core.tree import Tree, additive
 from specbench.models.decoder import Decoder, unsupported
 from specbench.models.loading import load_causal_lm
@@ -77,11 +78,13 @@ def assert_same_as_transformers(model: torch.nn.Module, vocab: int) -> None:
     assert (owned.readout(final) - theirs.logits).abs().max() <= 1e-5 * scale
     wanted = torch.cat([theirs.hidden_states[i] for i in features], dim=-1)
     assert (ours - wanted).abs().max() <= 1e-5 * wanted.abs().max()
-    eager, static = CachedLM(model), StaticCachedLM(owned, capture=False)
+    eager, static = OneSlot(CachedLM(model)), BatchedLM(owned, capture=False)
     tree = Tree([3, 4, 5, 6], [-1, -1, 1, 1])
     for lm in (eager, static):
-        lm.prefill(ids[0].tolist())
-    a, b = (lm.run(tree.rows(int(ids[0, -1])), tree, layers=(min(2, layers), -1)) for lm in (eager, static))
+        lm.prefill([0], [ids[0].tolist()])
+    a, b = (
+        lm.run([Row(0, tree.rows(int(ids[0, -1])), tree)], layers=(min(2, layers), -1))[0] for lm in (eager, static)
+    )
     assert (a.logits - b.logits).abs().max() <= 1e-5 * a.logits.abs().max()
     assert (a.features - b.features).abs().max() <= 1e-5 * a.features.abs().max()
 

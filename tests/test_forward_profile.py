@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from specbench.core.cached_lm import Forward
+from specbench.core.one_slot import OneSlot
 from specbench.run import worker
 
 
 class FakeTarget:
-    """Forwards take k ms over k tokens, except during a slow spell; a fake clock advances by that much."""
+    """A CachedLM whose forwards take k ms over k tokens, except during a slow spell; a fake clock advances by that
+    much."""
 
     context_length = 4096
     device = torch.device("cpu")
@@ -25,7 +27,7 @@ class FakeTarget:
     def crop(self, length: int) -> None:
         pass
 
-    def run(self, tokens: list[int], tree=None, *, layers=None, side=None, greedy: bool = False) -> Forward:
+    def run(self, tokens, tree=None, *, last_only=False, layers=None, side=None, greedy: bool = False) -> Forward:
         self.calls += 1
         self.sizes.append(len(tokens))
         self.now += len(tokens) * 1e-3 * (3 if self.calls in self.slow_calls else 1)
@@ -38,6 +40,6 @@ def test_sizes_are_timed_in_rounds_and_a_slow_spell_does_not_skew_one_size(monke
     one slow timing of three and the median is its true time. The first round is discarded."""
     target = FakeTarget(slow_calls={7, 8, 9})
     monkeypatch.setattr(worker.time, "perf_counter", lambda: target.now)
-    profile = worker.forward_profile(target, context=10, sizes=(1, 2, 4), repeats=3)
+    profile = worker.forward_profile(OneSlot(target), context=10, sizes=(1, 2, 4), repeats=3)
     assert target.sizes == [1, 2, 4] * 4
     assert profile == pytest.approx({1: 1e-3, 2: 2e-3, 4: 4e-3})

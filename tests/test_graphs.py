@@ -20,9 +20,10 @@ from specbench.core import acceptance
 from specbench.core.cached_lm import CachedLM, margins
 from specbench.core.capture import Replays
 from specbench.core.decode import decode
+from specbench.core.one_slot import OneSlot
+from specbench.core.own_step import verify
 from specbench.core.proposer import Proposal
-from specbench.core.static_lm import StaticCachedLM
-from specbench.core.step import verify
+from specbench.core.static_lm import BatchedLM, Row
 from specbench.core.transfer import upload
 from specbench.core.tree import DeviceTree, Tree
 from specbench.methods.sps import DraftModel
@@ -45,25 +46,25 @@ def test_a_tree_forward_and_commit_match_the_eager_cache(target, device):
     """The same prefill, tree forwards (logits and features) and commits (every layer's rows moved at once) from a
     tree on the host and the same tree on the device; the next forward sees the same cache in both."""
     model = target.to(device)
-    eager, static = CachedLM(model), StaticCachedLM(Decoder.adopt(model))
+    eager, static = OneSlot(CachedLM(model)), BatchedLM(Decoder.adopt(model))
     tree = Tree([40, 41, 42, 43], [-1, -1, 1, 2])  # two children of the root, the second with a chain of two
     for lm in (eager, static):
-        lm.prefill(PROMPT)
+        lm.prefill([0], [PROMPT])
     for root, keep in ((PROMPT[-1], [0, 2, 3]), (9, [0, 1, 4])):
-        start = eager.cached
+        start = eager.lengths[0]
         drafted = DeviceTree(torch.tensor(tree.tokens, device=device), torch.tensor(tree.parents, device=device), 3)
-        outs = [lm.run(t.rows(root), t, layers=(2, -1)) for lm, t in ((eager, tree), (static, drafted))]
+        outs = [lm.run([Row(0, t.rows(root), t)], layers=(2, -1))[0] for lm, t in ((eager, tree), (static, drafted))]
         assert outs[1].logits.shape == (5, target.config.vocab_size)  # padding rows (5 -> 8) are not returned
         assert drafted.read is None  # verified from the device
         torch.testing.assert_close(outs[1].logits, outs[0].logits, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(outs[1].features, outs[0].features, rtol=1e-4, atol=1e-4)
         for lm in (eager, static):
-            lm.commit(start, keep)
-        assert static.cached == eager.cached == start + 3
-        nxt = [lm.forward([7, 8]) for lm in (eager, static)]
+            lm.commit([(0, start, keep)])
+        assert static.lengths == eager.lengths == [start + 3]
+        nxt = [lm.run([Row(0, [7, 8])])[0].logits for lm in (eager, static)]
         torch.testing.assert_close(nxt[1], nxt[0], rtol=1e-4, atol=1e-4)
-    static.crop(len(PROMPT))
-    assert static.cached == len(PROMPT)
+    static.rewind(0, len(PROMPT))
+    assert static.lengths == [len(PROMPT)]
     target.to("cpu")
 
 
@@ -73,18 +74,18 @@ def test_a_greedy_forward_computes_its_picks_inside_the_captured_function(target
     launches none of it from the host; the verification keeps the accepted rows' picks, as the eager cache's
     (which leaves them to the step: it needs a few rows' margins only)."""
     model = target.to(device)
-    eager, static = CachedLM(model), StaticCachedLM(Decoder.adopt(model))
+    eager, static = OneSlot(CachedLM(model)), BatchedLM(Decoder.adopt(model))
     tree = Tree([40, 41, 42, 43], [-1, -1, 1, 2])
     steps = []
     for lm in (eager, static):
-        lm.prefill(PROMPT)
-        out = lm.run(tree.rows(PROMPT[-1]), tree, greedy=True)
+        lm.prefill([0], [PROMPT])
+        (out,) = lm.run([Row(0, tree.rows(PROMPT[-1]), tree)], greedy=True)
         if lm is eager:
             assert out.picks is None
         else:  # (read before the next forward writes over them)
             assert out.picks[0].tolist() == out.logits.argmax(dim=-1).tolist()
             torch.testing.assert_close(out.picks[1], margins(out.logits), rtol=0, atol=0)
-        lm.crop(len(PROMPT) - 1)
+        lm.rewind(0, len(PROMPT) - 1)
         steps.append(verify(lm, PROMPT[-1], Proposal(tree), acceptance.EXACT, 0.0, None))
     assert steps[1].new == steps[0].new and steps[1].picks[0] == steps[0].picks[0] == steps[0].new
     torch.testing.assert_close(steps[1].picks[1], steps[0].picks[1], rtol=1e-4, atol=1e-4)
@@ -100,15 +101,15 @@ def test_an_upload_queues_host_values_on_the_device(device):
 
 
 def test_a_prompt_longer_than_the_largest_bucket_and_a_full_cache(target):
-    static, eager = StaticCachedLM(Decoder.adopt(target), capture=False), CachedLM(target)
+    static, eager = BatchedLM(Decoder.adopt(target), capture=False), OneSlot(CachedLM(target))
     long = list(range(3, 300))
-    torch.testing.assert_close(static.prefill(long).logits, eager.prefill(long).logits, rtol=1e-4, atol=1e-4)
-    static.reset()
-    with_features = [lm.prefill(PROMPT, layers=(2, -1)) for lm in (CachedLM(target), static)]
+    (ours,), (theirs,) = (lm.prefill([0], [long]) for lm in (static, eager))
+    torch.testing.assert_close(ours.logits, theirs.logits, rtol=1e-4, atol=1e-4)
+    with_features = [lm.prefill([0], [PROMPT], layers=(2, -1))[0] for lm in (OneSlot(CachedLM(target)), static)]
     assert with_features[1].features.shape == (len(PROMPT) - 1, 2 * target.config.hidden_size)  # every prompt row
     torch.testing.assert_close(with_features[1].features, with_features[0].features, rtol=1e-4, atol=1e-4)
     with pytest.raises(Exception, match="do not fit the static cache"):
-        static.forward(list(range(static.context_length)))
+        static.run([Row(0, list(range(static.context_length)))])
 
 
 def step_ops():
@@ -267,9 +268,9 @@ def test_sps_on_static_caches_gives_vanillas_tokens_with_step_times_inside_the_w
     and read once a step; on a GPU the step times are CUDA events, and they fit inside the turn's wall time."""
     model = target.to(device)
     draft = load_causal_lm(TINY_DIR / "draft", torch.device(device), torch.float32, "draft")
-    lm = StaticCachedLM(Decoder.adopt(model))
+    lm = BatchedLM(Decoder.adopt(model))
     plain = decode(lm, Vanilla(), PROMPT, max_new_tokens=24, temperature=0.0, stop_ids=set())
-    drafter = DraftModel(StaticCachedLM(Decoder.adopt(draft)), 4)
+    drafter = DraftModel(BatchedLM(Decoder.adopt(draft)), 4)
     gen = decode(lm, drafter, PROMPT, max_new_tokens=24, temperature=0.0, stop_ids=set())
     target.to("cpu")
     assert gen.tokens == plain.tokens and max(gen.accept_lengths) > 1

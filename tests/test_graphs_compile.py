@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
-from specbench.core.static_lm import SPAN, StaticCachedLM
+from specbench.core.static_lm import SPAN, BatchedLM, Row
 from specbench.core.tree import Tree
 from specbench.heads.eagle import build, config_from_target
 from specbench.methods.eagle import Eagle
@@ -30,15 +30,19 @@ def graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def steps(lm: StaticCachedLM) -> list[torch.Tensor]:
+def forward(lm: BatchedLM, tokens: list[int], tree: Tree | None = None) -> torch.Tensor:
+    return lm.run([Row(0, tokens, tree)])[0].logits
+
+
+def steps(lm: BatchedLM) -> list[torch.Tensor]:
     """One of each kind of step a decode takes: a one-token forward, a chain of 3, a tree with its mask; commits."""
-    outs = [lm.forward([7])]
-    start = lm.cached
-    outs.append(lm.forward([8, 9, 10]))
-    lm.commit(start - 1, [0, 1])
-    start = lm.cached
-    outs.append(lm.forward(TREE.rows(11), TREE))
-    lm.commit(start, [0, 2, 3])
+    outs = [forward(lm, [7])]
+    start = lm.lengths[0]
+    outs.append(forward(lm, [8, 9, 10]))
+    lm.commit([(0, start - 1, [0, 1])])
+    start = lm.lengths[0]
+    outs.append(forward(lm, TREE.rows(11), TREE))
+    lm.commit([(0, start, [0, 2, 3])])
     return outs
 
 
@@ -47,20 +51,20 @@ def test_a_compiled_static_forward_gives_the_uncompiled_logits_and_no_graph_per_
     model = random_llama(64, layers=4, seed=3).to(device)
     owned = Decoder.adopt(copy.deepcopy(model))
     compile_layers(owned.layers)  # (what `--graphs --compile` does on a GPU)
-    plain, compiled = StaticCachedLM(Decoder.adopt(model)), StaticCachedLM(owned)
+    plain, compiled = BatchedLM(Decoder.adopt(model)), BatchedLM(owned)
     prompt = [int(t) for t in torch.randint(3, 64, (SPAN - 12,), generator=torch.Generator().manual_seed(0))]
     before = graphs()
     for lm in (plain, compiled):
-        lm.prefill(prompt)  # (the compiled one's allocates the cache, uncompiled)
+        lm.prefill([0], [prompt])  # (the compiled one's allocates the cache, uncompiled)
     for lm in (plain, compiled):  # the first span's shapes: compiled (and captured on a GPU) here
-        lm.forward([5])
-    torch.testing.assert_close(compiled.forward([5]), plain.forward([5]), rtol=1e-4, atol=1e-4)
+        forward(lm, [5])
+    torch.testing.assert_close(forward(compiled, [5]), forward(plain, [5]), rtol=1e-4, atol=1e-4)
     built = None
     for _ in range(4):  # 4 x 7 rows: from the first span of keys into the second
         for ours, theirs in zip(steps(compiled), steps(plain), strict=True):
             torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
         built = graphs() if built is None else built
-    assert compiled.cached == plain.cached > SPAN
+    assert compiled.lengths == plain.lengths and plain.lengths[0] > SPAN
     assert graphs() == built, "a new key span recompiled the forward"
     assert built - before == 2  # one for a single row, one for more, the 4 layers sharing them (a graph a layer: 8)
 

@@ -15,7 +15,7 @@ from specbench.cli.main import main
 from specbench.config import RunConfig
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import Generation, Job, decode, decode_batch
-from specbench.core.static_lm import BatchedLM, StaticCachedLM
+from specbench.core.static_lm import BatchedLM
 from specbench.core.synthetic import Profile, parse
 from specbench.errors import SpecbenchError
 from specbench.methods.sps import DraftModel
@@ -58,7 +58,7 @@ def decoded(models, rates, regime: str, temperature: float = 0.0, budget: int = 
             rule=profile,
         )
         return [ended[i] for i in range(len(PROMPTS))]
-    cache = CachedLM if regime == "eager" else StaticCachedLM
+    cache = CachedLM if regime == "eager" else BatchedLM
     return [
         decode(
             cache(target),

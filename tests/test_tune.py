@@ -17,8 +17,9 @@ from specbench.config import RunConfig
 from specbench.core import acceptance, choices
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
+from specbench.core.one_slot import OneSlot
+from specbench.core.own_step import verify
 from specbench.core.proposer import Drafter, Proposal, Turn
-from specbench.core.step import verify
 from specbench.core.tree import Tree, chain
 from specbench.errors import SpecbenchError
 from specbench.methods import variant_name as variant
@@ -64,8 +65,8 @@ def test_accepted_equals_what_greedy_verification_appends():
             if torch.rand((), generator=gen) < 0.5 and len(depth_path) < len(vanilla.tokens):
                 tokens[i] = vanilla.tokens[len(depth_path)]
         tree = Tree(tokens, parents)
-        target = CachedLM(model)
-        target.prefill(prompt)  # caches all but the last token: the root
+        target = OneSlot(CachedLM(model))
+        target.prefill([0], [prompt])  # caches all but the last token: the root
         step = verify(target, prompt[-1], Proposal(tree), acceptance.EXACT, 0.0, None)
         assert accepted(tree, vanilla.tokens) == len(step.new)
 
@@ -476,16 +477,16 @@ def test_each_timed_propose_follows_a_target_forward(monkeypatch):
     draft-cost timings reproduce that (one-token forward, the cache cropped back to the state) before each."""
     events = []
 
-    class Target:
-        def prefill(self, prompt, layers):
-            events.append(("prefill", len(prompt), layers))
-            return None
+    class Target:  # (the batch interface's, a batch of one)
+        def prefill(self, slots, prompts, layers):
+            events.append(("prefill", slots, len(prompts[0]), layers))
+            return [None]
 
-        def forward(self, tokens):
-            events.append(("forward", tokens))
+        def verify(self, rows):
+            events.append(("forward", rows[0].slot, rows[0].tokens))
 
-        def crop(self, length):
-            events.append(("crop", length))
+        def rewind(self, slot, length):
+            events.append(("crop", slot, length))
 
     class Timed(Drafter):
         feature_layers = ()
@@ -505,7 +506,7 @@ def test_each_timed_propose_follows_a_target_forward(monkeypatch):
     tuner.session, tuner.budget = FakeSession(), 8
     tuner.cfg = TuneConfig("sps", RunConfig(methods=["sps"]))
     assert tuner.propose_seconds({}, [5, 6, 7]) >= 0
-    assert events == [("prefill", 3, None)] + [("start",), ("forward", [7]), ("crop", 2), ("propose",)] * 4
+    assert events == [("prefill", [0], 3, None)] + [("start",), ("forward", 0, [7]), ("crop", 0, 2), ("propose",)] * 4
 
 
 def test_drafting_cost_follows_the_context_it_was_calibrated_at():

@@ -15,6 +15,7 @@ from specbench.core.losslessness import (
     sampling_test,
     two_ways,
 )
+from specbench.core.one_slot import OneSlot
 from specbench.core.proposer import Proposal
 from specbench.methods.pld import PromptLookup
 from specbench.methods.sps import DraftModel
@@ -49,13 +50,13 @@ def run_test(target, proposer, samples=1500):
 
 
 def test_exact_distribution_sums_to_one(small_vocab):
-    law = exact_distribution(CachedLM(small_vocab[0]), PROMPT, 2, 1.0, set(), min_prob=0.0)
+    law = exact_distribution(OneSlot(CachedLM(small_vocab[0])), PROMPT, 2, 1.0, set(), min_prob=0.0)
     assert len(law) == 64
     assert abs(sum(law.values()) - 1) < 1e-5
 
 
 def test_stop_token_ends_a_sequence_early(small_vocab):
-    law = exact_distribution(CachedLM(small_vocab[0]), PROMPT, 2, 1.0, {3}, min_prob=0.0)
+    law = exact_distribution(OneSlot(CachedLM(small_vocab[0])), PROMPT, 2, 1.0, {3}, min_prob=0.0)
     assert (3,) in law and not any(len(k) == 2 and k[0] == 3 for k in law)
     assert abs(sum(law.values()) - 1) < 1e-5
 

@@ -11,7 +11,6 @@ from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin
 
 from ..errors import SpecbenchError
-from .static_cache import StaticRows
 from .transfer import upload
 from .tree import Tree, attention_mask, position_ids
 
@@ -153,7 +152,7 @@ class CachedLM:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.context_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
-        self.cache: DynamicCache | StaticRows | None = None  # StaticRows: `StaticCachedLM`'s
+        self.cache: DynamicCache | None = None
         self.prefilled: tuple[tuple, Forward | None] | None = None  # the last prefill: (prompt and layers, its output)
 
     @property
@@ -204,9 +203,9 @@ class CachedLM:
 
         `layers` asks for hidden states as features: indices into the model's hidden-state list (0 = the
         embeddings, i = the output of layer i) and -1 for the final normalised state the LM head reads.
-        `greedy`: the caller reads every row's argmax. A captured forward (`StaticCachedLM`) then computes the
-        picks inside its graph, where they cost no launch from the host; here, uncaptured, they are left to the
-        caller, which needs the margins of a few rows only.
+        `greedy`: the caller reads every row's argmax. A captured forward (`BatchedLM`) computes the picks inside
+        its graph, where they cost no launch from the host; here, uncaptured, they are left to the caller, which
+        needs the margins of a few rows only.
         """
         if self.cache is None:
             self.reset()

@@ -15,13 +15,14 @@ import torch
 
 from ..errors import SpecbenchError
 from . import acceptance
-from .cached_lm import CachedLM, Forward, margins
+from .cached_lm import CachedLM, Forward
+from .one_slot import Target, single
 from .proposer import Drafter, Feedback, Proposal, Proposer, Turn, drafter
-from .static_lm import BatchedLM, Row, StaticCachedLM
-from .step import Judged, inputs
+from .static_lm import Row
+from .step import inputs
 from .synthetic import Profile
 from .transfer import upload
-from .tree import EMPTY, DeviceTree
+from .tree import DeviceTree
 
 
 @dataclass(frozen=True)
@@ -97,64 +98,6 @@ class Marks:
         return [self.marks[0].elapsed_time(event) / 1000 for event in self.marks]
 
 
-class OneSlot:
-    """A CachedLM (the eager cache, or a static one) as the loop's batch of one. `reuse`: a prefill of the prompt
-    just prefilled crops back to it (`CachedLM.prefill`; the sampling audit's)."""
-
-    batch = 1
-
-    def __init__(self, model: CachedLM, reuse: bool = False) -> None:
-        self.model, self.reuse = model, reuse
-        self.device, self.context_length = model.device, model.context_length
-
-    @property
-    def lengths(self) -> list[int]:
-        return [self.model.cached]
-
-    def prefill(
-        self, slots: list[int], prompts: list[list[int]], layers: tuple[int, ...] | None = None
-    ) -> list[Forward | None]:
-        (prompt,) = prompts
-        return [self.model.prefill(prompt, layers, reuse=self.reuse)]
-
-    def verify(
-        self, rows: list[Row], *, layers: tuple[int, ...] | None = None, greedy: bool = False, judged: bool = False
-    ) -> tuple[Forward, Judged | None]:
-        """`BatchedLM.verify` for the one sequence: its output [1, n, ...] and, when `judged`, its greedy verdict (a
-        static cache's, computed with its forward; the eager cache's on the host from the one read of its picks, as
-        cheaper than a batch's tensor operations for one sequence: `acceptance.greedy`)."""
-        (row,) = rows
-        model = self.model
-        if isinstance(model, StaticCachedLM) and model.batched.batch == 1:
-            return model.batched.verify([row], layers=layers, greedy=greedy, judged=judged)
-        out = model.run(row.joined(), row.tree, layers=layers, side=row.side, greedy=greedy or judged)
-        logits, features = out.logits[None], None if out.features is None else out.features[None]
-        if not (greedy or judged):
-            return Forward(logits, features), None
-        top1 = logits.argmax(-1) if out.picks is None else out.picks[0][None]  # [1, n]
-        if not judged:
-            return Forward(logits, features, (top1, margins(logits))), None
-        tree = row.tree if row.tree is not None else EMPTY
-        best = tree.read_along(top1[0])  # (a tree still on the device comes with them: one read)
-        accepted = acceptance.greedy(tree, best[: len(tree) + 1])
-        n, kept = len(best), [0, *accepted.rows]
-        pad = [0] * (n - len(kept))
-        new = [tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
-        summary = [len(accepted.rows), accepted.tested, *kept, *pad, *new, *pad, *best]
-        at = upload(kept + pad, self.device)
-        chosen = features[:, at] if features is not None else None
-        verdict = Judged([summary], top1[:, at], margins(logits[:, at]), chosen)
-        return Forward(logits, features), verdict
-
-    def commit(self, moves: list[tuple[int, int, list[int]]]) -> None:
-        ((_, start, keep),) = moves
-        self.model.commit(start, keep)
-
-    def rewind(self, slot: int, length: int) -> None:
-        """The sequence's cached rows from `length` on dropped."""
-        self.model.crop(length)
-
-
 @dataclass(frozen=True, slots=True)
 class StepMarks:
     """One step of a batch: its marks (`Marks` indices: drafting began, the forward began, every slot's verdict was
@@ -197,20 +140,21 @@ class _Turn:
 
 
 def decode_batch(
-    target: BatchedLM | OneSlot,
+    target: Target,
     drafts: Drafter | Proposer | list[Proposer],
     next_job: Callable[[], Job | None],
     finished: Callable[[Job, Generation], None],
     *,
     stop_ids: set[int],
     rule: acceptance.Rule | Profile = acceptance.EXACT,
+    reuse_prefill: bool = False,
 ) -> float:
     """Answer turns in `target.batch` slots, the method's `drafts` drafting for them (its Drafter, or one-sequence
     proposers, one per slot, adapted: `proposer.drafter`), until `next_job` has none left; `finished` gets each
     turn's generation as it ends (so it may queue the conversation's next turn; the timings are filled in when the
     batch ends). Returns the batch's wall seconds (device synchronised). `rule` is the method's acceptance rule (its
     preset's, through `methods.rule`), or a synthetic profile that forces every verdict at every temperature
-    (`forced`: cost-only).
+    (`forced`: cost-only). `reuse_prefill`: the sampling audit's (`BatchedLM.prefill`).
 
     A step is batch operations: one forward for every slot's rows, at T = 0 every slot's verdict in one
     (`acceptance.greedy_batch`) and one read of the device (accepted lengths, kept rows and new tokens), one commit;
@@ -237,7 +181,7 @@ def decode_batch(
                 )
         lanes = [slot for slot, _ in joining]
         m0 = mark()
-        prefills = target.prefill(lanes, [job.prompt for _, job in joining], layers)
+        prefills = target.prefill(lanes, [job.prompt for _, job in joining], layers, reuse=reuse_prefill)
         m1 = mark()
         drafting.start(
             lanes,
@@ -428,7 +372,7 @@ def forced(active: list, proposals: list[Proposal], whole: Forward, profile: Pro
 
 
 def decode(
-    target: CachedLM,
+    target: CachedLM | Target,
     proposer: Proposer | Drafter,
     prompt: list[int],
     *,
@@ -441,17 +385,18 @@ def decode(
     reuse_prefill: bool = False,
 ) -> Generation:
     """Generate up to max_new_tokens after `prompt`, timing prefill to last token (device synchronised): the loop
-    for a batch of one. `request` names what is answered (`Turn.request`); `reuse_prefill`: the target's cache of
-    the same prompt is kept from the last call (`CachedLM.prefill`), for the sampling audit only: its prefill time
-    would be wrong."""
+    for a batch of one (`target`: a CachedLM, or a model behind the batch interface of one slot). `request` names
+    what is answered (`Turn.request`); `reuse_prefill`: the target's cache of the same prompt is kept from the last
+    call (`BatchedLM.prefill`), for the sampling audit only: its prefill time would be wrong."""
     jobs = [Job(prompt, max_new_tokens, temperature, generator, request)]
     out: list[Generation] = []
     decode_batch(
-        OneSlot(target, reuse_prefill),
+        single(target),
         proposer,
         lambda: jobs.pop() if jobs else None,
         lambda job, gen: out.append(gen),
         stop_ids=stop_ids,
         rule=rule,
+        reuse_prefill=reuse_prefill,
     )
     return out[0]

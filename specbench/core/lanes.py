@@ -7,22 +7,19 @@ from __future__ import annotations
 import torch
 
 from .cached_lm import CachedLM, Forward
-from .static_lm import BUCKETS, BatchedLM, Row, StaticCachedLM
+from .static_lm import BUCKETS, BatchedLM, Row
 from .transfer import upload
 
 
 class Lanes:
-    """`model` is a BatchedLM (every slot's rows in one forward), CachedLMs (one per slot; one: slot 0's, the others
-    get their own cache of its model) or a causal LM (a CachedLM per slot)."""
+    """`model` is a BatchedLM (every slot's rows in one forward), a CachedLM (slot 0's; the others get their own cache
+    of its model) or a causal LM (a CachedLM per slot)."""
 
-    def __init__(self, model: BatchedLM | CachedLM | list[CachedLM] | torch.nn.Module) -> None:
-        if isinstance(model, StaticCachedLM):
-            model = model.batched
+    def __init__(self, model: BatchedLM | CachedLM | torch.nn.Module) -> None:
         self.batched = model if isinstance(model, BatchedLM) else None
-        caches = model if isinstance(model, list) else [model] if isinstance(model, CachedLM) else []
-        self.own: dict[int, CachedLM] = dict(enumerate(caches))  # slot -> its cache, when not batched
-        first = caches[0] if caches else model
-        self.model = first.model if isinstance(first, CachedLM | BatchedLM) else first
+        self.own: dict[int, CachedLM] = {0: model} if isinstance(model, CachedLM) else {}  # slot -> its cache, when
+        # not batched
+        self.model = model.model if isinstance(model, CachedLM | BatchedLM) else model
         self.context_length = self.batched.context_length if self.batched is not None else self.lane(0).context_length
 
     def lane(self, slot: int) -> CachedLM:

@@ -14,9 +14,10 @@ from ..progress import Progress
 from . import acceptance
 from .cached_lm import CachedLM, margins
 from .decode import Job, decode, decode_batch
+from .one_slot import Target, single
 from .proposer import Drafter, Proposer
 from .sampling import probabilities
-from .static_lm import BatchedLM
+from .static_lm import BatchedLM, Row
 from .tree import trie
 
 
@@ -131,13 +132,13 @@ class SamplingTest:
 
 
 def exact_distribution(
-    target: CachedLM, prompt: list[int], horizon: int, temperature: float, stop_ids: set[int], min_prob: float
+    target: Target, prompt: list[int], horizon: int, temperature: float, stop_ids: set[int], min_prob: float
 ) -> dict[tuple[int, ...], float]:
     """Vanilla sampling's exact probabilities of every continuation of `horizon` tokens (or ending at a stop
     token) whose probability is at least min_prob. Level by level, all open prefixes form one token tree
-    verified in a single forward over the cached prompt."""
-    target.prefill(prompt)
-    past = target.cached
+    verified in a single forward over the cached prompt (in `target`'s slot 0)."""
+    target.prefill([0], [prompt])
+    past = target.lengths[0]
     frontier: dict[tuple[int, ...], float] = {(): 1.0}
     done: dict[tuple[int, ...], float] = {}
     for _ in range(horizon):
@@ -146,8 +147,9 @@ def exact_distribution(
         for token, parent in zip(tree.tokens, tree.parents, strict=True):
             prefixes.append((*(prefixes[parent] if parent >= 0 else ()), token))
         node = {(): 0, **{seq: i + 1 for i, seq in enumerate(prefixes)}}  # prefix -> input row ([root] + tree)
-        logits = target.forward([prompt[-1], *tree.tokens], tree)
-        target.crop(past)
+        (out,) = target.run([Row(0, [prompt[-1], *tree.tokens], tree)])
+        target.rewind(0, past)
+        logits = out.logits
         rows = [node[seq] for seq in frontier]
         probs = probabilities(logits[rows], temperature).cpu().numpy()
         nxt: dict[tuple[int, ...], float] = {}
@@ -181,7 +183,7 @@ def _bins(law: dict[tuple[int, ...], float], samples: int) -> tuple[dict[tuple[i
 
 
 def sampling_test(
-    target: CachedLM,
+    target: CachedLM | Target,
     proposer: Proposer | Drafter,
     prompt: list[int],
     *,
@@ -200,6 +202,7 @@ def sampling_test(
     Continuations of probability >= 1/samples are enumerated exactly and grouped into bins of expected
     count >= 5 (most probable first); the rest forms one more bin. A lossless method passes at `alpha`.
     """
+    target = single(target)
     law = exact_distribution(target, prompt, horizon, temperature, stop_ids, min_prob=1.0 / samples)
     of, masses = _bins(law, samples)
     expected = np.array(masses) * samples

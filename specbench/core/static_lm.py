@@ -1,6 +1,6 @@
 """The owned decoder (`models.decoder`) on a preallocated KV cache (`core.static_cache`), for `--graphs` and for
 batches: `BatchedLM` runs one forward over the rows of `batch` sequences (slots), each with its own length, tree and
-positions; `StaticCachedLM` is a batch of one behind the CachedLM interface. Every forward is padded to a bucket of
+positions (B = 1 included: the target of `--graphs`). Every forward is padded to a bucket of
 rows (1, 2, 4, ... 128), so each bucket has fixed shapes, and on a GPU each bucket's forward is captured once as a
 CUDA graph and replayed (`core.capture`): no Python and no per-kernel launch cost per step. Attention reads the live
 rows only (rounded up to SPAN, a graph per span). The mask, positions and cache rows are built inside the graph from
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecbenchError
-from .cached_lm import CachedLM, Forward, SideBranch, as_ids, top1, top_two
+from .cached_lm import Forward, SideBranch, as_ids, top1, top_two
 from .capture import Replays, uncompiled
 from .static_cache import StaticRows
 from .step import Judged, judge_batch
@@ -135,6 +135,8 @@ class BatchedLM:
         self.inputs: dict[tuple, Inputs] = {}  # by (bucket, span, layers, chains only, greedy)
         self.chains: dict[int, Inputs] = {}  # by bucket: a chain's shape, written over a tree's (`_shape`)
         self.cache = StaticRows(len(model.layers), self.capacity, batch)
+        self.prefilled: dict[int, tuple[tuple, Forward | None]] = {}  # slot -> its last prefill's prompt and layers,
+        # and its output (`prefill`'s `reuse`)
 
     def _check(self, rows: list[Row]) -> None:
         for row in rows:
@@ -334,18 +336,24 @@ class BatchedLM:
 
     @torch.inference_mode()
     def prefill(
-        self, slots: list[int], prompts: list[list[int]], layers: tuple[int, ...] | None = None
+        self, slots: list[int], prompts: list[list[int]], layers: tuple[int, ...] | None = None, reuse: bool = False
     ) -> list[Forward | None]:
         """Empty `slots` and fill each with all of its prompt but the last token (the first root): the slots
         together, in forwards of PREFILL_ROWS padded rows at most (prompts of like length together): each slot's
-        last row's logits and its rows' features (None for a one-token prompt)."""
+        last row's logits and its rows' features (None for a one-token prompt). `reuse`: a slot whose last prefill
+        was of the same prompt and layers, its rows still cached, goes back to them instead (the sampling audit
+        answers one prompt thousands of times; a timed answer never reuses)."""
         rows = []
+        out: dict[int, Forward | None] = {}
         for slot, prompt in zip(slots, prompts, strict=True):
+            key, last = (tuple(prompt), layers), self.prefilled.pop(slot, None)
+            if reuse and last is not None and last[0] == key and self.lengths[slot] >= len(prompt) - 1:
+                self.lengths[slot], out[slot], self.prefilled[slot] = len(prompt) - 1, last[1], last
+                continue
             self.lengths[slot] = 0
             if len(prompt) >= 2:
                 rows.append(Row(slot, prompt[:-1]))
         self._check(rows)
-        out: dict[int, Forward] = {}
         group: list[Row] = []
         for row in sorted(rows, key=lambda r: r.size, reverse=True):  # the longest first: each group's widest
             if group and (len(group) + 1) * group[0].size > PREFILL_ROWS:
@@ -354,6 +362,9 @@ class BatchedLM:
             group.append(row)
         if group:
             out.update(zip([r.slot for r in group], self._alone(group, layers, last_only=True), strict=True))
+        if reuse:  # (an uncaptured forward's outputs: no replay writes over them)
+            for slot, prompt in zip(slots, prompts, strict=True):
+                self.prefilled[slot] = ((tuple(prompt), layers), out.get(slot))
         return [out.get(slot) for slot in slots]
 
     @staticmethod
@@ -369,7 +380,11 @@ class BatchedLM:
         return Forward(out.logits[slot, rows].clone(), features, picks)
 
     def rewind(self, slot: int, length: int) -> None:
-        """`slot`'s committed rows from `length` on dropped (rows past a length are never read: nothing is cleared)."""
+        """`slot`'s committed rows from `length` on dropped (rows past a length are never read: nothing is cleared;
+        a prefill kept for `reuse` is forgotten once its rows may be written over)."""
+        last = self.prefilled.get(slot)
+        if last is not None and length < len(last[0][0]) - 1:
+            del self.prefilled[slot]
         self.lengths[slot] = length
 
     @torch.inference_mode()
@@ -379,41 +394,3 @@ class BatchedLM:
         self.cache.commit_rows(moves)
         for slot, start, keep in moves:
             self.lengths[slot] = start + len(keep)
-
-
-class StaticCachedLM(CachedLM):
-    """The CachedLM interface over a BatchedLM of one slot: one sequence's model (the target, or a draft model a
-    one-sequence proposer drafts with) on the owned decoder and a static cache, under `--graphs`."""
-
-    def __init__(self, model, capture: bool | None = None) -> None:
-        super().__init__(model)
-        self.batched = BatchedLM(model, 1, capture)
-        self.context_length = self.batched.context_length
-        self.cache = self.batched.cache
-        self.replays = self.batched.replays
-
-    @property
-    def cached(self) -> int:
-        return self.batched.lengths[0]
-
-    def reset(self) -> None:
-        self.batched.lengths[0] = 0  # rows past the length are never attended to, so nothing needs clearing
-        self.prefilled = None
-
-    def run(
-        self,
-        tokens: list[int] | torch.Tensor,
-        tree: Tree | None = None,
-        *,
-        last_only: bool = False,
-        layers: tuple[int, ...] | None = None,
-        side: SideBranch | None = None,
-        greedy: bool = False,
-    ) -> Forward:
-        return self.batched.run([Row(0, tokens, tree, side)], layers=layers, greedy=greedy, last_only=last_only)[0]
-
-    def commit(self, start: int, keep: list[int]) -> None:
-        self.batched.commit([(0, start, keep)])
-
-    def crop(self, length: int) -> None:
-        self.batched.lengths[0] = min(self.batched.lengths[0], length)

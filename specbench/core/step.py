@@ -1,6 +1,5 @@
-"""One verification step: for a draft that verifies its own proposals (Ouroboros), a forward over [root] + tree
-(+ side branch), the acceptance rule, and the accepted path committed to the cache (`verify`); for the decode loop's
-batch, every slot's greedy verdict and what it keeps, computed with the forward (`judge_batch`)."""
+"""The decode loop's verification step over a batch: every slot's greedy verdict and what it keeps, computed with the
+forward (`judge_batch`), and a slot's verification rows (`inputs`)."""
 
 from __future__ import annotations
 
@@ -10,25 +9,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import acceptance
-from .cached_lm import CachedLM, Forward, margins
-from .transfer import upload
 
 if TYPE_CHECKING:
     from .proposer import Proposal
-
-
-@dataclass(frozen=True)
-class Verified:
-    """One verification of a proposal: what the rule accepted, the tokens it appends, the forward's output."""
-
-    accepted: acceptance.Accepted
-    new: list[int]  # accepted draft tokens, then the target's own
-    output: Forward  # logits (and features) of every input row, side-branch rows included
-    kept: list[int]  # input rows now in the cache: the root and the accepted nodes
-    kept_rows: torch.Tensor  # the same [k] on the logits' device
-    picks: tuple[list[int], torch.Tensor] | None = None  # T=0: the target's top-1 [k] and top-1/2 margin [k] at
-    # the kept rows, i.e. for each token of `new`; the margins on the device (read once per turn: no extra host sync)
-    side_picks: list[int] | None = None  # T=0: the target's argmax at each side-branch token
 
 
 @dataclass
@@ -67,61 +50,3 @@ def inputs(root: int, proposal: Proposal) -> list[int] | torch.Tensor:
     """A verification's tokens: [root] + tree (+ side branch)."""
     tree, side = proposal.tree, proposal.side
     return tree.rows(root) if side is None else [root, *tree.tokens, *side.tokens]
-
-
-def judge(
-    proposal: Proposal,
-    out: Forward,
-    rule: acceptance.Rule,
-    temperature: float,
-    generator: torch.Generator | None,
-) -> tuple[acceptance.Accepted, list[int] | None]:
-    """The rule's verdict on a proposal from its forward's output (greedy at T = 0), and at T = 0 every row's argmax
-    (the side branch's too, read with the tree if it is still on the device: one read of the device)."""
-    tree = proposal.tree
-    n = len(tree) + 1
-    if temperature == 0:
-        picks = tree.read_along(out.logits.argmax(dim=-1) if out.picks is None else out.picks[0])
-        return acceptance.greedy(tree, picks[:n]), picks
-    return rule(tree, out.logits[:n], proposal.draft_probs, temperature, generator), None
-
-
-def outcome(
-    proposal: Proposal,
-    out: Forward,
-    accepted: acceptance.Accepted,
-    best: list[int] | None,
-) -> Verified:
-    """What a verdict appends and keeps; at T = 0 the kept rows' picks, their margins gathered before the model's
-    next forward writes over a captured one's."""
-    kept = [0, *accepted.rows]
-    new = [proposal.tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]
-    rows = upload(kept, out.logits.device)
-    picks = side_picks = None
-    if best is not None:
-        margin = None if out.picks is None else out.picks[1]
-        kept_margins = margins(out.logits[rows]) if margin is None else margin[rows]
-        picks = [best[r] for r in kept], kept_margins
-        side_picks = best[len(proposal.tree) + 1 :]
-    return Verified(accepted, new, out, kept, rows, picks, side_picks)
-
-
-def verify(
-    model: CachedLM,
-    root: int,
-    proposal: Proposal,
-    rule: acceptance.Rule,
-    temperature: float,
-    generator: torch.Generator | None,
-    layers: tuple[int, ...] | None = None,
-) -> Verified:
-    """One forward of `model` over [root] + tree (+ side branch), acceptance by `rule` (greedy at T = 0), and the
-    accepted path committed into the cache (the rest dropped). At T = 0 the host reads the device once: every row's
-    argmax, the side branch's too, with the tree if it is still on the device; a captured forward computed them,
-    and the margins the losslessness check compares, inside its graph."""
-    past = model.cached
-    greedy = temperature == 0
-    out = model.run(inputs(root, proposal), proposal.tree, layers=layers, side=proposal.side, greedy=greedy)
-    accepted, best = judge(proposal, out, rule, temperature, generator)
-    model.commit(past, [0, *accepted.rows])
-    return outcome(proposal, out, accepted, best)

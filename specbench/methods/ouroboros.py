@@ -22,9 +22,11 @@ import torch
 
 from ..core import acceptance
 from ..core.cached_lm import CachedLM
+from ..core.one_slot import single
+from ..core.own_step import verify
 from ..core.proposer import NO_PROPOSAL, Feedback, Proposal, Proposer, Turn
 from ..core.sampling import probabilities
-from ..core.step import verify
+from ..core.static_lm import Row
 from ..core.tree import trie
 from ..registry import implementation
 from .lookahead import Lookahead
@@ -45,7 +47,7 @@ class Ouroboros(Proposer):
     ) -> None:
         if num_draft_tokens < 1 or topk < 0:
             raise ValueError("ouroboros needs num_draft_tokens >= 1 and topk >= 0")
-        self.draft = draft_model if isinstance(draft_model, CachedLM) else CachedLM(draft_model)
+        self.draft = single(CachedLM(draft_model) if isinstance(draft_model, torch.nn.Module) else draft_model)
         self.drafter = Lookahead(ngram_size, window_size, guess_set_size, pool_from_prompt, layout)
         self.gamma = num_draft_tokens
         self.topk = topk
@@ -54,14 +56,15 @@ class Ouroboros(Proposer):
         super().start(turn)
         self.drafter.start(turn)
         self.verified = len(turn.prompt)  # tokens the pool has learned from
-        self.draft.prefill(turn.prompt)
+        self.draft.prefill([0], [turn.prompt])
 
     def propose(self, tokens: list[int], max_depth: int) -> Proposal:
         gamma = min(self.gamma, max_depth)
         if gamma < 1 or len(tokens) + gamma + self.drafter.reach > self.draft.context_length:
             return NO_PROPOSAL
-        if self.draft.cached < len(tokens) - 1:
-            self.draft.forward(tokens[self.draft.cached : -1])
+        cached = self.draft.lengths[0]
+        if cached < len(tokens) - 1:
+            self.draft.run([Row(0, tokens[cached:-1])], last_only=True)
         drafted: list[int] = []
         q_rows: list[torch.Tensor] = []
         while len(drafted) < gamma:
@@ -95,7 +98,7 @@ class Ouroboros(Proposer):
         return new, q_rows
 
     def update(self, tokens: list[int], proposal: Proposal, feedback: Feedback) -> None:
-        self.draft.follow(tokens)
+        self.draft.rewind(0, min(self.draft.lengths[0], len(tokens) - 1))  # valid up to the last accepted token
         self.drafter.pool.add_sequence(tokens[max(0, self.verified - self.drafter.pool.length) :])
         self.verified = len(tokens)
 

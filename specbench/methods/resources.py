@@ -14,7 +14,8 @@ import torch
 
 from ..core.cached_lm import CachedLM
 from ..core.lanes import Lanes
-from ..core.static_lm import BatchedLM, StaticCachedLM
+from ..core.one_slot import OneSlot, Target
+from ..core.static_lm import BatchedLM
 from ..errors import SpecbenchError
 from ..heads.checkpoint import trained_for_other_target
 from ..models.few_rows import use_few_row_layout
@@ -87,11 +88,11 @@ class Resources:
             )
         return path
 
-    def cached_lm(self, model: torch.nn.Module, what: str = "draft model") -> CachedLM:
-        """`model` with a KV cache of its own (one sequence's): on the owned decoder and a static cache with
-        --graphs."""
+    def single(self, model: torch.nn.Module, what: str = "draft model") -> Target:
+        """`model` with a KV cache of its own (one sequence's), behind the batch interface: on the owned decoder and
+        a static cache with --graphs."""
         owned = self.owned_decoder(model, what)
-        return StaticCachedLM(owned) if owned is not None else CachedLM(model)
+        return BatchedLM(owned) if owned is not None else OneSlot(CachedLM(model))
 
     def lanes(self, model: torch.nn.Module, what: str, slots: int) -> Lanes:
         """`model`'s caches for a batch of `slots`: one static cache on the owned decoder under --graphs or for a
@@ -102,9 +103,9 @@ class Resources:
             return Lanes(model)
         return Lanes(BatchedLM(owned, slots, capture=None if self.graphs else False))
 
-    def draft_lm(self) -> CachedLM:
+    def draft_lm(self) -> Target:
         """The draft model with a KV cache of its own (each method drafting with it gets one)."""
-        return self.cached_lm(self.draft_model())
+        return self.single(self.draft_model())
 
     def draft_lanes(self, slots: int) -> Lanes:
         """The draft model's caches for a batch of `slots` (`lanes`)."""
@@ -152,7 +153,7 @@ class Resources:
             )
         head = HEADS[family].load(path, self.target_model).to(self.device, dtype or self.dtype)
         # under --graphs a head drafts on the owned decoder's modules: its layers (`own`), or, a whole causal LM
-        # (PARD's), the owned decoder (`cached_lm`)
+        # (PARD's), the owned decoder (`single`, `lanes`)
         if (self.graphs or slots > 1) and hasattr(head, "own"):  # (a batch's slots draft on static caches)
             head.own()
         use_few_row_layout(head)

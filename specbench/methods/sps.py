@@ -18,9 +18,7 @@ from .resources import Resources
 class DraftModel(Drafter):
     """`draft`: the draft's caches for the batch (`Lanes`, or what makes them)."""
 
-    def __init__(
-        self, draft: Lanes | BatchedLM | CachedLM | list[CachedLM] | torch.nn.Module, num_draft_tokens: int = 4
-    ) -> None:
+    def __init__(self, draft: Lanes | BatchedLM | CachedLM | torch.nn.Module, num_draft_tokens: int = 4) -> None:
         if num_draft_tokens < 1:
             raise ValueError("sps needs num_draft_tokens >= 1")
         self.draft = draft if isinstance(draft, Lanes) else Lanes(draft)

@@ -14,9 +14,10 @@ from .. import methods, tasks
 from ..config import Plan, RunConfig
 from ..core import acceptance, synthetic
 from ..core.cached_lm import CachedLM
-from ..core.decode import Generation, Job, OneSlot, decode_batch
+from ..core.decode import Generation, Job, decode_batch
+from ..core.one_slot import OneSlot, Target
 from ..core.proposer import Drafter, Proposer
-from ..core.static_lm import BUCKETS, BatchedLM, StaticCachedLM
+from ..core.static_lm import BUCKETS, BatchedLM
 from ..errors import SpecbenchError
 from ..models import decoder, loading
 from ..models.chat import fitting_prompt
@@ -68,7 +69,8 @@ class Session:
         if cfg.compile:  # (once per run: every method verifies on this one target)
             loading.compile_forward(owned or self.model, graphs=owned is not None)
         self.owned = owned
-        self.target = StaticCachedLM(owned) if owned is not None and cfg.graphs else CachedLM(self.model)
+        # a batch of one: on the owned decoder's static cache under --graphs, else on transformers' (eager)
+        self.target: Target = BatchedLM(owned) if owned is not None and cfg.graphs else OneSlot(CachedLM(self.model))
         self._batched: BatchedLM | None = None
         self.stop_ids = loading.stop_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.rules: dict[str, acceptance.Rule] = {}  # method -> its acceptance rule, read from its preset once
@@ -111,7 +113,7 @@ class Session:
         """One question answered alone (a batch of one on the run's target), every turn fed the model's own earlier
         answers: its generations, prompts and texts."""
         (answered,), _ = self.answer_batch(
-            method, OneSlot(self.target), proposer, [question], max_new_tokens, temperature, [seed]
+            method, self.target, proposer, [question], max_new_tokens, temperature, [seed]
         )
         return answered
 
@@ -135,7 +137,7 @@ class Session:
     def answer_batch(
         self,
         method: str,
-        target: BatchedLM | OneSlot,
+        target: Target,
         drafting: Drafter | Proposer | list,
         questions: list[tasks.Question],
         max_new_tokens: int,

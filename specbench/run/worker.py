@@ -16,10 +16,10 @@ import torch
 
 from .. import methods
 from ..config import BatchUnit, Plan, RunConfig, Unit, base_method, question_seed
-from ..core.cached_lm import CachedLM
-from ..core.decode import Generation, OneSlot
+from ..core.decode import Generation
+from ..core.one_slot import Target
 from ..core.proposer import Drafter
-from ..core.static_lm import BatchedLM, Row
+from ..core.static_lm import Row
 from ..interference import OtherLoad, set_aside, take_back, without_gc
 from ..machine import machine, warm_gpu
 from ..results import Answer, TurnSteps, answer, check_greedy
@@ -56,31 +56,30 @@ def _median_times(sizes, repeats: int, device: torch.device, forward, reset) -> 
 
 @torch.inference_mode()
 def forward_profile(
-    target: CachedLM | BatchedLM,
+    target: Target,
     context: int = 256,
     sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
     repeats: int = 9,
 ) -> dict[int, float]:
-    """Median seconds of one verification forward over k new rows in every slot of `target` (a CachedLM: a batch of
-    one) after `context` cached tokens in each, its verdicts computed with it as a greedy step's are: the T(k) of
-    the roofline and of tune's cost model, and at B slots the T(rows) a batch's steps are read against (the report's
-    batch sweep). Timed in interleaved rounds (`_median_times`); the slots are emptied after."""
-    batch = target if isinstance(target, BatchedLM) else OneSlot(target)
-    context = max(1, min(context, batch.context_length - max(sizes) - 1))
+    """Median seconds of one verification forward over k new rows in every slot of `target` after `context` cached
+    tokens in each, its verdicts computed with it as a greedy step's are: the T(k) of the roofline and of tune's cost
+    model, and at B slots the T(rows) a batch's steps are read against (the report's batch sweep). Timed in
+    interleaved rounds (`_median_times`); the slots are emptied after."""
+    context = max(1, min(context, target.context_length - max(sizes) - 1))
     generator = torch.Generator().manual_seed(0)
     filler = torch.randint(0, target.model.config.vocab_size, (context + max(sizes),), generator=generator).tolist()
-    batch.prefill(list(range(batch.batch)), [filler[: context + 1]] * batch.batch)
+    target.prefill(list(range(target.batch)), [filler[: context + 1]] * target.batch)
 
     def forward(k: int) -> None:
-        batch.verify([Row(slot, filler[context : context + k]) for slot in range(batch.batch)], judged=True)
+        target.verify([Row(slot, filler[context : context + k]) for slot in range(target.batch)], judged=True)
 
     def reset() -> None:
-        for slot in range(batch.batch):
-            batch.rewind(slot, context)
+        for slot in range(target.batch):
+            target.rewind(slot, context)
 
     times = _median_times(sizes, repeats, target.device, forward, reset)
-    for slot in range(batch.batch):
-        batch.rewind(slot, 0)
+    for slot in range(target.batch):
+        target.rewind(slot, 0)
     return times
 
 

@@ -20,6 +20,7 @@ from .. import methods, tasks
 from ..config import question_seed
 from ..core.decode import Step, clock
 from ..core.proposer import Drafter, Feedback, Nested, Proposal, Turn
+from ..core.static_lm import Row
 from ..core.tree import Tree
 from ..errors import SpecbenchError
 from ..interference import OtherLoad, too_busy
@@ -132,7 +133,7 @@ class Tuner:
         bfloat16 EAGLE-2 tree 0.2x as long as its 60-token tree; after a forward, 0.26x, as in its runs)."""
         proposer = methods.build_batch(self.cfg.method, self.session.resources, 1, params)
         target = self.session.target
-        prefilled = target.prefill(state, proposer.feature_layers or None)
+        (prefilled,) = target.prefill([0], [state], proposer.feature_layers or None)
         features = None
         if proposer.feature_layers:
             assert prefilled is not None  # `state` is a prompt and its answer
@@ -140,8 +141,8 @@ class Tuner:
         times = []
         for _ in range(4):
             proposer.start([0], [Turn(state, 0.0, None, features, None)])
-            target.forward(state[-1:])
-            target.crop(len(state) - 1)
+            target.verify([Row(0, state[-1:])])
+            target.rewind(0, len(state) - 1)
             t0 = clock(self.session.device)
             proposer.propose([0], [state], [self.budget])
             times.append(clock(self.session.device) - t0)
