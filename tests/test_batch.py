@@ -338,3 +338,23 @@ def test_a_batch_that_cannot_fit_is_refused_at_plan_time(capsys):
     assert main(["run", "--batch", "100000", "--tasks", "quick", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--batch 100000 does not fit" in err and "largest batch that fits is" in err and "\n" not in err
+
+
+def test_a_reused_prefill_goes_back_to_its_rows_until_they_may_be_written_over(target):
+    """The sampling audit answers one prompt thousands of times: a prefill of the same prompt and layers with
+    `reuse` returns the first's output and crops back to its rows, while the slot still holds them; a rewind below
+    them, or another prompt, makes the next one compute again."""
+    lm = BatchedLM(target, 2, context=64, capture=False)
+    prompt = [5, 9, 11, 3, 7]
+    (first,) = lm.prefill([1], [prompt], reuse=True)
+    lm.run([Row(1, [4, 6])])  # a decode's rows after it
+    (again,) = lm.prefill([1], [prompt], reuse=True)
+    assert again is first and lm.lengths == [0, 4]
+    (other,) = lm.prefill([1], [prompt], layers=(1,), reuse=True)  # other layers: computed
+    assert other is not first and other.features is not None
+    lm.rewind(1, 2)  # below the prompt's rows: they may be written over
+    (fresh,) = lm.prefill([1], [prompt], layers=(1,), reuse=True)
+    assert fresh is not other
+    torch.testing.assert_close(fresh.logits, first.logits, rtol=1e-5, atol=1e-5)
+    (plain,) = lm.prefill([1], [prompt], layers=(1,))  # without reuse: always computed
+    assert plain is not fresh
