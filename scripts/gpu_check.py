@@ -199,9 +199,9 @@ def drafting(args) -> None:
     config = _config(SHAPES[args.like]["target"], TINY_DIR / "target")
     raw, vocab = eagle.config_from_target(config), config.vocab_size
 
-    def built(owned: bool):
-        """The random head (the same each time) and the proposer's options; `owned`: on the owned decoder's
-        modules, as `run --graphs` drafts."""
+    def built():
+        """The random head (the same each time; on the owned decoder's modules, as every regime drafts) and the
+        proposer's options."""
         torch.manual_seed(0)
         with torch.device(device):
             if args.method == "eagle2":
@@ -218,10 +218,7 @@ def drafting(args) -> None:
                     target_ids=head.target_ids,
                     target_vocab=vocab,
                 )
-        head = head.to(dtype).eval()
-        if owned:
-            head.own()
-        return head, options
+        return head.to(dtype).eval(), options
 
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     tables = []
@@ -230,7 +227,7 @@ def drafting(args) -> None:
     for regime in args.regimes.split(","):
         if regime not in ("eager", "static", "captured", "compiled"):
             raise SystemExit(f"unknown regime '{regime}': use eager, static, captured or compiled")
-        head, options = built(owned=regime != "eager")
+        head, options = built()
         static = functools.partial(StaticDrafting, compile=regime == "compiled")
         proposer = Eagle(head, drafting=None if regime == "eager" else static, **options)
         if regime == "static":

@@ -149,32 +149,70 @@ def test_no_module_reads_transformers_source():
                 assert "ast" not in names, f"{path.relative_to(package)} imports ast"
 
 
-@pytest.mark.parametrize("family", ["eagle", "eagle3", "mtp", "dflash"])
-def test_a_head_on_the_owned_modules_drafts_what_it_drafted_on_transformers(family):
-    """`--graphs` puts each bundled tiny head on the owned decoder's layers, MLPs and norms (`own`): its outputs on
-    a random input equal those of the head as loaded, within 1e-5 relative."""
+@pytest.mark.parametrize("name", sorted(MINIS))
+def test_a_layer_built_for_a_family_loads_its_transformers_layer_and_computes_the_same(name):
+    """`Layer.build` lays a fresh layer out as the family does (Qwen2's biased q/k/v, Qwen3's per-head norms), so a
+    head built on it (an MTP block) loads the family's checkpoint keys and computes what the transformers layer
+    computes, within 1e-5 relative; its state dict is that layer's, names and tensors."""
+    from specbench.models.decoder import Layer
+
+    model = MINIS[name]()
+    config, theirs = model.config, model.model.layers[1]
+    ours = Layer.build(config, 1)
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    for key, tensor in theirs.state_dict().items():
+        torch.testing.assert_close(ours.state_dict()[key], tensor, rtol=0, atol=0)
+    torch.manual_seed(1)
+    x, positions = torch.randn(1, 7, config.hidden_size), torch.arange(7)[None]
+    rope = model.model.rotary_emb(x, positions)
+    with torch.no_grad():
+        expected = theirs(x, None, positions, position_embeddings=rope)
+        expected = expected[0] if isinstance(expected, tuple) else expected
+        got = ours(x, rope, None, None)
+    assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+@pytest.mark.parametrize("family", ["eagle", "eagle3", "dflash"])
+def test_a_head_is_built_on_the_owned_modules_and_reads_and_writes_the_official_layout(family):
+    """EAGLE-1/2, EAGLE-3 and DFlash heads are built on the owned decoder's modules in every regime (no
+    transformers layer, attention, MLP or norm in them), their products joined (q/k/v, gate/up), yet their state dict
+    is the checkpoint's: the same names and tensors as the bundled head's file, which loads back into a fresh head
+    to the same outputs."""
     from specbench import methods  # noqa: F401 (registers the head families)
+    from specbench.heads.checkpoint import read_weights
+    from specbench.heads.folder import DFLASH_FILES, EAGLE_FILES
+    from specbench.models.decoder import MLP, Attention
     from specbench.registry import HEADS
 
     target = load_causal_lm(TINY_DIR / "target", torch.device("cpu"), torch.float32, "target")
     head = HEADS[family].load(TINY_DIR / family, target).eval()
+    kinds = {type(m).__module__.split(".")[0] for m in head.modules() if not type(m).__name__.endswith("Embedding")}
+    assert "transformers" not in kinds
+    assert any(isinstance(m, Attention) for m in head.modules()) == (family != "dflash")
+    assert any(isinstance(m, MLP) and m.gate_up.out_features == 2 * m.down.in_features for m in head.modules())
+    stored = read_weights(TINY_DIR / family, DFLASH_FILES if family == "dflash" else EAGLE_FILES, family)
+    state = head.state_dict()
+    assert any(".q_proj." in k for k in state) and not any(".qkv." in k or ".gate_up." in k for k in state)
+    for name, tensor in stored.items():
+        torch.testing.assert_close(state[name], tensor.to(state[name].dtype), rtol=0, atol=0)
+    again = HEADS[family].load(TINY_DIR / family, target).eval()
+    for module in again.modules():  # planted: a load that skipped the joined products would leave these
+        if isinstance(module, MLP):
+            torch.nn.init.zeros_(module.gate_up.weight)
+    again.load_state_dict(state)
     torch.manual_seed(4)
     n = 6
     features = torch.randn(1, n, head.feature_size)
     tokens = torch.randint(0, target.config.vocab_size, (1, n))
-    positions = torch.arange(3, 3 + n)[None]
     with torch.no_grad():
         if family == "dflash":
-            block = target.get_input_embeddings()(tokens)
-            before = head(block, features, torch.arange(2 * n)[None])[0]
-            head.own()
-            after = head(block, features, torch.arange(2 * n)[None])[0]
+            block, positions = target.get_input_embeddings()(tokens), torch.arange(2 * n)[None]
+            ours, theirs = (h(block, features, positions)[0] for h in (head, again))
         else:
-            before = head(features, tokens, positions)
-            head.own()
-            after = head(features, tokens, positions)
-    assert any(type(m).__module__ == "specbench.models.decoder" for m in head.modules())
-    assert (after - before).abs().max() <= 1e-5 * before.abs().max()
+            positions = torch.arange(3, 3 + n)[None]
+            ours, theirs = (h(features, tokens, positions) for h in (head, again))
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
 
 
 def test_a_target_outside_the_family_runs_graphs_eagerly_and_says_so(tmp_path, capsys):

@@ -251,7 +251,7 @@ def test_saved_module_loads_with_the_targets_embedding_and_readout(llama_mtp):
     target, head, folder = llama_mtp
     loaded = mtp.load(str(folder), target)
     assert torch.equal(loaded.fc.weight, head.fc.weight)
-    assert torch.equal(loaded.block.mlp.up_proj.weight, head.block.mlp.up_proj.weight)
+    assert torch.equal(loaded.block.mlp.gate_up.weight, head.block.mlp.gate_up.weight)  # (gate_proj, up_proj saved)
     assert torch.equal(loaded.head.weight, target.lm_head.weight)
     assert json.loads((folder / "config.json").read_text())["num_nextn_predict_layers"] == 1
 

@@ -131,7 +131,7 @@ def test_a_head_that_copies_the_target_is_always_accepted():
         head.fc.weight.zero_()
         head.fc.weight[:, :64] = torch.eye(64)
         head.fc.bias.zero_()
-        head.layers[0].self_attn.o_proj.weight.zero_()
+        head.layers[0].self_attn.out.weight.zero_()  # (o_proj in the checkpoint: `Joined`)
         head.layers[0].mlp.load_state_dict(model.model.layers[0].mlp.state_dict())
         head.layers[0].post_attention_layernorm.load_state_dict(
             model.model.layers[0].post_attention_layernorm.state_dict()

@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import Qwen3Config
-from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from ..errors import SpecbenchError
-from ..models.decoder import MLP, RMSNorm, adopt_norm, rotate
+from ..models.decoder import MLP, RMSNorm, rotate
 from ..registry import HeadFamily, head_family
 from . import speculators
 from .checkpoint import check, read_weights, save_safetensors
@@ -96,8 +96,8 @@ class DFlashAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * d, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * d, bias=bias)
         self.o_proj = nn.Linear(config.num_attention_heads * d, config.hidden_size, bias=bias)
-        self.q_norm = Qwen3RMSNorm(d, eps=config.rms_norm_eps)
-        self.k_norm = Qwen3RMSNorm(d, eps=config.rms_norm_eps)
+        self.q_norm = RMSNorm.build(d, config.rms_norm_eps)
+        self.k_norm = RMSNorm.build(d, config.rms_norm_eps)
 
     def forward(
         self,
@@ -131,26 +131,15 @@ class DFlashAttention(nn.Module):
 class DFlashLayer(nn.Module):
     def __init__(self, config: Qwen3Config) -> None:
         super().__init__()
-        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = RMSNorm.build(config.hidden_size, config.rms_norm_eps)
         self.self_attn = DFlashAttention(config)
-        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.mlp: Qwen3MLP | MLP = Qwen3MLP(config)
+        self.post_attention_layernorm = RMSNorm.build(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP.build(config.hidden_size, config.intermediate_size)
 
     def forward(self, x, context, rope, mask, past):
         attended, kept = self.self_attn(self.input_layernorm(x), context, rope, mask, past)
         x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x)), kept
-
-    def own(self) -> None:
-        """Its MLP and norms (the attention's per-head ones too) on the owned decoder's modules, same weights."""
-        self.mlp = MLP.adopt(self.mlp)
-        for owner, name in (
-            (self, "input_layernorm"),
-            (self, "post_attention_layernorm"),
-            (self.self_attn, "q_norm"),
-            (self.self_attn, "k_norm"),
-        ):
-            setattr(owner, name, adopt_norm(getattr(owner, name)))
 
 
 class DFlashDraft(nn.Module):
@@ -165,16 +154,10 @@ class DFlashDraft(nn.Module):
         self.block_size = block_size
         self.mask_token_id = mask_token_id
         self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm: Qwen3RMSNorm | RMSNorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = RMSNorm.build(config.hidden_size, config.rms_norm_eps)
         self.fc = nn.Linear(self.feature_size, config.hidden_size, bias=False)
-        self.hidden_norm: Qwen3RMSNorm | RMSNorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hidden_norm = RMSNorm.build(config.hidden_size, config.rms_norm_eps)
         self.rotary = Qwen3RotaryEmbedding(config)
-
-    def own(self) -> None:
-        """Its layers' MLPs and every norm on the owned decoder's modules (same weights): what --graphs runs."""
-        for layer in self.layers:
-            layer.own()  # type: ignore[operator]  # ModuleList items are typed Module
-        self.norm, self.hidden_norm = adopt_norm(self.norm), adopt_norm(self.hidden_norm)
 
     def forward(
         self,

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import Cache, LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from ..errors import SpecbenchError
-from ..models.decoder import Layer
+from ..models.decoder import KeysAndValues, Layer
 from ..registry import HeadFamily, head_family
 from .checkpoint import check, read_weights, save_safetensors
 from .folder import EAGLE_FILES as FILES
@@ -40,14 +40,13 @@ CONFIG_KEYS = (
 class EagleHead(nn.Module):
     def __init__(self, config: LlamaConfig, bias: bool = True) -> None:
         super().__init__()
-        config._attn_implementation = "sdpa"
         self.config = config
         hidden = config.hidden_size
         self.feature_size = hidden  # the target's final normalised state
         self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
         self.fc = nn.Linear(2 * hidden, hidden, bias=bias)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.layers[0].input_layernorm = nn.Identity()  # the fused input is not normalised (EAGLE's layout)
+        # the owned decoder's layers (checkpoint names); the fused input is not normalised (EAGLE's layout)
+        self.layers = nn.ModuleList(Layer.build(config, i, input_norm=i > 0) for i in range(config.num_hidden_layers))
         self.rotary = LlamaRotaryEmbedding(config)
 
     def forward(
@@ -56,22 +55,15 @@ class EagleHead(nn.Module):
         tokens: torch.Tensor,  # [B, n]: the token after each feature's position
         positions: torch.Tensor,  # [B, n]
         mask: torch.Tensor | None = None,  # additive [B, 1, n, past + n]; None = causal without a cache
-        cache: Cache | None = None,
+        cache: KeysAndValues | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,  # cos, sin at `positions`, when the caller has them
     ) -> torch.Tensor:
         """Predicted features [B, n, H] of the next positions (logits = the target's lm_head of them)."""
         x = self.fc(torch.cat([self.embed_tokens(tokens), features.to(self.fc.weight.dtype)], dim=-1))
         rope = self.rotary(x, positions) if rope is None else rope
         for layer in self.layers:
-            if isinstance(layer, Layer):
-                x = layer(x, rope, mask, cache)
-            else:
-                x = layer(x, mask, positions, cache, use_cache=cache is not None, position_embeddings=rope)
+            x = layer(x, rope, mask, cache)
         return x
-
-    def own(self) -> None:
-        """Its layers become the owned decoder's (`models.decoder.Layer`, on the same weights): what --graphs runs."""
-        self.layers = nn.ModuleList(Layer.adopt(layer, i) for i, layer in enumerate(self.layers))
 
 
 def config_from_target(target_config) -> dict:

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import Cache, LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from ..errors import SpecbenchError
-from ..models.decoder import MLP, Attention, RMSNorm, adopt_norm
+from ..models.decoder import MLP, Attention, KeysAndValues, RMSNorm
 from ..registry import HeadFamily, head_family
 from . import eagle, speculators
 from .checkpoint import check, read_weights
@@ -45,21 +45,19 @@ def vocabulary_maps(used: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch
 
 
 class Eagle3Layer(nn.Module):
-    """The draft's one decoder layer; its attention sees the token and the hidden state side by side."""
+    """The draft's one decoder layer, on the owned decoder's modules (`models.decoder`; the checkpoint's names, its
+    layout: `Joined`); its attention sees the token and the hidden state side by side."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
         # the attention's residual: the hidden state as it came (EAGLE-3's), or normalised (a speculators option)
         self.norm_before_residual = bool(getattr(config, "norm_before_residual", False))
-        self.hidden_norm = LlamaRMSNorm(hidden, eps)
-        self.input_layernorm = LlamaRMSNorm(hidden, eps)
-        self.self_attn: LlamaAttention | Attention = LlamaAttention(config, layer_idx=0)
-        for name in ("q_proj", "k_proj", "v_proj"):  # 2H in: [norm(embedding), norm(hidden)]
-            proj = getattr(self.self_attn, name)
-            setattr(self.self_attn, name, nn.Linear(2 * hidden, proj.out_features, bias=proj.bias is not None))
-        self.post_attention_layernorm = LlamaRMSNorm(hidden, eps)
-        self.mlp: LlamaMLP | MLP = LlamaMLP(config)
+        self.hidden_norm = RMSNorm.build(hidden, eps)
+        self.input_layernorm = RMSNorm.build(hidden, eps)
+        self.self_attn = Attention.build(config, 0, width=2 * hidden)  # 2H in: [norm(embedding), norm(hidden)]
+        self.post_attention_layernorm = RMSNorm.build(hidden, eps)
+        self.mlp = MLP.build(hidden, config.intermediate_size)
 
     def forward(
         self,
@@ -67,26 +65,18 @@ class Eagle3Layer(nn.Module):
         hidden: torch.Tensor,  # [B, n, H]
         rope: tuple[torch.Tensor, torch.Tensor],
         mask: torch.Tensor | None,
-        cache: Cache | None,
+        cache: KeysAndValues | None,
     ) -> torch.Tensor:
         normed = self.hidden_norm(hidden)
         x = torch.cat([self.input_layernorm(embedded), normed], dim=-1)  # [B, n, 2H]
         hidden = normed if self.norm_before_residual else hidden
-        attended = self.self_attn(x, rope, mask, cache)
-        hidden = hidden + (attended[0] if isinstance(attended, tuple) else attended)  # (transformers': a pair)
+        hidden = hidden + self.self_attn(x, rope, mask, cache)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
-
-    def own(self) -> None:
-        """Its attention, MLP and norms become the owned decoder's (`models.decoder`, on the same weights)."""
-        self.self_attn, self.mlp = Attention.adopt(self.self_attn, 0), MLP.adopt(self.mlp)
-        for name in ("hidden_norm", "input_layernorm", "post_attention_layernorm"):
-            setattr(self, name, adopt_norm(getattr(self, name)))
 
 
 class Eagle3Head(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        config._attn_implementation = "sdpa"
         self.config = config
         hidden, vocab, draft_vocab = config.hidden_size, config.vocab_size, config.draft_vocab_size
         self.feature_size = 3 * (getattr(config, "target_hidden_size", None) or hidden)
@@ -95,7 +85,7 @@ class Eagle3Head(nn.Module):
         self.embed_tokens = nn.Embedding(vocab, hidden)
         self.fc = nn.Linear(self.feature_size, hidden, bias=False)
         self.midlayer = Eagle3Layer(config)
-        self.norm: LlamaRMSNorm | RMSNorm = LlamaRMSNorm(hidden, config.rms_norm_eps)
+        self.norm = RMSNorm.build(hidden, config.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
         d2t, t2d = vocabulary_maps(torch.arange(draft_vocab), vocab) if draft_vocab != vocab else (None, None)
         self.register_buffer("d2t", d2t)  # [V_draft] long
@@ -108,7 +98,7 @@ class Eagle3Head(nn.Module):
         tokens: torch.Tensor,  # [B, n]: the token after each feature's position
         positions: torch.Tensor,  # [B, n]
         mask: torch.Tensor | None = None,  # additive [B, 1, n, past + n]; None = causal without a cache
-        cache: Cache | None = None,
+        cache: KeysAndValues | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,  # cos, sin at `positions`, when the caller has them
     ) -> torch.Tensor:
         """Hidden states [B, n, H] before the final norm: fed back as the next step's hidden, read by `logits`."""
@@ -117,11 +107,6 @@ class Eagle3Head(nn.Module):
             hidden = self.fc(hidden)
         rope = self.rotary(hidden, positions) if rope is None else rope
         return self.midlayer(self.embed_tokens(tokens), hidden, rope, mask, cache)
-
-    def own(self) -> None:
-        """Its layer and final norm on the owned decoder's modules (same weights): what --graphs runs."""
-        self.midlayer.own()
-        self.norm = adopt_norm(self.norm)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits [..., V_draft] over the draft vocabulary."""

@@ -36,8 +36,8 @@ from transformers import Cache
 
 from ..core.cached_lm import cache_argument
 from ..errors import SpecbenchError
-from ..models import decoder
-from ..models.decoder import Layer, adopt_norm
+from ..models.decoder import FAMILY as OWNED_FAMILY
+from ..models.decoder import Layer, RMSNorm
 from ..registry import HeadFamily, head_family
 from .checkpoint import check, read_prefixed, save_safetensors
 from .folder import HEAD_LAYOUTS, config_shape, read_config
@@ -111,13 +111,16 @@ class MtpHead(nn.Module):
         self.config = config
         self.layout = layout
         vocab, hidden = target_model.get_output_embeddings().weight.shape
-        norm = type(decoder.norm)  # the target's RMSNorm (Qwen3-Next's scales by 1 + weight)
+        # a Llama-family block and its norms are the owned decoder's (checkpoint names); other blocks (DeepSeek-V3's
+        # attention and experts, Qwen3-Next's) and norms (Qwen3-Next's scales by 1 + weight) are the target's classes
+        owned = getattr(config, "model_type", None) in OWNED_FAMILY
+        norm = RMSNorm.build if owned else type(decoder.norm)
         self.feature_size = hidden  # the target's final normalised state
         self.embed_tokens = nn.Embedding(vocab, hidden)
         self.enorm = norm(hidden, config.rms_norm_eps)
         self.hnorm = norm(hidden, config.rms_norm_eps)
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)
-        self.block = type(decoder.layers[0])(config, 0)
+        self.block = Layer.build(config, 0) if owned else type(decoder.layers[0])(config, 0)
         # looked up once: torch.compile warns at a cached call
         self.cache_keyword = cache_argument(type(self.block))  # type: ignore[arg-type]  # a class is hashable
         self.norm = norm(hidden, config.rms_norm_eps)
@@ -151,15 +154,6 @@ class MtpHead(nn.Module):
                 position_embeddings=rope,
             )
         return self.norm(x) if self.layout.normed_output else x
-
-    def own(self) -> None:
-        """A Llama-family block and its norms become the owned decoder's (same weights): what --graphs runs. Other
-        blocks (DeepSeek-V3's attention and experts, Qwen3-Next's) stay transformers'."""
-        if getattr(self.config, "model_type", None) not in decoder.FAMILY:
-            return
-        self.block = Layer.adopt(self.block, 0)
-        for name in ("enorm", "hnorm", "norm"):
-            setattr(self, name, adopt_norm(getattr(self, name)))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [..., V] about the token after the next."""

@@ -236,6 +236,6 @@ class BlockDrafting:
 @implementation("dflash", nested=chain_prefix("num_draft_tokens"), graphed=lambda params: True, batched=True)
 def build(params: dict, res: Resources, slots: int) -> Drafter:
     dtype = res.draft_dtype(params.pop("draft_dtype", None))
-    draft: DFlashDraft = res.head("dflash", dtype, slots)
+    draft: DFlashDraft = res.head("dflash", dtype)
     embedding, readout = res.target_model.get_input_embeddings(), res.readout(dtype)
     return DFlash(draft, embedding, readout, **params, slots=slots, static=res.graphs, capture=res.graphs)

@@ -342,7 +342,7 @@ def _on_target_head(
     """An EAGLE-1/2 head reading out through the target's lm_head, in `draft_dtype`, over the most frequent tokens
     of the head's training text only with `draft_vocab` (`_shortlist`)."""
     dtype = res.draft_dtype(draft_dtype)
-    head: EagleHead = res.head("eagle", dtype, slots)
+    head: EagleHead = res.head("eagle", dtype)
     vocab = head.config.vocab_size
     ids = _shortlist(res, "eagle", draft_vocab, torch.arange(vocab, device=res.device), "the vocabulary's")
     if ids is None:
@@ -384,7 +384,7 @@ def build_eagle2(params: dict, res: Resources, slots: int) -> Drafter:
 @implementation("eagle3", nested=DYNAMIC, graphed=unless_sampled, batched=True)
 def build_eagle3(params: dict, res: Resources, slots: int) -> Drafter:
     sampled, draft = params.pop("sampled", False), _draft_params(params)
-    head: Eagle3Head = res.head("eagle3", res.draft_dtype(draft["draft_dtype"]), slots)
+    head: Eagle3Head = res.head("eagle3", res.draft_dtype(draft["draft_dtype"]))
     readable = head.target_ids(torch.arange(head.config.draft_vocab_size, device=res.device))
     keep = _shortlist(res, "eagle3", draft["draft_vocab"], readable, "the draft vocabulary's")
     if keep is not None:

@@ -156,5 +156,5 @@ def _paths(drafter: Drafter, slot: int, proposal: Proposal) -> tuple[list[tuple]
 @implementation("medusa", nested=tree_prefix("nodes", _paths), graphed=unless_sampled, batched=True)
 def build(params: dict, res: Resources, slots: int) -> Drafter:
     tree = choices.first(choices.resolve(params.pop("tree", "medusa_mc_sim_7b_63")), params.pop("nodes", None))
-    head = res.head("medusa", slots=slots)
+    head = res.head("medusa")
     return Medusa(head, res.target_model.get_output_embeddings(), tree, **params, graphs=res.graphs)

@@ -19,7 +19,7 @@ def build(params: dict, res: Resources, slots: int) -> Drafter:
         raise ValueError(f"unknown parameters {', '.join(sorted(params))} (mtp takes num_draft_tokens, sampled)")
     if not isinstance(drafts, int) or drafts < 1:
         raise ValueError("mtp needs num_draft_tokens >= 1")
-    head: MtpHead = res.head("mtp", slots=slots)  # importing heads.mtp registers the family
+    head: MtpHead = res.head("mtp")  # importing heads.mtp registers the family
     return Eagle(
         head,
         head.logits,

@@ -71,6 +71,6 @@ class Pard(Drafter):
 @implementation("pard", nested=chain_prefix("num_draft_tokens"), batched=True)
 def build(params: dict, res: Resources, slots: int) -> Drafter:
     dtype = res.draft_dtype(params.pop("draft_dtype", None))
-    model = res.head(FAMILY.name, dtype, slots)  # importing heads.pard registers the family
+    model = res.head(FAMILY.name, dtype)  # importing heads.pard registers the family
     vocab = res.target_model.get_output_embeddings().weight.shape[0]
     return Pard(res.lanes(model, "PARD draft", slots), model.pard_token, vocab, **params)

@@ -137,10 +137,9 @@ class Resources:
             self._readouts[key] = use_few_row_layout(copy)  # (the few-row layout is float32's only)
         return self._readouts[key]
 
-    def head(self, family: str, dtype: torch.dtype | None = None, slots: int = 1) -> Any:
+    def head(self, family: str, dtype: torch.dtype | None = None) -> Any:
         """The head of `family` (the one the method being built asked for: `choosing`) loaded for this target, on the
-        run's device, in the run's dtype or `dtype`, for a batch of `slots`. Its type is the family's
-        (`HeadFamily.load`'s)."""
+        run's device, in the run's dtype or `dtype`. Its type is the family's (`HeadFamily.load`'s)."""
         path = self.head_path(family)
         if not path.is_dir():
             raise SpecbenchError(f"the {family} head is missing at {path}: {train_hint(family, self.model_name, path)}")
@@ -152,10 +151,8 @@ class Resources:
                 file=sys.stderr,
             )
         head = HEADS[family].load(path, self.target_model).to(self.device, dtype or self.dtype)
-        # under --graphs a head drafts on the owned decoder's modules: its layers (`own`), or, a whole causal LM
-        # (PARD's), the owned decoder (`single`, `lanes`)
-        if (self.graphs or slots > 1) and hasattr(head, "own"):  # (a batch's slots draft on static caches)
-            head.own()
+        # a head drafts on the owned decoder's modules (built on them); a whole causal LM (PARD's) under --graphs or
+        # for a batch on the owned decoder (`owned_decoder`, then `single` or `lanes`)
         use_few_row_layout(head)
         owned = self.owned_decoder(head, f"{family} head") if hasattr(head, "get_decoder") else None
         if self.compile:

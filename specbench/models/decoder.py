@@ -65,6 +65,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight, self.eps = weight, eps
 
+    @staticmethod
+    def build(size: int, eps: float) -> RMSNorm:
+        """A fresh one (weight 1), as a checkpoint's is before loading."""
+        return RMSNorm(nn.Parameter(torch.ones(size)), eps)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
 
@@ -116,6 +121,42 @@ def fused(parts: list[nn.Linear]) -> nn.Linear:
     return joint
 
 
+class Joined(nn.Module):
+    """A module whose products join several of a checkpoint's linear layers side by side (`joined`: its product's
+    name -> the checkpoint's names of its parts and their output rows). Its state dict uses the checkpoint's names,
+    the parts views of the joint product, and loading one joins them again: a head built on our modules reads and
+    writes the official layout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_state_dict_post_hook(_as_parts)
+        self.register_load_state_dict_pre_hook(_joined_parts)
+
+    def joined(self) -> dict[str, dict[str, int]]:
+        raise NotImplementedError
+
+
+def _as_parts(module: Joined, state: dict, prefix: str, metadata: Any) -> None:
+    """`Joined`'s state dict: each joint product's tensors as its parts, under the checkpoint's names (views)."""
+    for own, parts in module.joined().items():
+        for kind in ("weight", "bias"):
+            joint = state.pop(f"{prefix}{own}.{kind}", None)
+            if joint is not None:
+                state.update(
+                    (f"{prefix}{name}.{kind}", part)
+                    for name, part in zip(parts, joint.split(list(parts.values())), strict=True)
+                )
+
+
+def _joined_parts(module: Joined, state: dict, prefix: str, *_: Any) -> None:
+    """Before `Joined` loads a state dict: the checkpoint's parts of each joint product joined."""
+    for own, parts in module.joined().items():
+        for kind in ("weight", "bias"):
+            names = [f"{prefix}{name}.{kind}" for name in parts]
+            if all(name in state for name in names):
+                state[f"{prefix}{own}.{kind}"] = torch.cat([state.pop(name) for name in names])
+
+
 @dataclass(frozen=True)
 class Heads:
     queries: int
@@ -124,7 +165,7 @@ class Heads:
     scale: float  # of the query-key products
 
 
-class Attention(nn.Module):
+class Attention(Joined):
     """Self-attention over the cache: one product for queries, keys and values, optional per-head norms (Qwen3)."""
 
     def __init__(
@@ -140,6 +181,28 @@ class Attention(nn.Module):
         self.qkv, self.out, self.heads, self.layer = qkv, out, heads, layer
         self.q_norm, self.k_norm = q_norm, k_norm
         self.grouped = heads.keys != heads.queries  # (a bool: torch.compile makes a module's ints symbols)
+
+    def joined(self) -> dict[str, dict[str, int]]:
+        h = self.heads
+        kv = h.keys * h.size
+        return {
+            "qkv": {"q_proj": h.queries * h.size, "k_proj": kv, "v_proj": kv},
+            "out": {"o_proj": self.out.out_features},
+        }
+
+    @staticmethod
+    def build(config: Any, index: int, width: int | None = None) -> Attention:
+        """A fresh one for a Llama-family `config` as its family lays it out (Qwen2: biased q/k/v; Qwen3: per-head
+        norms; else biases where `attention_bias`), its input `width` wide (default: the hidden size; EAGLE-3's
+        reads 2H), writing cache layer `index`."""
+        hidden, queries, kind = config.hidden_size, config.num_attention_heads, getattr(config, "model_type", None)
+        keys = getattr(config, "num_key_value_heads", None) or queries
+        size = getattr(config, "head_dim", None) or hidden // queries
+        bias = bool(getattr(config, "attention_bias", False))
+        qkv = nn.Linear(width or hidden, (queries + 2 * keys) * size, bias=bias or kind == "qwen2")
+        out = nn.Linear(queries * size, hidden, bias=bias and kind != "qwen2")
+        norms = [RMSNorm.build(size, config.rms_norm_eps) for _ in range(2)] if kind == "qwen3" else []
+        return Attention(qkv, out, Heads(queries, keys, size, size**-0.5), index, *norms)
 
     @staticmethod
     def adopt(attn: Any, index: int) -> Attention:
@@ -176,12 +239,21 @@ class Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, n, -1))
 
 
-class MLP(nn.Module):
+class MLP(Joined):
     """down(silu(gate(x)) * up(x)), gate and up one product."""
 
     def __init__(self, gate_up: nn.Linear, down: nn.Linear) -> None:
         super().__init__()
         self.gate_up, self.down = gate_up, down
+
+    def joined(self) -> dict[str, dict[str, int]]:
+        inner = self.down.in_features
+        return {"gate_up": {"gate_proj": inner, "up_proj": inner}, "down": {"down_proj": self.down.out_features}}
+
+    @staticmethod
+    def build(hidden: int, inner: int) -> MLP:
+        """A fresh one (no biases, as Llama's and Qwen3's)."""
+        return MLP(nn.Linear(hidden, 2 * inner, bias=False), nn.Linear(inner, hidden, bias=False))
 
     @staticmethod
     def adopt(mlp: Any) -> MLP:
@@ -194,12 +266,12 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    """Pre-norm attention and MLP, each added to the residual stream."""
+    """Pre-norm attention and MLP, each added to the residual stream (named as in the checkpoints)."""
 
     def __init__(self, attention: Attention, mlp: MLP, attention_norm: nn.Module, mlp_norm: nn.Module) -> None:
         super().__init__()
-        self.attention, self.mlp = attention, mlp
-        self.attention_norm, self.mlp_norm = attention_norm, mlp_norm
+        self.self_attn, self.mlp = attention, mlp
+        self.input_layernorm, self.post_attention_layernorm = attention_norm, mlp_norm
 
     def forward(
         self,
@@ -208,8 +280,17 @@ class Layer(nn.Module):
         mask: torch.Tensor | None,
         cache: KeysAndValues | None,
     ) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), rope, mask, cache)
-        return x + self.mlp(self.mlp_norm(x))
+        x = x + self.self_attn(self.input_layernorm(x), rope, mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    @staticmethod
+    def build(config: Any, index: int, input_norm: bool = True) -> Layer:
+        """A fresh Llama layer for `config`; without `input_norm`, its attention's input is not normalised
+        (nn.Identity: EAGLE's first layer)."""
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        first = RMSNorm.build(hidden, eps) if input_norm else nn.Identity()
+        mlp = MLP.build(hidden, config.intermediate_size)
+        return Layer(Attention.build(config, index), mlp, first, RMSNorm.build(hidden, eps))
 
     @staticmethod
     def adopt(layer: Any, index: int) -> Layer:
