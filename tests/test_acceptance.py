@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy import stats
 
-from specbench.core.acceptance import greedy, greedy_batch, speculative_sampling
+from specbench.core.acceptance import exact_chains, greedy, greedy_batch, speculative_sampling
 from specbench.core.sampling import draw_distinct
 from specbench.core.tree import Tree, chain, new_rows_allowed
 
@@ -230,3 +230,59 @@ def test_sampled_siblings_pass_and_the_planted_mistake_fails_the_chi_square():
 
     assert _chi_square_joint(siblings(True)) > 1e-3
     assert _chi_square_joint(siblings(False), trials=30000) < 1e-6
+
+
+def test_exact_chains_hand_worked():
+    """Chain 0 drafts token 1 as a point mass where the target gives tokens 0 and 1 half each: draw 0.7 rejects it
+    (0.7 >= 0.5) and the token comes from p without 1, token 0. Chain 1 is the same chain with draw 0.3: kept, and
+    the bonus draw 0.9 falls in the last token of p1's cumulative sum (0.1, 0.3, 0.6, 1). Chain 2 drafted nothing:
+    its one draw 0.05 picks p0's first token."""
+    p0, p1 = [0.5, 0.5, 0.0, 0.0], [0.1, 0.2, 0.3, 0.4]
+    probs = torch.tensor([[p0, p1]] * 3)
+    tokens = torch.tensor([[1], [1], [0]])
+    q = torch.nn.functional.one_hot(tokens, 4).float()
+    draws = torch.tensor([[0.7, 0.2], [0.3, 0.9], [0.05, 1.0]])
+    v = exact_chains(probs, tokens, q, torch.tensor([1, 1, 0]), draws)
+    assert (v.length.tolist(), v.token.tolist(), v.tested.tolist()) == ([0, 1, 0], [0, 3, 0], [1, 1, 0])
+
+
+@pytest.mark.parametrize("point_mass", [False, True], ids=["drawn", "point-mass"])
+def test_exact_chains_emit_the_target_law_over_every_draw(point_mass):
+    """Quadrature over the drafted token x ~ q (or a fixed point mass), both uniforms on a 300 x 300 grid of
+    midpoints: the first emitted token follows p0, and after an accepted x the bonus token follows p1, within the
+    grid's resolution; a chain of length 0 emits p0 itself. Claiming the uniform law instead of q biases it (the
+    planted mistake)."""
+    gen = torch.Generator().manual_seed(3)
+    p0, p1, q = (_random_dist(gen, 4).double() for _ in range(3))
+    p0, p1, q = p0 / p0.sum(), p1 / p1.sum(), q / q.sum()
+    grid = (torch.arange(300, dtype=torch.float64) + 0.5) / 300
+    u = torch.cartesian_prod(grid, grid)  # [G^2, 2]
+
+    def law(claimed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        first, second = torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)
+        for x in [2] if point_mass else range(4):
+            weight = 1.0 if point_mass else float(q[x])
+            n = len(u)
+            tokens = torch.full((n, 1), x)
+            rows = torch.nn.functional.one_hot(tokens, 4).double() if point_mass else claimed.expand(n, 1, 4)
+            v = exact_chains(
+                torch.stack([p0, p1])[None].expand(n, 2, 4), tokens, rows, torch.ones(n, dtype=torch.long), u
+            )
+            kept = v.length == 1
+            first += weight * torch.bincount(torch.where(kept, x, v.token), minlength=4) / n
+            second += weight * torch.bincount(v.token[kept], minlength=4) / n
+        return first, second / second.sum()
+
+    first, second = law(q)
+    assert torch.allclose(first, p0, atol=0.01) and torch.allclose(second, p1, atol=0.01)
+    v = exact_chains(
+        p0[None, None].expand(len(u), 1, 4),
+        torch.zeros(len(u), 0, dtype=torch.long),
+        torch.zeros(len(u), 0, 4, dtype=torch.float64),
+        torch.zeros(len(u), dtype=torch.long),
+        u,
+    )
+    assert torch.allclose(torch.bincount(v.token, minlength=4).double() / len(u), p0, atol=0.01)
+    if not point_mass:
+        wrong, _ = law(torch.full((4,), 0.25, dtype=torch.float64))
+        assert (wrong - p0).abs().max() > 0.03

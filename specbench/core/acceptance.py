@@ -139,6 +139,43 @@ def speculative_sampling(
             return Accepted(rows, sample(p, generator), len(rows) + (1 if children[row] else 0))
 
 
+@dataclass(frozen=True)
+class ChainVerdicts:
+    """Every chain's verdict from `exact_chains`, on the device: what `Accepted` holds for a chain."""
+
+    length: torch.Tensor  # [B]: draft tokens accepted
+    token: torch.Tensor  # [B]: the target's own token after them
+    tested: torch.Tensor  # [B]: `Accepted.tested`
+
+
+def exact_chains(
+    probs: torch.Tensor, tokens: torch.Tensor, draft_probs: torch.Tensor, lengths: torch.Tensor, draws: torch.Tensor
+) -> ChainVerdicts:
+    """`speculative_sampling` for a batch of chains at once, in tensor operations (no host read). Chain b drafted
+    tokens [B, k] (its first lengths[b] real), each drawn from its row of draft_probs [B, k, V] (a one-hot row: a
+    point mass); probs [B, k + 1, V] are the target's distributions at [root] + nodes. draws [B, k + 1] are
+    uniforms in [0, 1): position j's acceptance test uses draws[b, j], the target's own token draws[b, lengths[b]]
+    (each chain's draws its own: `lengths[b] + 1` of them), by the inverse of its distribution's cumulative sum.
+    Token j is kept when every one before it was and draws[b, j] * q(x) < p(x); at the first rejection the token is
+    drawn from norm(max(0, p - q)) (p where that is all zero), after the whole chain from its last row (the bonus)."""
+    batch, k = tokens.shape
+    at = torch.arange(batch, device=tokens.device)
+    px = probs[:, :k].gather(-1, tokens[..., None]).squeeze(-1)  # [B, k]
+    qx = draft_probs.gather(-1, tokens[..., None]).squeeze(-1)
+    real = torch.arange(k, device=tokens.device) < lengths[:, None]
+    ok = real & (qx > 0) & (draws[:, :k] * qx < px)
+    length = ok.long().cumprod(-1).sum(-1)  # [B]: the accepted prefix
+    rejected = length < lengths  # the chain stopped at a drafted token (else every one was kept: the bonus)
+    p = probs[at, length]  # [B, V]
+    q = draft_probs[at, length.clamp(max=max(k - 1, 0))] if k else torch.zeros_like(p)
+    residual = (p - q * rejected[:, None]).clamp_min(0)
+    law = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
+    cumulative = law.cumsum(-1)  # [B, V]
+    threshold = draws.gather(1, lengths[:, None]) * cumulative[:, -1:]  # [B, 1], below the total
+    token = torch.searchsorted(cumulative, threshold, right=True).squeeze(1).clamp(max=law.shape[-1] - 1)
+    return ChainVerdicts(length, token, length + rejected.long())
+
+
 def typical(
     tree: Tree,
     probs: torch.Tensor,
@@ -171,14 +208,15 @@ def typical(
 
 @dataclass(frozen=True)
 class Rule:
-    """An acceptance rule as the decode loop applies it at T > 0 (at T = 0 every rule is `greedy`, applied by
-    `core.step.verify`). A method's preset names it (`acceptance:`); the registry resolves it once and hands it to
-    the loop."""
+    """An acceptance rule as the decode loop applies it at T > 0 (at T = 0 every rule is `greedy`: `greedy_batch`
+    inside the target's forward). A method's preset names it (`acceptance:`); the registry resolves it once and
+    hands it to the loop, which decides a batch's chains at once where the rule has a batch form (`chains`)."""
 
     name: str
     lossless: bool
     sampled: Callable[..., Accepted]  # (tree, probs [n+1, V], draft_probs [n, V] | None, generator, **params)
     params: dict = field(default_factory=dict)
+    chains: Callable[..., ChainVerdicts] | None = None  # the rule for a batch of chains at once (`exact_chains`)
 
     def __call__(
         self,
@@ -196,7 +234,7 @@ def _typical(tree: Tree, probs: torch.Tensor, draft_probs, generator, **params) 
 
 
 RULES = {
-    "exact": Rule("exact", True, speculative_sampling),
+    "exact": Rule("exact", True, speculative_sampling, chains=exact_chains),
     "typical": Rule("typical", False, _typical, {"posterior_threshold": 0.09, "posterior_alpha": 0.3}),
 }
 EXACT = RULES["exact"]
@@ -212,4 +250,4 @@ def rule(spec: str | dict | None) -> Rule:
     unknown = sorted(set(spec) - set(base.params))
     if unknown:
         raise SpecbenchError(f"acceptance rule '{name}' has no parameter '{unknown[0]}'")
-    return Rule(base.name, base.lossless, base.sampled, {**base.params, **spec})
+    return Rule(base.name, base.lossless, base.sampled, {**base.params, **spec}, base.chains)

@@ -333,9 +333,22 @@ def read(summary: torch.Tensor | list[list[int]], active: list, proposals: list[
 
 
 def sampled(active: list, proposals: list[Proposal], whole: Forward, rule: acceptance.Rule) -> list[Verdict]:
-    """At T > 0, each slot's verdict by the method's rule on its rows, drawing from its own generator."""
-    verdicts = []
-    for (slot, turn), p in zip(active, proposals, strict=True):
+    """At T > 0, each slot's verdict by the method's rule on its rows, drawing from its own generator: the chains
+    (empty ones included) of a rule with a batch form (`Rule.chains`) all at once (`chain_verdicts`), a tree or a
+    rule without one slot by slot."""
+    together = [
+        i
+        for i, ((_, turn), p) in enumerate(zip(active, proposals, strict=True))
+        if rule.chains is not None and turn.job.temperature > 0 and p.side is None and is_chain(p.tree.parents)
+    ]
+    verdicts: list[Verdict | None] = [None] * len(active)
+    if together:
+        chained = chain_verdicts([active[i] for i in together], [proposals[i] for i in together], whole, rule)
+        for i, verdict in zip(together, chained, strict=True):
+            verdicts[i] = verdict
+    for i, ((slot, turn), p) in enumerate(zip(active, proposals, strict=True)):
+        if verdicts[i] is not None:
+            continue
         tree = p.tree
         if turn.job.temperature == 0:  # (a batch mixing temperatures: this slot's rows read alone)
             best = tree.read_along(whole.logits[slot, : len(tree) + 1].argmax(-1))
@@ -345,8 +358,42 @@ def sampled(active: list, proposals: list[Proposal], whole: Forward, rule: accep
             accepted = rule(tree, logits, p.draft_probs, turn.job.temperature, turn.job.generator)
         tokens = tree.tokens
         new = [tokens[r - 1] for r in accepted.rows] + [accepted.token]
-        verdicts.append(Verdict([0, *accepted.rows], new, accepted.tested))
-    return verdicts
+        verdicts[i] = Verdict([0, *accepted.rows], new, accepted.tested)
+    return [v for v in verdicts if v is not None]
+
+
+def is_chain(parents: list[int]) -> bool:
+    """Whether a tree of these parents is a chain: asked of its shape, read from the device where a drafter left it
+    there (`DeviceTree.parents`), so that a chain's verdict is `chain_verdicts`' wherever it was drafted."""
+    return all(p == i - 1 for i, p in enumerate(parents))
+
+
+def chain_verdicts(active: list, proposals: list[Proposal], whole: Forward, rule: acceptance.Rule) -> list[Verdict]:
+    """Every sampled chain's verdict at once (`rule.chains` over their rows) and read in one transfer, with each
+    chain's drafted tokens. Each slot draws its chain's length + 1 uniforms from its own generator, so its tokens
+    depend on no batch-mate (docs/metrics.md)."""
+    assert rule.chains is not None
+    logits, device = whole.logits, whole.logits.device
+    lengths = [len(p.tree) for p in proposals]
+    k, vocab = max(lengths), logits.shape[-1]
+    at = upload([slot for slot, _ in active], device)
+    temperature = torch.tensor([turn.job.temperature for _, turn in active], device=device)
+    probs = torch.softmax(logits[at, : k + 1].float() / temperature[:, None, None], dim=-1)  # [n, k + 1, V]
+    tokens = torch.zeros(len(active), k, dtype=torch.long, device=device)
+    draws = torch.ones(len(active), k + 1, device=device)
+    for i, ((_, turn), p, n) in enumerate(zip(active, proposals, lengths, strict=True)):
+        draws[i, : n + 1] = torch.rand(n + 1, generator=turn.job.generator, device=device)
+        if n:
+            tree = p.tree
+            tokens[i, :n] = tree.ids if isinstance(tree, DeviceTree) and tree.on_device else upload(tree.tokens, device)
+    q = torch.nn.functional.one_hot(tokens, vocab).float()  # [n, k, V]: point masses, unless drawn from a law
+    for i, (p, n) in enumerate(zip(proposals, lengths, strict=True)):
+        if p.draft_probs is not None and n:
+            q[i, :n, : p.draft_probs.shape[-1]] = p.draft_probs[:n]
+            q[i, :n, p.draft_probs.shape[-1] :] = 0
+    v = rule.chains(probs, tokens, q, upload(lengths, device), draws)
+    host = torch.cat([torch.stack([v.length, v.token, v.tested], 1), tokens], 1).tolist()  # [n, 3 + k]
+    return [Verdict(list(range(row[0] + 1)), [*row[3 : 3 + row[0]], row[1]], row[2]) for row in host]
 
 
 def forced(active: list, proposals: list[Proposal], whole: Forward, profile: Profile) -> list[Verdict]:
