@@ -81,16 +81,24 @@ class Clock:
             hook.remove()
 
 
-def step_seconds(target: BatchedLM, drafting: Drafter, steps: int, seed: int, clock: Clock) -> list[float]:
+def step_seconds(
+    target: BatchedLM, drafting: Drafter, steps: int, seed: int, clock: Clock, temperature: float = 0.0
+) -> list[float]:
     """Medians, over the steps every slot shared, of a step's seconds, its target forward's model seconds, its
     drafters' model seconds and the drafter's own seconds outside them (its propose and update calls less their
     models), for one batch of `target.batch` turns of `steps` tokens each (random prompts, nothing stops them
-    early). A step is the time from one target forward's start to the next's (drafting, verification, acceptance,
-    commits, updates)."""
+    early; at `temperature`, each turn drawing from a generator of its own). A step is the time from one target
+    forward's start to the next's (drafting, verification, acceptance, commits, updates)."""
     generator = torch.Generator().manual_seed(seed)
     vocab = target.model.config.vocab_size
     jobs = [
-        Job(torch.randint(3, vocab, (PROMPT,), generator=generator).tolist(), steps, 0.0, request=(i, 0))
+        Job(
+            torch.randint(3, vocab, (PROMPT,), generator=generator).tolist(),
+            steps,
+            temperature,
+            torch.Generator().manual_seed(seed * 1000 + i) if temperature else None,
+            (i, 0),
+        )
         for i in range(target.batch)
     ]
     starts: list[tuple[float, float, float, int, float]] = []  # per target forward: (moment, module seconds, its
@@ -125,6 +133,8 @@ def step_seconds(target: BatchedLM, drafting: Drafter, steps: int, seed: int, cl
         for a, b in zip(starts, starts[1:], strict=False)
         if a[3] == b[3] == target.batch
     ]
+    if not full:
+        raise SystemExit(f"no two steps in a row kept all {target.batch} slots busy: raise --steps")
     return [statistics.median(column) for column in zip(*full, strict=True)]
 
 
@@ -134,6 +144,7 @@ def main() -> int:
     parser.add_argument("--methods", default="vanilla,sps,eagle3")
     parser.add_argument("--steps", type=int, default=24, help="tokens each slot's turn generates")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (one more, discarded, warms up)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of every turn")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     names = args.methods.split(",")
@@ -148,12 +159,15 @@ def main() -> int:
             times: dict[str, list[list[float]]] = {name: [] for name in names}
             for round_ in range(args.repeats + 1):
                 for name in names:
-                    measured = step_seconds(target, slots[name], args.steps, round_, clock)
+                    measured = step_seconds(target, slots[name], args.steps, round_, clock, args.temperature)
                     if round_:
                         times[name].append(measured)
             for name in names:
                 rows[name, batch] = [statistics.median(t) for t in zip(*times[name], strict=True)]
-    print(f"loop overhead: one layer, 64 wide, {args.steps} tokens a turn, median of {args.repeats} rounds")
+    print(
+        f"loop overhead: one layer, 64 wide, {args.steps} tokens a turn, T = {args.temperature:g}, "
+        f"median of {args.repeats} rounds"
+    )
     print(
         "| method | B | ms/step | target model ms | drafter models ms | drafter's own ms | loop ms "
         "| loop per added slot (µs) | drafter's own per added slot (µs) |"

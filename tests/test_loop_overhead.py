@@ -1,5 +1,6 @@
 """scripts/loop_overhead.py, the decode loop's own cost per step and per added slot, as a smoke test: a few steps at
-B = 1 and 2 for vanilla, sps and eagle3 on its one-layer, 64-wide family (timings are not checked: CI is busy)."""
+B = 1 and 2 for vanilla, sps and eagle3 on its one-layer, 64-wide family, greedy and sampled (timings are not
+checked: CI is busy)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "loop_overhead.py"
 
 
-def test_loop_overhead_prints_a_row_per_method_and_batch(monkeypatch, capsys):
+@pytest.mark.parametrize("temperature", ["0", "1"])
+def test_loop_overhead_prints_a_row_per_method_and_batch(monkeypatch, capsys, temperature):
     spec = importlib.util.spec_from_file_location("loop_overhead", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    argv = ["loop_overhead.py", "--batches", "1,2", "--steps", "4", "--repeats", "1"]
+    argv = ["loop_overhead.py", "--batches", "1,2", "--steps", "12", "--repeats", "1", "--temperature", temperature]
     monkeypatch.setattr(sys, "argv", argv)
     assert module.main() == 0
     out = capsys.readouterr().out.splitlines()
