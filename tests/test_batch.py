@@ -214,8 +214,8 @@ def test_the_sampling_audit_at_batch_4(proposer):
     target, draft = (random_llama(8, layers=1, hidden=32, seed=s, init=0.5) for s in (0, 1))
     draft = Decoder.adopt(draft)
     shared, widths = BatchedLM(draft, 4, context=16), []
-    run = shared.run
-    shared.run = lambda rows, **options: widths.append(len(rows)) or run(rows, **options)
+    verify = shared.verify
+    shared.verify = lambda rows, **options: widths.append(len(rows)) or verify(rows, **options)
     slots = proposer(shared, 3)
     prompt = [1, 2, 3, 1, 2]
     result = sampling_test(

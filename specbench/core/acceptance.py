@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecbenchError
-from .sampling import probabilities, sample, uniform
+from .sampling import inverse_cdf, probabilities, sample, uniform
 from .synthetic import Profile
 from .tree import Tree
 
@@ -170,9 +170,7 @@ def exact_chains(
     q = draft_probs[at, length.clamp(max=max(k - 1, 0))] if k else torch.zeros_like(p)
     residual = (p - q * rejected[:, None]).clamp_min(0)
     law = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
-    cumulative = law.cumsum(-1)  # [B, V]
-    threshold = draws.gather(1, lengths[:, None]) * cumulative[:, -1:]  # [B, 1], below the total
-    token = torch.searchsorted(cumulative, threshold, right=True).squeeze(1).clamp(max=law.shape[-1] - 1)
+    token = inverse_cdf(law, draws.gather(1, lengths[:, None]).squeeze(1))
     return ChainVerdicts(length, token, length + rejected.long())
 
 

@@ -77,6 +77,16 @@ class Lanes:
         return [out[row.slot] for row in rows]
 
     @torch.inference_mode()
+    def last_logits(self, rows: list[Row]) -> torch.Tensor:
+        """Each row appended to its slot's cache (as `run`), and its last token's logits [len(rows), V] on the
+        device: batched, one gather of the forward's output (no per-row copy)."""
+        if self.batched is None or any(row.size > BUCKETS[-1] for row in rows):
+            return torch.cat([out.logits[-1:] for out in self.run(rows, last_only=True)])
+        out, _ = self.batched.verify(rows)
+        at = upload([r.slot for r in rows] + [r.size - 1 for r in rows], out.logits.device)
+        return out.logits[at[: len(rows)], at[len(rows) :]]
+
+    @torch.inference_mode()
     def picks(self, rows: list[Row], last: int = 1) -> torch.Tensor:
         """Each row appended to its slot's cache (as `run`), and the argmax of its `last` tokens [len(rows), last]
         on the device (a row shorter than `last` repeats its first token's in front): batched, the forward's own

@@ -11,7 +11,7 @@ import torch
 from .acceptance import Accepted
 from .cached_lm import SideBranch
 from .choices import first
-from .sampling import probabilities
+from .sampling import inverse_cdf, probabilities
 from .tree import EMPTY, Tree, chain
 
 
@@ -42,10 +42,10 @@ def chain_of_rows(
     if temperature == 0:
         return Proposal(chain(logits.argmax(-1)))
     q = probabilities(logits, temperature)
-    drafted = torch.multinomial(q, 1, generator=generator).squeeze(1)
+    drafted = inverse_cdf(q, torch.rand(len(q), generator=generator, device=q.device))  # on the device: no read
     if vocab is not None and q.shape[1] < vocab:
         q = torch.nn.functional.pad(q, (0, vocab - q.shape[1]))
-    return Proposal(chain(drafted.tolist()), q)
+    return Proposal(chain(drafted), q)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,37 @@ def uniform(generator: torch.Generator | None, device: torch.device | str) -> fl
     return float(torch.rand((), generator=generator, device=device))
 
 
+def inverse_cdf(probs: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """The token [m] each row of probs [m, V] (a law, or any non-negative weights) gives at its uniform draw [m] in
+    [0, 1): the first whose cumulative sum passes the draw times the row's total. A token without mass is never
+    chosen, so a row is sampled exactly from its law with one uniform, on the device, with no read."""
+    cumulative = probs.cumsum(-1)
+    threshold = draws[:, None].to(cumulative) * cumulative[:, -1:]
+    return torch.searchsorted(cumulative, threshold, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
+
+
+def drawn(
+    logits: torch.Tensor, temperatures: list[float], generators: list[torch.Generator | None]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token [m] per row of logits [m, V] and the law it came from [m, V]: at a temperature above 0 a draw from
+    the row's own generator (one uniform each: `inverse_cdf`), at 0 the argmax (its law then means nothing)."""
+    device = logits.device
+    scale = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=device)
+    laws = torch.softmax(logits.float() / scale[:, None], dim=-1)
+    draws = torch.stack(
+        [
+            torch.rand((), generator=g, device=device) if t > 0 else laws.new_zeros(())
+            for t, g in zip(temperatures, generators, strict=True)
+        ]
+    )
+    tokens = inverse_cdf(laws, draws)
+    greedy = [i for i, t in enumerate(temperatures) if t == 0]
+    if greedy:
+        rows = torch.tensor(greedy, device=device)
+        tokens[rows] = logits[rows].argmax(-1)
+    return tokens, laws
+
+
 def draw_distinct(
     probs: torch.Tensor, k: int, generator: torch.Generator | None
 ) -> tuple[list[list[int]], list[torch.Tensor]]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from ..core.cached_lm import CachedLM
-from ..core.lanes import Lanes, argmax
+from ..core.lanes import Lanes
 from ..core.proposer import NO_PROPOSAL, Drafter, Feedback, Proposal, Turn, chain_prefix
-from ..core.sampling import probabilities, sample
+from ..core.sampling import drawn
 from ..core.static_lm import BatchedLM, Row
 from ..core.tree import chain
 from ..registry import implementation
@@ -31,22 +31,20 @@ class DraftModel(Drafter):
 
     @torch.inference_mode()
     def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
-        """One draft forward over every slot's new tokens, then one per depth: at T = 0 each slot's argmax is fed
-        back on the device (the host never waits), at T > 0 each slot's draw from its own generator."""
+        """One draft forward over every slot's new tokens, then one per depth, each slot's token fed back on the
+        device (the host never waits): at T = 0 its argmax, at T > 0 its draw from its own generator (`drawn`)."""
         turns = [self.turns[s] for s in slots]
         ks = self.draft.chains(self.k, tokens, max_depths)
-        feeding = [
+        feeding: list[tuple[int, list[int] | torch.Tensor]] = [
             (i, t[self.draft.cached(s) :]) for i, (s, t, k) in enumerate(zip(slots, tokens, ks, strict=True)) if k
         ]
         greedy = all(turn.temperature == 0 for turn in turns)
-        drafted: list[list] = [[] for _ in slots]  # per slot: argmax ids [1] on the device, or drawn ids
+        drafted: list[list[torch.Tensor]] = [[] for _ in slots]  # per slot: each depth's token [1] on the device
         laws: list[list[torch.Tensor]] = [[] for _ in slots]  # per slot at T > 0: each draw's law [V]
         depths: list[torch.Tensor] = []  # greedy: each depth's argmax of every drafting slot [m]
         for depth in range(max(ks, default=0)):
             if depth:
-                feeding = [
-                    (i, d[-1] if turns[i].temperature == 0 else d[-1:]) for i, d in enumerate(drafted) if ks[i] > depth
-                ]
+                feeding = [(i, d[-1]) for i, d in enumerate(drafted) if ks[i] > depth]
             rows = [Row(slots[i], fed) for i, fed in feeding]
             if greedy:  # every slot's argmax in one gather, each fed back as a view of it
                 picked = self.draft.picks(rows)[:, 0]
@@ -54,18 +52,17 @@ class DraftModel(Drafter):
                 for j, (i, _) in enumerate(feeding):
                     drafted[i].append(picked[j : j + 1])
                 continue
-            for (i, _), out in zip(feeding, self.draft.run(rows, last_only=True), strict=True):
-                if turns[i].temperature == 0:
-                    drafted[i].append(argmax(out))
-                    continue
-                q = probabilities(out.logits[-1], turns[i].temperature)
-                laws[i].append(q)
-                drafted[i].append(sample(q, turns[i].generator))
+            fed = [turns[i] for i, _ in feeding]
+            picked, q = drawn(self.draft.last_logits(rows), [t.temperature for t in fed], [t.generator for t in fed])
+            for j, (i, _) in enumerate(feeding):
+                drafted[i].append(picked[j : j + 1])
+                if turns[i].temperature > 0:
+                    laws[i].append(q[j])
         if greedy and len({k for k in ks if k}) == 1:  # every drafting slot's chain a row of one [m, k] block
             block = iter(torch.stack(depths, 1))
             return [Proposal(chain(next(block))) if k else NO_PROPOSAL for k in ks]
         return [
-            NO_PROPOSAL if not d else Proposal(chain(torch.cat(d))) if not q else Proposal(chain(d), torch.stack(q))
+            NO_PROPOSAL if not d else Proposal(chain(torch.cat(d)), torch.stack(q) if q else None)
             for d, q in zip(drafted, laws, strict=True)
         ]
 
