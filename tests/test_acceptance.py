@@ -6,7 +6,7 @@ import torch
 from scipy import stats
 
 from specbench.core.acceptance import exact_chains, greedy, greedy_batch, speculative_sampling
-from specbench.core.sampling import draw_distinct
+from specbench.core.sampling import draw_distinct, drawn, inverse_cdf
 from specbench.core.tree import Tree, chain, new_rows_allowed
 
 
@@ -286,3 +286,26 @@ def test_exact_chains_emit_the_target_law_over_every_draw(point_mass):
     if not point_mass:
         wrong, _ = law(torch.full((4,), 0.25, dtype=torch.float64))
         assert (wrong - p0).abs().max() > 0.03
+
+
+def test_inverse_cdf_hand_worked_and_exact_over_a_grid_of_draws():
+    """Weights (0.2, 0, 0.3, 0.5): draws 0.1, 0.2, 0.49 and 0.99 give tokens 0, 2, 2 and 3 (the first cumulative sum
+    above draw × total; the massless token 1 never); over 1,000 evenly spread draws each token's share is its law's."""
+    weights = torch.tensor([[0.2, 0.0, 0.3, 0.5]] * 4) * 2  # (unnormalised: the total scales the draw)
+    assert inverse_cdf(weights, torch.tensor([0.1, 0.2, 0.49, 0.99])).tolist() == [0, 2, 2, 3]
+    grid = (torch.arange(1000, dtype=torch.float64) + 0.5) / 1000
+    law = torch.tensor([0.2, 0.0, 0.3, 0.5], dtype=torch.float64)
+    shares = torch.bincount(inverse_cdf(law.expand(1000, 4), grid), minlength=4).double() / 1000
+    assert torch.allclose(shares, law, atol=2e-3)
+
+
+def test_drawn_takes_each_rows_own_generator_and_the_argmax_at_zero():
+    """Row 0 at T = 1 draws what its generator alone gives (its batch-mates change nothing), row 1 at T = 0 is its
+    argmax and draws nothing."""
+    logits = torch.tensor([[0.0, 1.0, 2.0, 0.5], [3.0, 0.0, 1.0, 0.0]])
+    alone, _ = drawn(logits[:1], [1.0], [torch.Generator().manual_seed(7)])
+    spare = torch.Generator().manual_seed(11)
+    together, laws = drawn(logits, [1.0, 0.0], [torch.Generator().manual_seed(7), spare])
+    assert together.tolist() == [int(alone[0]), 0]
+    assert torch.equal(spare.get_state(), torch.Generator().manual_seed(11).get_state())
+    torch.testing.assert_close(laws[0], torch.softmax(logits[0], -1))
