@@ -18,6 +18,7 @@ from . import acceptance
 from .cached_lm import CachedLM, Forward
 from .one_slot import Target, single
 from .proposer import Drafter, Feedback, Proposal, Proposer, Turn, drafter
+from .sampling import inverse_cdf
 from .static_lm import Row
 from .step import inputs
 from .synthetic import Profile
@@ -379,6 +380,9 @@ def chain_verdicts(active: list, proposals: list[Proposal], whole: Forward, rule
     at = upload([slot for slot, _ in active], device)
     temperature = torch.tensor([turn.job.temperature for _, turn in active], device=device)
     probs = torch.softmax(logits[at, : k + 1].float() / temperature[:, None, None], dim=-1)  # [n, k + 1, V]
+    if k == 0:  # nothing drafted (vanilla's steps): each token from its root's law, by the slot's one draw
+        draws = torch.cat([torch.rand(1, generator=turn.job.generator, device=device) for _, turn in active])
+        return [Verdict([0], [token], 0) for token in inverse_cdf(probs[:, 0], draws).tolist()]
     tokens = torch.zeros(len(active), k, dtype=torch.long, device=device)
     draws = torch.ones(len(active), k + 1, device=device)
     for i, ((_, turn), p, n) in enumerate(zip(active, proposals, lengths, strict=True)):
