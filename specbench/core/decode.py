@@ -114,7 +114,7 @@ class StepMarks:
     width: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: one a slot a step; a frozen one costs 3x to build)
 class Share:
     """A turn's part in one step: the step, the tokens it appended, the draft depth tested and the rows verified."""
 
@@ -135,8 +135,8 @@ class _Turn:
     marks: tuple[int, int, int]  # before the prefill (its slots' together), around their drafting's start
     joined: int  # the turns that began with it (its share of their drafting's start: 1/joined)
     shares: list[Share] = field(default_factory=list)
-    picked: list[tuple[tuple[torch.Tensor, torch.Tensor], int, int]] = field(default_factory=list)  # T=0, per step:
-    # (the target's argmax and margin at the step's kept rows [B, b], this slot, its new tokens), read at the end
+    picked: list[tuple[int, int, int]] = field(default_factory=list)  # T=0, per step: (its index in the batch's
+    # picks, this slot, its new tokens), read at the end
     end: int = 0  # the mark at its last step's end
 
 
@@ -165,6 +165,8 @@ def decode_batch(
     layers = drafting.feature_layers
     slots: list[_Turn | None] = [None] * target.batch
     done: list[_Turn] = []
+    picks: list[tuple[torch.Tensor, torch.Tensor]] = []  # T=0, per step: the target's argmax and margin at every
+    # slot's kept rows [B, b] (the greedy check's), read once when the batch ends
     start = clock(device)
     mark = Marks(device)
     mark()
@@ -224,6 +226,7 @@ def decode_batch(
             if isinstance(judgement.summary, torch.Tensor):  # (decided in the forward: a replay writes over them)
                 picked = (picked[0].clone(), picked[1].clone())
                 features = None if features is None else features.clone()
+            picks.append(picked)
         else:
             if isinstance(rule, Profile):
                 verdicts = forced(active, proposals, whole, rule)
@@ -252,7 +255,7 @@ def decode_batch(
             turn.gen.tokens.extend(new)
             appended.append(len(new))
             if picked is not None:
-                turn.picked.append((picked, slot, len(new)))
+                turn.picked.append((len(picks) - 1, slot, len(new)))
             if stop_at is not None or len(turn.gen.tokens) >= turn.budget:
                 ending.append(slot)
         u0 = mark()  # the loop's own bookkeeping above is no drafter's: drafting resumes here
@@ -279,6 +282,7 @@ def decode_batch(
             finished(ended.job, ended.gen)
     wall = clock(device) - start
     at = mark.seconds()
+    host: list[tuple[list, list]] = []
     for turn in done:
         m0, m1, m2 = turn.marks
         gen = turn.gen
@@ -291,9 +295,10 @@ def decode_batch(
             gen.steps.append(
                 Step(share.tokens, share.tested, share.rows, drafting_share, verifying, mk.slots, mk.width)
             )
-        if turn.picked:  # read after the clock stops
-            gen.target_top1 = torch.cat([top1[i, :k] for (top1, _), i, k in turn.picked]).tolist()
-            gen.target_margin = torch.cat([margin[i, :k] for (_, margin), i, k in turn.picked]).tolist()
+        if turn.picked:  # read after the clock stops, each step's once
+            host = host or [(top1.tolist(), margin.tolist()) for top1, margin in picks]
+            gen.target_top1 = [t for step, i, k in turn.picked for t in host[step][0][i][:k]]
+            gen.target_margin = [m for step, i, k in turn.picked for m in host[step][1][i][:k]]
     return wall
 
 
@@ -306,7 +311,7 @@ def verification(slot: int, root: int, proposal: Proposal) -> Row:
     return Row(slot, inputs(root, proposal), tree, proposal.side)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: one a slot a step)
 class Verdict:
     """One slot's verdict on the host: the rows it keeps (the root, then the accepted path), the tokens it appends
     (the accepted ones, then the target's own), the draft depth tested, and at T = 0 the side branch's picks."""

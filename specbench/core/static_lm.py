@@ -85,7 +85,7 @@ class Inputs:
         return mask[:, None], positions, self.past[:, None] + rows
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # (not frozen: a batch builds one a slot a step, and a frozen one costs 4x to build)
 class Row:
     """One slot's share of a batched forward: its tokens (a list, or ids on the device) and, for a verification,
     the tree ([root] + tree tokens + side tokens) and side branch."""
@@ -100,7 +100,7 @@ class Row:
 
     def __post_init__(self) -> None:
         n = self.tokens.shape[0] if isinstance(self.tokens, torch.Tensor) else len(self.tokens)
-        object.__setattr__(self, "size", n + (self.root is not None))
+        self.size = n + (self.root is not None)
 
     def joined(self) -> list[int] | torch.Tensor:
         """All its rows' tokens, the root first (one sequence's forward reads them so)."""
