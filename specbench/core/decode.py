@@ -1,8 +1,9 @@
 """The one decode loop every method shares: propose -> verify -> accept -> commit -> update, for a batch of
-sequences (slots) at once. Each slot has its own proposer and its own turn to answer; one target forward verifies
-every slot's proposal, each slot accepts and commits on its own, and a slot whose turn ends takes the next turn
-waiting (the batch is refilled, so it stays full while work remains: the batch size a serving engine holds).
-`decode` is a batch of one."""
+sequences (slots) at once. Each slot has its own turn to answer; the method's one drafter proposes for every slot,
+one target forward verifies them all, their verdicts are decided together (greedy inside the forward, sampled
+chains in one batch, each slot drawing from its own generator) and committed at once, and a slot whose turn ends
+takes the next turn waiting (the batch is refilled, so it stays full while work remains: the batch size a serving
+engine holds). `decode` is a batch of one."""
 
 from __future__ import annotations
 
