@@ -4,6 +4,7 @@ norm_before_residual and fused layers read), unsupported variants are one line; 
 speculators` writes the format; and, where the speculators package is installed, its own classes read what we
 write."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -160,7 +161,7 @@ def test_a_speculators_head_reads_its_residual_norm_and_fused_layers(tmp_path):
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"fc_norm": True}, "sets fc_norm: an EAGLE-3 variant this suite does not implement"),
+        ({"fc_norm": True, "norm_before_fc": True}, "sets both norm_before_fc and fc_norm"),
         ({"speculators_model_type": "dflash"}, "is a speculators 'dflash' checkpoint"),
         ({"transformer_layer_config": {"model_type": "qwen3", "num_hidden_layers": 1}}, "1 qwen3 layer"),
         ({"eagle_aux_hidden_state_layer_ids": [2, 4, 9]}, r"fuses target states \[2, 4, 9\], the target has 7"),
@@ -171,6 +172,63 @@ def test_what_our_head_cannot_run_is_one_line(tmp_path, change, message):
     folder = _speculators_head(tmp_path / "h", model, **change)
     with pytest.raises(SpecbenchError, match=message):
         eagle3.load(str(folder), model)
+
+
+@pytest.mark.parametrize("flag", ["norm_before_fc", "fc_norm", "norm_output"])
+def test_an_eagle_3_1_head_computes_speculators_formulas_and_round_trips(tmp_path, flag):
+    """EAGLE 3.1's options as speculators' `eagle3/core.py` computes them (L236-243, L302-306): `norm_before_fc` one
+    RMSNorm over the fused target states before fc, `fc_norm` one per target state, `norm_output` the normed output
+    fed back (and read out without a second norm). Each is checked against the plain head fed what the formula
+    says, on the same weights; the head drafts vanilla's greedy tokens, and speculators -> official -> speculators
+    keeps the flag and every tensor byte for byte."""
+    model = random_llama(64, layers=7, seed=0, init=0.3)
+    folder = _speculators_head(tmp_path / "h", model, **{flag: True})
+    state = load_file(str(folder / "model.safetensors"))
+    extra = {
+        "norm_before_fc": {"input_norm.weight": (192,)},
+        "fc_norm": {f"fc_norm.{i}.weight": (64,) for i in range(3)},
+    }
+    torch.manual_seed(1)
+    state.update({k: torch.rand(shape) + 0.5 for k, shape in extra.get(flag, {}).items()})
+    save_file(state, str(folder / "model.safetensors"))
+    head = eagle3.load(str(folder), model)
+    plain = copy.deepcopy(head)
+    plain.input_norm, plain.fc_norm, plain.norm_output = None, None, False
+    features, tokens, positions = torch.randn(1, 4, 192), torch.tensor([[3, 9, 4, 7]]), torch.arange(4)[None]
+    eps = head.config.rms_norm_eps
+    with torch.no_grad():
+        ours = head(features, tokens, positions)
+        if flag == "norm_before_fc":
+            fed = torch.nn.functional.rms_norm(features, (192,), eps=eps) * state["input_norm.weight"]
+        elif flag == "fc_norm":
+            fed = torch.cat(
+                [
+                    torch.nn.functional.rms_norm(x, (64,), eps=eps) * state[f"fc_norm.{i}.weight"]
+                    for i, x in enumerate(features.chunk(3, -1))
+                ],
+                -1,
+            )
+        else:
+            fed = features
+        theirs = plain(fed, tokens, positions)
+        if flag == "norm_output":
+            theirs = plain.norm(theirs)
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(head.logits(ours), plain.logits(plain(fed, tokens, positions)), rtol=1e-5, atol=1e-5)
+    res = methods.Resources("random", model, None, torch.device("cpu"), torch.float32, head_paths={"eagle3": folder})
+    prompt = [1, 5, 7, 9]
+    gen = decode(
+        CachedLM(model), methods.build("eagle3", res), prompt, max_new_tokens=20, temperature=0.0, stop_ids=set()
+    )
+    assert (
+        gen.tokens
+        == decode(CachedLM(model), Vanilla(), prompt, max_new_tokens=20, temperature=0.0, stop_ids=set()).tokens
+    )
+    assert main(["convert", str(folder), "--to", "official", "--out", str(tmp_path / "o")]) == 0
+    assert main(["convert", str(tmp_path / "o"), "--to", "speculators", "--out", str(tmp_path / "s")]) == 0
+    assert json.loads((tmp_path / "s" / "config.json").read_text())[flag] is True
+    back = load_file(str(tmp_path / "s" / "model.safetensors"))
+    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
 
 
 def test_convert_refuses_what_it_cannot_do(tmp_path, capsys):

@@ -83,9 +83,17 @@ class Eagle3Head(nn.Module):
         aux = getattr(config, "eagle_aux_hidden_state_layer_ids", None)
         self.layer_ids = None if aux is None else tuple(aux)  # the target states fused; None: `feature_layers`'s
         self.embed_tokens = nn.Embedding(vocab, hidden)
+        # EAGLE 3.1's options (speculators' `eagle3/core.py`): one norm over the fused target states before fc
+        # (`norm_before_fc`), or one per target state (`fc_norm`); `norm_output` feeds back the normed output
+        part, eps = self.feature_size // 3, config.rms_norm_eps
+        self.input_norm = RMSNorm.build(self.feature_size, eps) if getattr(config, "norm_before_fc", False) else None
+        self.fc_norm = (
+            nn.ModuleList(RMSNorm.build(part, eps) for _ in range(3)) if getattr(config, "fc_norm", False) else None
+        )
+        self.norm_output = bool(getattr(config, "norm_output", False))
         self.fc = nn.Linear(self.feature_size, hidden, bias=False)
         self.midlayer = Eagle3Layer(config)
-        self.norm = RMSNorm.build(hidden, config.rms_norm_eps)
+        self.norm = RMSNorm.build(hidden, eps)
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
         d2t, t2d = vocabulary_maps(torch.arange(draft_vocab), vocab) if draft_vocab != vocab else (None, None)
         self.register_buffer("d2t", d2t)  # [V_draft] long
@@ -101,16 +109,22 @@ class Eagle3Head(nn.Module):
         cache: KeysAndValues | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,  # cos, sin at `positions`, when the caller has them
     ) -> torch.Tensor:
-        """Hidden states [B, n, H] before the final norm: fed back as the next step's hidden, read by `logits`."""
+        """Hidden states [B, n, H] (after the final norm with `norm_output`, else before it): fed back as the next
+        step's hidden, read by `logits`."""
         hidden = features.to(self.fc.weight.dtype)
         if hidden.shape[-1] != self.config.hidden_size:  # fc fuses target features only, as in EAGLE-3
+            if self.input_norm is not None:
+                hidden = self.input_norm(hidden)
+            if self.fc_norm is not None:
+                hidden = torch.cat([norm(x) for norm, x in zip(self.fc_norm, hidden.chunk(3, -1), strict=True)], -1)
             hidden = self.fc(hidden)
         rope = self.rotary(hidden, positions) if rope is None else rope
-        return self.midlayer(self.embed_tokens(tokens), hidden, rope, mask, cache)
+        out = self.midlayer(self.embed_tokens(tokens), hidden, rope, mask, cache)
+        return self.norm(out) if self.norm_output else out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits [..., V_draft] over the draft vocabulary."""
-        return self.lm_head(self.norm(hidden))
+        return self.lm_head(hidden if self.norm_output else self.norm(hidden))
 
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
@@ -166,6 +180,8 @@ def load(source: str | Path, target_model: Any) -> Eagle3Head:
                 f"{embedding.shape[1]} wide: the head must ship its own embedding"
             )
         state["embed_tokens.weight"] = embedding.detach().cpu()
+    if head.input_norm is not None and "input_norm.weight" not in state:  # (speculators may leave it out: its init)
+        state["input_norm.weight"] = torch.ones(head.feature_size)
     check({k: v.shape for k, v in head.state_dict().items()}, state, what)
     if head.d2t is not None:
         mapped = torch.arange(len(state["d2t"])) + state["d2t"]

@@ -6,8 +6,10 @@ A speculators checkpoint is config.json with `speculators_model_type`, the decod
 `transformer_layer_config`, `draft_vocab_size`, `target_hidden_size`, the target states read (numbered as
 hidden_states, 0 the embedding) and a `speculators_config` (algorithm, proposal methods, verifier), beside
 model.safetensors.
-- eagle3: `norm_before_residual`, `eagle_aux_hidden_state_layer_ids`; the layer under `layers.0.` where the
-  official layout has `midlayer.`; d2t, t2d, fc, norm, lm_head and an optional embed_tokens keep their names.
+- eagle3: `norm_before_residual`, `eagle_aux_hidden_state_layer_ids` and EAGLE 3.1's `norm_before_fc`, `fc_norm`,
+  `norm_output` (kept in the official config.json we read them into); the layer under `layers.0.` where the
+  official layout has `midlayer.`; d2t, t2d, fc, norm, lm_head, input_norm, fc_norm.{i} and an optional
+  embed_tokens keep their names.
 - dflash: `block_size`, `mask_token_id`, `aux_hidden_state_layer_ids` (z-lab's `target_layer_ids` + 1),
   `sample_from_anchor`; the tensors are z-lab's, by the same names (a full-vocabulary drafter stores no readout).
 """
@@ -29,9 +31,10 @@ FORMAT_VERSION = "0.9.0"  # the speculators release whose config classes the wri
 LAYER, MIDLAYER = "layers.0.", "midlayer."
 # the official head config's keys that are the decoder layer's (the rest describe the head around it)
 HEAD_KEYS = ("draft_vocab_size", "target_hidden_size", "norm_before_residual", "eagle_aux_hidden_state_layer_ids")
+# EAGLE 3.1's options (speculators' eagle3/config.py): a norm before fc over the fused target states, or one per
+# target state (their input_norm.weight, fc_norm.{i}.weight), and the normed output fed back; written when set
+FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
 DROPPED = ("architectures", "torch_dtype", "dtype", "transformers_version", "speculators_version")
-# the flags of EAGLE-3 variants our head does not implement (each a norm the official layout lacks)
-UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
 
 
 def is_speculators(raw: dict) -> bool:
@@ -56,11 +59,10 @@ def _kind(raw: dict, kind: str, what: str, family: str) -> None:
 
 def eagle3_official(raw: dict, what: str) -> dict:
     """The official EAGLE-3 config.json a speculators eagle3 config describes (the decoder layer's keys plus the
-    head's); a variant our head does not implement is one error line."""
+    head's, EAGLE 3.1's options among them); what our head cannot run is one error line."""
     _kind(raw, "eagle3", what, "EAGLE-3 heads")
-    flags = [f for f in UNSUPPORTED_FLAGS if raw.get(f)]
-    if flags:
-        raise SpecbenchError(f"{what} sets {flags[0]}: an EAGLE-3 variant this suite does not implement")
+    if raw.get("norm_before_fc") and raw.get("fc_norm"):
+        raise SpecbenchError(f"{what} sets both norm_before_fc and fc_norm: speculators allows one of them")
     layer = dict(raw.get("transformer_layer_config") or {})
     if layer.get("model_type", "llama") != "llama" or layer.get("num_hidden_layers", 1) != 1:
         raise SpecbenchError(
@@ -71,6 +73,7 @@ def eagle3_official(raw: dict, what: str) -> dict:
         raise SpecbenchError(f"{what}: config.json has no draft_vocab_size")
     config = {k: v for k, v in layer.items() if k not in DROPPED}
     config.update({k: raw[k] for k in HEAD_KEYS if raw.get(k) is not None})
+    config.update({k: True for k in FLAGS if raw.get(k)})
     config["norm_before_residual"] = bool(raw.get("norm_before_residual", False))  # speculators' default
     return {"architectures": ["LlamaForCausalLMEagle3"], **config}
 
@@ -97,7 +100,7 @@ def eagle3_speculators(raw: dict, verifier: dict | None, layers: list[int] | Non
     """The speculators eagle3 config.json of an official EAGLE-3 config; `verifier`: the target's
     {"name_or_path", "architectures", ...} and `layers` the target states fused (None: unknown, vLLM then fuses its
     default ones)."""
-    layer = {k: v for k, v in raw.items() if k not in (*HEAD_KEYS, *DROPPED, "qkv_bias", "bias")}
+    layer = {k: v for k, v in raw.items() if k not in (*HEAD_KEYS, *FLAGS, *DROPPED, "qkv_bias", "bias")}
     layer.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False)
     layer.setdefault("attention_bias", bool(raw.get("qkv_bias", False)))
     layers = raw.get("eagle_aux_hidden_state_layer_ids", layers)
@@ -110,6 +113,7 @@ def eagle3_speculators(raw: dict, verifier: dict | None, layers: list[int] | Non
         "norm_before_residual": bool(raw.get("norm_before_residual", False)),  # explicit: vLLM's default may differ
         "target_hidden_size": raw.get("target_hidden_size"),
         "eagle_aux_hidden_state_layer_ids": layers,
+        **{k: True for k in FLAGS if raw.get(k)},
         "speculators_config": _algorithm("eagle3", 8, verifier),  # (the eagle3 preset's chain in vLLM)
     }
 
