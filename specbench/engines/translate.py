@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import methods
 from ..errors import SpecbenchError
-from ..presets import ENGINES
+from ..presets import ENGINES, variant
 
 MODEL_KEY = {"vllm": "model", "llamacpp": "spec-draft-model"}  # the setting naming a checkpoint the method needs
 
@@ -19,11 +19,20 @@ def mapping(name: str, engine: str) -> dict | str | None:
 
 
 def why_not(name: str, engine: str = "vllm") -> str | None:
-    """Why an engine cannot run a method (its preset's key says), or None when it can."""
+    """Why an engine cannot run a method (its preset's key says), or None when it can; a variant that changes a
+    parameter the engine's settings do not carry (`dflash[tree=32]`: no engine builds DDTree's trees) would run as
+    something else there, so it cannot either."""
     found = mapping(name, engine)
     if found is None:
         return f"its preset maps it to nothing in {engine} (no `{engine}:` key)"
-    return found if isinstance(found, str) else None
+    if isinstance(found, str):
+        return found
+    carried = {value[1:] for value in found.values() if isinstance(value, str) and value.startswith("$")}
+    params, defaults = methods.preset(name).params, methods.preset(variant(name)[0]).params
+    changed = [key for key, value in params.items() if key not in carried and defaults.get(key) != value]
+    if changed:
+        return f"its {changed[0]}={params[changed[0]]} has no setting in {engine}'s mapping"
+    return None
 
 
 def restrict(names: list[str], skipped: dict[str, str], engine: str = "vllm") -> tuple[list[str], dict[str, str]]:

@@ -4,6 +4,11 @@ conditioned on the target's states of everything committed before it; its rows a
 At T > 0 each row is drawn from the drafter's distribution at the run's temperature and verified against it by
 the shared rejection rule (the official code does the same); at T = 0 the rows are the drafter's argmax.
 
+`tree=N` (DDTree, arXiv 2604.12989): the block's rows become a tree of N nodes instead, the N best-scoring paths
+through each position's `tree_top_k` most likely tokens (`core.tree.best_first`: a path scores the sum of its
+tokens' log-probabilities, the positions being drafted independently), verified in one forward; its nodes are
+point masses, so the shared rules stay exact at every temperature.
+
 Under --graphs the context's keys and values live in preallocated rows (`heads.dflash.Slots`), and a step's forward
 (the newly committed context rows, padded to the most a step commits, and the block) has fixed shapes: captured on
 a GPU as one CUDA graph per key span and replayed. The prompt's first block runs it uncaptured. A batch's slots
@@ -20,7 +25,7 @@ from ..core.capture import Replays
 from ..core.proposer import NO_PROPOSAL, Drafter, Feedback, Proposal, Turn, chain_of_rows, chain_prefix
 from ..core.static_lm import MAX_CACHE, SPAN
 from ..core.transfer import appended, padded_rows, upload
-from ..core.tree import chain
+from ..core.tree import best_first, chain
 from ..heads.dflash import Context, DFlashDraft, Slots, slots
 from ..registry import implementation
 from .resources import Resources
@@ -54,6 +59,8 @@ class DFlash(Drafter):
         readout: torch.nn.Module,
         num_draft_tokens: int,
         block_size: int | None = None,
+        tree: int | None = None,
+        tree_top_k: int = 4,
         *,
         slots: int = 1,
         static: bool = False,  # the block forward on preallocated rows, every slot's in one (`BlockDrafting`)
@@ -67,6 +74,11 @@ class DFlash(Drafter):
                 f"dflash drafts 1 to block_size - 1 = {self.block - 1} tokens per block, not "
                 f"num_draft_tokens {num_draft_tokens}"
             )
+        if tree is not None and (not isinstance(tree, int) or tree < 1):
+            raise ValueError(f"dflash's tree is a node budget of at least 1 (or null: a chain), not {tree}")
+        if not isinstance(tree_top_k, int) or tree_top_k < 1:
+            raise ValueError(f"dflash's tree_top_k is the candidates per position, at least 1, not {tree_top_k}")
+        self.tree, self.tree_top_k = tree, tree_top_k
         self.draft = draft
         self.embedding = embedding
         self.readout = readout
@@ -115,6 +127,13 @@ class DFlash(Drafter):
         else:
             drafted = [self._eager(self.lanes[s], f, read, last) for _, _, (s, f, read, last) in members]
         turns = [self.lanes[slots[i]].turn for i, _, _ in members]
+        if self.tree is not None and members:  # every slot's candidates in one read, each tree built on the host
+            deepest = max(k for _, k, _ in members)
+            logits = torch.stack([rows[:deepest] for rows in drafted]).float()  # [m, k, V]
+            top = torch.log_softmax(logits, -1).topk(min(self.tree_top_k, logits.shape[-1]), -1)
+            for (i, k, _), scores, ids in zip(members, top.values.tolist(), top.indices.tolist(), strict=True):
+                found[i] = Proposal(best_first(scores[:k], ids[:k], self.tree))
+            return found
         picks = None  # at T = 0: every slot's argmax at once, each chain the first k of its row
         if members and all(turn.temperature == 0 for turn in turns):
             deepest = max(k for _, k, _ in members)
