@@ -276,7 +276,7 @@ def test_the_sampling_audit_at_batch_4_with_slots_drafting_together(method):
     assert max(widths, default=0) > 1
 
 
-@pytest.mark.parametrize("method", ["pard", "medusa", "eagle", "eagle3", "eagle[nodes=1]", "dflash"])
+@pytest.mark.parametrize("method", ["pard", "medusa", "eagle", "eagle3", "eagle[nodes=1]", "dflash", "dflash[tree=12]"])
 def test_model_drafters_draft_their_slots_together(tiny, method):
     """Two slots of a batch share one drafter (PARD's model, Medusa's heads, EAGLE's head or DFlash's drafter on one
     static cache: loaded once) and draft in one forward per step (per level for EAGLE's trees); each slot's tokens
@@ -298,7 +298,7 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
     elif method == "medusa":
         top = slots._top
         slots._top = lambda hidden: widths.append(len(hidden)) or top(hidden)
-    elif method == "dflash":
+    elif method.startswith("dflash"):
         blocks = slots.blocks
         assert blocks.batch == 2
         together = blocks._together
