@@ -24,7 +24,7 @@ from .static_lm import Row
 from .step import inputs
 from .synthetic import Profile
 from .transfer import upload
-from .tree import DeviceTree
+from .tree import DeviceTree, is_chain
 
 
 @dataclass(frozen=True)
@@ -346,6 +346,7 @@ def sampled(active: list, proposals: list[Proposal], whole: Forward, rule: accep
     together = [
         i
         for i, ((_, turn), p) in enumerate(zip(active, proposals, strict=True))
+        # (a drafted shape read from the device: a chain's verdict is `chain_verdicts`' wherever it was drafted)
         if rule.chains is not None and turn.job.temperature > 0 and p.side is None and is_chain(p.tree.parents)
     ]
     verdicts: list[Verdict | None] = [None] * len(active)
@@ -367,12 +368,6 @@ def sampled(active: list, proposals: list[Proposal], whole: Forward, rule: accep
         new = [tokens[r - 1] for r in accepted.rows] + [accepted.token]
         verdicts[i] = Verdict([0, *accepted.rows], new, accepted.tested)
     return [v for v in verdicts if v is not None]
-
-
-def is_chain(parents: list[int]) -> bool:
-    """Whether a tree of these parents is a chain: asked of its shape, read from the device where a drafter left it
-    there (`DeviceTree.parents`), so that a chain's verdict is `chain_verdicts`' wherever it was drafted."""
-    return all(p == i - 1 for i, p in enumerate(parents))
 
 
 def chain_verdicts(active: list, proposals: list[Proposal], whole: Forward, rule: acceptance.Rule) -> list[Verdict]:

@@ -38,7 +38,7 @@ class Tree:
 
     @property
     def is_chain(self) -> bool:
-        return all(p == i - 1 for i, p in enumerate(self.parents))
+        return is_chain(self.parents)
 
     def depths(self) -> list[int]:
         """Depth of each node; children of the root have depth 1."""
@@ -181,6 +181,11 @@ class DeviceTree(Tree):
             self.read_along(self.ids[:0])
         assert self.read is not None
         return self.read
+
+
+def is_chain(parents: list[int]) -> bool:
+    """Whether a tree of these parents is a chain (each node the child of the one before)."""
+    return all(p == i - 1 for i, p in enumerate(parents))
 
 
 def reindexed(parents: list[int], keep: list[int]) -> list[int]:
