@@ -354,13 +354,12 @@ class BatchedLM:
             if len(prompt) >= 2:
                 rows.append(Row(slot, prompt[:-1]))
         self._check(rows)
-        group: list[Row] = []
+        groups: list[list[Row]] = []
         for row in sorted(rows, key=lambda r: r.size, reverse=True):  # the longest first: each group's widest
-            if group and (len(group) + 1) * group[0].size > PREFILL_ROWS:
-                out.update(zip([r.slot for r in group], self._alone(group, layers, last_only=True), strict=True))
-                group = []
-            group.append(row)
-        if group:
+            if not groups or (len(groups[-1]) + 1) * groups[-1][0].size > PREFILL_ROWS:
+                groups.append([])
+            groups[-1].append(row)
+        for group in groups:
             out.update(zip([r.slot for r in group], self._alone(group, layers, last_only=True), strict=True))
         if reuse:  # (an uncaptured forward's outputs: no replay writes over them)
             for slot, prompt in zip(slots, prompts, strict=True):
