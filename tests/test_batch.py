@@ -45,7 +45,7 @@ from .test_verify import UniformClaimDraft
 # features, a Jacobi side branch. (Suffix decoding's global index is shared by the batch's slots, so its acceptance
 # moves with B: docs/metrics.md.)
 METHODS = ("vanilla", "sps", "eagle2", "lookahead")
-HEADS = {family: TINY_DIR / family for family in ("pard", "medusa", "eagle", "eagle3", "dflash")}
+HEADS = {family: TINY_DIR / family for family in ("pard", "medusa", "eagle", "eagle3", "peagle", "dflash")}
 
 
 @pytest.fixture(scope="module")
@@ -276,11 +276,13 @@ def test_the_sampling_audit_at_batch_4_with_slots_drafting_together(method):
     assert max(widths, default=0) > 1
 
 
-@pytest.mark.parametrize("method", ["pard", "medusa", "eagle", "eagle3", "eagle[nodes=1]", "dflash", "dflash[tree=12]"])
+@pytest.mark.parametrize(
+    "method", ["pard", "medusa", "eagle", "eagle3", "eagle[nodes=1]", "peagle", "dflash", "dflash[tree=12]"]
+)
 def test_model_drafters_draft_their_slots_together(tiny, method):
-    """Two slots of a batch share one drafter (PARD's model, Medusa's heads, EAGLE's head or DFlash's drafter on one
-    static cache: loaded once) and draft in one forward per step (per level for EAGLE's trees); each slot's tokens
-    and accepted lengths are its batch of one's."""
+    """Two slots of a batch share one drafter (PARD's model, Medusa's heads, EAGLE's or P-EAGLE's head or DFlash's
+    drafter on one static cache: loaded once) and draft in one forward per step (per level for EAGLE's trees); each
+    slot's tokens and accepted lengths are its batch of one's."""
     target, prompt = tiny
     res = methods.Resources("tiny", target, None, torch.device("cpu"), torch.float32, head_paths=HEADS)
     prompts = [prompt, prompt[: len(prompt) // 2]]
@@ -298,6 +300,10 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
     elif method == "medusa":
         top = slots._top
         slots._top = lambda hidden: widths.append(len(hidden)) or top(hidden)
+    elif method == "peagle":
+        assert slots.batch == 2
+        together = slots._together
+        slots._together = lambda members: widths.append(len(members)) or together(members)
     elif method.startswith("dflash"):
         blocks = slots.blocks
         assert blocks.batch == 2

@@ -155,7 +155,20 @@ def test_the_step_counter_flags_what_a_capture_refuses():
     assert (counter.step[0], counter.step[3]) == ([1], [1])
 
 
-METHODS = ("vanilla", "sps", "lookahead", "ouroboros", "medusa", "eagle", "eagle2", "eagle3", "mtp", "dflash", "pard")
+METHODS = (
+    "vanilla",
+    "sps",
+    "lookahead",
+    "ouroboros",
+    "medusa",
+    "eagle",
+    "eagle2",
+    "eagle3",
+    "peagle",
+    "mtp",
+    "dflash",
+    "pard",
+)
 
 
 def eager_and_graphs(out, temperature: float, counting=None, tokens: int = 16) -> None:

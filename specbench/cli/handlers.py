@@ -194,9 +194,10 @@ def train(args) -> None:
     from ..models import hub
     from ..zoo.text import check_text
 
-    if args.format != "official" and args.kind not in ("eagle3", "dflash"):
+    if args.format != "official" and args.kind not in ("eagle3", "peagle", "dflash"):
         raise SpecbenchError(
-            f"--format {args.format} writes EAGLE-3 heads and DFlash drafters only: drop it to train {args.kind}"
+            f"--format {args.format} writes EAGLE-3 and P-EAGLE heads and DFlash drafters only: drop it to train "
+            f"{args.kind}"
         )
     data = _text(args.data, "train", "--data")
     check_text(data)

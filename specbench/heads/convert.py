@@ -1,5 +1,5 @@
-"""A head folder converted between its official layout and vLLM's speculators format (EAGLE-3 heads, DFlash
-drafters): which family a folder holds, the translation (`speculators`), its other files copied beside, and
+"""A head folder converted between its official layout and vLLM's speculators format (EAGLE-3 and P-EAGLE heads,
+DFlash drafters): which family a folder holds, the translation (`speculators`), its other files copied beside, and
 nothing half-written at the destination. Everything but the tensors is judged before torch is imported: a mistake
 is one line at once."""
 
@@ -16,16 +16,16 @@ LAYOUTS = ("speculators", "official")
 
 
 def family_of(raw: dict, what: str) -> str:
-    """ "eagle3" or "dflash", from a config.json in either layout; any other head is one error line."""
+    """ "eagle3", "peagle" or "dflash", from a config.json in either layout; any other head is one error line."""
     kind = raw.get("speculators_model_type")
-    if kind in ("eagle3", "dflash"):
+    if kind in ("eagle3", "peagle", "dflash"):
         return kind
     if kind is None and "draft_vocab_size" in raw:
-        return "eagle3"
+        return "peagle" if "mask_token_id" in raw else "eagle3"
     if kind is None and "DFlashDraftModel" in (raw.get("architectures") or []):
         return "dflash"
-    found = f"a speculators '{kind}' checkpoint" if kind else "neither an EAGLE-3 head nor a DFlash drafter"
-    raise SpecbenchError(f"{what} is {found}: only EAGLE-3 heads and DFlash drafters convert")
+    found = f"a speculators '{kind}' checkpoint" if kind else "not an EAGLE-3, P-EAGLE or DFlash head"
+    raise SpecbenchError(f"{what} is {found}: only EAGLE-3 and P-EAGLE heads and DFlash drafters convert")
 
 
 def _check_out(out: Path, source: Path, force: bool) -> None:
@@ -44,15 +44,16 @@ def _config(raw: dict, family: str, to: str, target: str | None, what: str) -> d
     """The converted config.json; `target` (to speculators): recorded as the verifier, with the target states an
     EAGLE-3 head fuses."""
     if to == "official":
-        translate = speculators.eagle3_official if family == "eagle3" else speculators.dflash_official
-        return translate(raw, what)
+        if family == "dflash":
+            return speculators.dflash_official(raw, what)
+        return speculators.eagle3_official(raw, what, family)
     verifier = speculators.verifier_of(target)
     if family == "dflash":
         return speculators.dflash_speculators(raw, verifier)
     from .eagle3 import feature_layers  # imports torch: the head itself has passed every check
 
     layers = None if verifier is None else list(feature_layers(verifier["num_hidden_layers"]))
-    return speculators.eagle3_speculators(raw, verifier, layers)
+    return speculators.eagle3_speculators(raw, verifier, layers, family)
 
 
 def convert(source: Path, to: str, out: Path, target: str | None = None, force: bool = False) -> str:
@@ -63,7 +64,7 @@ def convert(source: Path, to: str, out: Path, target: str | None = None, force: 
         raise SpecbenchError(f"--to {to}: convert to {' or '.join(LAYOUTS)}")
     if not source.is_dir():
         raise SpecbenchError(
-            f"head folder '{source}' does not exist: pass the folder of an EAGLE-3 head or a DFlash drafter"
+            f"head folder '{source}' does not exist: pass the folder of an EAGLE-3 or P-EAGLE head or a DFlash drafter"
         )
     raw = read_config(source, "head")
     family = family_of(raw, what)
@@ -76,9 +77,9 @@ def convert(source: Path, to: str, out: Path, target: str | None = None, force: 
 
     state = read_weights(source, EAGLE_FILES, "head")
     if to == "official":
-        official = speculators.eagle3_official_state if family == "eagle3" else speculators.dflash_official_state
+        official = speculators.dflash_official_state if family == "dflash" else speculators.eagle3_official_state
         state = official(state)
-    elif family == "eagle3":
+    elif family != "dflash":
         state = speculators.eagle3_speculators_state(state)
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)

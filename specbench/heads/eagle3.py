@@ -1,6 +1,7 @@
 """The EAGLE-3 draft head: three of the target's unnormalised hidden states fused by fc (3H -> H), one decoder
 layer whose attention reads [norm(embedding), norm(hidden)] (2H wide, residual = the hidden), its own final
-norm and an lm_head over a reduced draft vocabulary; draft id i is target id i + d2t[i].
+norm and an lm_head over a reduced draft vocabulary; draft id i is target id i + d2t[i]. A speculators head may
+stack more Llama layers after that one (config `draft_layers` here; their tensors `layers.{i}.`, i >= 1).
 
 Checkpoint (official layout): config.json (Llama keys plus draft_vocab_size and an optional
 target_hidden_size; without rope_theta the layer uses RoPE base 10000) and `pytorch_model.bin` or
@@ -13,7 +14,7 @@ embed_tokens.weight optionally (the official heads have none: the target's is co
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -21,7 +22,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from ..errors import SpecbenchError
-from ..models.decoder import MLP, Attention, KeysAndValues, RMSNorm
+from ..models.decoder import MLP, Attention, KeysAndValues, Layer, RMSNorm
 from ..registry import HeadFamily, head_family
 from . import eagle, speculators
 from .checkpoint import check, read_weights
@@ -93,6 +94,8 @@ class Eagle3Head(nn.Module):
         self.norm_output = bool(getattr(config, "norm_output", False))
         self.fc = nn.Linear(self.feature_size, hidden, bias=False)
         self.midlayer = Eagle3Layer(config)
+        # the layers after it, by their checkpoint index (`layers.1.` ...): none in EAGLE-3's own heads
+        self.layers = nn.ModuleDict({str(i): Layer.build(config, i) for i in range(1, config.num_hidden_layers)})
         self.norm = RMSNorm.build(hidden, eps)
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
         d2t, t2d = vocabulary_maps(torch.arange(draft_vocab), vocab) if draft_vocab != vocab else (None, None)
@@ -120,6 +123,8 @@ class Eagle3Head(nn.Module):
             hidden = self.fc(hidden)
         rope = self.rotary(hidden, positions) if rope is None else rope
         out = self.midlayer(self.embed_tokens(tokens), hidden, rope, mask, cache)
+        for layer in self.layers.values():
+            out = layer(out, rope, mask, cache)
         return self.norm(out) if self.norm_output else out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -139,28 +144,44 @@ class Eagle3Head(nn.Module):
         self.d2t, self.t2d = vocabulary_maps(used, self.config.vocab_size)
 
 
-def build(raw: dict) -> Eagle3Head:
-    """The head a config.json describes (random weights): always one midlayer, as the reference builds."""
+H = TypeVar("H", bound=Eagle3Head)
+
+
+def config_of(raw: dict, title: str) -> LlamaConfig:
+    """The head's Llama config: one midlayer, as the reference builds (a copied num_hidden_layers is not read), or
+    `draft_layers` of them (a speculators head's layer count)."""
     if "draft_vocab_size" not in raw:
-        raise SpecbenchError("EAGLE-3 head config.json has no draft_vocab_size: an EAGLE-1/2 head? use eagle or eagle2")
+        raise SpecbenchError(f"{title} config.json has no draft_vocab_size: an EAGLE-1/2 head? use eagle or eagle2")
     if not 0 < raw["draft_vocab_size"] <= raw.get("vocab_size", 0):
-        raise SpecbenchError("EAGLE-3 head config.json: draft_vocab_size must be between 1 and vocab_size")
-    return Eagle3Head(eagle.llama_config({**raw, "num_hidden_layers": 1}, "EAGLE-3 head"))
+        raise SpecbenchError(f"{title} config.json: draft_vocab_size must be between 1 and vocab_size")
+    layers = raw.get("draft_layers", 1)
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+        raise SpecbenchError(f"{title} config.json: draft_layers must be a whole number of layers, 1 or more")
+    return eagle.llama_config({**raw, "num_hidden_layers": layers}, title)
+
+
+def build(raw: dict) -> Eagle3Head:
+    """The head a config.json describes (random weights)."""
+    return Eagle3Head(config_of(raw, "EAGLE-3 head"))
 
 
 def load(source: str | Path, target_model: Any) -> Eagle3Head:
-    """An official-layout or speculators head; d2t/t2d are ignored for a full draft vocabulary, a missing embedding
-    is the target's."""
-    what = f"EAGLE-3 head '{source}'"
+    """An official-layout or speculators head (`filled`)."""
     raw, shipped_as_speculators = speculators.official(source, "eagle3", "EAGLE-3 head")
-    head = build(raw)
+    return filled(build(raw), source, target_model, "EAGLE-3 head", shipped_as_speculators)
+
+
+def filled(head: H, source: str | Path, target_model: Any, title: str, shipped_as_speculators: bool) -> H:
+    """`head` with the weights of `source` for `target_model`; d2t/t2d are ignored for a full draft vocabulary, a
+    missing embedding is the target's."""
+    what = f"{title} '{source}'"
     vocab, target_hidden = target_model.get_output_embeddings().weight.shape
     if (vocab, 3 * target_hidden) != (head.config.vocab_size, head.feature_size):
         raise SpecbenchError(
             f"{what} is for target hidden size {head.feature_size // 3} and vocabulary {head.config.vocab_size}, "
             f"the target has {target_hidden} and {vocab}: use a head trained for this target"
         )
-    state = read_weights(source, eagle.FILES, "EAGLE-3 head")
+    state = read_weights(source, eagle.FILES, title)
     if shipped_as_speculators:
         state = speculators.eagle3_official_state(state)
     layers = target_model.config.get_text_config().num_hidden_layers
@@ -202,12 +223,12 @@ def save(head: Eagle3Head, raw_config: dict, out: Path, half: bool = False) -> N
     eagle.save(saved_state(head), raw_config, out, half)
 
 
-def fits(folder: Path) -> tuple[int, int | None]:
+def fits(folder: Path, kind: str = "eagle3", title: str = "EAGLE-3 head") -> tuple[int, int | None]:
     """The target hidden size (`target_hidden_size`, else the head's own) and vocabulary the head is for."""
-    config = speculators.official(folder, "eagle3", "EAGLE-3 head")[0]
+    config = speculators.official(folder, kind, title)[0]
     hidden = config.get("target_hidden_size") or config.get("hidden_size")
     if not isinstance(hidden, int):
-        raise SpecbenchError(f"EAGLE-3 head '{folder}': config.json has no target_hidden_size or hidden_size")
+        raise SpecbenchError(f"{title} '{folder}': config.json has no target_hidden_size or hidden_size")
     return hidden, config.get("vocab_size")
 
 

@@ -78,9 +78,10 @@ def drop_rows(length: int, blocks: int, ratio: float, floor: float, generator: t
     return kept
 
 
-def pard_example(ids: list[int], kept: list[list[int]], mask_id: int) -> tuple[torch.Tensor, ...]:
-    """The flattened training rows of one window: token ids [Q], positions [Q], who sees whom (bool [Q, Q]) and
-    labels [Q] (-100: no next token in the window)."""
+def chain_rows(kept: list[list[int]]) -> tuple[list[tuple[int, int]], torch.Tensor]:
+    """The rows (block b, position p) of the blocks `kept`, flattened block after block, and who sees whom
+    (bool [Q, Q]): block 0's rows up to p - b (the real tokens before the chain) and the chain's own rows
+    (j, p - b + j), j = 1..b (itself included). P-EAGLE's parallel rows train on the same pattern."""
     rows = [(b, p) for b, positions in enumerate(kept) for p in positions]
     index = {row: i for i, row in enumerate(rows)}
     allowed = torch.zeros(len(rows), len(rows), dtype=torch.bool)
@@ -88,6 +89,13 @@ def pard_example(ids: list[int], kept: list[list[int]], mask_id: int) -> tuple[t
         allowed[i, : p - b + 1] = True  # the real tokens x_0..x_{p-b} (block 0 is stored first, in order)
         for j in range(1, b + 1):  # the masks of its chain, itself included
             allowed[i, index[(j, p - b + j)]] = True
+    return rows, allowed
+
+
+def pard_example(ids: list[int], kept: list[list[int]], mask_id: int) -> tuple[torch.Tensor, ...]:
+    """The flattened training rows of one window: token ids [Q], positions [Q], who sees whom (bool [Q, Q]) and
+    labels [Q] (-100: no next token in the window)."""
+    rows, allowed = chain_rows(kept)
     tokens = [ids[p] if b == 0 else mask_id for b, p in rows]
     labels = [ids[p + 1] if p + 1 < len(ids) else -100 for _, p in rows]
     return torch.tensor(tokens), torch.tensor([p for _, p in rows]), allowed, torch.tensor(labels)

@@ -1,15 +1,18 @@
-"""vLLM's `speculators` format, read and written for EAGLE-3 heads and DFlash drafters, so that a head trained here
-is served by vLLM and one published that way (RedHatAI's) runs in our loop. Pure translations of config.json and
-tensor names: the tensors themselves pass through unchanged both ways, so a round trip is byte-identical.
+"""vLLM's `speculators` format, read and written for EAGLE-3 and P-EAGLE heads and DFlash drafters, so that a head
+trained here is served by vLLM and one published that way (RedHatAI's) runs in our loop. Pure translations of
+config.json and tensor names: the tensors themselves pass through unchanged both ways, so a round trip is
+byte-identical.
 
 A speculators checkpoint is config.json with `speculators_model_type`, the decoder layers' own config under
 `transformer_layer_config`, `draft_vocab_size`, `target_hidden_size`, the target states read (numbered as
 hidden_states, 0 the embedding) and a `speculators_config` (algorithm, proposal methods, verifier), beside
 model.safetensors.
 - eagle3: `norm_before_residual`, `eagle_aux_hidden_state_layer_ids` and EAGLE 3.1's `norm_before_fc`, `fc_norm`,
-  `norm_output` (kept in the official config.json we read them into); the layer under `layers.0.` where the
-  official layout has `midlayer.`; d2t, t2d, fc, norm, lm_head, input_norm, fc_norm.{i} and an optional
-  embed_tokens keep their names.
+  `norm_output` (kept in the official config.json we read them into); the first layer under `layers.0.` where the
+  official layout has `midlayer.`, the others (`draft_layers` in all) `layers.{i}.` in both; d2t, t2d, fc, norm,
+  lm_head, input_norm, fc_norm.{i} and an optional embed_tokens keep their names.
+- peagle (P-EAGLE, `models/peagle/{config,core}.py`): eagle3's, plus `mask_token_id` and the tensor `mask_hidden`
+  (both kept as they are); its drafts per forward are the proposal method's `speculative_tokens`.
 - dflash: `block_size`, `mask_token_id`, `aux_hidden_state_layer_ids` (z-lab's `target_layer_ids` + 1),
   `sample_from_anchor`; the tensors are z-lab's, by the same names (a full-vocabulary drafter stores no readout).
 """
@@ -30,7 +33,13 @@ if TYPE_CHECKING:  # the translations are torch-free: `convert` judges a head wi
 FORMAT_VERSION = "0.9.0"  # the speculators release whose config classes the written files were checked against
 LAYER, MIDLAYER = "layers.0.", "midlayer."
 # the official head config's keys that are the decoder layer's (the rest describe the head around it)
-HEAD_KEYS = ("draft_vocab_size", "target_hidden_size", "norm_before_residual", "eagle_aux_hidden_state_layer_ids")
+HEAD_KEYS = (
+    "draft_vocab_size",
+    "target_hidden_size",
+    "norm_before_residual",
+    "eagle_aux_hidden_state_layer_ids",
+    "mask_token_id",
+)
 # EAGLE 3.1's options (speculators' eagle3/config.py): a norm before fc over the fused target states, or one per
 # target state (their input_norm.weight, fc_norm.{i}.weight), and the normed output fed back; written when set
 FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
@@ -42,13 +51,14 @@ def is_speculators(raw: dict) -> bool:
 
 
 def official(source: str | Path, kind: str, what: str) -> tuple[dict, bool]:
-    """A head's config.json in its official layout's keys (a speculators checkpoint's translated: `kind` "eagle3" or
-    "dflash"), and whether it was a speculators one."""
+    """A head's config.json in its official layout's keys (a speculators checkpoint's translated: `kind` "eagle3",
+    "peagle" or "dflash"), and whether it was a speculators one."""
     raw = read_config(str(source), what)
     if not is_speculators(raw):
         return raw, False
-    translate = eagle3_official if kind == "eagle3" else dflash_official
-    return translate(raw, f"{what} '{source}'"), True
+    if kind == "dflash":
+        return dflash_official(raw, f"{what} '{source}'"), True
+    return eagle3_official(raw, f"{what} '{source}'", kind), True
 
 
 def _kind(raw: dict, kind: str, what: str, family: str) -> None:
@@ -57,21 +67,27 @@ def _kind(raw: dict, kind: str, what: str, family: str) -> None:
         raise SpecbenchError(f"{what} is a speculators '{found}' checkpoint: only {kind} ones load as {family}")
 
 
-def eagle3_official(raw: dict, what: str) -> dict:
-    """The official EAGLE-3 config.json a speculators eagle3 config describes (the decoder layer's keys plus the
-    head's, EAGLE 3.1's options among them); what our head cannot run is one error line."""
-    _kind(raw, "eagle3", what, "EAGLE-3 heads")
+def eagle3_official(raw: dict, what: str, kind: str = "eagle3") -> dict:
+    """The official EAGLE-3 config.json a speculators eagle3 (or peagle) config describes (the decoder layers' keys
+    plus the head's, EAGLE 3.1's options among them); what our head cannot run is one error line."""
+    _kind(raw, kind, what, "P-EAGLE heads" if kind == "peagle" else "EAGLE-3 heads")
     if raw.get("norm_before_fc") and raw.get("fc_norm"):
         raise SpecbenchError(f"{what} sets both norm_before_fc and fc_norm: speculators allows one of them")
     layer = dict(raw.get("transformer_layer_config") or {})
-    if layer.get("model_type", "llama") != "llama" or layer.get("num_hidden_layers", 1) != 1:
+    layers = layer.get("num_hidden_layers", 1)
+    layer["num_hidden_layers"] = 1  # (the official layout's, in its place; `draft_layers` says how many)
+    if layer.get("model_type", "llama") != "llama":
         raise SpecbenchError(
-            f"{what}: its transformer_layer_config is {layer.get('num_hidden_layers', 1)} "
-            f"{layer.get('model_type')} layer(s); an EAGLE-3 head here is one Llama decoder layer"
+            f"{what}: its transformer_layer_config is a {layer.get('model_type')} layer; an EAGLE-3 head here has "
+            "Llama decoder layers"
         )
     if "draft_vocab_size" not in raw:
         raise SpecbenchError(f"{what}: config.json has no draft_vocab_size")
+    if kind == "peagle" and not isinstance(raw.get("mask_token_id"), int):
+        raise SpecbenchError(f"{what}: config.json has no mask_token_id (the token P-EAGLE's parallel rows carry)")
     config = {k: v for k, v in layer.items() if k not in DROPPED}
+    if layers != 1:
+        config["draft_layers"] = layers
     config.update({k: raw[k] for k in HEAD_KEYS if raw.get(k) is not None})
     config.update({k: True for k in FLAGS if raw.get(k)})
     config["norm_before_residual"] = bool(raw.get("norm_before_residual", False))  # speculators' default
@@ -96,17 +112,21 @@ def _algorithm(kind: str, speculative_tokens: int, verifier: dict | None) -> dic
     }
 
 
-def eagle3_speculators(raw: dict, verifier: dict | None, layers: list[int] | None) -> dict:
-    """The speculators eagle3 config.json of an official EAGLE-3 config; `verifier`: the target's
-    {"name_or_path", "architectures", ...} and `layers` the target states fused (None: unknown, vLLM then fuses its
-    default ones)."""
-    layer = {k: v for k, v in raw.items() if k not in (*HEAD_KEYS, *FLAGS, *DROPPED, "qkv_bias", "bias")}
-    layer.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False)
+def eagle3_speculators(
+    raw: dict, verifier: dict | None, layers: list[int] | None, kind: str = "eagle3", drafts: int = 8
+) -> dict:
+    """The speculators eagle3 (or peagle, `kind`) config.json of an official EAGLE-3 config; `verifier`: the
+    target's {"name_or_path", "architectures", ...}, `layers` the target states fused (None: unknown, vLLM then
+    fuses its default ones) and `drafts` the chain vLLM drafts (the eagle3 preset's 8; P-EAGLE's trained depths)."""
+    exclude = (*HEAD_KEYS, *FLAGS, *DROPPED, "qkv_bias", "bias", "draft_layers")
+    layer = {k: v for k, v in raw.items() if k not in exclude}
+    layer.update(model_type="llama", num_hidden_layers=raw.get("draft_layers", 1), tie_word_embeddings=False)
     layer.setdefault("attention_bias", bool(raw.get("qkv_bias", False)))
     layers = raw.get("eagle_aux_hidden_state_layer_ids", layers)
+    peagle = {"mask_token_id": raw["mask_token_id"]} if kind == "peagle" else {}
     return {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
+        "architectures": ["PEagleSpeculator" if kind == "peagle" else "Eagle3Speculator"],
+        "speculators_model_type": kind,
         "speculators_version": FORMAT_VERSION,
         "transformer_layer_config": layer,
         "draft_vocab_size": raw["draft_vocab_size"],
@@ -114,7 +134,8 @@ def eagle3_speculators(raw: dict, verifier: dict | None, layers: list[int] | Non
         "target_hidden_size": raw.get("target_hidden_size"),
         "eagle_aux_hidden_state_layer_ids": layers,
         **{k: True for k in FLAGS if raw.get(k)},
-        "speculators_config": _algorithm("eagle3", 8, verifier),  # (the eagle3 preset's chain in vLLM)
+        **peagle,
+        "speculators_config": _algorithm(kind, drafts, verifier),
     }
 
 
@@ -220,6 +241,8 @@ def save_eagle3(
     verifier: dict | None,
     layers: list[int] | None,
     half: bool = False,
+    kind: str = "eagle3",
+    drafts: int = 8,
 ) -> None:
-    """An official EAGLE-3 head's tensors and config.json written in the speculators format."""
-    write(eagle3_speculators(raw, verifier, layers), eagle3_speculators_state(state), out, half)
+    """An official EAGLE-3 (or P-EAGLE) head's tensors and config.json written in the speculators format."""
+    write(eagle3_speculators(raw, verifier, layers, kind, drafts), eagle3_speculators_state(state), out, half)

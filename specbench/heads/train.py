@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -24,11 +25,13 @@ from ..core.cached_lm import hidden_features
 from ..core.tree import additive_mask
 from ..errors import SpecbenchError
 from ..progress import Progress
-from . import dflash, eagle3, frequencies, mtp, pard, speculators
+from . import dflash, eagle3, frequencies, mtp, pard, peagle, speculators
 from .checkpoint import target_signature
 from .eagle import EagleHead, build, config_from_target
 from .medusa import MedusaHeads
 from .train_config import TrainConfig
+
+H = TypeVar("H", bound=eagle3.Eagle3Head)
 
 
 def windows(stream: torch.Tensor, cfg: TrainConfig, generator: torch.Generator, what: str) -> torch.Tensor:
@@ -207,27 +210,35 @@ def ttt_pairs(
     return [(head.logits(x[:, : ids.shape[1] - s]), logits[:, s:]) for s, x in enumerate(outputs, 1)]
 
 
+def eagle3_start(model: Any, train: torch.Tensor, cfg: TrainConfig, build: Callable[[dict], H], **keys: Any):
+    """A head of EAGLE-3's layout to train for `model` (`build` of its config.json: the target's shape, `keys`
+    added, the draft vocabulary the training text's `cfg.draft_vocab` most frequent tokens), its readout starting as
+    the target's rows, its embedding the target's, frozen as in EAGLE-3. Returns it, its config.json and the target
+    states it fuses."""
+    lm_head = model.get_output_embeddings()
+    device = lm_head.weight.device
+    vocab = lm_head.weight.shape[0]
+    used = draft_vocabulary(train, vocab, min(cfg.draft_vocab, vocab))
+    raw = {**config_from_target(model.config), "draft_vocab_size": len(used), **keys}
+    head = build(raw)
+    with torch.no_grad():
+        head.embed_tokens.weight.copy_(model.get_input_embeddings().weight.float())
+        head.lm_head.weight.copy_(lm_head.weight[used.to(device)].float())
+    if head.d2t is not None:
+        head.d2t, head.t2d = eagle3.vocabulary_maps(used, vocab)
+    head = head.to(device)
+    head.embed_tokens.weight.requires_grad_(False)
+    return head, raw, eagle3.feature_layers(model.config.get_text_config().num_hidden_layers)
+
+
 def train_eagle3(model: Any, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, depths: int = 8):
     """An EAGLE-3 head by the training-time test: the draft unrolled cfg.ttt_steps steps on its own outputs,
     step s's loss weighted ttt_decay ** (s - 1); the draft vocabulary is the training text's most frequent
     tokens. Returns the head, its config.json and its per-step held-out accuracy (steps 1..depths)."""
     if cfg.ttt_steps >= cfg.seq_len:
         raise SpecbenchError(f"--ttt-steps {cfg.ttt_steps} leaves no position to train in --seq-len {cfg.seq_len}")
-    lm_head = model.get_output_embeddings()
-    device = lm_head.weight.device
-    vocab = lm_head.weight.shape[0]
-    layers = eagle3.feature_layers(model.config.get_text_config().num_hidden_layers)
-    used = draft_vocabulary(train, vocab, min(cfg.draft_vocab, vocab))
-    raw = config_from_target(model.config)
-    raw["draft_vocab_size"] = len(used)
-    head = eagle3.build(raw)
-    with torch.no_grad():
-        head.embed_tokens.weight.copy_(model.get_input_embeddings().weight.float())
-        head.lm_head.weight.copy_(lm_head.weight[used.to(device)].float())  # start from the target's readout
-    if head.d2t is not None:
-        head.d2t, head.t2d = eagle3.vocabulary_maps(used, vocab)
-    head = head.to(device)
-    head.embed_tokens.weight.requires_grad_(False)  # the target's embedding, frozen as in EAGLE-3
+    head, raw, layers = eagle3_start(model, train, cfg, eagle3.build)
+    device = head.fc.weight.device
 
     def loss(ids, features, logits):
         pairs = ttt_pairs(head, features, ids, logits, cfg.ttt_steps)
@@ -237,6 +248,58 @@ def train_eagle3(model: Any, train: torch.Tensor, heldout: torch.Tensor, cfg: Tr
         return [_hits(head.target_ids(d.argmax(-1)), t) for d, t in ttt_pairs(head, features, ids, logits, depths)]
 
     _loop("eagle3", [p for p in head.parameters() if p.requires_grad], loss, train, model, cfg, layers)
+    return head.eval(), raw, _evaluate(depth_hits, heldout, model, cfg, device, layers)
+
+
+def peagle_rows(
+    head: peagle.PEagleHead, ids: torch.Tensor, features: torch.Tensor, kept: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """P-EAGLE's training rows of windows ids [B, L] and the target's features [B, L, F] in one forward: pair a
+    (feature a, token a + 1, at position a) for every a < L - 1, then the parallel rows of the chains `kept`
+    (`pard.drop_rows` over the pairs: block b's row p continues the chain from pair p - b, at position p), each
+    seeing what it sees when drafting (`pard.chain_rows`). Returns the head's outputs [B, Q, H], each row's block
+    [Q] and position [Q]: row (b, p) guesses the token the target's distribution at p + 1 is about."""
+    chains, allowed = pard.chain_rows(kept)
+    block, position = (torch.tensor(x, device=ids.device) for x in zip(*chains, strict=True))
+    anchor = position - block  # the pair each row's chain starts from
+    real = (block == 0)[None, :, None]
+    mask_features, mask_ids = head.masks(len(ids), len(block))
+    x = torch.where(real, features[:, anchor], mask_features)
+    tokens = torch.where(real[..., 0], ids[:, anchor + 1], mask_ids)
+    mask = additive_mask(allowed, head.fc.weight.dtype, ids.device)
+    return head(x, tokens, position[None].expand(len(ids), -1), mask), block, position
+
+
+def train_peagle(
+    model: Any, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, mask_id: int, depths: int = 8
+):
+    """A P-EAGLE head: an EAGLE-3 head trained to guess cfg.pard_tokens tokens per forward. Each window's pairs
+    (row a: feature a, token a + 1; label the target's distribution at a + 1) come first; parallel row b of the
+    chain from pair a (mask token, mask_hidden, at position a + b) is labelled with the target's distribution at
+    a + b + 1, and a random share max(drop_ratio ** b, drop_floor) of those chains is kept at depth b (COD
+    sampling, speculators' `peagle/data.py`; the pattern PARD trains on: `pard.chain_rows`). The draft vocabulary
+    is the training text's most frequent tokens; the embedding is the target's, frozen (speculators trains it).
+    Returns the head, its config.json and its held-out top-1 accuracy by depth (1..depths)."""
+    head, raw, layers = eagle3_start(model, train, cfg, peagle.build, mask_token_id=mask_id)
+    device = head.fc.weight.device
+    rows = torch.Generator().manual_seed(cfg.seed + 2)
+
+    def parallel(ids, features, logits, ratio: float, floor: float, blocks: int):
+        """(draft logits [B, Q, V'], the target's logits [B, Q, V], each row's depth [Q]) of one draw of rows."""
+        kept = pard.drop_rows(ids.shape[1] - 1, blocks, ratio, floor, rows)
+        out, block, position = peagle_rows(head, ids, features, kept)
+        return head.logits(out), logits[:, position + 1], block
+
+    def loss(ids, features, logits):
+        draft, target, _ = parallel(ids, features, logits, cfg.drop_ratio, cfg.drop_floor, cfg.pard_tokens)
+        return draft_vocab_cross_entropy(draft, target, head.t2d)
+
+    def depth_hits(ids, features, logits):
+        draft, target, block = parallel(ids, features, logits, 1.0, 1.0, depths)  # every chain to every depth
+        right = (head.target_ids(draft.argmax(-1)) == target.argmax(-1)).float().sum(0)  # [Q]
+        return [(float(right[block == b].sum()), float((block == b).sum()) * len(ids)) for b in range(depths)]
+
+    _loop("peagle", [p for p in head.parameters() if p.requires_grad], loss, train, model, cfg, layers)
     return head.eval(), raw, _evaluate(depth_hits, heldout, model, cfg, device, layers)
 
 
@@ -425,6 +488,15 @@ def train_head(
             speculators.write(speculators.dflash_speculators(raw, verifier), dflash.saved_state(head), out, compact)
         else:
             dflash.save(head, raw, out, compact)
+    elif kind == "peagle":
+        vocab = model.get_output_embeddings().weight.shape[0]
+        head, raw, accuracy = train_peagle(model, train, heldout, cfg, mask_token(tokenizer, vocab))
+        if layout == "speculators":
+            layers = list(eagle3.feature_layers(model.config.get_text_config().num_hidden_layers))
+            state = eagle3.saved_state(head)
+            speculators.save_eagle3(state, raw, out, verifier, layers, compact, "peagle", cfg.pard_tokens)
+        else:
+            peagle.save(head, raw, out, compact)
     elif kind == "pard":
         source = aliases.draft_folder(spec, draft)
         drafter = loading.load_causal_lm(source, device, torch.float32, what="draft model")
@@ -438,7 +510,7 @@ def train_head(
             speculators.save_eagle3(eagle3.saved_state(head), raw, out, verifier, layers, compact)
         else:
             eagle3.save(head, raw, out, compact)
-    if kind in ("eagle", "eagle3"):
+    if kind in ("eagle", "eagle3", "peagle"):
         frequencies.write(out, train, raw["vocab_size"], str(data))  # ranks `draft_vocab`
     report = {
         "kind": kind,

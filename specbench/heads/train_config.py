@@ -29,16 +29,18 @@ class TrainConfig:
     )
     eagle_cls_weight: float = knob(0.1, "eagle: weight of the tokens' cross-entropy beside the features' smooth-L1")
     eagle_noise: float = knob(0.1, "eagle: uniform noise U(-a, a) on the input features (EAGLE-1 paper)")
-    draft_vocab: int = knob(32000, "eagle3: draft vocabulary, the most frequent training tokens (at most the target's)")
+    draft_vocab: int = knob(
+        32000, "eagle3, peagle: draft vocabulary, the most frequent training tokens (at most the target's)"
+    )
     ttt_steps: int = knob(7, "eagle3, mtp: steps of the training-time test (the reference unrolls 7)")
     ttt_decay: float = knob(0.8, "eagle3, mtp: step s's loss weighs ttt_decay ** (s - 1)")
     block_size: int = knob(16, "dflash: rows per block, the root included (the released drafters' 16)")
     draft_layers: int = knob(3, "dflash: drafter layers (= target layers read)")
     blocks: int = knob(32, "dflash: blocks trained per window, at random distinct anchors")
     block_decay: float = knob(7.0, "dflash: a block's row k weighs exp(-(k - 1) / block_decay) in the loss")
-    pard_tokens: int = knob(8, "pard: tokens guessed per forward (k - 1 mask blocks; the paper's 8)")
-    drop_ratio: float = knob(0.7, "pard: mask block b keeps max(drop_ratio ** b, drop_floor) of its rows")
-    drop_floor: float = knob(0.2, "pard: the least share of rows a mask block keeps")
+    pard_tokens: int = knob(8, "pard, peagle: tokens guessed per forward (k - 1 mask blocks; the papers' 8)")
+    drop_ratio: float = knob(0.7, "pard, peagle: mask block b keeps max(drop_ratio ** b, drop_floor) of its rows")
+    drop_floor: float = knob(0.2, "pard, peagle: the least share of rows a mask block keeps")
     seed: int = knob(0, "seed of the windows and the initial weights")
 
     def smoke(self) -> TrainConfig:

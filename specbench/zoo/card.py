@@ -265,6 +265,7 @@ HEADS = "## Heads"
 HEAD_KINDS = {
     "eagle": "EAGLE-1/2 head",
     "eagle3": "EAGLE-3 head",
+    "peagle": "P-EAGLE head",
     "medusa": "Medusa heads",
     "mtp": "MTP module",
     "dflash": "DFlash drafter",
@@ -282,8 +283,8 @@ def heads_section(family_dir: Path) -> list[str]:
         "text the table names: the family's own corpus split, or a JSONL file such as the target's own answers to "
         "training prompts (`specbench regenerate`); a head must be retrained whenever the target changes. "
         "Accuracy: held-out share of positions where the head's first guess d tokens past the last target token "
-        "equals the target's greedy token (the tokens in between taken from the text; a DFlash or PARD drafter "
-        "sees none of them: it guesses all d places in one forward). It is measured on the held-out "
+        "equals the target's greedy token (the tokens in between taken from the text; a P-EAGLE head, a DFlash "
+        "or PARD drafter sees none of them: it guesses all d places in one forward). It is measured on the held-out "
         "part of the head's own training text, so heads trained on different text do not compare by it: the "
         "target's own answers are easier to predict than the corpus.",
         "",
@@ -305,6 +306,8 @@ def heads_section(family_dir: Path) -> list[str]:
         extra = ""
         if kind == "eagle3":
             extra = f", draft vocabulary {cfg['draft_vocab']}, training-time test {cfg['ttt_steps']} steps"
+        elif kind == "peagle":
+            extra = f", draft vocabulary {cfg['draft_vocab']}, {cfg['pard_tokens']} tokens per forward (speculators)"
         elif kind == "mtp":
             extra = f" (DeepSeek-V3 layout), training-time test {cfg['ttt_steps']} steps"
         elif kind == "dflash":
