@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The DFlash and PARD drafters bundled with the tiny family (specbench/zoo/tiny/{dflash,pard}). First the
+# The DFlash and PARD drafters and the P-EAGLE head bundled with the tiny family (specbench/zoo/tiny/{dflash,pard,peagle}). First the
 # target's own greedy answers to the first 1,500 training prompts of the data folder (`specbench regenerate`, 24 min
 # on a 2-core Xeon; REGENERATED=FILE reuses answers of the same target). On them, the DFlash drafter
 # (`specbench train dflash`: 3 layers reading target layers 1, 5 and 9, blocks of 16 as the released drafters,
 # 32 blocks per 256-token window; 800 steps, 29 min) and the PARD drafter, adapted from the family's draft
 # (`specbench train pard`: 8 tokens per forward, conditional drop-token 0.7 / 0.2 as the paper; 1,000 steps of 4
-# windows, 10 min). Last, the card's heads table is rewritten.
+# windows, 10 min). The P-EAGLE head (`specbench train peagle`: EAGLE-3's shape, a draft vocabulary of 4,096, 8 tokens
+# per forward, conditional drop-token 0.7 / 0.2; 1,000 steps of 8 windows, ~40 min; stored in the speculators
+# layout) was trained on the answers to the first 800 prompts (REGENERATED=results/tiny-regenerated-800.jsonl,
+# `--limit 800`). Last, the card's heads table is rewritten.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data="${1:-${SPECBENCH_DATA_DIR:-../shared/data}}"
@@ -20,6 +23,8 @@ specbench train dflash "${common[@]}" --out "$tiny/dflash" --steps "${DFLASH_STE
   --draft-layers 3
 specbench train pard "${common[@]}" --out "$tiny/pard" --steps "${PARD_STEPS:-1000}" --batch-size 4 --pard-tokens 8 \
   --lr 3e-4
+specbench train peagle "${common[@]}" --out "$tiny/peagle" --steps "${PEAGLE_STEPS:-1000}" --draft-vocab 4096 \
+  --pard-tokens 8 --format speculators
 specbench zoo card --out "$tiny"
 # MEASURE=1: the drafters' τ and speedups beside eagle3 and sps, every quick question at T=0 and T=1, one run on an
 # otherwise idle machine (~20 min here): reports/tiny-drafters, which the drafters' README.md cards quote.

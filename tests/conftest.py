@@ -109,3 +109,45 @@ def _brief_forward_profile(monkeypatch):
     timed = worker.forward_profile.__wrapped__  # (under torch.inference_mode's wrapper)
     context, sizes, _ = timed.__defaults__
     monkeypatch.setattr(timed, "__defaults__", (context, sizes, 1))
+
+
+def same_tokens_in_slots(model, made, alone: list, prompts: list[list[int]], n: int, slots: int = 2) -> None:
+    """The prompts as turns of n tokens through `slots` slots of `model` (on the owned decoder), `made` drafting for
+    them all: each turn's tokens and accepted lengths are its batch of one's generation `alone[i]`."""
+    from specbench.core.decode import Job, decode_batch
+    from specbench.core.static_lm import BatchedLM
+    from specbench.models.decoder import Decoder
+
+    jobs = [Job(p, n, 0.0, request=(i, 0)) for i, p in enumerate(prompts)]
+    ended: dict[int, object] = {}
+    decode_batch(
+        BatchedLM(Decoder.adopt(model), slots, context=128),
+        made,
+        lambda: jobs.pop(0) if jobs else None,
+        lambda job, gen: ended.__setitem__(job.request[0], gen),
+        stop_ids=set(),
+    )
+    assert sorted(ended) == list(range(len(prompts)))
+    for i, gen in ended.items():
+        assert (gen.tokens, gen.accept_lengths) == (alone[i].tokens, alone[i].accept_lengths), i
+
+
+def audited(made, model, prompt: list[int], samples: int, batch: int = 1):
+    """The sampling audit (T = 1, horizon 3) of a Drafter `made` for `batch` slots: one at a time, or `batch` at a
+    time on a batched target."""
+    from specbench.core.cached_lm import CachedLM
+    from specbench.core.losslessness import sampling_test
+    from specbench.core.static_lm import BatchedLM
+    from specbench.models.decoder import Decoder
+
+    return sampling_test(
+        CachedLM(model),
+        made,
+        prompt,
+        horizon=3,
+        samples=samples,
+        temperature=1.0,
+        stop_ids=set(),
+        seed=0,
+        batch=None if batch == 1 else (BatchedLM(Decoder.adopt(model), batch, context=16), made),
+    )

@@ -178,7 +178,7 @@ def test_bad_checkpoints_are_one_line_errors(tmp_path, target, changes, message)
 
 def test_bad_draft_counts_are_refused(target):
     draft = random_draft(target, block=4)
-    with pytest.raises(ValueError, match="1 to block_size - 1 = 3"):
+    with pytest.raises(ValueError, match="1 to 3 tokens per block of 4"):
         proposer(target, draft, 4)
     assert DFlash(draft, None, None, 7, block_size=8).block == 8
 

@@ -12,10 +12,8 @@ from safetensors.torch import load_file
 from specbench import methods
 from specbench.cli.main import main
 from specbench.core.cached_lm import CachedLM
-from specbench.core.decode import Job, decode, decode_batch
-from specbench.core.losslessness import sampling_test
+from specbench.core.decode import decode
 from specbench.core.proposer import Feedback, Turn
-from specbench.core.static_lm import BatchedLM
 from specbench.core.tree import additive_mask
 from specbench.engines.translate import speculative_config, why_not
 from specbench.errors import SpecbenchError
@@ -25,7 +23,6 @@ from specbench.heads.convert import convert
 from specbench.heads.train import peagle_rows, target_pass
 from specbench.methods.peagle import PEagle
 from specbench.methods.vanilla import Vanilla
-from specbench.models.decoder import Decoder
 
 from . import conftest
 from .conftest import propose_one, random_llama
@@ -135,17 +132,7 @@ def test_slots_draft_together_and_keep_their_batch_of_one_tokens(llama):
     made, widths = drafter(llama, head, 4, slots=2), []
     together = made._together
     made._together = lambda members: widths.append(len(members)) or together(members)
-    jobs = [Job(p, 24, 0.0, request=(i, 0)) for i, p in enumerate(PROMPTS)]
-    ended: dict[int, object] = {}
-    decode_batch(
-        BatchedLM(Decoder.adopt(llama), 2, context=128),
-        made,
-        lambda: jobs.pop(0) if jobs else None,
-        lambda job, gen: ended.__setitem__(job.request[0], gen),
-        stop_ids=set(),
-    )
-    for i, gen in ended.items():
-        assert (gen.tokens, gen.accept_lengths) == (alone[i].tokens, alone[i].accept_lengths), i
+    conftest.same_tokens_in_slots(llama, made, alone, PROMPTS, 24)
     assert max(widths) == 2
 
 
@@ -157,17 +144,7 @@ def small_sampling_test(cls, samples: int, batch: int = 1):
     model = random_llama(8, layers=5, hidden=32, seed=0, init=0.5)
     head = random_head(model, torch.tensor([0, 2, 3, 5, 7]), std=0.3)
     made = cls(head, 2, feature_layers=eagle3.feature_layers(5), target_vocab=8, slots=batch)
-    return sampling_test(
-        CachedLM(model),
-        made,
-        [1, 2, 3],  # (two pairs: the first draft fits the padded forward of every slot)
-        horizon=3,
-        samples=samples,
-        temperature=1.0,
-        stop_ids=set(),
-        seed=0,
-        batch=None if batch == 1 else (BatchedLM(Decoder.adopt(model), batch, context=16), made),
-    )
+    return conftest.audited(made, model, [1, 2, 3], samples, batch)  # (two pairs: the first draft fits the padding)
 
 
 def test_peagle_passes_the_sampling_test_and_the_planted_mistake_fails():

@@ -196,6 +196,12 @@ def _setting(config, name: str, default):
 
 def build(raw: dict, target_hidden: int | None = None, what: str = "DFlash drafter") -> DFlashDraft:
     """The drafter a config.json describes (random weights)."""
+    config, layer_ids, block, mask = settings_of(raw, what)
+    return DFlashDraft(config, layer_ids, block, mask, target_hidden or config.hidden_size)
+
+
+def settings_of(raw: dict, what: str) -> tuple[Qwen3Config, list[int], int, int]:
+    """A drafter config.json's Qwen3 config, target layers, block size and mask token, checked."""
     if "DFlash2DraftModel" in (raw.get("architectures") or []):
         raise SpecbenchError(
             f"{what} is a DFlash2DraftModel (causal convolutions and a candidate selector): only "
@@ -227,7 +233,7 @@ def build(raw: dict, target_hidden: int | None = None, what: str = "DFlash draft
             f"{what}: layer {sliding[0]} is {layer_types[sliding[0]]}; only full-attention DFlash layers are supported"
         )
     config._attn_implementation = "sdpa"
-    return DFlashDraft(config, layer_ids, block, mask, target_hidden or config.hidden_size)
+    return config, layer_ids, block, mask
 
 
 def load(source: str | Path, target_model: Any) -> DFlashDraft:

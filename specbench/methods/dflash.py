@@ -52,6 +52,8 @@ class Lane:
 
 
 class DFlash(Drafter):
+    first = 1  # the block's row the first draft is read from: DFlash's anchor row guesses nothing (DSpark's does)
+
     def __init__(
         self,
         draft: DFlashDraft,
@@ -69,10 +71,11 @@ class DFlash(Drafter):
         self.block = draft.block_size if block_size is None else block_size
         if not isinstance(self.block, int) or self.block < 2:
             raise ValueError("dflash needs block_size >= 2 (the root and at least one mask)")
-        if not isinstance(num_draft_tokens, int) or not 1 <= num_draft_tokens < self.block:
+        most = self.block - self.first
+        if not isinstance(num_draft_tokens, int) or not 1 <= num_draft_tokens <= most:
             raise ValueError(
-                f"dflash drafts 1 to block_size - 1 = {self.block - 1} tokens per block, not "
-                f"num_draft_tokens {num_draft_tokens}"
+                f"{type(self).__name__.lower()} drafts 1 to {most} tokens per block of {self.block} (block_size - "
+                f"{self.first} = {most}), not num_draft_tokens {num_draft_tokens}"
             )
         if tree is not None and (not isinstance(tree, int) or tree < 1):
             raise ValueError(f"dflash's tree is a node budget of at least 1 (or null: a chain), not {tree}")
@@ -127,23 +130,40 @@ class DFlash(Drafter):
         else:
             drafted = [self._eager(self.lanes[s], f, read, last) for _, _, (s, f, read, last) in members]
         turns = [self.lanes[slots[i]].turn for i, _, _ in members]
-        if self.tree is not None and members:  # every slot's candidates in one read, each tree built on the host
-            deepest = max(k for _, k, _ in members)
+        roots = [root for *_, (_, _, _, root) in members]
+        for (i, *_), proposal in zip(
+            members, self._proposals([k for _, k, _ in members], drafted, turns, roots), strict=True
+        ):
+            found[i] = proposal
+        return found
+
+    def _proposals(
+        self, ks: list[int], drafted: list[torch.Tensor], turns: list[Turn], roots: list[int]
+    ) -> list[Proposal]:
+        """Each drafting slot's proposal of `ks[i]` tokens from its block's rows `drafted[i]` (`_rows`'s: logits
+        [num_draft_tokens, V]) after the last committed token `roots[i]`."""
+        if not ks:
+            return []
+        deepest = max(ks)
+        if self.tree is not None:  # every slot's candidates in one read, each tree built on the host
             logits = torch.stack([rows[:deepest] for rows in drafted]).float()  # [m, k, V]
             top = torch.log_softmax(logits, -1).topk(min(self.tree_top_k, logits.shape[-1]), -1)
-            for (i, k, _), scores, ids in zip(members, top.values.tolist(), top.indices.tolist(), strict=True):
-                found[i] = Proposal(best_first(scores[:k], ids[:k], self.tree))
-            return found
-        picks = None  # at T = 0: every slot's argmax at once, each chain the first k of its row
-        if members and all(turn.temperature == 0 for turn in turns):
-            deepest = max(k for _, k, _ in members)
-            picks = iter(torch.stack([logits[:deepest] for logits in drafted]).argmax(-1))
-        for (i, k, _), logits, turn in zip(members, drafted, turns, strict=True):
-            if picks is not None:
-                found[i] = Proposal(chain(next(picks)[:k]))
-            else:
-                found[i] = chain_of_rows(logits[:k], turn.temperature, turn.generator)
-        return found
+            return [
+                Proposal(best_first(scores[:k], ids[:k], self.tree))
+                for k, scores, ids in zip(ks, top.values.tolist(), top.indices.tolist(), strict=True)
+            ]
+        if all(turn.temperature == 0 for turn in turns):  # every slot's argmax at once, each chain its first k
+            picks = torch.stack([logits[:deepest] for logits in drafted]).argmax(-1)
+            return [Proposal(chain(row[:k])) for k, row in zip(ks, picks, strict=True)]
+        return [
+            chain_of_rows(logits[:k], turn.temperature, turn.generator)
+            for k, logits, turn in zip(ks, drafted, turns, strict=True)
+        ]
+
+    def _rows(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the drafting keeps of the block's draft rows' states [..., k, H]: their logits through the target's
+        readout (DSpark keeps the states: its Markov head reads them)."""
+        return self.draft.logits(hidden, self.readout)
 
     def _eager(self, lane: Lane, features: torch.Tensor, read: int, token: int) -> torch.Tensor:
         """One slot's block forward on its own context (no preallocated rows): logits [num_draft_tokens, V], row i
@@ -153,7 +173,7 @@ class DFlash(Drafter):
         block = self.draft.embed(ids, self.embedding)  # [1, n, H]
         positions = torch.arange(read, read + len(features) + self.block, device=self.device)[None]
         hidden, lane.context = self.draft(block, features[None], positions, None, lane.context)
-        return self.draft.logits(hidden[0, 1 : 1 + self.k], self.readout)
+        return self._rows(hidden[0, self.first : self.first + self.k])
 
 
 class BlockDrafting:
@@ -249,7 +269,7 @@ class BlockDrafting:
         positions = torch.cat([read[:, None] + ahead, root[:, None] + cells], dim=1)
         mask = (torch.arange(span, device=device) < (root + dflash.block)[:, None])[:, None, None]  # [B, 1, 1, span]
         hidden, _ = dflash.draft(block, features, positions, mask, rows)
-        return dflash.draft.logits(hidden[:, 1 : 1 + dflash.k], dflash.readout)
+        return dflash._rows(hidden[:, dflash.first : dflash.first + dflash.k])
 
 
 @implementation("dflash", nested=chain_prefix("num_draft_tokens"), graphed=lambda params: True, batched=True)

@@ -16,7 +16,7 @@ from .hub import TRANSFORMERS, Checkpoint, Source, checkpoint, fetch, parse
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
 TINY_DIR = ZOO / "tiny"  # the bundled tiny family
 SMOLLM2_DIR = ZOO / "smollm2"  # heads trained here for SmolLM2-135M-Instruct
-HEAD_FAMILIES = ("medusa", "eagle", "eagle3", "peagle", "mtp", "dflash", "pard")
+HEAD_FAMILIES = ("medusa", "eagle", "eagle3", "peagle", "mtp", "dflash", "dspark", "pard")
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ ALIASES: dict[str, ModelSpec] = {
         name="tiny",
         target=Source(str(TINY_DIR / "target")),
         draft=Source(str(TINY_DIR / "draft")),
-        heads={family: Source(str(TINY_DIR / family)) for family in HEAD_FAMILIES},
+        heads={family: Source(str(TINY_DIR / family)) for family in HEAD_FAMILIES if (TINY_DIR / family).is_dir()},
     ),
     "smollm2-135m": _smollm2(),
     **{
