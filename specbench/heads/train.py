@@ -25,7 +25,7 @@ from ..core.cached_lm import hidden_features
 from ..core.tree import additive_mask
 from ..errors import SpecbenchError
 from ..progress import Progress
-from . import dflash, eagle3, frequencies, mtp, pard, peagle, speculators
+from . import dflash, dspark, eagle3, frequencies, mtp, pard, peagle, speculators
 from .checkpoint import target_signature
 from .eagle import EagleHead, build, config_from_target
 from .medusa import MedusaHeads
@@ -396,6 +396,86 @@ def train_dflash(model: Any, train: torch.Tensor, heldout: torch.Tensor, cfg: Tr
     return draft.eval(), raw, _evaluate(depth_hits, heldout, model, cfg, device, layers)
 
 
+def dspark_config(target_config, cfg: TrainConfig, mask_token_id: int) -> dict:
+    """The config.json `specbench train dspark` writes: DeepSpec's keys (`qwen3/config.py` build_draft_config) over
+    DFlash's for the target, a confidence head reading the Markov embedding when there is one."""
+    raw = dflash.config_for(target_config, cfg.draft_layers, cfg.block_size, mask_token_id)
+    settings = raw.pop("dflash_config")
+    return {
+        **raw,
+        "architectures": ["Qwen3DSparkModel"],
+        "mask_token_id": mask_token_id,
+        "target_layer_ids": settings["target_layer_ids"],
+        "markov_rank": cfg.markov_rank,
+        "markov_head_type": cfg.markov_head,
+        "enable_confidence_head": True,
+        "confidence_head_with_markov": cfg.markov_rank > 0,
+    }
+
+
+def train_dspark(model: Any, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, mask_token_id: int):
+    """A DSpark drafter by DeepSpec's recipe (`deepspec/modeling/dspark/loss.py`, the released configs' weights):
+    DFlash's blocks at random anchors, every row a draft (row k: the token k + 1 past its anchor), its logits
+    Markov-corrected from the text's token before it; the loss 0.1 cross-entropy on the text's tokens + 0.9 the L1
+    distance to the target's distribution, rows weighted exp(-k / 4), plus the confidence head's binary
+    cross-entropy against each row's acceptance 1 - TV(draft, target). The embedding and readout are the target's,
+    frozen. Returns the drafter, its config.json and its held-out accuracy by row (depths 1..block_size)."""
+    lm_head = model.get_output_embeddings()
+    device = lm_head.weight.device
+    raw = dspark_config(model.config, cfg, mask_token_id)
+    draft = dspark.build(raw)
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(model.get_input_embeddings().weight.float())
+        draft.lm_head.weight.copy_(lm_head.weight.float())
+    draft = draft.to(device)
+    draft.embed_tokens.requires_grad_(False)
+    draft.lm_head.requires_grad_(False)
+    anchor_rng = torch.Generator().manual_seed(cfg.seed + 2)
+    rows = torch.arange(cfg.block_size, device=device)
+    weights = torch.exp(-rows.float() / 4.0)  # [bs]: DeepSpec's loss_decay_gamma 4
+
+    def blocks(ids, features, logits):
+        """(corrected draft logits, the target's logits [B, N, bs, V], the text's tokens [B, N, bs], each row's
+        confidence logit [B, N, bs]) of one draw of anchors."""
+        anchors = dflash_anchors(ids.shape[0], ids.shape[1] - 1, cfg, anchor_rng).to(device)  # (room for row bs)
+        hidden = dflash_blocks(draft, draft.embed_tokens, ids, features, anchors)  # [B, N, bs, H]
+        at = anchors[..., None] + rows  # [B, N, bs]: the position each row's token follows
+        prev = ids.gather(1, at.flatten(1)).view(at.shape)  # the text's token before each row's
+        drafted, state = draft.lm_head(hidden), None
+        if draft.markov_head is not None:
+            biases = []
+            for k in range(cfg.block_size):
+                bias, state = draft.markov_head.step(prev[..., k].flatten(), hidden[..., k, :].flatten(0, 1), state)
+                biases.append(bias.view(*prev.shape[:2], -1))
+            drafted = drafted + torch.stack(biases, dim=2)
+        target = logits.gather(1, at.flatten(1)[..., None].expand(-1, -1, logits.shape[-1])).view(*at.shape, -1)
+        text = ids.gather(1, (at + 1).flatten(1)).view(at.shape)
+        confidence = draft.confidence_head(
+            torch.cat([hidden, draft.markov_head.markov_w1(prev)], -1) if draft.with_markov else hidden
+        )
+        return drafted, target, text, confidence
+
+    def loss(ids, features, logits):
+        drafted, target, text, confidence = blocks(ids, features, logits)
+        ce = F.cross_entropy(drafted.flatten(0, 2), text.flatten(), reduction="none").view(text.shape)
+        distance = (F.softmax(drafted, -1) - F.softmax(target, -1)).abs().sum(-1)  # [B, N, bs]: 2 TV
+        accept = (1 - distance / 2).clamp(0, 1).detach()
+        fit = F.binary_cross_entropy_with_logits(confidence, accept, reduction="none")
+        return 0.1 * weighted(ce) + 0.9 * weighted(distance) + weighted(fit)
+
+    def weighted(per_row: torch.Tensor) -> torch.Tensor:
+        """The rows' mean [B, N, bs] -> [], row k weighing weights[k]."""
+        return (per_row * weights).sum() / (weights.sum() * per_row[..., 0].numel())
+
+    def depth_hits(ids, features, logits):
+        drafted, target, *_ = blocks(ids, features, logits)
+        return [_hits(drafted[:, :, k].argmax(-1), target[:, :, k]) for k in range(cfg.block_size)]
+
+    params = [p for p in draft.parameters() if p.requires_grad]
+    _loop("dspark", params, loss, train, model, cfg, draft.feature_layers)
+    return draft.eval(), raw, _evaluate(depth_hits, heldout, model, cfg, device, draft.feature_layers)
+
+
 def train_pard(
     draft: Any, target: nn.Module, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, mask_id: int
 ):
@@ -488,6 +568,10 @@ def train_head(
             speculators.write(speculators.dflash_speculators(raw, verifier), dflash.saved_state(head), out, compact)
         else:
             dflash.save(head, raw, out, compact)
+    elif kind == "dspark":
+        vocab = model.get_output_embeddings().weight.shape[0]
+        draft_model, raw, accuracy = train_dspark(model, train, heldout, cfg, mask_token(tokenizer, vocab))
+        dflash.save(draft_model, raw, out, compact)
     elif kind == "peagle":
         vocab = model.get_output_embeddings().weight.shape[0]
         head, raw, accuracy = train_peagle(model, train, heldout, cfg, mask_token(tokenizer, vocab))

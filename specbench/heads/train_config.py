@@ -38,6 +38,8 @@ class TrainConfig:
     draft_layers: int = knob(3, "dflash: drafter layers (= target layers read)")
     blocks: int = knob(32, "dflash: blocks trained per window, at random distinct anchors")
     block_decay: float = knob(7.0, "dflash: a block's row k weighs exp(-(k - 1) / block_decay) in the loss")
+    markov_rank: int = knob(256, "dspark: rank of the Markov head (0: none; the released drafters' 256)")
+    markov_head: str = knob("vanilla", "dspark: the Markov head, vanilla, gated or rnn")
     pard_tokens: int = knob(8, "pard, peagle: tokens guessed per forward (k - 1 mask blocks; the papers' 8)")
     drop_ratio: float = knob(0.7, "pard, peagle: mask block b keeps max(drop_ratio ** b, drop_floor) of its rows")
     drop_floor: float = knob(0.2, "pard, peagle: the least share of rows a mask block keeps")
@@ -83,6 +85,8 @@ def train_config(kind: str, smoke: bool = False, lr: float | None = None, **knob
         )
     if cfg.seq_len < 8:
         raise SpecbenchError("--seq-len must be >= 8")
-    if kind == "dflash" and not 2 <= cfg.block_size <= cfg.seq_len // 2:
+    if kind in ("dflash", "dspark") and not 2 <= cfg.block_size <= cfg.seq_len // 2:
         raise SpecbenchError(f"--block-size must be from 2 to half of --seq-len ({cfg.seq_len // 2})")
+    if kind == "dspark" and (cfg.markov_rank < 0 or cfg.markov_head not in ("vanilla", "gated", "rnn")):
+        raise SpecbenchError("--markov-rank must be >= 0 and --markov-head one of vanilla, gated, rnn")
     return cfg.smoke() if smoke else cfg
