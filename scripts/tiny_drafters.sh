@@ -8,7 +8,9 @@
 # windows, 10 min). The P-EAGLE head (`specbench train peagle`: EAGLE-3's shape, a draft vocabulary of 4,096, 8 tokens
 # per forward, conditional drop-token 0.7 / 0.2; 1,000 steps of 8 windows, ~40 min; stored in the speculators
 # layout) was trained on the answers to the first 800 prompts (REGENERATED=results/tiny-regenerated-800.jsonl,
-# `--limit 800`). Last, the card's heads table is rewritten.
+# `--limit 800`), and so was the DSpark drafter (`specbench train dspark`: 3 layers, blocks of 7 as the released
+# drafters, a vanilla Markov head of rank 256, DeepSpec's loss; 500 steps of 8 windows, ~14 min). Last, the card's
+# heads table is rewritten.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data="${1:-${SPECBENCH_DATA_DIR:-../shared/data}}"
@@ -25,6 +27,8 @@ specbench train pard "${common[@]}" --out "$tiny/pard" --steps "${PARD_STEPS:-10
   --lr 3e-4
 specbench train peagle "${common[@]}" --out "$tiny/peagle" --steps "${PEAGLE_STEPS:-1000}" --draft-vocab 4096 \
   --pard-tokens 8 --format speculators
+specbench train dspark "${common[@]}" --out "$tiny/dspark" --steps "${DSPARK_STEPS:-500}" --block-size 7 \
+  --draft-layers 3 --markov-rank 256 --markov-head vanilla
 specbench zoo card --out "$tiny"
 # MEASURE=1: the drafters' τ and speedups beside eagle3 and sps, every quick question at T=0 and T=1, one run on an
 # otherwise idle machine (~20 min here): reports/tiny-drafters, which the drafters' README.md cards quote.
@@ -34,4 +38,14 @@ if [[ -n "${MEASURE:-}" ]]; then
     --out results/tiny-drafters --no-report
   specbench report results/tiny-drafters --out reports/tiny-drafters \
     --title "DFlash and PARD drafters of the tiny family beside eagle3 and sps"
+fi
+# MEASURE_2026=1: the drafters of 2026 the tiny family has (P-EAGLE, DSpark; DDTree over DFlash) beside EAGLE-3's tree and
+# EAGLE-3 drafting the same chain of 8 one forward a token, DFlash, PARD and sps: every quick question at T=0 and
+# T=1, one run on an otherwise idle machine: reports/tiny-drafters-2026.
+if [[ -n "${MEASURE_2026:-}" ]]; then
+  rm -rf results/tiny-drafters-2026
+  specbench run --model tiny --tasks quick --temperatures 0,1 --out results/tiny-drafters-2026 --no-report \
+    --methods "vanilla,sps,eagle3,eagle3[total_tokens=9,depth=7,top_k=1],peagle,dflash,dflash[tree=16],dspark,pard"
+  specbench report results/tiny-drafters-2026 --out reports/tiny-drafters-2026 \
+    --title "The drafters of 2026 on the tiny family beside EAGLE-3, DFlash and PARD"
 fi

@@ -146,9 +146,9 @@ def small_sampling_test(cls, samples: int, batch: int = 1):
 def test_dspark_passes_the_sampling_test_and_the_planted_mistake_fails():
     """Each row drawn from its Markov-corrected law (which depends on the row drawn before it) and verified against
     it: exact at B = 1 and with four slots drafting together; rows claimed uniform fail."""
-    assert small_sampling_test(DSpark, 1000).passed
-    assert small_sampling_test(DSpark, 800, batch=4).passed
-    assert not small_sampling_test(ClaimsUniform, 3000).passed
+    assert small_sampling_test(DSpark, 600).passed
+    assert small_sampling_test(DSpark, 600, batch=4).passed
+    assert not small_sampling_test(ClaimsUniform, 1500, batch=4).passed
 
 
 def test_the_confidence_threshold_cuts_the_chain_before_its_first_unconfident_row(target):

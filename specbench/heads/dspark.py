@@ -13,9 +13,10 @@ a draft, the anchor's (the last committed token's) included: row k guesses the t
 Checkpoint (DeepSpec's `Qwen3DSparkModel`, `qwen3/config.py` build_draft_config): config.json is the target's Qwen3
 config plus `block_size`, `mask_token_id`, `target_layer_ids` (DeepSpec's numbering, as z-lab's),
 `num_target_layers`, `markov_rank`, `markov_head_type`, `enable_confidence_head`, `confidence_head_with_markov`;
-model.safetensors holds DFlash's tensors plus its own `embed_tokens.weight` and `lm_head.weight` (copies of the
-target's), `markov_head.markov_w1.weight` [V, R], `markov_head.markov_w2.weight` [V, R] (`gate_proj.{weight,bias}`
-gated, `joint_proj.{weight,bias}` rnn) and `confidence_head.proj.{weight,bias}`.
+model.safetensors holds DFlash's tensors plus its own `embed_tokens.weight` and `lm_head.weight` (frozen copies of
+the target's: a compact checkpoint leaves them out, and the target's are copied), `markov_head.markov_w1.weight`
+[V, R], `markov_head.markov_w2.weight` [V, R] (`gate_proj.{weight,bias}` gated, `joint_proj.{weight,bias}` rnn) and
+`confidence_head.proj.{weight,bias}`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..errors import SpecbenchError
 from ..registry import HeadFamily, head_family
 from . import dflash
 from .checkpoint import check, read_weights
-from .folder import read_config
+from .folder import HEAD_LAYOUTS, read_config
 
 TITLE = "DSpark drafter"
 MARKOV = ("vanilla", "gated", "rnn")
@@ -132,9 +133,21 @@ def load(source: str | Path, target_model: Any) -> DSparkDraft:
         )
     state = read_weights(source, dflash.FILES, TITLE)
     state.pop("rotary_emb.inv_freq", None)
+    for key, module in (
+        ("embed_tokens.weight", target_model.get_input_embeddings()),
+        ("lm_head.weight", target_model.get_output_embeddings()),
+    ):
+        if key not in state:  # (a compact checkpoint: the released ones hold frozen copies of the target's)
+            state[key] = module.weight.detach().cpu()
     check({k: v.shape for k, v in dflash.saved_state(draft).items()}, state, what)
     draft.load_state_dict(state, strict=False)
     return draft
+
+
+def saved_state(draft: DSparkDraft, compact: bool = False) -> dict[str, torch.Tensor]:
+    """The tensors a drafter is stored with; `compact`: without the embedding and readout (the target's)."""
+    state = dflash.saved_state(draft)
+    return {k: v for k, v in state.items() if not (compact and k in ("embed_tokens.weight", "lm_head.weight"))}
 
 
 def fits(folder: Path) -> tuple[int, int | None]:
@@ -144,4 +157,4 @@ def fits(folder: Path) -> tuple[int, int | None]:
     return config["hidden_size"], config.get("vocab_size")
 
 
-FAMILY = head_family(HeadFamily("dspark", "DSpark", dflash.FAMILY.layout, load, fits))
+FAMILY = head_family(HeadFamily("dspark", "DSpark", HEAD_LAYOUTS["dspark"], load, fits))

@@ -19,8 +19,10 @@ HEAD_LAYOUTS = {  # family -> its checkpoint's files: the family's `HeadFamily.l
     "medusa": Layout(tuple((f,) for f in MEDUSA_FILES)),  # config.json optional: the weights say how many heads
     "eagle": _EAGLE,
     "eagle3": _EAGLE,
+    "peagle": _EAGLE,
     "mtp": Layout((("model*.safetensors",),), ("config.json", "model.safetensors.index.json"), _CONFIG),
     "dflash": Layout((DFLASH_FILES,), required=_CONFIG),
+    "dspark": Layout((DFLASH_FILES,), required=_CONFIG),
     "pard": TRANSFORMERS,
 }
 

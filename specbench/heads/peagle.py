@@ -22,6 +22,7 @@ from transformers import LlamaConfig
 from ..errors import SpecbenchError
 from ..registry import HeadFamily, head_family
 from . import eagle, eagle3, speculators
+from .folder import HEAD_LAYOUTS
 
 TITLE = "P-EAGLE head"
 
@@ -63,4 +64,4 @@ def fits(folder: Path) -> tuple[int, int | None]:
     return eagle3.fits(folder, "peagle", TITLE)
 
 
-FAMILY = head_family(HeadFamily("peagle", "P-EAGLE", eagle.FAMILY.layout, load, fits))
+FAMILY = head_family(HeadFamily("peagle", "P-EAGLE", HEAD_LAYOUTS["peagle"], load, fits))

@@ -571,7 +571,7 @@ def train_head(
     elif kind == "dspark":
         vocab = model.get_output_embeddings().weight.shape[0]
         draft_model, raw, accuracy = train_dspark(model, train, heldout, cfg, mask_token(tokenizer, vocab))
-        dflash.save(draft_model, raw, out, compact)
+        speculators.write(raw, dspark.saved_state(draft_model, compact), out, compact)
     elif kind == "peagle":
         vocab = model.get_output_embeddings().weight.shape[0]
         head, raw, accuracy = train_peagle(model, train, heldout, cfg, mask_token(tokenizer, vocab))

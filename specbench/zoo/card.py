@@ -269,6 +269,7 @@ HEAD_KINDS = {
     "medusa": "Medusa heads",
     "mtp": "MTP module",
     "dflash": "DFlash drafter",
+    "dspark": "DSpark drafter",
     "pard": "PARD drafter",
 }
 
@@ -283,9 +284,9 @@ def heads_section(family_dir: Path) -> list[str]:
         "text the table names: the family's own corpus split, or a JSONL file such as the target's own answers to "
         "training prompts (`specbench regenerate`); a head must be retrained whenever the target changes. "
         "Accuracy: held-out share of positions where the head's first guess d tokens past the last target token "
-        "equals the target's greedy token (the tokens in between taken from the text; a P-EAGLE head, a DFlash "
-        "or PARD drafter sees none of them: it guesses all d places in one forward). It is measured on the held-out "
-        "part of the head's own training text, so heads trained on different text do not compare by it: the "
+        "equals the target's greedy token (the tokens in between taken from the text; a P-EAGLE head, a DFlash, "
+        "DSpark or PARD drafter sees none of them: it guesses all d places in one forward). It is measured on the "
+        "held-out part of the head's own training text, so heads trained on different text do not compare by it: the "
         "target's own answers are easier to predict than the corpus.",
         "",
         "| head | training text | steps | lr | sequence length | size | "
@@ -312,6 +313,8 @@ def heads_section(family_dir: Path) -> list[str]:
             extra = f" (DeepSeek-V3 layout), training-time test {cfg['ttt_steps']} steps"
         elif kind == "dflash":
             extra = f", {cfg['draft_layers']} layers, blocks of {cfg['block_size']}"
+        elif kind == "dspark":
+            extra = f", {cfg['draft_layers']} layers, blocks of {cfg['block_size']}, {cfg['markov_head']} Markov head"
         elif kind == "pard":
             extra = f", {cfg['pard_tokens']} tokens per forward, adapted from the family's draft"
         elif kind == "medusa":
