@@ -167,6 +167,7 @@ METHODS = (
     "peagle",
     "mtp",
     "dflash",
+    "dspark",
     "pard",
 )
 

@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 SMOLLM2_HEADS = sorted(p for p in (ROOT / "specbench" / "zoo" / "smollm2").iterdir() if p.is_dir())
-MOST_BYTES = 80 << 20  # the wheel, compressed (the tiny family's weights are most of it: 70 MB when this was written)
+MOST_BYTES = 95 << 20  # the wheel, compressed, under PyPI's 100 MB a file (the tiny family's weights are most of it:
+# 70 MB when this was written, 92 MB with the P-EAGLE head and DSpark drafter of 2026-11-29)
 
 
 def build(project: Path, out: Path) -> Path:
@@ -60,7 +61,7 @@ def away(site: Path, *more: Path) -> dict[str, str]:
 def test_the_wheel_carries_the_tiny_family_and_the_presets_not_the_smollm2_heads(wheel):
     assert wheel.stat().st_size <= MOST_BYTES
     names = set(zipfile.ZipFile(wheel).namelist())
-    for part in ("target", "draft", "medusa", "eagle", "eagle3", "mtp", "dflash", "pard"):
+    for part in ("target", "draft", "medusa", "eagle", "eagle3", "peagle", "mtp", "dflash", "dspark", "pard"):
         assert any(n.startswith(f"specbench/zoo/tiny/{part}/") and n.endswith(".safetensors") for n in names), part
     assert "specbench/_presets/methods/vanilla.yaml" in names and "specbench/_presets/tasks/quick.yaml" in names
     assert not [n for n in names if n.startswith("specbench/zoo/smollm2/") and not n.endswith("MODEL_CARD.md")]

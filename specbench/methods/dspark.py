@@ -17,6 +17,7 @@ import torch
 
 from ..core.proposer import NO_PROPOSAL, Drafter, Proposal, Turn, chain_prefix
 from ..core.sampling import drawn
+from ..core.transfer import upload
 from ..core.tree import chain
 from ..heads.dspark import FAMILY, DSparkDraft
 from ..registry import implementation
@@ -49,7 +50,7 @@ class DSpark(DFlash):
         deepest = max(ks)
         hidden = torch.stack([rows[:deepest] for rows in drafted])  # [m, k, H]
         base = self.draft.lm_head(hidden)  # [m, k, V]
-        prev = torch.tensor(roots, device=hidden.device)
+        prev = upload(roots, hidden.device)
         temperatures, generators = [t.temperature for t in turns], [t.generator for t in turns]
         sampled = any(t > 0 for t in temperatures)
         state, tokens, laws, before = None, [], [], []
