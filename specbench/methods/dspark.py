@@ -67,13 +67,14 @@ class DSpark(DFlash):
                 prev = logits.argmax(-1)
             tokens.append(prev)
         drafts = torch.stack(tokens, dim=1)  # [m, k]
+        drawn_from = torch.stack(laws, dim=1) if laws else None  # [m, k, V]
         if self.threshold:  # the rows before the first unconfident one (one read)
             confident = self.draft.confidence(hidden, torch.stack(before, dim=1)) >= self.threshold  # [m, k]
             ks = [min(k, n) for k, n in zip(ks, confident.long().cumprod(1).sum(1).tolist(), strict=True)]
         return [
-            NO_PROPOSAL
-            if not k
-            else Proposal(chain(drafts[i, :k]), torch.stack([law[i] for law in laws[:k]]) if turn.temperature else None)
+            Proposal(chain(drafts[i, :k]), drawn_from[i, :k] if drawn_from is not None and turn.temperature else None)
+            if k
+            else NO_PROPOSAL
             for i, (k, turn) in enumerate(zip(ks, turns, strict=True))
         ]
 

@@ -60,6 +60,7 @@ class PEagle(Drafter):
         self.k = num_draft_tokens
         self.feature_layers = feature_layers
         self.vocab = target_vocab
+        self.readable = head.target_ids(torch.arange(head.lm_head.out_features, device=head.fc.weight.device))  # [V']
         self.device = head.fc.weight.device
         self.pad = self.k + 1  # the pairs a step commits at most: the accepted drafts and the root
         self.room = -(-(MAX_CACHE + self.pad + self.k) // SPAN) * SPAN  # rows attended at most; padding goes past
@@ -120,7 +121,7 @@ class PEagle(Drafter):
         if self.head.d2t is None:
             return logits
         full = logits.new_full((len(logits), self.vocab), float("-inf"))
-        full[:, self.head.target_ids(torch.arange(logits.shape[1], device=logits.device))] = logits
+        full[:, self.readable] = logits
         return full
 
     def _alone(self, slot: int, features: torch.Tensor, ids: list[int], past: int) -> tuple[torch.Tensor, torch.Tensor]:
