@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,15 @@ def tiny_models(tmp_path_factory) -> tuple[Path, Path]:
         tokenizer.save_pretrained(root / name)
         paths.append(root / name)
     return paths[0], paths[1]
+
+
+@pytest.fixture(scope="session")
+def quick_text(tmp_path_factory) -> Path:
+    """The quick task's turns, twice, as a JSONL training text ({"text": ...} a line)."""
+    path = tmp_path_factory.mktemp("text") / "text.jsonl"
+    texts = [turn for q in tasks.load("quick").questions for turn in q.turns] * 2
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
 
 
 @pytest.fixture(autouse=True)

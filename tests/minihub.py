@@ -373,6 +373,29 @@ def _glm_files(vocab: int, work: Path) -> dict[str, bytes]:
     return files
 
 
+def _pard2(files: dict[str, bytes], mask: int, target_hidden: int, seed: int) -> dict[str, bytes]:
+    """A causal LM's files made a PARD-2 drafter (AMD-AGI/PARD `pard2_train.py`'s converter: config.json's pard_token
+    and pard2_* keys, warp_model.bin with target_proj) reading four states of a 6-layer target (the official
+    [-1, -8, -16, -24] of 36 layers, scaled down)."""
+    import io
+
+    layers = [-1, -2, -4, -6]
+    config = json.loads(files["config.json"])
+    config.update(
+        pard_token=mask,
+        pard2=True,
+        spd_type="pard2",
+        pard2_scale=0.02,
+        pard2_proj_bias=False,
+        pard2_target_dim=target_hidden * len(layers),
+        pard2_target_layers=layers,
+    )
+    torch.manual_seed(seed)
+    warp = io.BytesIO()
+    torch.save({"target_proj.weight": torch.randn(config["hidden_size"], target_hidden * len(layers)) * 0.1}, warp)
+    return {**files, "config.json": _json(config), "warp_model.bin": warp.getvalue()}
+
+
 def build_2026(hub: Path, work: Path) -> None:
     """The llama3.1-8b, qwen3-8b, qwen3-4b and glm4.7-flash aliases with every head, scaled down, into the hub
     cache `hub` (an unpinned repository at a commit made from its id: `commit_of`)."""
@@ -399,6 +422,10 @@ def build_2026(hub: Path, work: Path) -> None:
     config = json.loads(llama_pard["config.json"])
     llama_pard["config.json"] = _json({**config, "pard_token": 3, "spd_type": "pard"})
     add_repo(hub, _at_commit(llama.heads["pard"]), {**llama_pard, **llama_tok})
+    qwen_pard2 = _qwen3(qwen_vocab, 32, 2, tied=True, seed=27)
+    add_repo(hub, _at_commit(specs["qwen3-8b"].heads["pard2"]), {**_pard2(qwen_pard2, mask, 64, 28), **qwen_tok})
+    llama_pard2 = _llama31(llama_vocab, 32, 2, True, 32.0, 29)
+    add_repo(hub, _at_commit(llama.heads["pard2"]), {**_pard2(llama_pard2, 3, 80, 30), **llama_tok})
     for n, (name, spec) in enumerate(specs.items()):
         tok = llama_tok if name == "llama3.1-8b" else qwen_tok
         add_repo(hub, _at_commit(spec.target), {**targets[name], **tok})
@@ -411,7 +438,7 @@ def build_2026(hub: Path, work: Path) -> None:
             "work": work,
         }
         for key, source in spec.heads.items():
-            if key == "pard":  # (the drafters above, one per vocabulary)
+            if key in ("pard", "pard2"):  # (the drafters above, one per vocabulary)
                 continue
             if key == "dflash":
                 files = _dflash_files(targets[name], mask if tok is qwen_tok else 3, 30 + n)

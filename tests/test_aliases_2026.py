@@ -80,7 +80,7 @@ def test_qwen3_runs_every_method_its_heads_allow_greedy_identical(capsys, offlin
     assert main([*argv, *options]) == 0
     answers = read_answers(out)
     ran = {a.method for a in answers}
-    assert {"sps", "eagle3", "eagle3[head=redhat]", "dflash", "pard", "pld", "suffix"} <= ran
+    assert {"sps", "eagle3", "eagle3[head=redhat]", "dflash", "pard", "pard2", "pld", "suffix"} <= ran
     assert all(a.greedy_check["match"] for a in answers if a.method != "vanilla")
     manifest = json.loads((out / "manifest.json").read_text())
     recorded = json.dumps(manifest)

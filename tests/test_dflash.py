@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 
-from specbench import tasks
 from specbench.cli.main import main
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
@@ -191,11 +190,9 @@ def test_engine_mode_maps_to_vllms_dflash(tmp_path):
     }
 
 
-def test_train_dflash_writes_the_official_layout_that_verify_passes(capsys, tiny_models, tmp_path):
+def test_train_dflash_writes_the_official_layout_that_verify_passes(capsys, tiny_models, quick_text, tmp_path):
     target_dir, _ = tiny_models
-    data = tmp_path / "text.jsonl"
-    texts = [turn for q in tasks.load("quick").questions for turn in q.turns] * 2
-    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    data = quick_text
     out = tmp_path / "dflash"
     argv = ["train", "dflash", "--target", str(target_dir), "--data", str(data), "--out", str(out), "--smoke"]
     assert main([*argv, "--device", "cpu", "--compact"]) == 0, capsys.readouterr().err

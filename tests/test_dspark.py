@@ -224,15 +224,13 @@ def test_preset_engines_and_what_it_refuses(target):
         DSpark(random_draft(target), 5)
 
 
-def test_train_dspark_writes_deepspecs_layout_that_the_method_runs(capsys, tiny_models, tmp_path):
+def test_train_dspark_writes_deepspecs_layout_that_the_method_runs(capsys, tiny_models, quick_text, tmp_path):
     """`specbench train dspark` (DeepSpec's loss) writes a Qwen3DSparkModel the loader reads back and the greedy audit
     passes with, for each Markov head."""
-    from specbench import tasks
     from specbench.cli.main import main
 
     target_dir, _ = tiny_models
-    data = tmp_path / "text.jsonl"
-    data.write_text("".join(json.dumps({"text": t}) + "\n" for q in tasks.load("quick").questions for t in q.turns) * 2)
+    data = quick_text
     for kind in ("vanilla", "rnn"):
         out = tmp_path / kind
         argv = ["train", "dspark", "--target", str(target_dir), "--data", str(data), "--out", str(out), "--smoke"]

@@ -3,7 +3,6 @@ import json
 import pytest
 import torch
 
-from specbench import tasks
 from specbench.cli.main import main
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
@@ -150,13 +149,11 @@ def test_engine_mode_maps_to_vllms_parallel_drafting(tmp_path):
     }
 
 
-def test_train_pard_makes_a_drafter_that_verify_passes(capsys, tiny_models, tmp_path):
+def test_train_pard_makes_a_drafter_that_verify_passes(capsys, tiny_models, quick_text, tmp_path):
     """`specbench train pard` adapts the draft into a PARD checkpoint (pard_token, spd_type, tokenizer), and the
     audit passes with it."""
     target_dir, draft_dir = tiny_models
-    data = tmp_path / "text.jsonl"
-    texts = [turn for q in tasks.load("quick").questions for turn in q.turns] * 2
-    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    data = quick_text
     out = tmp_path / "pard"
     argv = ["train", "pard", "--target", str(target_dir), "--draft", str(draft_dir), "--data", str(data)]
     assert main([*argv, "--out", str(out), "--smoke", "--device", "cpu"]) == 0, capsys.readouterr().err

@@ -238,7 +238,7 @@ def test_speculators_eagle3_heads_of_several_layers_now_load(tmp_path, llama):
     assert len(loaded.layers) == 2 and loaded.config.num_hidden_layers == 3
 
 
-def test_train_peagle_writes_a_head_that_verify_passes(capsys, tiny_models, tmp_path):
+def test_train_peagle_writes_a_head_that_verify_passes(capsys, tiny_models, quick_text, tmp_path):
     """`specbench train peagle --format speculators` writes a peagle checkpoint the method runs (the greedy audit;
     the sampling audit is the small test's above: this random target's law is too flat to sample)."""
     target_dir, _ = tiny_models
@@ -247,13 +247,8 @@ def test_train_peagle_writes_a_head_that_verify_passes(capsys, tiny_models, tmp_
     model.save_pretrained(deep)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (deep / name).write_bytes((target_dir / name).read_bytes())
-    data = tmp_path / "text.jsonl"
-    from specbench import tasks
-
-    texts = [turn for q in tasks.load("quick").questions for turn in q.turns] * 2
-    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     out = tmp_path / "peagle"
-    argv = ["train", "peagle", "--target", str(deep), "--data", str(data), "--out", str(out), "--smoke"]
+    argv = ["train", "peagle", "--target", str(deep), "--data", str(quick_text), "--out", str(out), "--smoke"]
     assert main([*argv, "--device", "cpu", "--format", "speculators", "--draft-vocab", "300"]) == 0
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_model_type"] == "peagle" and config["draft_vocab_size"] == 300

@@ -7,7 +7,6 @@ import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache
 
-from specbench import tasks
 from specbench.cli.main import main
 from specbench.heads import eagle as eagle_heads
 from specbench.heads import medusa as medusa_heads
@@ -21,11 +20,11 @@ from .conftest import DATA, random_llama
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def corpus(tmp_path_factory, quick_text):
     """The quick task's turns as a JSONL file and as a plain-text file."""
     root = tmp_path_factory.mktemp("corpus")
-    texts = [turn for q in tasks.load("quick").questions for turn in q.turns] * 2
-    (root / "text.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (root / "text.jsonl").write_text(quick_text.read_text())
+    texts = [json.loads(line)["text"] for line in quick_text.read_text().splitlines()]
     (root / "text.txt").write_text("\n\n".join(texts))
     return root
 

@@ -278,14 +278,14 @@ def parser() -> argparse.ArgumentParser:
         "train",
         parents=[target, device],
         help="train Medusa or EAGLE heads, an MTP module or a DFlash drafter for a target by self-distillation on "
-        "text, or make a PARD drafter from a small model",
+        "text, or make a PARD or PARD-2 drafter from a small model",
     )
     train.add_argument(
         "kind",
         type=_family,
         metavar="FAMILY",
         help="a head family: medusa heads, an EAGLE-1/2 (eagle), EAGLE-3 (eagle3) or P-EAGLE (peagle) head, an MTP "
-        "module (DeepSeek-V3 layout), a DFlash, DSpark or PARD drafter",
+        "module (DeepSeek-V3 layout), a DFlash, DSpark, PARD or PARD-2 drafter",
     )
     train.add_argument(
         "--data",
@@ -297,9 +297,12 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--compact",
         action="store_true",
-        help="store float16 weights and leave out an EAGLE head's or MTP module's embedding and readout (the target's)",
+        help="store float16 weights and leave out an EAGLE head's or MTP module's embedding and readout (the target's; "
+        "a PARD-2 drafter trains with the target's, frozen)",
     )
-    train.add_argument("--draft", help="pard: the model to adapt, a folder or hub id (default: the alias's draft)")
+    train.add_argument(
+        "--draft", help="pard, pard2: the model to adapt, a folder or hub id (default: the alias's draft)"
+    )
     train.add_argument(
         "--format",
         choices=["official", "speculators"],

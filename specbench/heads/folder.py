@@ -24,6 +24,7 @@ HEAD_LAYOUTS = {  # family -> its checkpoint's files: the family's `HeadFamily.l
     "dflash": Layout((DFLASH_FILES,), required=_CONFIG),
     "dspark": Layout((DFLASH_FILES,), required=_CONFIG),
     "pard": TRANSFORMERS,
+    "pard2": Layout(TRANSFORMERS.weights[:1], TRANSFORMERS.optional, ("config.json", "warp_model.bin")),
 }
 
 

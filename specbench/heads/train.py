@@ -1,7 +1,8 @@
 """Self-distillation of Medusa heads, EAGLE heads, MTP modules and DFlash drafters from a frozen target over text:
 the labels are the target's own next-token distributions on that text (no generation), the inputs its hidden
 states (the final ones; three inner ones for EAGLE-3; the drafter's own choice for DFlash). A PARD drafter is the
-exception: a small model adapted on the text's own tokens, as its paper trains it; the target only scores it.
+exception: a small model adapted on the text's own tokens, as its paper trains it; the target only scores it. A
+PARD-2 drafter learns from both: the text's tokens and the target's distributions, its inputs the target's states.
 
 Per-depth top-1 accuracy on held-out text is the share of positions where the head's first guess at depth
 d equals the target's greedy token there (tokens in between taken from the text; DFlash and PARD see none).
@@ -25,7 +26,7 @@ from ..core.cached_lm import hidden_features
 from ..core.tree import additive_mask
 from ..errors import SpecbenchError
 from ..progress import Progress
-from . import dflash, dspark, eagle3, frequencies, mtp, pard, peagle, speculators
+from . import dflash, dspark, eagle3, frequencies, mtp, pard, pard2, peagle, speculators
 from .checkpoint import target_signature
 from .eagle import EagleHead, build, config_from_target
 from .medusa import MedusaHeads
@@ -511,6 +512,107 @@ def train_pard(
     return draft, _evaluate(depth_hits, heldout, target, cfg, device)
 
 
+def pard2_rows(
+    draft: Any,
+    proj: nn.Linear,
+    scale: float,
+    ids: torch.Tensor,
+    states: torch.Tensor,
+    kept: list[list[int]],
+    mask_id: int,
+    keep: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PARD-2's training rows of windows ids [B, L] in one forward of the causal LM `draft`: PARD's rows
+    (`pard.chain_rows` of `kept`: row (b, p) the real token p, or for b > 0 a mask at p after real tokens 0..p - b),
+    each embedding plus scale * proj of the target's states [B, L, F] one row before its last real token (zero
+    before row 0; `pard2_train.py`'s collator shifts the states so), times `keep` [B] (0: a window drafting without
+    them). Returns the drafter's logits [B, Q, V], each row's block [Q] and position [Q]."""
+    chains, allowed = pard.chain_rows(kept)
+    block, position = (torch.tensor(x, device=ids.device) for x in zip(*chains, strict=True))
+    tokens = torch.where(block == 0, ids[:, position], mask_id)  # [B, Q]
+    shifted = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)  # row q: the states at q - 1
+    added = scale * proj(shifted[:, position - block])  # [B, Q, H]
+    if keep is not None:
+        added = added * keep[:, None, None]
+    embeds = draft.get_input_embeddings()(tokens) + added
+    mask = additive_mask(allowed, embeds.dtype, ids.device).expand(len(ids), -1, -1, -1)
+    out = draft(inputs_embeds=embeds, position_ids=position[None].expand(len(ids), -1), attention_mask=mask)
+    return out.logits, block, position
+
+
+PARD2_CE, PARD2_KD, PARD2_DROP = 0.1, 1.0, 0.1  # example_pard2_qwen3.yaml: ce_alpha, kd_alpha, target_feat_mask
+
+
+def train_pard2(
+    draft: Any,
+    target: Any,
+    train: torch.Tensor,
+    heldout: torch.Tensor,
+    cfg: TrainConfig,
+    mask_id: int,
+    compact: bool = False,
+) -> tuple[Any, nn.Linear, dict, list[float]]:
+    """A PARD-2 drafter from the causal LM `draft` (float32, trained in place) and a new target_proj, on PARD's
+    conditional drop-token rows (`pard2_rows`) with `pard2_train.py`'s loss: PARD2_CE x cross-entropy on the text's
+    next token plus PARD2_KD x KL from the target's distribution there, each row weighted by the target's
+    probability of the tokens between its last real token and its label (the chance they were accepted); a window's
+    states dropped with probability PARD2_DROP, so the drafter drafts without them too. `compact`: the drafter's
+    embedding (and readout) are the target's, frozen, so the checkpoint leaves them out. Returns the drafter, its
+    projection, config.json and its held-out top-1 accuracy by depth against the target's greedy tokens."""
+    text = target.config.get_text_config()
+    layers = pard2.official_layers(text.num_hidden_layers)
+    ours = pard2.our_layers(layers, text.num_hidden_layers, "target")
+    device = draft.get_output_embeddings().weight.device
+    if compact:
+        if draft.get_input_embeddings().weight.shape != target.get_input_embeddings().weight.shape:
+            raise SpecbenchError(
+                "--compact pard2 reads through the target's embedding: the draft model's width and vocabulary must be "
+                "the target's (drop --compact)"
+            )
+        with torch.no_grad():
+            draft.get_input_embeddings().weight.copy_(target.get_input_embeddings().weight)
+            if draft.get_output_embeddings().weight is not draft.get_input_embeddings().weight:
+                draft.get_output_embeddings().weight.copy_(target.get_output_embeddings().weight)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    proj = nn.Linear(text.hidden_size * len(layers), draft.config.hidden_size, bias=False).to(device)
+    with torch.no_grad():
+        proj.weight.copy_(torch.randn(proj.weight.shape, generator=generator) / proj.in_features**0.5)
+    draft.train().requires_grad_(True)
+    if compact:
+        draft.get_input_embeddings().requires_grad_(False)
+        draft.get_output_embeddings().requires_grad_(False)
+    rows = torch.Generator().manual_seed(cfg.seed + 2)
+
+    def forward(ids, states, ratio: float, floor: float, blocks: int, keep=None):
+        kept = pard.drop_rows(ids.shape[1] - 1, blocks, ratio, floor, rows)  # (every row has a next token)
+        return pard2_rows(draft, proj, pard2.SCALE, ids, states.to(device), kept, mask_id, keep)
+
+    def loss(ids, states, logits):
+        keep = (torch.rand(len(ids), generator=generator) >= PARD2_DROP).float().to(device)
+        out, block, position = forward(ids, states, cfg.drop_ratio, cfg.drop_floor, cfg.pard_tokens, keep)
+        teacher = logits.to(device)
+        gold = torch.log_softmax(teacher[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]  # [B, L - 1]: token q + 1
+        before = F.pad(gold, (1, 0)).cumsum(1)  # [B, L]: log-probability of tokens 1..q
+        weight = (before[:, position] - before[:, position - block]).exp()  # [B, Q]: tokens p - b + 1..p accepted
+        log_q = torch.log_softmax(out.float(), -1)
+        ce = F.nll_loss(log_q.transpose(1, 2), ids[:, position + 1], reduction="none")  # [B, Q]
+        p = torch.softmax(teacher[:, position], -1)
+        kd = (p * (torch.log(p.clamp_min(1e-30)) - log_q)).sum(-1)  # [B, Q]
+        return ((PARD2_CE * ce + PARD2_KD * kd) * weight).sum() / weight.sum().clamp_min(1e-6)
+
+    def depth_hits(ids, states, logits):
+        out, block, position = forward(ids, states, 1.0, 1.0, cfg.pard_tokens)  # every chain to every depth
+        right = (out.argmax(-1) == logits.to(device)[:, position].argmax(-1)).float().sum(0)  # [Q]
+        return [(float(right[block == b].sum()), float((block == b).sum()) * len(ids)) for b in range(cfg.pard_tokens)]
+
+    params = [p for p in [*draft.parameters(), *proj.parameters()] if p.requires_grad]
+    _loop("pard2", params, loss, train, target, cfg, ours)
+    draft.eval().requires_grad_(False)
+    proj.eval().requires_grad_(False)
+    raw = pard2.config_of(draft.config.to_dict(), mask_id, pard2.SCALE, False, layers, text.hidden_size)
+    return draft, proj, raw, _evaluate(depth_hits, heldout, target, cfg, device, ours)
+
+
 def mask_token(tokenizer, vocab: int) -> int:
     """The id a DFlash block's or a PARD drafter's mask rows carry: the tokenizer's mask token, else the
     vocabulary's last id (the released drafters use a reserved id the text never holds)."""
@@ -587,6 +689,12 @@ def train_head(
         mask = mask_token(loading.load_tokenizer(source), drafter.get_output_embeddings().weight.shape[0])
         drafter, accuracy = train_pard(drafter, model, train, heldout, cfg, mask)
         pard.save(drafter, source, out, mask, compact)
+    elif kind == "pard2":
+        source = aliases.draft_folder(spec, draft)
+        drafter = loading.load_causal_lm(source, device, torch.float32, what="draft model")
+        mask = mask_token(loading.load_tokenizer(source), drafter.get_output_embeddings().weight.shape[0])
+        drafter, proj, raw, accuracy = train_pard2(drafter, model, train, heldout, cfg, mask, compact)
+        pard2.save(drafter, proj, raw, out, compact)
     else:
         head, raw, accuracy = train_eagle3(model, train, heldout, cfg)
         if layout == "speculators":

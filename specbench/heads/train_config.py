@@ -40,9 +40,11 @@ class TrainConfig:
     block_decay: float = knob(7.0, "dflash: a block's row k weighs exp(-(k - 1) / block_decay) in the loss")
     markov_rank: int = knob(256, "dspark: rank of the Markov head (0: none; the released drafters' 256)")
     markov_head: str = knob("vanilla", "dspark: the Markov head, vanilla, gated or rnn")
-    pard_tokens: int = knob(8, "pard, peagle: tokens guessed per forward (k - 1 mask blocks; the papers' 8)")
-    drop_ratio: float = knob(0.7, "pard, peagle: mask block b keeps max(drop_ratio ** b, drop_floor) of its rows")
-    drop_floor: float = knob(0.2, "pard, peagle: the least share of rows a mask block keeps")
+    pard_tokens: int = knob(8, "pard, pard2, peagle: tokens guessed per forward (k - 1 mask blocks; the papers' 8)")
+    drop_ratio: float = knob(
+        0.7, "pard, pard2, peagle: mask block b keeps max(drop_ratio ** b, drop_floor) of its rows"
+    )
+    drop_floor: float = knob(0.2, "pard, pard2, peagle: the least share of rows a mask block keeps")
     seed: int = knob(0, "seed of the windows and the initial weights")
 
     def smoke(self) -> TrainConfig:

@@ -46,6 +46,7 @@ class Pard(Drafter):
         """One forward over every slot's new tokens and masks, each slot's chain then read from its own rows."""
         ks = self.drafter.chains(self.k, tokens, max_depths)
         working = [i for i, k in enumerate(ks) if k]
+        self._masks([slots[i] for i in working], [len(tokens[i]) - 1 for i in working], [ks[i] for i in working])
         fed = [Row(slots[i], tokens[i][self.drafter.cached(slots[i]) :] + [self.mask] * (ks[i] - 1)) for i in working]
         found = [NO_PROPOSAL] * len(slots)
         if fed and all(self.turns[slots[i]].temperature == 0 for i in working):
@@ -60,6 +61,10 @@ class Pard(Drafter):
             turn = self.turns[slots[i]]
             found[i] = chain_of_rows(out.logits[-ks[i] :], turn.temperature, turn.generator, self.vocab)
         return found
+
+    def _masks(self, slots: list[int], roots: list[int], ks: list[int]) -> None:
+        """Before a forward: each of `slots` drafts `ks` tokens past its root at position `roots` (PARD-2 readies
+        its mask rows' inputs here)."""
 
     def update(
         self, slots: list[int], tokens: list[list[int]], proposals: list[Proposal], feedback: list[Feedback]

@@ -16,7 +16,7 @@ from .hub import TRANSFORMERS, Checkpoint, Source, checkpoint, fetch, parse
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
 TINY_DIR = ZOO / "tiny"  # the bundled tiny family
 SMOLLM2_DIR = ZOO / "smollm2"  # heads trained here for SmolLM2-135M-Instruct
-HEAD_FAMILIES = ("medusa", "eagle", "eagle3", "peagle", "mtp", "dflash", "dspark", "pard")
+HEAD_FAMILIES = ("medusa", "eagle", "eagle3", "peagle", "mtp", "dflash", "dspark", "pard", "pard2")
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,7 @@ ALIASES: dict[str, ModelSpec] = {
                     "eagle3:specforge": "lmsys/SGLang-EAGLE3-Llama-3.1-8B-Instruct-SpecForge",
                     "dflash": "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
                     "pard": "amd/PARD-Llama-3.2-1B",  # target-independent: any Llama 3 with its vocabulary
+                    "pard2": "amd/PARD2-Llama-3.1-8B",  # reads this target's states (target_proj)
                 },
             ),
             _alias(
@@ -138,6 +139,7 @@ ALIASES: dict[str, ModelSpec] = {
                     "eagle3:redhat": "RedHatAI/Qwen3-8B-speculator.eagle3",  # speculators format
                     "dflash": "z-lab/Qwen3-8B-DFlash-b16",
                     "pard": PARD_QWEN3,
+                    "pard2": "amd/PARD2-Qwen3-8B",  # reads this target's states (target_proj)
                 },
             ),
             _alias(

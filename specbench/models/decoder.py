@@ -343,11 +343,13 @@ class Decoder(nn.Module):
         mask: torch.Tensor | None,
         cache: KeysAndValues | None,
         features: tuple[int, ...] = (),
+        added: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The final normalised states [B, n, H] of `ids` [B, n] at `positions` [B, n] under the additive `mask`
         [B, 1, n, keys] (None: causal), and the hidden states `features` asks for side by side [B, n, F] (0 = the
-        embeddings, i = layer i's output, -1 = the final normalised state)."""
-        x = self.embed(ids)
+        embeddings, i = layer i's output, -1 = the final normalised state). `added` [B, n, H]: summed into the
+        embeddings (a drafter reading the target's states through them: PARD-2)."""
+        x = self.embed(ids) if added is None else self.embed(ids) + added
         rope = self.rotary(positions, x.dtype)
         kept = {0: x} if 0 in features else {}
         for i, layer in enumerate(self.layers, 1):

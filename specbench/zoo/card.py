@@ -271,6 +271,7 @@ HEAD_KINDS = {
     "dflash": "DFlash drafter",
     "dspark": "DSpark drafter",
     "pard": "PARD drafter",
+    "pard2": "PARD-2 drafter",
 }
 
 
@@ -285,9 +286,9 @@ def heads_section(family_dir: Path) -> list[str]:
         "training prompts (`specbench regenerate`); a head must be retrained whenever the target changes. "
         "Accuracy: held-out share of positions where the head's first guess d tokens past the last target token "
         "equals the target's greedy token (the tokens in between taken from the text; a P-EAGLE head, a DFlash, "
-        "DSpark or PARD drafter sees none of them: it guesses all d places in one forward). It is measured on the "
-        "held-out part of the head's own training text, so heads trained on different text do not compare by it: the "
-        "target's own answers are easier to predict than the corpus.",
+        "DSpark, PARD or PARD-2 drafter sees none of them: it guesses all d places in one forward). It is measured on "
+        "the held-out part of the head's own training text, so heads trained on different text do not compare by it: "
+        "the target's own answers are easier to predict than the corpus.",
         "",
         "| head | training text | steps | lr | sequence length | size | "
         + " | ".join(f"d={d}" for d in range(1, 9))
@@ -317,6 +318,9 @@ def heads_section(family_dir: Path) -> list[str]:
             extra = f", {cfg['draft_layers']} layers, blocks of {cfg['block_size']}, {cfg['markov_head']} Markov head"
         elif kind == "pard":
             extra = f", {cfg['pard_tokens']} tokens per forward, adapted from the family's draft"
+        elif kind == "pard2":
+            embedding = ", the target's embedding" if report.get("compact") else ""
+            extra = f", {cfg['pard_tokens']} tokens per forward, from the family's draft{embedding}"
         elif kind == "medusa":
             shared = ", reading out through the target's lm_head" if cfg.get("medusa_shared_lm_head") else ""
             extra = f", {cfg['medusa_heads']} heads{shared}"
