@@ -285,7 +285,7 @@ def parser() -> argparse.ArgumentParser:
         type=_family,
         metavar="FAMILY",
         help="a head family: medusa heads, an EAGLE-1/2 (eagle), EAGLE-3 (eagle3) or P-EAGLE (peagle) head, an MTP "
-        "module (DeepSeek-V3 layout), a DFlash, DSpark, PARD or PARD-2 drafter",
+        "module (DeepSeek-V3 layout), a DFlash, DFlash2, DSpark, PARD or PARD-2 drafter",
     )
     train.add_argument(
         "--data",

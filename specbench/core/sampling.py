@@ -50,6 +50,18 @@ def drawn(
     return tokens, laws
 
 
+def next_rows(
+    logits: torch.Tensor, temperatures: list[float], generators: list[torch.Generator | None], laws: list
+) -> torch.Tensor:
+    """A chain's next row for every slot [m] from logits [m, V]: the argmax while every slot is greedy, else
+    `drawn`'s tokens, the law they came from appended to `laws`."""
+    if all(t == 0 for t in temperatures):
+        return logits.argmax(-1)
+    tokens, law = drawn(logits, temperatures, generators)
+    laws.append(law)
+    return tokens
+
+
 def draw_distinct(
     probs: torch.Tensor, k: int, generator: torch.Generator | None
 ) -> tuple[list[list[int]], list[torch.Tensor]]:

@@ -153,11 +153,15 @@ class DFlashDraft(nn.Module):
         self.feature_size = len(layer_ids) * target_hidden
         self.block_size = block_size
         self.mask_token_id = mask_token_id
-        self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm.build(config.hidden_size, config.rms_norm_eps)
         self.fc = nn.Linear(self.feature_size, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm.build(config.hidden_size, config.rms_norm_eps)
         self.rotary = Qwen3RotaryEmbedding(config)
+
+    def layer(self, config: Qwen3Config) -> nn.Module:
+        """One of its decoder layers (DFlash2's adds convolutions)."""
+        return DFlashLayer(config)
 
     def forward(
         self,
@@ -200,13 +204,19 @@ def build(raw: dict, target_hidden: int | None = None, what: str = "DFlash draft
     return DFlashDraft(config, layer_ids, block, mask, target_hidden or config.hidden_size)
 
 
-def settings_of(raw: dict, what: str) -> tuple[Qwen3Config, list[int], int, int]:
-    """A drafter config.json's Qwen3 config, target layers, block size and mask token, checked."""
-    if "DFlash2DraftModel" in (raw.get("architectures") or []):
+def settings_of(
+    raw: dict, what: str, architecture: str = "DFlashDraftModel"
+) -> tuple[Qwen3Config, list[int], int, int]:
+    """A drafter config.json's Qwen3 config, target layers, block size and mask token, checked (a DFlash2DraftModel
+    only as `architecture`, and only that one then)."""
+    dflash2 = "DFlash2DraftModel" in (raw.get("architectures") or [])
+    if dflash2 and architecture != "DFlash2DraftModel":
         raise SpecbenchError(
-            f"{what} is a DFlash2DraftModel (causal convolutions and a candidate selector): only "
-            f"DFlashDraftModel checkpoints are supported"
+            f"{what} is a DFlash2DraftModel (causal convolutions and a candidate selector): run it as dflash2 "
+            "(--head dflash2=...)"
         )
+    if architecture == "DFlash2DraftModel" and not dflash2:
+        raise SpecbenchError(f"{what}: config.json's architectures do not name DFlash2DraftModel: run it as dflash")
     settings = raw.get("dflash_config") or {}
     layer_ids = settings.get("target_layer_ids", raw.get("target_layer_ids"))
     mask = settings.get("mask_token_id", raw.get("mask_token_id"))
@@ -240,9 +250,22 @@ def load(source: str | Path, target_model: Any) -> DFlashDraft:
     """An official-layout (or speculators) drafter, checked against the target: its width, vocabulary and layers."""
     what = f"DFlash drafter '{source}'"
     raw, shipped_as_speculators = speculators.official(source, "dflash", "DFlash drafter")
+    hidden = target_model.get_output_embeddings().weight.shape[1]
+    draft = build(raw, hidden, what)
+    check_target(draft, raw, target_model, what)
+    state = read_weights(source, FILES, "DFlash drafter")
+    if shipped_as_speculators:
+        state = speculators.dflash_official_state(state)
+    state.pop("rotary_emb.inv_freq", None)  # a buffer some exports keep
+    check({k: v.shape for k, v in saved_state(draft).items()}, state, what)
+    draft.load_state_dict(state, strict=False)
+    return draft
+
+
+def check_target(draft: DFlashDraft, raw: dict, target_model: Any, what: str) -> None:
+    """The drafter's width, vocabulary and the target layers it reads are the target's."""
     vocab, hidden = target_model.get_output_embeddings().weight.shape
     text = target_model.config.get_text_config()
-    draft = build(raw, hidden, what)
     if (draft.config.hidden_size, draft.config.vocab_size) != (hidden, vocab):
         raise SpecbenchError(
             f"{what} is for hidden size {draft.config.hidden_size} and vocabulary {draft.config.vocab_size}, the "
@@ -254,13 +277,6 @@ def load(source: str | Path, target_model: Any) -> DFlashDraft:
             f"{what} reads target layers {draft.layer_ids} of {layers or '?'}, the target has "
             f"{text.num_hidden_layers}: use a drafter trained for this target"
         )
-    state = read_weights(source, FILES, "DFlash drafter")
-    if shipped_as_speculators:
-        state = speculators.dflash_official_state(state)
-    state.pop("rotary_emb.inv_freq", None)  # a buffer some exports keep
-    check({k: v.shape for k, v in saved_state(draft).items()}, state, what)
-    draft.load_state_dict(state, strict=False)
-    return draft
 
 
 def config_for(target_config, layers: int, block_size: int, mask_token_id: int) -> dict:

@@ -22,6 +22,7 @@ HEAD_LAYOUTS = {  # family -> its checkpoint's files: the family's `HeadFamily.l
     "peagle": _EAGLE,
     "mtp": Layout((("model*.safetensors",),), ("config.json", "model.safetensors.index.json"), _CONFIG),
     "dflash": Layout((DFLASH_FILES,), required=_CONFIG),
+    "dflash2": Layout((DFLASH_FILES,), required=_CONFIG),
     "dspark": Layout((DFLASH_FILES,), required=_CONFIG),
     "pard": TRANSFORMERS,
     "pard2": Layout(TRANSFORMERS.weights[:1], TRANSFORMERS.optional, ("config.json", "warp_model.bin")),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -26,7 +27,7 @@ from ..core.cached_lm import hidden_features
 from ..core.tree import additive_mask
 from ..errors import SpecbenchError
 from ..progress import Progress
-from . import dflash, dspark, eagle3, frequencies, mtp, pard, pard2, peagle, speculators
+from . import dflash, dflash2, dspark, eagle3, frequencies, mtp, pard, pard2, peagle, speculators
 from .checkpoint import target_signature
 from .eagle import EagleHead, build, config_from_target
 from .medusa import MedusaHeads
@@ -361,6 +362,35 @@ def dflash_blocks(
     return hidden.view(*rows.shape, -1)
 
 
+def block_training(model: Any, cfg: TrainConfig) -> tuple[nn.Module, nn.Module, torch.Generator, torch.Tensor]:
+    """What a DFlash drafter trains against: the target's embedding and readout (float32 copies), the anchors'
+    generator and the rows' weights exp(-(k - 1) / block_decay) [bs - 1]."""
+    lm_head = model.get_output_embeddings()
+    depth = torch.arange(cfg.block_size - 1, device=lm_head.weight.device)
+    generator = torch.Generator().manual_seed(cfg.seed + 2)
+    weights = torch.exp(-depth.float() / cfg.block_decay)
+    return frozen_float(model.get_input_embeddings()), frozen_float(lm_head), generator, weights
+
+
+def drafted_rows(
+    draft: dflash.DFlashDraft,
+    embedding: nn.Module,
+    ids: torch.Tensor,
+    features: torch.Tensor,
+    logits: torch.Tensor,
+    cfg: TrainConfig,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A DFlash drafter's blocks at random anchors of windows ids [B, L]: the drafted rows' states [B, N, bs - 1, H],
+    the target's row predicting each drafted token (whose token comes just before it) [B, N, bs - 1] and that row's
+    logits [B, N, bs - 1, V]."""
+    anchors = dflash_anchors(ids.shape[0], ids.shape[1], cfg, generator).to(ids.device)
+    hidden = dflash_blocks(draft, embedding, ids, features, anchors)[:, :, 1:]
+    about = anchors[..., None] + torch.arange(cfg.block_size - 1, device=ids.device)  # [B, N, bs - 1]
+    target = logits.gather(1, about.flatten(1)[..., None].expand(-1, -1, logits.shape[-1]))
+    return hidden, about, target.view(*about.shape, -1)
+
+
 def train_dflash(model: Any, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, mask_token_id: int):
     """A DFlash drafter by the official recipe (SpecForge's `OnlineDFlashModel`): blocks at random anchors of each
     window, row k of a block trained to give the token k places past its anchor, weighted exp(-(k - 1) / decay).
@@ -370,18 +400,12 @@ def train_dflash(model: Any, train: torch.Tensor, heldout: torch.Tensor, cfg: Tr
     device = lm_head.weight.device
     raw = dflash.config_for(model.config, cfg.draft_layers, cfg.block_size, mask_token_id)
     draft = dflash.build(raw).to(device)
-    embedding, lm = frozen_float(model.get_input_embeddings()), frozen_float(lm_head)
-    anchor_rng = torch.Generator().manual_seed(cfg.seed + 2)
-    depth = torch.arange(1, cfg.block_size, device=device)
-    weights = torch.exp(-(depth - 1).float() / cfg.block_decay)  # [bs - 1]
+    embedding, lm, anchor_rng, weights = block_training(model, cfg)
 
     def pairs(ids, features, logits):
         """(drafter logits, the target's logits) [B, N, bs - 1, V] about the same tokens."""
-        anchors = dflash_anchors(ids.shape[0], ids.shape[1], cfg, anchor_rng).to(device)
-        hidden = dflash_blocks(draft, embedding, ids, features, anchors)[:, :, 1:]
-        about = anchors[..., None] + depth - 1  # the target's row predicting each drafted token
-        target = logits.gather(1, about.flatten(1)[..., None].expand(-1, -1, logits.shape[-1]))
-        return draft.logits(hidden, lm), target.view(*about.shape, -1)
+        hidden, _, target = drafted_rows(draft, embedding, ids, features, logits, cfg, anchor_rng)
+        return draft.logits(hidden, lm), target
 
     def loss(ids, features, logits):
         drafted, target = pairs(ids, features, logits)
@@ -394,6 +418,62 @@ def train_dflash(model: Any, train: torch.Tensor, heldout: torch.Tensor, cfg: Tr
 
     layers = draft.feature_layers
     _loop("dflash", list(draft.parameters()), loss, train, model, cfg, layers)
+    return draft.eval(), raw, _evaluate(depth_hits, heldout, model, cfg, device, layers)
+
+
+DFLASH2_TAPS, DFLASH2_GROUP, DFLASH2_RANK, DFLASH2_TOP = 2, 32, 32, 16  # kernel 2 (z-lab's), 16 candidates a row
+
+
+def train_dflash2(model: Any, train: torch.Tensor, heldout: torch.Tensor, cfg: TrainConfig, mask_token_id: int):
+    """A DFlash2 drafter: DFlash's blocks and loss (`train_dflash`) through the convolved backbone, plus the
+    selector's: for each row, softmax of its edge scores over its top-K candidates against the target's
+    distribution there renormalised over them, the edges drawn from the text's token before it (no official
+    trainer is published; this is ours). Returns the drafter, its config.json and the held-out accuracy by row of
+    the selector's first choice after the text's tokens."""
+    lm_head = model.get_output_embeddings()
+    device = lm_head.weight.device
+    text = model.config.get_text_config()
+    raw = dflash2.config_for(
+        model.config,
+        cfg.draft_layers,
+        cfg.block_size,
+        mask_token_id,
+        DFLASH2_TAPS,
+        math.gcd(DFLASH2_GROUP, text.hidden_size),
+        DFLASH2_RANK,
+        min(DFLASH2_TOP, text.vocab_size),
+    )
+    draft = dflash2.build(raw).to(device)
+    with torch.no_grad():  # (zero codebooks would give the edges no gradient)
+        for book in (draft.candidate_selector.predecessor_codebook, draft.candidate_selector.successor_codebook):
+            book.normal_(0, 0.02, generator=torch.Generator(device).manual_seed(cfg.seed))
+    embedding, lm, anchor_rng, weights = block_training(model, cfg)
+
+    def rows(ids, features, logits):
+        """(unary logits [B, N, bs - 1, V], selector scores [B, N, bs - 1, K], candidates, the target's logits)."""
+        hidden, about, target = drafted_rows(draft, embedding, ids, features, logits, cfg, anchor_rng)
+        unary = draft.logits(hidden, lm)
+        values, candidates = unary.topk(draft.top_k, dim=-1)
+        before = ids.gather(1, about.flatten(1)).view(about.shape)
+        selector = draft.candidate_selector
+        gated = selector.predecessor_codebook[before] * selector.hidden_projection(hidden)  # [B, N, bs - 1, r]
+        scores = values + (gated[..., None, :] * selector.successor_codebook[candidates]).sum(-1)
+        return unary, scores, candidates, target
+
+    def loss(ids, features, logits):
+        unary, scores, candidates, target = rows(ids, features, logits)
+        per_row = -(F.softmax(target, dim=-1) * F.log_softmax(unary, dim=-1)).sum(-1)  # [B, N, bs - 1]
+        chosen = F.softmax(target.gather(-1, candidates), dim=-1)  # the target's law over the candidates
+        per_row = per_row - (chosen * F.log_softmax(scores, dim=-1)).sum(-1)
+        return (per_row * weights).sum() / (weights.sum() * per_row[..., 0].numel())
+
+    def depth_hits(ids, features, logits):
+        _, scores, candidates, target = rows(ids, features, logits)
+        first = candidates.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
+        return [_hits(first[:, :, k], target[:, :, k]) for k in range(cfg.block_size - 1)]
+
+    layers = draft.feature_layers
+    _loop("dflash2", list(draft.parameters()), loss, train, model, cfg, layers)
     return draft.eval(), raw, _evaluate(depth_hits, heldout, model, cfg, device, layers)
 
 
@@ -670,6 +750,10 @@ def train_head(
             speculators.write(speculators.dflash_speculators(raw, verifier), dflash.saved_state(head), out, compact)
         else:
             dflash.save(head, raw, out, compact)
+    elif kind == "dflash2":
+        vocab = model.get_output_embeddings().weight.shape[0]
+        head, raw, accuracy = train_dflash2(model, train, heldout, cfg, mask_token(tokenizer, vocab))
+        dflash.save(head, raw, out, compact)
     elif kind == "dspark":
         vocab = model.get_output_embeddings().weight.shape[0]
         draft_model, raw, accuracy = train_dspark(model, train, heldout, cfg, mask_token(tokenizer, vocab))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..core.proposer import NO_PROPOSAL, Drafter, Proposal, Turn, chain_prefix
-from ..core.sampling import drawn
+from ..core.sampling import next_rows
 from ..core.transfer import upload
 from ..core.tree import chain
 from ..heads.dspark import FAMILY, DSparkDraft
@@ -52,19 +52,15 @@ class DSpark(DFlash):
         base = self.draft.lm_head(hidden)  # [m, k, V]
         prev = upload(roots, hidden.device)
         temperatures, generators = [t.temperature for t in turns], [t.generator for t in turns]
-        sampled = any(t > 0 for t in temperatures)
-        state, tokens, laws, before = None, [], [], []
+        state, tokens, before = None, [], []
+        laws: list[torch.Tensor] = []
         for j in range(deepest):
             logits = base[:, j]
             if self.draft.markov_head is not None:
                 bias, state = self.draft.markov_head.step(prev, hidden[:, j], state)
                 logits = logits + bias
             before.append(prev)
-            if sampled:
-                prev, law = drawn(logits, temperatures, generators)
-                laws.append(law)
-            else:
-                prev = logits.argmax(-1)
+            prev = next_rows(logits, temperatures, generators, laws)
             tokens.append(prev)
         drafts = torch.stack(tokens, dim=1)  # [m, k]
         drawn_from = torch.stack(laws, dim=1) if laws else None  # [m, k, V]

@@ -16,7 +16,7 @@ from .hub import TRANSFORMERS, Checkpoint, Source, checkpoint, fetch, parse
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
 TINY_DIR = ZOO / "tiny"  # the bundled tiny family
 SMOLLM2_DIR = ZOO / "smollm2"  # heads trained here for SmolLM2-135M-Instruct
-HEAD_FAMILIES = ("medusa", "eagle", "eagle3", "peagle", "mtp", "dflash", "dspark", "pard", "pard2")
+HEAD_FAMILIES = ("medusa", "eagle", "eagle3", "peagle", "mtp", "dflash", "dflash2", "dspark", "pard", "pard2")
 
 
 @dataclass(frozen=True)

@@ -269,6 +269,7 @@ HEAD_KINDS = {
     "medusa": "Medusa heads",
     "mtp": "MTP module",
     "dflash": "DFlash drafter",
+    "dflash2": "DFlash2 drafter",
     "dspark": "DSpark drafter",
     "pard": "PARD drafter",
     "pard2": "PARD-2 drafter",
@@ -286,9 +287,9 @@ def heads_section(family_dir: Path) -> list[str]:
         "training prompts (`specbench regenerate`); a head must be retrained whenever the target changes. "
         "Accuracy: held-out share of positions where the head's first guess d tokens past the last target token "
         "equals the target's greedy token (the tokens in between taken from the text; a P-EAGLE head, a DFlash, "
-        "DSpark, PARD or PARD-2 drafter sees none of them: it guesses all d places in one forward). It is measured on "
-        "the held-out part of the head's own training text, so heads trained on different text do not compare by it: "
-        "the target's own answers are easier to predict than the corpus.",
+        "DFlash2, DSpark, PARD or PARD-2 drafter sees none of them: it guesses all d places in one forward). It is "
+        "measured on the held-out part of the head's own training text, so heads trained on different text do not "
+        "compare by it: the target's own answers are easier to predict than the corpus.",
         "",
         "| head | training text | steps | lr | sequence length | size | "
         + " | ".join(f"d={d}" for d in range(1, 9))
@@ -314,6 +315,8 @@ def heads_section(family_dir: Path) -> list[str]:
             extra = f" (DeepSeek-V3 layout), training-time test {cfg['ttt_steps']} steps"
         elif kind == "dflash":
             extra = f", {cfg['draft_layers']} layers, blocks of {cfg['block_size']}"
+        elif kind == "dflash2":
+            extra = f", {cfg['draft_layers']} layer{'s' * (cfg['draft_layers'] > 1)}, blocks of {cfg['block_size']}"
         elif kind == "dspark":
             extra = f", {cfg['draft_layers']} layers, blocks of {cfg['block_size']}, {cfg['markov_head']} Markov head"
         elif kind == "pard":

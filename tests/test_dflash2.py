@@ -1,0 +1,221 @@
+"""DFlash2: DFlash's block drafter with grouped causal convolutions around every sublayer and a candidate selector
+walking each row's top-K (vLLM `qwen3_dflash2.py`, `spec_decode/dflash2/speculator.py`); its laws over K candidates
+verified exactly; its layout and training."""
+
+import json
+
+import pytest
+import torch
+
+from specbench import methods
+from specbench.cli.main import main
+from specbench.core.cached_lm import CachedLM
+from specbench.core.decode import decode
+from specbench.core.proposer import Turn
+from specbench.engines.translate import speculative_config, why_not
+from specbench.errors import SpecbenchError
+from specbench.heads import dflash, dflash2
+from specbench.heads.train import dflash_blocks, target_pass
+from specbench.methods.dflash2 import DFlash2
+from specbench.methods.vanilla import Vanilla
+
+from . import conftest
+from .conftest import propose_one, random_llama
+
+VOCAB, MASK = 48, 47
+PROMPTS = [[3, 5, 7, 9, 11, 3, 5], [1, 40], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return random_llama(VOCAB, layers=6, hidden=64, seed=0, init=0.1)
+
+
+def random_draft(model, block=5, taps=2, top=6, seed=1, std=0.3) -> dflash2.DFlash2Draft:
+    """A DFlash2 drafter whose convolutions and selector are far from the identity and from zero."""
+    torch.manual_seed(seed)
+    raw = dflash2.config_for(model.config, 2, block, MASK, taps=taps, group=16, rank=4, top=top)
+    draft = dflash2.build(raw).eval()
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if "conv" in name or "candidate_selector" in name:
+                p.normal_(0, std)
+    return draft
+
+
+def made(model, draft, k=None, slots=1, cls=DFlash2) -> DFlash2:
+    embedding, readout = model.get_input_embeddings(), model.get_output_embeddings()
+    return cls(draft, embedding, readout, k or draft.block_size - 1, slots=slots)
+
+
+def greedy(model, proposer, prompt, n=24):
+    return decode(CachedLM(model), proposer, prompt, max_new_tokens=n, temperature=0.0, stop_ids=set())
+
+
+@torch.no_grad()
+def test_the_convolution_is_vllms_grouped_causal_one_written_out():
+    """Row i of block b: sum over taps t <= i's place in its block of (base[side, t, ch] + delta[i, t, ch's group])
+    * x[i - t, ch]; the rows of the block before never reach it."""
+    conv = dflash2.GroupedConv(hidden=8, taps=3, group=4, block=4)
+    torch.manual_seed(0)
+    for p in conv.parameters():
+        p.normal_()
+    x = torch.randn(2, 8, 8)  # two blocks of 4 rows
+    for side in (0, 1):
+        delta = torch.randn(2, 8, 3, 2)
+        out = conv.convolve(x, delta, side)
+        for b, i, ch in ((0, 0, 1), (1, 3, 5), (0, 5, 7), (1, 4, 2), (0, 6, 0)):
+            want = sum(
+                (conv.base_kernel[side, t, ch] + delta[b, i, t, ch // 4]) * x[b, i - t, ch]
+                for t in range(3)
+                if i % 4 >= t
+            )
+            torch.testing.assert_close(out[b, i, ch], want)
+    fresh = dflash2.GroupedConv(hidden=8, taps=2, group=4, block=4)
+    normed, after = fresh.prepare(x)
+    assert torch.equal(normed, x) and torch.equal(fresh.finish(x, after), x)  # the identity at initialisation
+
+
+@torch.no_grad()
+def test_with_identity_convolutions_the_backbone_is_dflashs(target):
+    """A fresh DFlash2 drafter (convolutions the identity) on DFlash's weights gives DFlash's states."""
+    draft = dflash2.build(dflash2.config_for(target.config, 2, 5, MASK, taps=2, group=16, rank=4, top=6)).eval()
+    plain = dflash.build(dflash.config_for(target.config, 2, 5, MASK)).eval()
+    state = dflash.saved_state(plain)
+    draft.load_state_dict(state, strict=False)
+    ids = torch.randint(0, MASK, (1, 16), generator=torch.Generator().manual_seed(0))
+    features, _ = target_pass(target, ids, draft.feature_layers)
+    embed = target.get_input_embeddings()
+    anchors = torch.tensor([[4, 9]])
+    torch.testing.assert_close(
+        dflash_blocks(draft, embed, ids, features, anchors), dflash_blocks(plain, embed, ids, features, anchors)
+    )
+
+
+def walk(scores: torch.Tensor, ids: torch.Tensor) -> list[int]:
+    """The speculator's greedy walk written out: row j's best candidate after the one chosen at row j - 1."""
+    chosen, out = 0, []
+    for j in range(scores.shape[0]):
+        row = scores[j, chosen]
+        chosen = int(row.argmax())
+        out.append(int(ids[j, chosen]))
+    return out
+
+
+@torch.no_grad()
+def test_each_chain_is_the_selectors_walk_over_one_cacheless_block(target):
+    """Brute force: the block's rows over every committed token's states, each row's top-K under the target's
+    readout, edges scored from the codebooks by loops, then the walk."""
+    draft = random_draft(target)
+    proposer = made(target, draft)
+    prompt = PROMPTS[2]
+    features, _ = target_pass(target, torch.tensor([prompt]), draft.feature_layers)
+    tokens = prompt[:6]
+    proposer.start([0], [Turn(tokens, 0.0, None, features[0, : len(tokens) - 1])])
+    drafted = list(propose_one(proposer, tokens, 4).tree.tokens)
+    block = torch.full((1, 5), MASK)
+    block[0, 0] = tokens[-1]
+    hidden, _ = draft(draft.embed(block, target.get_input_embeddings()), features[:, :5], torch.arange(10)[None])
+    rows = hidden[0, 1:]  # [4, H]: the mask rows
+    values, ids = target.get_output_embeddings()(rows).topk(6, dim=-1)
+    selector = draft.candidate_selector
+    scores = torch.zeros(4, 6, 6)
+    for j in range(4):
+        gate = selector.hidden_projection(rows[j])
+        for p in range(6):
+            before = tokens[-1] if j == 0 else int(ids[j - 1, p])
+            for c in range(6):
+                edge = (selector.predecessor_codebook[before] * gate * selector.successor_codebook[ids[j, c]]).sum()
+                scores[j, p, c] = values[j, c] + edge
+    assert drafted == walk(scores, ids)
+
+
+def test_greedy_decoding_equals_vanilla(target):
+    for prompt in PROMPTS:
+        reference = greedy(target, Vanilla(), prompt).tokens
+        for k in (4, 2):
+            ours = greedy(target, made(target, random_draft(target), k), prompt)
+            assert ours.tokens == reference and max(s.tree_size for s in ours.steps) == k + 1
+
+
+def test_slots_draft_together_and_keep_their_batch_of_one_tokens(target):
+    draft = random_draft(target)
+    alone = [greedy(target, made(target, draft, 4), p) for p in PROMPTS]
+    conftest.same_tokens_in_slots(target, made(target, draft, 4, slots=2), alone, PROMPTS, 24)
+
+
+class ClaimsUniform(conftest.ClaimsUniform, DFlash2):
+    pass
+
+
+def small_sampling_test(cls, samples: int, batch: int = 1, top: int = 3):
+    """Eight tokens, three candidates a row: the proposal's law is zero on five of them."""
+    model = random_llama(8, layers=5, hidden=32, seed=0, init=0.5)
+    torch.manual_seed(2)
+    draft = dflash2.build(dflash2.config_for(model.config, 1, 3, 7, taps=2, group=8, rank=4, top=top)).eval()
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if "conv" in name or "candidate_selector" in name:
+                p.normal_(0, 1.0)
+    return conftest.audited(made(model, draft, 2, slots=batch, cls=cls), model, [1, 2, 3], samples, batch)
+
+
+def test_dflash2_passes_the_sampling_test_over_its_candidates_and_the_planted_mistake_fails():
+    """Each row drawn from softmax(score / T) over its candidates and verified against that law, zero elsewhere:
+    exact at B = 1 and with four slots drafting together; rows claimed uniform over the vocabulary fail."""
+    assert small_sampling_test(DFlash2, 600).passed
+    assert small_sampling_test(DFlash2, 600, batch=4).passed
+    assert not small_sampling_test(ClaimsUniform, 1500, batch=4).passed
+
+
+def test_the_layout_loads_and_the_families_refuse_each_other(tmp_path, target):
+    draft = random_draft(target)
+    raw = dflash2.config_for(target.config, 2, 5, MASK, taps=2, group=16, rank=4, top=6)
+    dflash.save(draft, raw, tmp_path / "two")
+    loaded = dflash2.load(tmp_path / "two", target)
+    reference = greedy(target, made(target, draft, 4), PROMPTS[0]).tokens
+    assert greedy(target, made(target, loaded, 4), PROMPTS[0]).tokens == reference
+    with pytest.raises(SpecbenchError, match="is a DFlash2DraftModel .* run it as dflash2") as err:
+        dflash.load(tmp_path / "two", target)
+    assert "\n" not in str(err.value)
+    dflash.save(
+        dflash.build(dflash.config_for(target.config, 2, 5, MASK)),
+        dflash.config_for(target.config, 2, 5, MASK),
+        tmp_path / "one",
+    )
+    with pytest.raises(SpecbenchError, match="do not name DFlash2DraftModel: run it as dflash"):
+        dflash2.load(tmp_path / "one", target)
+    bad = {**raw, "dflash_config": {**raw["dflash_config"], "selector_top_k": 0}}
+    (tmp_path / "two" / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(SpecbenchError, match="dflash_config.selector_top_k, a whole number >= 1"):
+        dflash2.load(tmp_path / "two", target)
+
+
+def test_a_tree_is_refused(target):
+    with pytest.raises(ValueError, match="dflash2 drafts a chain"):
+        DFlash2(random_draft(target), target.get_input_embeddings(), target.get_output_embeddings(), 4, tree=8)
+
+
+def test_train_dflash2_writes_a_drafter_that_verify_passes(capsys, tiny_models, quick_text, tmp_path):
+    target_dir, _ = tiny_models
+    out = tmp_path / "dflash2"
+    argv = ["train", "dflash2", "--target", str(target_dir), "--data", str(quick_text), "--out", str(out)]
+    assert main([*argv, "--smoke", "--device", "cpu"]) == 0, capsys.readouterr().err
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["DFlash2DraftModel"] and config["dflash_config"]["selector_top_k"] == 16
+    verify = "verify --method dflash2[num_draft_tokens=7] --limit 1 --max-new-tokens 8 --samples 300 --horizon 2"
+    code = main([*verify.split(), "--prompts", "1", "--model", str(target_dir), "--head", f"dflash2={out}"])
+    text = capsys.readouterr().out
+    assert code == 0 and "greedy: 6/6 questions token-identical" in text and "verdict: pass" in text, text
+
+
+def test_preset_and_engines():
+    spec = methods.preset("dflash2")
+    assert spec.lossless and spec.params["num_draft_tokens"] == 15
+    assert methods.registered("dflash2").batched
+    assert "not mapped yet" in why_not("dflash2", "llamacpp")
+    assert speculative_config("dflash2", {"dflash2 head": "D"}) == {
+        "method": "dflash",
+        "model": "D",
+        "num_speculative_tokens": 15,
+    }
