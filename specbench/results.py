@@ -33,6 +33,7 @@ class Answer:
     turns: list[str] = field(default_factory=list)
     tested: list[int] | None = None  # per step: draft depth examined (None in Spec-Bench files)
     tree_size: list[int] | None = None  # per step
+    drafted: list[int] | None = None  # per step, where a schedule verified fewer tokens than were drafted
     draft_time: float | None = None  # seconds, all turns
     verify_time: float | None = None
     output_ids: list[list[int]] | None = None  # per turn
@@ -80,6 +81,7 @@ class Answer:
                 "synthetic": self.synthetic,
                 "tested": self.tested,
                 "tree_size": self.tree_size,
+                "drafted": self.drafted,
                 "draft_time": self.draft_time,
                 "verify_time": self.verify_time,
                 "output_ids": self.output_ids,
@@ -107,6 +109,7 @@ class TurnSteps:
     tree_size: list[int]
     target_top1: list[int] | None = None  # T=0, our loop only: see core.decode.Generation
     target_margin: list[float] | None = None
+    drafted: list[int] | None = None  # tokens drafted (our loop), beside the tree_size - 1 verified
 
 
 def answer(
@@ -127,6 +130,8 @@ def answer(
     `synthetic`: the profile that forced its verdicts (a cost-only answer)."""
     top1 = [t.target_top1 for t in turns if t.target_top1 is not None]
     margin = [t.target_margin for t in turns if t.target_margin is not None]
+    drafted, sizes = [n for t in turns for n in (t.drafted or [])], [n for t in turns for n in t.tree_size]
+    cut = len(drafted) == len(sizes) and any(n > size - 1 for n, size in zip(drafted, sizes, strict=True))
     return Answer(
         question_id=question.id,
         category=question.category,
@@ -142,6 +147,7 @@ def answer(
         turns=texts,
         tested=[d for t in turns for d in t.tested],
         tree_size=[n for t in turns for n in t.tree_size],
+        drafted=drafted if cut else None,
         output_ids=[t.tokens for t in turns],
         target_top1=top1 if len(top1) == len(turns) else None,
         target_margin=margin if len(margin) == len(turns) else None,
@@ -227,6 +233,7 @@ def from_record(record: dict, source: Path) -> Answer:
         turns=list(choice.get("turns", [])),
         tested=extra.get("tested"),
         tree_size=extra.get("tree_size"),
+        drafted=extra.get("drafted"),
         draft_time=extra.get("draft_time"),
         verify_time=extra.get("verify_time"),
         output_ids=extra.get("output_ids"),

@@ -218,7 +218,7 @@ def test_preset_engines_and_what_it_refuses(target):
         "num_speculative_tokens": 7,
     }
     assert "not mapped yet" in why_not("dspark", "llamacpp")
-    with pytest.raises(ValueError, match="needs a drafter with a confidence head"):
+    with pytest.raises(ValueError, match="need a drafter with a confidence head"):
         DSpark(random_draft(target, confidence=False), 4, confidence_threshold=0.5)
     with pytest.raises(ValueError, match="drafts 1 to 4 tokens per block of 4"):
         DSpark(random_draft(target), 5)

@@ -7,7 +7,7 @@ import torch
 
 from specbench.core.cached_lm import Forward
 from specbench.core.one_slot import OneSlot
-from specbench.run import worker
+from specbench.run import profiling
 
 
 class FakeTarget:
@@ -39,7 +39,7 @@ def test_sizes_are_timed_in_rounds_and_a_slow_spell_does_not_skew_one_size(monke
     after another, that spell would have fallen on one size and made its median wrong; in rounds, each size has
     one slow timing of three and the median is its true time. The first round is discarded."""
     target = FakeTarget(slow_calls={7, 8, 9})
-    monkeypatch.setattr(worker.time, "perf_counter", lambda: target.now)
-    profile = worker.forward_profile(OneSlot(target), context=10, sizes=(1, 2, 4), repeats=3)
+    monkeypatch.setattr(profiling.time, "perf_counter", lambda: target.now)
+    profile = profiling.forward_profile(OneSlot(target), context=10, sizes=(1, 2, 4), repeats=3)
     assert target.sizes == [1, 2, 4] * 4
     assert profile == pytest.approx({1: 1e-3, 2: 2e-3, 4: 4e-3})

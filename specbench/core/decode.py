@@ -36,6 +36,7 @@ class Step:
     verify_time: float  # the target's forward, acceptance and cache commit (every slot's, in a batch)
     slots: int = 1  # the slots that shared the step (its drafting phase and forward)
     width: int = 0  # the rows of the widest slot in its forward (each slot's are padded to a bucket of them)
+    drafted: int = 0  # tokens drafted (more than tree_size - 1 when a schedule verified fewer)
 
 
 @dataclass
@@ -117,12 +118,14 @@ class StepMarks:
 
 @dataclass(slots=True)  # (not frozen: one a slot a step; a frozen one costs 3x to build)
 class Share:
-    """A turn's part in one step: the step, the tokens it appended, the draft depth tested and the rows verified."""
+    """A turn's part in one step: the step, the tokens it appended, the draft depth tested, the rows verified and
+    the tokens drafted."""
 
     step: StepMarks
     tokens: int
     tested: int
     rows: int
+    drafted: int
 
 
 @dataclass
@@ -273,8 +276,9 @@ def decode_batch(
                 )
             drafting.update(lanes_host, [t.tokens for _, t in active], proposals, feedback)
         step = StepMarks(d0, v0, v1, u0, mark(), len(active), max(row.size for row in rows))
-        for (_, turn), verdict, row, tokens in zip(active, verdicts, rows, appended, strict=True):
-            turn.shares.append(Share(step, tokens, verdict.tested, row.size))
+        for (_, turn), verdict, row, tokens, p in zip(active, verdicts, rows, appended, drafted, strict=True):
+            made = len(p.tree) if p.drafted is None else p.drafted
+            turn.shares.append(Share(step, tokens, verdict.tested, row.size, made))
         for slot in ending:
             ended = slots[slot]
             assert ended is not None
@@ -294,7 +298,9 @@ def decode_batch(
             drafting_share = (at[mk.forward] - at[mk.drafting] + at[mk.updated] - at[mk.updating]) / mk.slots
             verifying = at[mk.committed] - at[mk.forward]
             gen.steps.append(
-                Step(share.tokens, share.tested, share.rows, drafting_share, verifying, mk.slots, mk.width)
+                Step(
+                    share.tokens, share.tested, share.rows, drafting_share, verifying, mk.slots, mk.width, share.drafted
+                )
             )
         if turn.picked:  # read after the clock stops, each step's once
             host = host or [(top1.tolist(), margin.tolist()) for top1, margin in picks]

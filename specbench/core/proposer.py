@@ -20,6 +20,7 @@ class Proposal:
     tree: Tree
     draft_probs: torch.Tensor | None = None  # [n, V]: the distribution each node was drawn from; None = point mass
     side: SideBranch | None = None  # tokens verified alongside whose logits only the proposer reads
+    drafted: int | None = None  # tokens drafted, when the tree verifies fewer (a schedule cut it); None: the tree's
 
     def pruned(self, max_depth: int) -> Proposal:
         """Drop nodes deeper than max_depth (drafting past the token budget is wasted work). A side branch is
@@ -28,7 +29,7 @@ class Proposal:
             return self
         keep = [i for i, d in enumerate(self.tree.depths()) if d <= max_depth]
         probs = self.draft_probs[keep] if self.draft_probs is not None else None
-        return Proposal(self.tree.subtree(keep), probs)
+        return Proposal(self.tree.subtree(keep), probs, drafted=self.drafted)
 
 
 NO_PROPOSAL = Proposal(EMPTY)

@@ -8,17 +8,21 @@ before it only, as a chain's may).
 
 `confidence_threshold` (DeepSpec's evaluator `--confidence-threshold`, `eval/dspark/draft_ops.py`): a slot verifies
 only the rows before the first whose confidence head predicts acceptance below it (none: the whole block; 0, the
-default, verifies every row). Deciding it reads the confidences to the host, one read a step.
+default, verifies every row). `verify: adaptive` (the paper's confidence-scheduled verification): every drafting
+slot's verified rows chosen together from the confidences' running products and the target's profiled step costs
+at the batch's size (`core.schedule`). Either reads the confidences to the host, one read a step; each proposal
+records the rows drafted beside those verified.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..core.proposer import NO_PROPOSAL, Drafter, Proposal, Turn, chain_prefix
+from ..core.proposer import Drafter, Proposal, Turn, chain_prefix
 from ..core.sampling import next_rows
+from ..core.schedule import prefix_lengths
 from ..core.transfer import upload
-from ..core.tree import chain
+from ..core.tree import EMPTY, chain
 from ..heads.dspark import FAMILY, DSparkDraft
 from ..registry import implementation
 from .dflash import DFlash
@@ -28,14 +32,29 @@ from .resources import Resources
 class DSpark(DFlash):
     first = 0  # every row of the block is a draft
 
-    def __init__(self, draft: DSparkDraft, num_draft_tokens: int, confidence_threshold: float = 0.0, **options) -> None:
+    def __init__(
+        self,
+        draft: DSparkDraft,
+        num_draft_tokens: int,
+        confidence_threshold: float = 0.0,
+        verify: str = "all",
+        costs: dict[int, float] | None = None,  # verify adaptive: the target's T(rows) at the batch's size
+        **options,
+    ) -> None:
         super().__init__(draft, draft.embed_tokens, draft.lm_head, num_draft_tokens, **options)
         if not isinstance(confidence_threshold, (int, float)) or not 0 <= confidence_threshold < 1:
             raise ValueError(f"dspark's confidence_threshold is from 0 (off) up to 1, not {confidence_threshold}")
-        if confidence_threshold and draft.confidence_head is None:
-            raise ValueError("dspark's confidence_threshold needs a drafter with a confidence head; this one has none")
+        if verify not in ("all", "adaptive"):
+            raise ValueError(f"dspark's verify is all or adaptive, not {verify!r}")
+        if (confidence_threshold or verify == "adaptive") and draft.confidence_head is None:
+            raise ValueError("dspark's confidence_threshold and verify=adaptive need a drafter with a confidence head")
+        if confidence_threshold and verify == "adaptive":
+            raise ValueError("dspark's verify=adaptive schedules the rows itself: drop confidence_threshold")
+        if verify == "adaptive" and not costs:
+            raise ValueError("dspark's verify=adaptive needs the target's profiled step costs (a run profiles them)")
         self.draft: DSparkDraft = draft
         self.threshold = float(confidence_threshold)
+        self.costs = costs if verify == "adaptive" else None
 
     def _rows(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden  # (the Markov head reads each row's state)
@@ -44,7 +63,7 @@ class DSpark(DFlash):
         self, ks: list[int], drafted: list[torch.Tensor], turns: list[Turn], roots: list[int]
     ) -> list[Proposal]:
         """Row by row for every slot at once: the corrected logits, the draft (argmax or each slot's own draw) and
-        the law it came from; then each slot's chain, cut before its first unconfident row."""
+        the law it came from; then each slot's chain, cut by its confidence (a threshold, or the batch's schedule)."""
         if not ks:
             return []
         deepest = max(ks)
@@ -64,18 +83,30 @@ class DSpark(DFlash):
             tokens.append(prev)
         drafts = torch.stack(tokens, dim=1)  # [m, k]
         drawn_from = torch.stack(laws, dim=1) if laws else None  # [m, k, V]
-        if self.threshold:  # the rows before the first unconfident one (one read)
-            confident = self.draft.confidence(hidden, torch.stack(before, dim=1)) >= self.threshold  # [m, k]
-            ks = [min(k, n) for k, n in zip(ks, confident.long().cumprod(1).sum(1).tolist(), strict=True)]
+        lengths = ks  # each slot's drafted rows
+        if self.threshold or self.costs:  # (one read)
+            confidence = self.draft.confidence(hidden, torch.stack(before, dim=1))  # [m, k]
+            if self.costs:  # every slot's rows scheduled together
+                survival = confidence.cumprod(1).tolist()
+                ks = prefix_lengths([row[:k] for row, k in zip(survival, ks, strict=True)], self.costs)
+            else:  # the rows before the first unconfident one
+                confident = (confidence >= self.threshold).long().cumprod(1).sum(1).tolist()
+                ks = [min(k, n) for k, n in zip(ks, confident, strict=True)]
         return [
-            Proposal(chain(drafts[i, :k]), drawn_from[i, :k] if drawn_from is not None and turn.temperature else None)
+            Proposal(
+                chain(drafts[i, :k]),
+                drawn_from[i, :k] if drawn_from is not None and turn.temperature else None,
+                drafted=n,
+            )
             if k
-            else NO_PROPOSAL
-            for i, (k, turn) in enumerate(zip(ks, turns, strict=True))
+            else Proposal(EMPTY, drafted=n)
+            for i, (k, n, turn) in enumerate(zip(ks, lengths, turns, strict=True))
         ]
 
 
 @implementation("dspark", nested=chain_prefix("num_draft_tokens"), graphed=lambda params: True, batched=True)
 def build(params: dict, res: Resources, slots: int) -> Drafter:
     draft: DSparkDraft = res.head(FAMILY.name, res.draft_dtype(params.pop("draft_dtype", None)))
+    if params.get("verify") == "adaptive":
+        params["costs"] = res.costs(slots)
     return DSpark(draft, **params, slots=slots, static=res.graphs, capture=res.graphs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -41,6 +41,7 @@ class Resources:
     compile: bool = False  # --compile: drafts and heads through torch.compile (models.compile_forward)
     graphs: bool = False  # --graphs: the draft model on a static cache, its forwards captured on a GPU
     owned: dict[int, torch.nn.Module | None] = field(default_factory=dict)  # id of a model -> its owned decoder
+    step_costs: Callable[[int], dict[int, float]] | None = None  # batch size -> the target's T(rows) there (a run's)
     _draft: torch.nn.Module | None = None
     _chosen: dict[str, str] = field(default_factory=dict)  # family -> the head key the method being built asked for
     _readouts: dict[tuple, torch.nn.Module] = field(default_factory=dict)  # (dtype, rows) -> lm_head copy
@@ -93,6 +94,12 @@ class Resources:
         a static cache with --graphs."""
         owned = self.owned_decoder(model, what)
         return BatchedLM(owned) if owned is not None else OneSlot(CachedLM(model))
+
+    def costs(self, batch: int) -> dict[int, float]:
+        """The target's profiled seconds per forward by rows a slot, at `batch` slots (a schedule's cost model)."""
+        if self.step_costs is None:
+            raise SpecbenchError("this method needs the target's profiled step costs: run it through specbench run")
+        return self.step_costs(batch)
 
     def lanes(self, model: torch.nn.Module, what: str, slots: int) -> Lanes:
         """`model`'s caches for a batch of `slots`: one static cache on the owned decoder under --graphs or for a

@@ -23,6 +23,7 @@ from .tables import (
     leaderboard_md,
     leaderboard_tex,
     lossless_md,
+    schedule_md,
     spec_bench_md,
     tuned_md,
 )
@@ -77,6 +78,12 @@ COST_ONLY = """\
 --acceptance synthetic:...`, docs/metrics.md): the target and the drafter did all their work, but the tokens are
 not the model's and τ and α are the profile's, not the method's. Its speedups say what a method costs at that
 acceptance; its answers are marked "(cost-only)" and never checked for losslessness."""
+
+
+SCHEDULES = """\
+A method that verifies fewer tokens than it drafted (DSpark's `confidence_threshold`, or its `verify: adaptive`
+schedule from the confidence head and the target's profiled step costs): the means per step over every answer, and
+the share of drafted tokens left unverified. Accepted counts the drafts kept, without the target's own token."""
 
 
 CONCURRENCY_NOTE = """\
@@ -256,6 +263,9 @@ def build_report(sources: list[Path], out_dir: Path, title: str | None = None, m
     if tuned := [(c, table) for c in cells if (table := tuned_md(c))]:
         md += ["## Tuned vs default (`specbench tune`, run with --tuned)", ""]
         md += [line for c, table in tuned for line in (f"### {c.title}", "", table, "")]
+    if scheduled := [(c, table) for c in cells if (table := schedule_md(c))]:
+        md += ["## Verification schedules: tokens drafted, verified and accepted per step", "", SCHEDULES, ""]
+        md += [line for c, table in scheduled for line in (f"### {c.title}", "", table, "")]
     if groups := regimes.groups(cells):
         md += ["## Regimes side by side", "", regimes.NOTES, ""]
         for group in groups:

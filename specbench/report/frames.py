@@ -172,6 +172,7 @@ def steps_from_sources(sources: list[Source]) -> pd.DataFrame:
     data["accepted"] = _ints(chain.from_iterable(a.accept_lengths for a in answers))
     data["tested"] = _joined(answers, "tested")
     data["tree_size"] = _joined(answers, "tree_size")
+    data["drafted"] = _joined(answers, "drafted")  # None where no schedule cut the answer's drafts
     return data
 
 

@@ -80,6 +80,30 @@ def tuned_md(cell: Cell) -> str:
     return md_table(header, rows) if rows else ""
 
 
+def schedule_md(cell: Cell) -> str:
+    """Each method whose verification was scheduled (DSpark's `confidence_threshold` or `verify: adaptive`): per
+    step, the tokens drafted, those verified and those accepted, and the share of drafted tokens never verified."""
+    rows = []
+    for s in cell.stats.values():
+        steps = s.steps.dropna(subset=["drafted"]) if "drafted" in s.steps else s.steps.iloc[:0]
+        if steps.empty:
+            continue
+        drafted, verified = steps.drafted.astype(float), steps.tree_size.astype(float) - 1
+        accepted = steps.accepted.astype(float) - 1
+        rows.append(
+            [
+                s.display,
+                f"{drafted.mean():.2f}",
+                f"{verified.mean():.2f}",
+                f"{accepted.mean():.2f}",
+                f"{(drafted - verified).sum() / max(drafted.sum(), 1):.0%}",
+                f"{s.tau:.2f}",
+            ]
+        )
+    header = ["method", "drafted / step", "verified / step", "accepted / step", "drafted, not verified", "τ"]
+    return md_table(header, rows) if rows else ""
+
+
 def spec_bench_md(cell: Cell) -> str:
     cats = [*cell.groups, OVERALL]
     rows = [[s.display, *(fmt_ratio(s.spec_bench[c]) for c in cats)] for s in cell.ranked()]

@@ -23,6 +23,7 @@ from ..models import decoder, loading
 from ..models.chat import fitting_prompt
 from . import lock, tuned
 from . import plan as planning
+from .profiling import forward_profile
 
 CONTEXT_SLACK = 16  # tokens an answer may grow by when tokenized again in the next prompt
 
@@ -72,6 +73,7 @@ class Session:
         # a batch of one: on the owned decoder's static cache under --graphs, else on transformers' (eager)
         self.target: Target = BatchedLM(owned) if owned is not None and cfg.graphs else OneSlot(CachedLM(self.model))
         self._batched: BatchedLM | None = None
+        self.costs: dict[int, dict[int, float]] = {}  # batch size -> its T(rows) (`step_costs`)
         self.stop_ids = loading.stop_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.rules: dict[str, acceptance.Rule] = {}  # method -> its acceptance rule, read from its preset once
         self.synthetic = synthetic.parse(cfg.acceptance) if cfg.acceptance else None  # forces every method's verdicts
@@ -87,6 +89,7 @@ class Session:
             compile=cfg.compile,
             graphs=cfg.graphs,
             owned={id(self.model): owned},
+            step_costs=self.step_costs,
         )
 
     @classmethod
@@ -122,6 +125,16 @@ class Session:
         (an answer may grow by CONTEXT_SLACK tokens when tokenized again), and a verification's widest rows."""
         longest = max(len(self.prompt(q, [""] * (len(q.turns) - 1))) for q in questions)
         return longest + max(len(q.turns) for q in questions) * (budget + CONTEXT_SLACK) + BUCKETS[-1]
+
+    def step_costs(self, batch: int) -> dict[int, float]:
+        """T(rows) of the target's forward at `batch` slots (`forward_profile`), profiled once, on the run's target
+        for one slot and on the batch's static target (made first by `batched`) for more."""
+        if batch not in self.costs:
+            target = self.target if batch == 1 else self._batched
+            if target is None or target.batch != batch:
+                raise SpecbenchError(f"no target of {batch} slots to profile yet (Session.batched makes it)")
+            self.costs[batch] = forward_profile(target, repeats=5)
+        return self.costs[batch]
 
     def batched(self, batch: int, context: int) -> BatchedLM:
         """The target on a static cache of `batch` slots of `context` tokens (kept while the next batch fits in it;

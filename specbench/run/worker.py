@@ -7,23 +7,20 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from .. import methods
 from ..config import BatchUnit, Plan, RunConfig, Unit, base_method, question_seed
 from ..core.decode import Generation
-from ..core.one_slot import Target
 from ..core.proposer import Drafter
-from ..core.static_lm import Row
 from ..interference import OtherLoad, set_aside, take_back, without_gc
 from ..machine import machine, warm_gpu
 from ..results import Answer, TurnSteps, answer, check_greedy
 from .plan import fetch
+from .profiling import forward_profile
 from .session import Session
 
 RETIMES = 3  # --compile: a timed decode during which torch.compile built a new graph runs again, at most this often
@@ -34,53 +31,6 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters  # only under --compile: importing dynamo costs a second
 
     return counters["stats"]["unique_graphs"]
-
-
-def _median_times(sizes, repeats: int, device: torch.device, forward, reset) -> dict[int, float]:
-    """Median seconds of `forward(k)` for each of `sizes`, timed in interleaved rounds, the first discarded, so a
-    slow spell of a drifting CPU falls on every size alike rather than on some (docs/cpu-notes.md); `reset()` after
-    each. The first round captures and compiles, the GPU idling meanwhile: it is warmed after it."""
-    times: dict[int, list[float]] = {k: [] for k in sizes}
-    for i in range(repeats + 1):
-        if i == 1:
-            warm_gpu(device)
-        for k in sizes:
-            start = time.perf_counter()
-            forward(k)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times[k].append(time.perf_counter() - start)
-            reset()
-    return {k: float(np.median(t[1:])) for k, t in times.items()}
-
-
-@torch.inference_mode()
-def forward_profile(
-    target: Target,
-    context: int = 256,
-    sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
-    repeats: int = 9,
-) -> dict[int, float]:
-    """Median seconds of one verification forward over k new rows in every slot of `target` after `context` cached
-    tokens in each, its verdicts computed with it as a greedy step's are: the T(k) of the roofline and of tune's cost
-    model, and at B slots the T(rows) a batch's steps are read against (the report's batch sweep). Timed in
-    interleaved rounds (`_median_times`); the slots are emptied after."""
-    context = max(1, min(context, target.context_length - max(sizes) - 1))
-    generator = torch.Generator().manual_seed(0)
-    filler = torch.randint(0, target.model.config.vocab_size, (context + max(sizes),), generator=generator).tolist()
-    target.prefill(list(range(target.batch)), [filler[: context + 1]] * target.batch)
-
-    def forward(k: int) -> None:
-        target.verify([Row(slot, filler[context : context + k]) for slot in range(target.batch)], judged=True)
-
-    def reset() -> None:
-        for slot in range(target.batch):
-            target.rewind(slot, context)
-
-    times = _median_times(sizes, repeats, target.device, forward, reset)
-    for slot in range(target.batch):
-        target.rewind(slot, 0)
-    return times
 
 
 def batch_shares(gen: Generation, profile: dict[int, float]) -> list[float]:
@@ -175,6 +125,7 @@ class Worker:
                 [s.tree_size for s in g.steps],
                 g.target_top1,
                 g.target_margin,
+                drafted=[s.drafted for s in g.steps],
             )
             for g in gens
         ]

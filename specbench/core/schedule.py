@@ -1,0 +1,40 @@
+"""How many of its drafted rows each slot verifies, from predicted acceptance and the target's step costs: DSpark's
+hardware-aware prefix scheduler (arXiv 2607.05147, Algorithm 1), on this loop's cost model.
+
+Every slot's candidate rows (slot r, row j) are taken in descending order of their survival a_{r,j} (the predicted
+chance that rows 1..j are all accepted: non-increasing in j, so a slot's rows come in order; ties go to the earlier
+row, then the earlier slot). Each is admitted while the batch's expected tokens per second grows: (one token per
+slot plus the admitted survivals) over the cost of the verification forward. The first admission that does not grow
+it stops the search (the paper's early stop): the decision to verify row j then depends only on rows drafted before
+it, which keeps verification lossless.
+
+The cost is this loop's: a batched forward pads every slot to the widest slot's rows, so it costs T(rows of the
+widest) as profiled at the batch's size (`run.profiling.forward_profile`, the smallest profiled size holding them),
+where the paper's engine costs the total tokens.
+"""
+
+from __future__ import annotations
+
+
+def step_cost(costs: dict[int, float], rows: int) -> float:
+    """The profiled seconds of a forward of `rows` rows a slot: the smallest profiled size holding them (the largest
+    past them)."""
+    return costs[min((n for n in costs if n >= rows), default=max(costs))]
+
+
+def prefix_lengths(survival: list[list[float]], costs: dict[int, float]) -> list[int]:
+    """Rows each slot verifies (0 up to len(survival[r])): the greedy admission above with its early stop."""
+    order = sorted(
+        ((a, j, r) for r, row in enumerate(survival) for j, a in enumerate(row) if a > 0),
+        key=lambda c: (-c[0], c[1], c[2]),
+    )
+    lengths = [0] * len(survival)
+    expected, widest = float(len(survival)), 0
+    best = expected / step_cost(costs, 1)
+    for a, j, r in order:
+        expected, widest = expected + a, max(widest, j + 1)
+        rate = expected / step_cost(costs, 1 + widest)
+        if rate <= best:
+            break
+        best, lengths[r] = rate, j + 1
+    return lengths
