@@ -9,8 +9,10 @@
 # per forward, conditional drop-token 0.7 / 0.2; 1,000 steps of 8 windows, ~40 min; stored in the speculators
 # layout) was trained on the answers to the first 800 prompts (REGENERATED=results/tiny-regenerated-800.jsonl,
 # `--limit 800`), and so was the DSpark drafter (`specbench train dspark`: 3 layers, blocks of 7 as the released
-# drafters, a vanilla Markov head of rank 256, DeepSpec's loss; 500 steps of 8 windows, ~14 min). Last, the card's
-# heads table is rewritten.
+# drafters, a vanilla Markov head of rank 256, DeepSpec's loss; 500 steps of 8 windows, ~14 min), and the PARD-2
+# drafter (`specbench train pard2`: from the family's draft with the target's embedding, frozen (`--compact`), reading
+# the target's final state; 8 tokens per forward; 1,000 steps of 4 windows, ~38 min). Last, the card's heads table
+# is rewritten.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data="${1:-${SPECBENCH_DATA_DIR:-../shared/data}}"
@@ -29,6 +31,8 @@ specbench train peagle "${common[@]}" --out "$tiny/peagle" --steps "${PEAGLE_STE
   --pard-tokens 8 --format speculators
 specbench train dspark "${common[@]}" --out "$tiny/dspark" --steps "${DSPARK_STEPS:-500}" --block-size 7 \
   --draft-layers 3 --markov-rank 256 --markov-head vanilla
+specbench train pard2 "${common[@]}" --out "$tiny/pard2" --steps "${PARD2_STEPS:-1000}" --batch-size 4 \
+  --pard-tokens 8
 specbench zoo card --out "$tiny"
 # MEASURE=1: the drafters' τ and speedups beside eagle3 and sps, every quick question at T=0 and T=1, one run on an
 # otherwise idle machine (~20 min here): reports/tiny-drafters, which the drafters' README.md cards quote.

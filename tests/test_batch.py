@@ -45,7 +45,7 @@ from .test_verify import UniformClaimDraft
 # features, a Jacobi side branch. (Suffix decoding's global index is shared by the batch's slots, so its acceptance
 # moves with B: docs/metrics.md.)
 METHODS = ("vanilla", "sps", "eagle2", "lookahead")
-HEADS = {family: TINY_DIR / family for family in ("pard", "medusa", "eagle", "eagle3", "peagle", "dflash")}
+HEADS = {family: TINY_DIR / family for family in ("pard", "pard2", "medusa", "eagle", "eagle3", "peagle", "dflash")}
 
 
 @pytest.fixture(scope="module")
@@ -277,12 +277,12 @@ def test_the_sampling_audit_at_batch_4_with_slots_drafting_together(method):
 
 
 @pytest.mark.parametrize(
-    "method", ["pard", "medusa", "eagle", "eagle3", "eagle[nodes=1]", "peagle", "dflash", "dflash[tree=12]"]
+    "method", ["pard", "pard2", "medusa", "eagle", "eagle3", "eagle[nodes=1]", "peagle", "dflash", "dflash[tree=12]"]
 )
 def test_model_drafters_draft_their_slots_together(tiny, method):
-    """Two slots of a batch share one drafter (PARD's model, Medusa's heads, EAGLE's or P-EAGLE's head or DFlash's
-    drafter on one static cache: loaded once) and draft in one forward per step (per level for EAGLE's trees); each
-    slot's tokens and accepted lengths are its batch of one's."""
+    """Two slots of a batch share one drafter (PARD's or PARD-2's model, Medusa's heads, EAGLE's or P-EAGLE's head or
+    DFlash's drafter on one static cache: loaded once) and draft in one forward per step (per level for EAGLE's
+    trees); each slot's tokens and accepted lengths are its batch of one's."""
     target, prompt = tiny
     res = methods.Resources("tiny", target, None, torch.device("cpu"), torch.float32, head_paths=HEADS)
     prompts = [prompt, prompt[: len(prompt) // 2]]
@@ -292,7 +292,7 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
     ]
     slots = methods.build_batch(method, res, 2)
     widths: list[int] = []
-    if method == "pard":
+    if method.startswith("pard"):
         shared = slots.drafter.batched
         assert shared is not None and shared.batch == 2
         verify = shared.verify  # (what its run and its greedy picks both call)

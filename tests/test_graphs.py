@@ -169,6 +169,7 @@ METHODS = (
     "dflash",
     "dspark",
     "pard",
+    "pard2",
 )
 
 
