@@ -194,6 +194,37 @@ def test_deepspec_layout_loads(tmp_path, target):
     assert greedy(target, DSpark(loaded, 4), prompt).tokens == greedy(target, DSpark(draft, 4), prompt).tokens
 
 
+def test_speculators_dspark_converts_both_ways_byte_identically_and_loads(tmp_path, target):
+    """speculators' `models/dspark/config.py` (DSparkSpeculatorConfig: DFlash's fields, `sample_from_anchor` true,
+    `markov_rank`, `markov_head_type`, `enable_confidence_head`, `confidence_head_with_markov`) and DeepSpec's layout
+    hold the same tensors; the speculators one drafts what DeepSpec's does."""
+    from safetensors.torch import load_file
+
+    from specbench.heads.convert import convert
+
+    draft = random_draft(target, kind="rnn")
+    raw = config(target, kind="rnn")
+    official = write(tmp_path / "official", draft, raw)
+    convert(tmp_path / "official", "speculators", tmp_path / "spec")
+    spec = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert spec["speculators_model_type"] == "dspark" and spec["architectures"] == ["DSparkSpeculator"]
+    assert spec["sample_from_anchor"] is True and spec["markov_head_type"] == "rnn" and spec["markov_rank"] == 8
+    assert spec["aux_hidden_state_layer_ids"] == [i + 1 for i in raw["target_layer_ids"]]
+    assert spec["speculators_config"]["algorithm"] == "dspark"
+    convert(tmp_path / "spec", "official", tmp_path / "back")
+    before, after = (load_file(tmp_path / f / "model.safetensors") for f in ("official", "back"))
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    back = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert back["architectures"] == ["Qwen3DSparkModel"] and back["target_layer_ids"] == raw["target_layer_ids"]
+    prompt = PROMPTS[0]
+    reference = greedy(target, DSpark(dspark.load(official, target), 4), prompt).tokens
+    assert greedy(target, DSpark(dspark.load(tmp_path / "spec", target), 4), prompt).tokens == reference
+    spec["sample_from_anchor"] = False
+    (tmp_path / "spec" / "config.json").write_text(json.dumps(spec))
+    with pytest.raises(SpecbenchError, match="sets sample_from_anchor False: a dspark variant"):
+        dspark.load(tmp_path / "spec", target)
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [

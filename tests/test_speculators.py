@@ -235,7 +235,7 @@ def test_convert_refuses_what_it_cannot_do(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "none"), "--to", "speculators", "--out", str(tmp_path / "o")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["convert", str(TINY_DIR / "eagle"), "--to", "speculators", "--out", str(tmp_path / "o")]) == 2
-    assert "only EAGLE-3 and P-EAGLE heads and DFlash drafters convert" in capsys.readouterr().err
+    assert "only EAGLE-3 and P-EAGLE heads and DFlash and DSpark drafters convert" in capsys.readouterr().err
     assert main(["convert", str(HEAD), "--to", "official", "--out", str(tmp_path / "o")]) == 2
     assert "in the official layout already" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
@@ -255,7 +255,7 @@ def test_train_writes_the_speculators_format(tmp_path, capsys):
     assert "layers.0.fc.weight" not in load_file(str(out / "model.safetensors"))
     assert (out / "accuracy.json").is_file() and (out / "token_counts.json").is_file()
     assert main(["train", "medusa", "--target", "tiny", "--out", str(tmp_path / "m"), "--format", "speculators"]) == 2
-    assert "writes EAGLE-3 and P-EAGLE heads and DFlash drafters only" in capsys.readouterr().err
+    assert "writes EAGLE-3 and P-EAGLE heads and DFlash and DSpark drafters only" in capsys.readouterr().err
 
 
 def test_the_speculators_package_reads_what_we_write(converted):
@@ -302,7 +302,7 @@ def test_the_speculators_round_trip_survives_a_stored_embedding(tmp_path):
     "change, message",
     [
         ({"draft_vocab_size": 100}, "drafts over a vocabulary of its own"),
-        ({"sample_from_anchor": True}, "sets sample_from_anchor: a DFlash variant this suite does not implement"),
+        ({"sample_from_anchor": True}, "sets sample_from_anchor True: a dflash variant this suite does not implement"),
         ({"aux_hidden_state_layer_ids": [0, 2]}, "needs aux_hidden_state_layer_ids, target layers from 1 up"),
         ({"speculators_model_type": "eagle3"}, "only dflash ones load as DFlash drafters"),
     ],

@@ -307,15 +307,16 @@ def parser() -> argparse.ArgumentParser:
         "--format",
         choices=["official", "speculators"],
         default="official",
-        help="eagle3, peagle, dflash: the official layout (EAGLE-3's, z-lab's) or vLLM's speculators format "
+        help="eagle3, peagle, dflash, dspark: the official layout (EAGLE-3's, z-lab's, DeepSpec's) or vLLM's "
+        "speculators format "
         "(default: official)",
     )
     train.add_argument("--smoke", action="store_true", help="a few tiny steps in seconds (tests, trying it out)")
 
     convert = sub.add_parser(
         "convert",
-        help="an EAGLE-3 or P-EAGLE head or DFlash drafter from its official layout to vLLM's speculators format, or "
-        "back (tensors unchanged)",
+        help="an EAGLE-3 or P-EAGLE head or DFlash or DSpark drafter from its official layout to vLLM's speculators "
+        "format, or back (tensors unchanged)",
     )
     convert.add_argument("head", type=Path, metavar="HEAD_DIR", help="the head's folder")
     convert.add_argument("--to", required=True, choices=["speculators", "official"], help="the layout to write")

@@ -16,7 +16,7 @@ config plus `block_size`, `mask_token_id`, `target_layer_ids` (DeepSpec's number
 model.safetensors holds DFlash's tensors plus its own `embed_tokens.weight` and `lm_head.weight` (frozen copies of
 the target's: a compact checkpoint leaves them out, and the target's are copied), `markov_head.markov_w1.weight`
 [V, R], `markov_head.markov_w2.weight` [V, R] (`gate_proj.{weight,bias}` gated, `joint_proj.{weight,bias}` rnn) and
-`confidence_head.proj.{weight,bias}`.
+`confidence_head.proj.{weight,bias}`. vLLM's speculators `dspark` type loads too (`heads.speculators`).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from transformers import Qwen3Config
 
 from ..errors import SpecbenchError
 from ..registry import HeadFamily, head_family
-from . import dflash
+from . import dflash, speculators
 from .checkpoint import check, read_weights
-from .folder import HEAD_LAYOUTS, read_config
+from .folder import HEAD_LAYOUTS
 
 TITLE = "DSpark drafter"
 MARKOV = ("vanilla", "gated", "rnn")
@@ -117,7 +117,7 @@ def build(raw: dict) -> DSparkDraft:
 def load(source: str | Path, target_model: Any) -> DSparkDraft:
     """DeepSpec's layout, checked against the target: its width, vocabulary and layers."""
     what = f"{TITLE} '{source}'"
-    raw = read_config(source, TITLE)
+    raw, shipped_as_speculators = speculators.official(source, "dspark", TITLE)
     draft = build(raw)
     vocab, hidden = target_model.get_output_embeddings().weight.shape
     layers = target_model.config.get_text_config().num_hidden_layers
@@ -132,6 +132,8 @@ def load(source: str | Path, target_model: Any) -> DSparkDraft:
             f"{layers}: use a drafter trained for this target"
         )
     state = read_weights(source, dflash.FILES, TITLE)
+    if shipped_as_speculators:
+        state = speculators.dflash_official_state(state)
     state.pop("rotary_emb.inv_freq", None)
     for key, module in (
         ("embed_tokens.weight", target_model.get_input_embeddings()),
@@ -151,7 +153,7 @@ def saved_state(draft: DSparkDraft, compact: bool = False) -> dict[str, torch.Te
 
 
 def fits(folder: Path) -> tuple[int, int | None]:
-    config = read_config(folder, TITLE)
+    config = speculators.official(folder, "dspark", TITLE)[0]
     if not isinstance(config.get("hidden_size"), int):
         raise SpecbenchError(f"{TITLE} '{folder}': config.json has no hidden_size")
     return config["hidden_size"], config.get("vocab_size")

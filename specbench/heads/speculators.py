@@ -15,6 +15,10 @@ model.safetensors.
   (both kept as they are); its drafts per forward are the proposal method's `speculative_tokens`.
 - dflash: `block_size`, `mask_token_id`, `aux_hidden_state_layer_ids` (z-lab's `target_layer_ids` + 1),
   `sample_from_anchor`; the tensors are z-lab's, by the same names (a full-vocabulary drafter stores no readout).
+- dspark (`models/dspark/{config,core}.py`): dflash's, with `sample_from_anchor` true (every row drafts), and
+  `markov_rank`, `markov_head_type`, `enable_confidence_head`, `confidence_head_with_markov` as DeepSpec's
+  `Qwen3DSparkModel` config names them (its `target_layer_ids` are also the aux ids - 1); the Markov and
+  confidence heads' tensors keep DeepSpec's names.
 """
 
 from __future__ import annotations
@@ -52,12 +56,14 @@ def is_speculators(raw: dict) -> bool:
 
 def official(source: str | Path, kind: str, what: str) -> tuple[dict, bool]:
     """A head's config.json in its official layout's keys (a speculators checkpoint's translated: `kind` "eagle3",
-    "peagle" or "dflash"), and whether it was a speculators one."""
+    "peagle", "dflash" or "dspark"), and whether it was a speculators one."""
     raw = read_config(str(source), what)
     if not is_speculators(raw):
         return raw, False
     if kind == "dflash":
         return dflash_official(raw, f"{what} '{source}'"), True
+    if kind == "dspark":
+        return dspark_official(raw, f"{what} '{source}'"), True
     return eagle3_official(raw, f"{what} '{source}'", kind), True
 
 
@@ -157,18 +163,22 @@ def eagle3_speculators_state(state: dict[str, torch.Tensor]) -> dict[str, torch.
 DFLASH_KEYS = ("auto_map", "block_size", "dflash_config", "num_target_layers", "target_layer_ids", "mask_token_id")
 
 
-def dflash_official(raw: dict, what: str) -> dict:
+def dflash_official(raw: dict, what: str, kind: str = "dflash") -> dict:
     """z-lab's DFlashDraftModel config.json a speculators dflash config describes; what our drafter cannot run (its
-    own reduced vocabulary, drafts from the anchor row) is one error line."""
-    _kind(raw, "dflash", what, "DFlash drafters")
+    own reduced vocabulary, drafts from the anchor row) is one error line. `kind` "dspark": DSpark's, which drafts
+    from the anchor row (`dspark_official` adds its own keys)."""
+    _kind(raw, kind, what, "DSpark drafters" if kind == "dspark" else "DFlash drafters")
     layer = {k: v for k, v in (raw.get("transformer_layer_config") or {}).items() if k not in DROPPED}
     if raw.get("draft_vocab_size", layer.get("vocab_size")) != layer.get("vocab_size"):
         raise SpecbenchError(
             f"{what} drafts over a vocabulary of its own ({raw['draft_vocab_size']} of {layer.get('vocab_size')} "
-            "tokens): only full-vocabulary DFlash drafters, read out by the target, run here"
+            "tokens): only full-vocabulary drafters run here"
         )
-    if raw.get("sample_from_anchor"):
-        raise SpecbenchError(f"{what} sets sample_from_anchor: a DFlash variant this suite does not implement")
+    if bool(raw.get("sample_from_anchor", kind == "dspark")) != (kind == "dspark"):
+        raise SpecbenchError(
+            f"{what} sets sample_from_anchor {raw.get('sample_from_anchor')}: a {kind} variant this suite does not "
+            "implement (DSpark drafts from the anchor row, DFlash after it)"
+        )
     aux = raw.get("aux_hidden_state_layer_ids")
     if not isinstance(aux, list) or not aux or not all(isinstance(i, int) and i >= 1 for i in aux):
         raise SpecbenchError(f"{what}: config.json needs aux_hidden_state_layer_ids, target layers from 1 up")
@@ -208,6 +218,38 @@ def dflash_speculators(raw: dict, verifier: dict | None) -> dict:
         "sliding_window_non_causal": False,
         "sample_from_anchor": False,
         "speculators_config": _algorithm("dflash", block - 1, verifier),
+    }
+
+
+DSPARK_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
+
+
+def dspark_official(raw: dict, what: str) -> dict:
+    """DeepSpec's Qwen3DSparkModel config.json a speculators dspark config describes."""
+    settings = dflash_official(raw, what, "dspark")
+    flat = settings.pop("dflash_config")
+    return {
+        **settings,
+        "architectures": ["Qwen3DSparkModel"],
+        "mask_token_id": flat["mask_token_id"],
+        "target_layer_ids": flat["target_layer_ids"],
+        **{k: raw[k] for k in DSPARK_KEYS if k in raw},
+    }
+
+
+def dspark_speculators(raw: dict, verifier: dict | None) -> dict:
+    """The speculators dspark config.json of DeepSpec's Qwen3DSparkModel config (ours: `train.dspark_config`)."""
+    settings = {k: raw[k] for k in ("block_size", "mask_token_id", "target_layer_ids") if k in raw}
+    official = {k: v for k, v in raw.items() if k not in (*DSPARK_KEYS, "architectures")}
+    out = dflash_speculators({**official, "dflash_config": settings}, verifier)
+    block = out["block_size"]
+    return {
+        **out,
+        "architectures": ["DSparkSpeculator"],
+        "speculators_model_type": "dspark",
+        "sample_from_anchor": True,
+        **{k: raw[k] for k in DSPARK_KEYS if k in raw},
+        "speculators_config": _algorithm("dspark", block, verifier),
     }
 
 

@@ -757,6 +757,8 @@ def train_head(
     elif kind == "dspark":
         vocab = model.get_output_embeddings().weight.shape[0]
         draft_model, raw, accuracy = train_dspark(model, train, heldout, cfg, mask_token(tokenizer, vocab))
+        if layout == "speculators":
+            raw = speculators.dspark_speculators(raw, verifier)
         speculators.write(raw, dspark.saved_state(draft_model, compact), out, compact)
     elif kind == "peagle":
         vocab = model.get_output_embeddings().weight.shape[0]
