@@ -11,8 +11,9 @@
 # `--limit 800`), and so was the DSpark drafter (`specbench train dspark`: 3 layers, blocks of 7 as the released
 # drafters, a vanilla Markov head of rank 256, DeepSpec's loss; 500 steps of 8 windows, ~14 min), and the PARD-2
 # drafter (`specbench train pard2`: from the family's draft with the target's embedding, frozen (`--compact`), reading
-# the target's final state; 8 tokens per forward; 1,000 steps of 4 windows, ~38 min). Last, the card's heads table
-# is rewritten.
+# the target's final state; 8 tokens per forward; 1,000 steps of 4 windows, ~38 min), and the DFlash2 drafter
+# (`specbench train dflash2`: one layer, blocks of 16, 16 candidates a row; 500 steps of 8 windows; one layer where
+# DFlash has three, so that the wheel holds it). Last, the card's heads table is rewritten.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data="${1:-${SPECBENCH_DATA_DIR:-../shared/data}}"
@@ -33,6 +34,8 @@ specbench train dspark "${common[@]}" --out "$tiny/dspark" --steps "${DSPARK_STE
   --draft-layers 3 --markov-rank 256 --markov-head vanilla
 specbench train pard2 "${common[@]}" --out "$tiny/pard2" --steps "${PARD2_STEPS:-1000}" --batch-size 4 \
   --pard-tokens 8
+specbench train dflash2 "${common[@]}" --out "$tiny/dflash2" --steps "${DFLASH2_STEPS:-500}" --block-size 16 \
+  --draft-layers 1
 specbench zoo card --out "$tiny"
 # MEASURE=1: the drafters' τ and speedups beside eagle3 and sps, every quick question at T=0 and T=1, one run on an
 # otherwise idle machine (~20 min here): reports/tiny-drafters, which the drafters' README.md cards quote.
@@ -43,13 +46,14 @@ if [[ -n "${MEASURE:-}" ]]; then
   specbench report results/tiny-drafters --out reports/tiny-drafters \
     --title "DFlash and PARD drafters of the tiny family beside eagle3 and sps"
 fi
-# MEASURE_2026=1: the drafters of 2026 the tiny family has (P-EAGLE, DSpark; DDTree over DFlash) beside EAGLE-3's tree and
+# MEASURE_2026=1: the drafters of 2026 the tiny family has (P-EAGLE, DSpark with and without its adaptive schedule,
+# DFlash2, PARD-2 with and without the target's states; DDTree over DFlash) beside EAGLE-3's tree and
 # EAGLE-3 drafting the same chain of 8 one forward a token, DFlash, PARD and sps: every quick question at T=0 and
 # T=1, one run on an otherwise idle machine: reports/tiny-drafters-2026.
 if [[ -n "${MEASURE_2026:-}" ]]; then
   rm -rf results/tiny-drafters-2026
   specbench run --model tiny --tasks quick --temperatures 0,1 --out results/tiny-drafters-2026 --no-report \
-    --methods "vanilla,sps,eagle3,eagle3[total_tokens=9,depth=7,top_k=1],peagle,dflash,dflash[tree=16],dspark,pard"
+    --methods "vanilla,sps,eagle3,eagle3[total_tokens=9,depth=7,top_k=1],peagle,dflash,dflash[tree=16],dflash2,dspark,dspark[verify=adaptive],pard,pard2,pard2[target_features=false]"
   specbench report results/tiny-drafters-2026 --out reports/tiny-drafters-2026 \
     --title "The drafters of 2026 on the tiny family beside EAGLE-3, DFlash and PARD"
 fi

@@ -45,7 +45,10 @@ from .test_verify import UniformClaimDraft
 # features, a Jacobi side branch. (Suffix decoding's global index is shared by the batch's slots, so its acceptance
 # moves with B: docs/metrics.md.)
 METHODS = ("vanilla", "sps", "eagle2", "lookahead")
-HEADS = {family: TINY_DIR / family for family in ("pard", "pard2", "medusa", "eagle", "eagle3", "peagle", "dflash")}
+HEADS = {
+    family: TINY_DIR / family
+    for family in ("pard", "pard2", "medusa", "eagle", "eagle3", "peagle", "dflash", "dflash2")
+}
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +280,8 @@ def test_the_sampling_audit_at_batch_4_with_slots_drafting_together(method):
 
 
 @pytest.mark.parametrize(
-    "method", ["pard", "pard2", "medusa", "eagle", "eagle3", "eagle[nodes=1]", "peagle", "dflash", "dflash[tree=12]"]
+    "method",
+    ["pard", "pard2", "medusa", "eagle", "eagle3", "eagle[nodes=1]", "peagle", "dflash", "dflash[tree=12]", "dflash2"],
 )
 def test_model_drafters_draft_their_slots_together(tiny, method):
     """Two slots of a batch share one drafter (PARD's or PARD-2's model, Medusa's heads, EAGLE's or P-EAGLE's head or

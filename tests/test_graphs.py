@@ -167,6 +167,7 @@ METHODS = (
     "peagle",
     "mtp",
     "dflash",
+    "dflash2",
     "dspark",
     "pard",
     "pard2",

@@ -68,7 +68,7 @@ def model_folder(tmp_path, context: int):
             "suffix: parameter 'min_token_prob' takes a number (its preset's is 0.1), got high",
         ),
         ("lookahead[layout=3]", "lookahead: parameter 'layout' takes a string (its preset's is reference), got 3"),
-        ("eagl2[depth=4]", "unknown method 'eagl2': choose from dflash, dspark, eagle, eagle2,"),
+        ("eagl2[depth=4]", "unknown method 'eagl2': choose from dflash, dflash2, dspark, eagle, eagle2,"),
         ("eagle[tree=[[0]]", "method 'eagle[tree=[[0]]': cannot read tree=[[0]; give a number, true, false, null"),
     ],
 )

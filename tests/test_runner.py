@@ -131,7 +131,7 @@ def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path,
     (vanilla timed again) is part of the rotation, matches vanilla token for token and shares its warm-up. The GPU's
     clock is brought up before the manifest reads it (and the forward profile runs), after the profile's capturing
     round, and again before the first timed answer."""
-    from specbench.run import runner, session, worker
+    from specbench.run import profiling, runner, session, worker
 
     calls = []
     answer = session.Session.answer
@@ -141,7 +141,8 @@ def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path,
         return answer(self, method, proposer, question, *args)
 
     monkeypatch.setattr(session.Session, "answer", spy)
-    monkeypatch.setattr(worker, "warm_gpu", lambda device: calls.append(("warm", device.type)))
+    for module in (worker, profiling):
+        monkeypatch.setattr(module, "warm_gpu", lambda device: calls.append(("warm", device.type)))
     out = run(config(tiny_models, tmp_path))
     assert [i for i, call in enumerate(calls) if call[0] == "warm"] == [0, 1, 5]  # info, forward profile, 3 warm-ups
     calls = [call for call in calls if call[0] != "warm"]
