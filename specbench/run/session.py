@@ -127,11 +127,16 @@ class Session:
         return longest + max(len(q.turns) for q in questions) * (budget + CONTEXT_SLACK) + BUCKETS[-1]
 
     def step_costs(self, batch: int) -> dict[int, float]:
-        """T(rows) of the target's forward at `batch` slots (`forward_profile`), profiled once, on the run's target
-        for one slot and on the batch's static target (made first by `batched`) for more."""
+        """T(rows) of the target's forward at `batch` slots (`forward_profile`), profiled once: on the batch's static
+        target (made first by `batched`), or for one slot without one, on the run's target. A batch's steps are read
+        against it (the report's batch sweep), and DSpark's adaptive schedule decides by it."""
         if batch not in self.costs:
-            target = self.target if batch == 1 else self._batched
-            if target is None or target.batch != batch:
+            target: Target | None = (
+                self._batched if self._batched is not None and self._batched.batch == batch else None
+            )
+            if target is None and batch == 1:
+                target = self.target
+            if target is None:
                 raise SpecbenchError(f"no target of {batch} slots to profile yet (Session.batched makes it)")
             self.costs[batch] = forward_profile(target, repeats=5)
         return self.costs[batch]

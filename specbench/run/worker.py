@@ -16,6 +16,7 @@ from .. import methods
 from ..config import BatchUnit, Plan, RunConfig, Unit, base_method, question_seed
 from ..core.decode import Generation
 from ..core.proposer import Drafter
+from ..core.schedule import step_cost
 from ..interference import OtherLoad, set_aside, take_back, without_gc
 from ..machine import machine, warm_gpu
 from ..results import Answer, TurnSteps, answer, check_greedy
@@ -37,11 +38,10 @@ def batch_shares(gen: Generation, profile: dict[int, float]) -> list[float]:
     """A turn's shares of its batch's steps: Σ 1/slots (steps), Σ forward seconds/slots and Σ T(bucket of the
     widest slot's rows)/slots (the profiled forward), over its steps; summed over the turns of a batch they give
     its steps, measured forward seconds and profiled forward seconds."""
-    bucket = [next((b for b in profile if b >= s.width), max(profile)) for s in gen.steps]
     return [
         sum(1 / s.slots for s in gen.steps),
         sum(s.verify_time / s.slots for s in gen.steps),
-        sum(profile[b] / s.slots for s, b in zip(gen.steps, bucket, strict=True)),
+        sum(step_cost(profile, s.width) / s.slots for s in gen.steps),
     ]
 
 
@@ -62,7 +62,6 @@ class Worker:
         self.warmed: set[str] = set()
         self.drafters: dict[tuple[str, int], Drafter] = {}  # (method, batch size) -> its drafting for the batch
         self.warmed_batches: set[tuple[str, int]] = set()  # (method, batch size) warmed up
-        self.batch_profiles: dict[int, dict[int, float]] = {}  # batch size -> its T(rows) (`forward_profile`)
         self.neighbours = 0.0  # CPUs other workers on this machine may keep busy: not a foreign load
         set_aside()  # what it loaded lives as long as it does
 
@@ -200,9 +199,7 @@ class Worker:
         session, questions = self.session, unit.questions
         seeds = [question_seed(self.cfg.seed, q.id, unit.temperature) for q in questions]
         target = session.batched(unit.batch, session.slot_context(questions, unit.budget))
-        if unit.batch not in self.batch_profiles:
-            self.batch_profiles[unit.batch] = forward_profile(target, repeats=5)
-        profile = self.batch_profiles[unit.batch]
+        profile = session.step_costs(unit.batch)
         reference = dict(unit.vanilla)
         for order, name in enumerate(unit.methods):
             drafting = self._drafter(name, unit.batch)
