@@ -85,6 +85,20 @@ class ClaimsUniform:
         ]
 
 
+class ClaimsUniformTree:
+    """A planted mistake to mix into a block drafter's tree mode (DDTree): its point-mass nodes verified as if each
+    were a uniform draw (the sampling audit must fail it)."""
+
+    def propose(self, slots, tokens, max_depths):
+        from specbench.core.proposer import Proposal
+
+        vocab = self.draft.config.vocab_size
+        return [
+            Proposal(p.tree, torch.full((len(p.tree), vocab), 1 / vocab))
+            for p in super().propose(slots, tokens, max_depths)
+        ]
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> tuple[Path, Path]:
     """(target folder, draft folder): random weights, a BPE tokenizer trained on the built-in quick prompts."""

@@ -1,5 +1,4 @@
 import copy
-import itertools
 import json
 
 import pytest
@@ -9,8 +8,7 @@ from specbench.cli.main import main
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
 from specbench.core.losslessness import sampling_test
-from specbench.core.proposer import Feedback, Proposal, Turn
-from specbench.core.tree import best_first
+from specbench.core.proposer import Feedback, Turn
 from specbench.engines.translate import speculative_config
 from specbench.errors import SpecbenchError
 from specbench.heads import dflash
@@ -235,24 +233,6 @@ def test_the_static_context_drafts_what_the_cached_one_does(target, device):
     assert made[1].blocks.inputs and made[1].blocks.slots is not None
 
 
-def test_ddtree_takes_the_best_scoring_paths_best_first():
-    """Brute force: over three positions of three candidates each (distinct random log-probabilities, sorted), the
-    tree of N nodes holds exactly the N best-scoring paths from the root, for every N; parents precede children,
-    and N below one node or no rows gives the empty tree."""
-    rng = torch.Generator().manual_seed(2)
-    for _ in range(20):
-        scores = torch.rand(3, 3, generator=rng).log().sort(descending=True).values.tolist()
-        ids = [[10 * d + j for j in range(3)] for d in range(3)]  # (a token names its position and rank)
-        paths = [p for n in (1, 2, 3) for p in itertools.product(range(3), repeat=n)]
-        ranked = sorted(paths, key=lambda p: -sum(scores[d][j] for d, j in enumerate(p)))
-        for budget in range(1, len(paths) + 1):
-            tree = best_first(scores, ids, budget)
-            assert len(tree) == budget and all(p < i for i, p in enumerate(tree.parents))
-            got = {tuple(tree.tokens[r - 1] % 10 for r in tree.path(i + 1)) for i in range(len(tree))}
-            assert got == set(ranked[:budget])
-    assert len(best_first(scores, ids, 0)) == 0 and len(best_first([], [], 4)) == 0
-
-
 def test_ddtree_of_one_candidate_a_row_is_the_chain_and_its_trees_keep_vanillas_tokens(target):
     """tree=k with one candidate a row drafts the chain's tokens and accepts what it accepts; a wider tree keeps
     vanilla's greedy tokens (and here accepts at least as much a step, on average, as the chain of the same block)."""
@@ -287,13 +267,8 @@ def test_ddtree_passes_the_sampling_test_and_engines_refuse_it(small_vocab):
     to be uniform draws (the planted mistake) fails. No engine builds its trees, so engine mode skips it with the
     reason rather than running the chain."""
 
-    class ClaimsUniformTree(DFlash):
-        def propose(self, slots, tokens, max_depths):
-            vocab = small_vocab.config.vocab_size
-            return [
-                Proposal(p.tree, torch.full((len(p.tree), vocab), 1 / vocab))
-                for p in super().propose(slots, tokens, max_depths)
-            ]
+    class ClaimsUniformTree(conftest.ClaimsUniformTree, DFlash):
+        pass
 
     made = lambda *a: DFlash(*a, tree=5, tree_top_k=2)  # noqa: E731
     assert small_sampling_test(small_vocab, made, 1000).passed

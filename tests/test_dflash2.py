@@ -43,9 +43,9 @@ def random_draft(model, block=5, taps=2, top=6, seed=1, std=0.3) -> dflash2.DFla
     return draft
 
 
-def made(model, draft, k=None, slots=1, cls=DFlash2) -> DFlash2:
+def made(model, draft, k=None, slots=1, cls=DFlash2, **options) -> DFlash2:
     embedding, readout = model.get_input_embeddings(), model.get_output_embeddings()
-    return cls(draft, embedding, readout, k or draft.block_size - 1, slots=slots)
+    return cls(draft, embedding, readout, k or draft.block_size - 1, slots=slots, **options)
 
 
 def greedy(model, proposer, prompt, n=24):
@@ -103,16 +103,15 @@ def walk(scores: torch.Tensor, ids: torch.Tensor) -> list[int]:
 
 
 @torch.no_grad()
-def test_each_chain_is_the_selectors_walk_over_one_cacheless_block(target):
-    """Brute force: the block's rows over every committed token's states, each row's top-K under the target's
-    readout, edges scored from the codebooks by loops, then the walk."""
-    draft = random_draft(target)
-    proposer = made(target, draft)
+def cacheless_scores(target, draft, proposer):
+    """One proposal of 4 after a prompt's first 6 tokens, and brute force's edge scores [4, 6, 6] and candidates
+    [4, 6] for it: the block's rows over every committed token's states, each row's top-6 under the target's
+    readout, edges scored from the codebooks by loops."""
     prompt = PROMPTS[2]
     features, _ = target_pass(target, torch.tensor([prompt]), draft.feature_layers)
     tokens = prompt[:6]
     proposer.start([0], [Turn(tokens, 0.0, None, features[0, : len(tokens) - 1])])
-    drafted = list(propose_one(proposer, tokens, 4).tree.tokens)
+    drafted = propose_one(proposer, tokens, 4)
     block = torch.full((1, 5), MASK)
     block[0, 0] = tokens[-1]
     hidden, _ = draft(draft.embed(block, target.get_input_embeddings()), features[:, :5], torch.arange(10)[None])
@@ -127,7 +126,13 @@ def test_each_chain_is_the_selectors_walk_over_one_cacheless_block(target):
             for c in range(6):
                 edge = (selector.predecessor_codebook[before] * gate * selector.successor_codebook[ids[j, c]]).sum()
                 scores[j, p, c] = values[j, c] + edge
-    assert drafted == walk(scores, ids)
+    return drafted, (scores, ids)
+
+
+def test_each_chain_is_the_selectors_walk_over_one_cacheless_block(target):
+    draft = random_draft(target)
+    drafted, (scores, ids) = cacheless_scores(target, draft, made(target, draft))
+    assert list(drafted.tree.tokens) == walk(scores, ids)
 
 
 def test_greedy_decoding_equals_vanilla(target):
@@ -148,7 +153,7 @@ class ClaimsUniform(conftest.ClaimsUniform, DFlash2):
     pass
 
 
-def small_sampling_test(cls, samples: int, batch: int = 1, top: int = 3):
+def small_sampling_test(cls, samples: int, batch: int = 1, top: int = 3, **options):
     """Eight tokens, three candidates a row: the proposal's law is zero on five of them."""
     model = random_llama(8, layers=5, hidden=32, seed=0, init=0.5)
     torch.manual_seed(2)
@@ -157,7 +162,7 @@ def small_sampling_test(cls, samples: int, batch: int = 1, top: int = 3):
         for name, p in draft.named_parameters():
             if "conv" in name or "candidate_selector" in name:
                 p.normal_(0, 1.0)
-    return conftest.audited(made(model, draft, 2, slots=batch, cls=cls), model, [1, 2, 3], samples, batch)
+    return conftest.audited(made(model, draft, 2, slots=batch, cls=cls, **options), model, [1, 2, 3], samples, batch)
 
 
 def test_dflash2_passes_the_sampling_test_over_its_candidates_and_the_planted_mistake_fails():
@@ -191,9 +196,51 @@ def test_the_layout_loads_and_the_families_refuse_each_other(tmp_path, target):
         dflash2.load(tmp_path / "two", target)
 
 
-def test_a_tree_is_refused(target):
-    with pytest.raises(ValueError, match="dflash2 drafts a chain"):
-        DFlash2(random_draft(target), target.get_input_embeddings(), target.get_output_embeddings(), 4, tree=8)
+class ClaimsUniformTree(conftest.ClaimsUniformTree, DFlash2):
+    pass
+
+
+def test_ddtree_of_one_candidate_a_row_is_the_chain_and_its_trees_keep_vanillas_tokens(target):
+    draft = random_draft(target)
+    for prompt in PROMPTS[:2]:
+        reference = greedy(target, Vanilla(), prompt).tokens
+        chain = greedy(target, made(target, draft, 4), prompt)
+        one = greedy(target, made(target, draft, 4, tree=4, tree_top_k=1), prompt)
+        wide = greedy(target, made(target, draft, 4, tree=12, tree_top_k=3), prompt)
+        assert one.tokens == chain.tokens == wide.tokens == reference
+        assert one.accept_lengths == chain.accept_lengths
+        assert max(s.tree_size for s in wide.steps) == 13
+    alone = [greedy(target, made(target, draft, 4, tree=12, tree_top_k=3), p) for p in PROMPTS]
+    conftest.same_tokens_in_slots(target, made(target, draft, 4, slots=2, tree=12, tree_top_k=3), alone, PROMPTS, 24)
+
+
+@torch.no_grad()
+def test_the_tree_holds_the_best_paths_through_the_selectors_candidates(target):
+    """Brute force over one cacheless block (`cacheless_scores`): every path of candidates, each among the 3 best of
+    its row's log-softmax of the edge scores from the candidate before it, scored by their sum; the tree of 10 is
+    the best 10."""
+    draft = random_draft(target)
+    proposer = made(target, draft, tree=10, tree_top_k=3)
+    drafted, (scores, ids) = cacheless_scores(target, draft, proposer)
+    paths = []
+
+    def walk(d, before, score, path):
+        if d == 4:
+            return
+        law = scores[d, before].log_softmax(-1)
+        for c in law.topk(3).indices.tolist():
+            paths.append((score + float(law[c]), (*path, int(ids[d, c]))))
+            walk(d + 1, c, score + float(law[c]), (*path, int(ids[d, c])))
+
+    walk(0, 0, 0.0, ())
+    tree = drafted.tree
+    got = {tuple(tree.tokens[r - 1] for r in tree.path(j + 1)) for j in range(len(tree))}
+    assert len(tree) == 10 and got == {path for _, path in sorted(paths, reverse=True)[:10]}
+
+
+def test_ddtree_passes_the_sampling_test_and_the_planted_mistake_fails():
+    assert small_sampling_test(DFlash2, 600, batch=4, tree=5, tree_top_k=2).passed
+    assert not small_sampling_test(ClaimsUniformTree, 800, batch=4, tree=5, tree_top_k=2).passed
 
 
 def test_train_dflash2_writes_a_drafter_that_verify_passes(capsys, tiny_models, quick_text, tmp_path):

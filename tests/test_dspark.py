@@ -132,7 +132,7 @@ class ClaimsUniform(conftest.ClaimsUniform, DSpark):
     pass
 
 
-def small_sampling_test(cls, samples: int, batch: int = 1):
+def small_sampling_test(cls, samples: int, batch: int = 1, **options):
     model = random_llama(8, layers=5, hidden=32, seed=0, init=0.5)
     torch.manual_seed(2)
     raw = {**config(model, kind="gated", rank=4, block=3), "mask_token_id": 7}
@@ -140,7 +140,7 @@ def small_sampling_test(cls, samples: int, batch: int = 1):
     with torch.no_grad():
         for p in draft.parameters():
             p.mul_(4) if p.dim() > 1 else None  # peaked drafts that the target often rejects
-    return conftest.audited(cls(draft, 2, slots=batch), model, [1, 2, 3], samples, batch)
+    return conftest.audited(cls(draft, 2, slots=batch, **options), model, [1, 2, 3], samples, batch)
 
 
 def test_dspark_passes_the_sampling_test_and_the_planted_mistake_fails():
@@ -149,6 +149,67 @@ def test_dspark_passes_the_sampling_test_and_the_planted_mistake_fails():
     assert small_sampling_test(DSpark, 600).passed
     assert small_sampling_test(DSpark, 600, batch=4).passed
     assert not small_sampling_test(ClaimsUniform, 1500, batch=4).passed
+
+
+class ClaimsUniformTree(conftest.ClaimsUniformTree, DSpark):
+    pass
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "rnn"])
+def test_ddtree_of_one_candidate_a_row_is_the_chain_and_its_trees_keep_vanillas_tokens(target, kind):
+    draft = random_draft(target, kind=kind)
+    for prompt in PROMPTS[:2]:
+        reference = greedy(target, Vanilla(), prompt).tokens
+        chain = greedy(target, DSpark(draft, 4), prompt)
+        one = greedy(target, DSpark(draft, 4, tree=4, tree_top_k=1), prompt)
+        wide = greedy(target, DSpark(draft, 4, tree=12, tree_top_k=3), prompt)
+        assert one.tokens == chain.tokens == wide.tokens == reference
+        assert one.accept_lengths == chain.accept_lengths
+        assert max(s.tree_size for s in wide.steps) == 13
+    alone = [greedy(target, DSpark(draft, 4, tree=12, tree_top_k=3), p) for p in PROMPTS]
+    conftest.same_tokens_in_slots(target, DSpark(draft, 4, tree=12, tree_top_k=3, slots=2), alone, PROMPTS, 24)
+
+
+@pytest.mark.parametrize("kind", ["gated", "rnn"])
+@torch.no_grad()
+def test_the_tree_holds_the_best_paths_under_the_markov_corrected_laws(target, kind):
+    """Brute force over one cacheless block: every path whose tokens are each among the 3 likeliest of their row's
+    law given the path above them (the Markov head stepped along the path), scored by summed log-probabilities;
+    the tree of 10 is the best 10."""
+    draft = random_draft(target, kind=kind, std=0.6)
+    made = DSpark(draft, 3, tree=10, tree_top_k=3)
+    prompt = PROMPTS[2]
+    features, _ = target_pass(target, torch.tensor([prompt]), made.feature_layers)
+    tokens = prompt[:5]
+    made.start([0], [Turn(tokens, 0.0, None, features[0, : len(tokens) - 1])])
+    tree = propose_one(made, tokens, 3).tree
+    block = torch.full((1, 4), MASK)
+    block[0, 0] = tokens[-1]
+    hidden, _ = draft(draft.embed_tokens(block), features[:, : len(tokens) - 1], torch.arange(len(tokens) + 3)[None])
+    base, paths = draft.lm_head(hidden)[0], []
+
+    def walk(d, before, state, score, path):
+        if d == 3:
+            return
+        bias, after = draft.markov_head.step(torch.tensor([before]), hidden[:, d], state)
+        law = (base[d] + bias[0]).log_softmax(-1)
+        for c in law.topk(3).indices.tolist():
+            paths.append((score + float(law[c]), (*path, c)))
+            walk(d + 1, c, after, score + float(law[c]), (*path, c))
+
+    walk(0, tokens[-1], None, 0.0, ())
+    assert len(tree) == 10
+    got = {tuple(tree.tokens[r - 1] for r in tree.path(j + 1)) for j in range(len(tree))}
+    assert got == {path for _, path in sorted(paths, reverse=True)[:10]}
+
+
+def test_ddtree_passes_the_sampling_test_and_the_planted_mistake_fails():
+    """Point-mass nodes verified by the shared tree rule: exact at T = 1 with four slots; nodes claimed uniform fail.
+    A tree is verified whole, so the confidence cut is refused with it."""
+    assert small_sampling_test(DSpark, 600, batch=4, tree=5, tree_top_k=2).passed
+    assert not small_sampling_test(ClaimsUniformTree, 800, batch=4, tree=5, tree_top_k=2).passed
+    with pytest.raises(ValueError, match="dspark's tree is verified whole"):
+        DSpark(random_draft(random_llama(VOCAB, layers=2, hidden=64)), 3, confidence_threshold=0.5, tree=4)
 
 
 def test_the_confidence_threshold_cuts_the_chain_before_its_first_unconfident_row(target):

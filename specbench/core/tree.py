@@ -12,7 +12,6 @@ reads it once, with the target's picks (`Tree.read_along`), so a greedy step wai
 from __future__ import annotations
 
 import functools
-import heapq
 from dataclasses import dataclass
 from typing import cast
 
@@ -215,32 +214,6 @@ def trie(sequences: list[list[int]]) -> Tree:
                 tokens.append(token)
                 parents.append(parent)
             parent = node[parent, token]
-    return Tree(tokens, parents)
-
-
-def best_first(scores: list[list[float]], ids: list[list[int]], budget: int) -> Tree:
-    """DDTree's tree (arXiv 2604.12989) over a block drafter's positions: row d of `ids` holds position d's candidate
-    tokens and `scores` their log-probabilities, each row best first; a path's score is the sum along it (positions
-    drafted independently, as a block drafter's are). The `budget` best-scoring paths from the root, a prefix-closed
-    set, taken best first: a node's next candidates are its next sibling and its first child, so the heap holds at
-    most two per node. Ties keep the earlier node first."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    heap = [(-scores[0][0], 0, 0, 0, -1)] if scores and budget > 0 else []  # (-score, order, depth, rank, parent)
-    order = 1
-    while heap and len(tokens) < budget:
-        negative, _, depth, rank, parent = heapq.heappop(heap)
-        node = len(tokens)
-        tokens.append(ids[depth][rank])
-        parents.append(parent)
-        if rank + 1 < len(ids[depth]):  # the next candidate at this position, under the same parent
-            heapq.heappush(
-                heap, (negative + scores[depth][rank] - scores[depth][rank + 1], order, depth, rank + 1, parent)
-            )
-            order += 1
-        if depth + 1 < len(ids):  # the best candidate one position further, under this node
-            heapq.heappush(heap, (negative - scores[depth + 1][0], order, depth + 1, 0, node))
-            order += 1
     return Tree(tokens, parents)
 
 

@@ -5,9 +5,10 @@ At T > 0 each row is drawn from the drafter's distribution at the run's temperat
 the shared rejection rule (the official code does the same); at T = 0 the rows are the drafter's argmax.
 
 `tree=N` (DDTree, arXiv 2604.12989): the block's rows become a tree of N nodes instead, the N best-scoring paths
-through each position's `tree_top_k` most likely tokens (`core.tree.best_first`: a path scores the sum of its
-tokens' log-probabilities, the positions being drafted independently), verified in one forward; its nodes are
-point masses, so the shared rules stay exact at every temperature.
+through each position's `tree_top_k` most likely tokens (`core.best_tree`: a path scores the sum of its tokens'
+log-probabilities, the positions being drafted independently), built for every slot at once and verified in one
+forward; its nodes are point masses, so the shared rules stay exact at every temperature. DSpark and DFlash2 build
+theirs from rows whose laws depend on the path (`_trees`).
 
 Under --graphs the context's keys and values live in preallocated rows (`heads.dflash.Slots`), and a step's forward
 (the newly committed context rows, padded to the most a step commits, and the block) has fixed shapes: captured on
@@ -21,11 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.best_tree import best_trees
 from ..core.capture import Replays
 from ..core.proposer import NO_PROPOSAL, Drafter, Feedback, Proposal, Turn, chain_of_rows, chain_prefix
 from ..core.static_lm import MAX_CACHE, SPAN
 from ..core.transfer import appended, padded_rows, upload
-from ..core.tree import best_first, chain
+from ..core.tree import Tree, chain
 from ..heads.dflash import Context, DFlashDraft, Slots, slots
 from ..registry import implementation
 from .resources import Resources
@@ -131,27 +133,39 @@ class DFlash(Drafter):
             drafted = [self._eager(self.lanes[s], f, read, last) for _, _, (s, f, read, last) in members]
         turns = [self.lanes[slots[i]].turn for i, _, _ in members]
         roots = [root for *_, (_, _, _, root) in members]
-        for (i, *_), proposal in zip(
-            members, self._proposals([k for _, k, _ in members], drafted, turns, roots), strict=True
-        ):
+        ks = [k for _, k, _ in members]
+        if not ks:
+            return found
+        made = (
+            [Proposal(tree) for tree in self._trees(ks, drafted, upload(roots, self.device), self.tree)]
+            if self.tree is not None
+            else self._proposals(ks, drafted, turns, roots)
+        )
+        for (i, *_), proposal in zip(members, made, strict=True):
             found[i] = proposal
         return found
+
+    def _trees(self, ks: list[int], drafted: list[torch.Tensor], roots: torch.Tensor, budget: int) -> list[Tree]:
+        """Every drafting slot's DDTree over its block's rows `drafted[i]` (`_rows`'s) after its last committed
+        token `roots[i]`: a row's law is the same under every path (DFlash drafts its rows independently), so each
+        row's `tree_top_k` likeliest tokens are found once."""
+        logits = torch.stack([rows[: max(ks)] for rows in drafted]).float()  # [m, k, V]
+        top = torch.log_softmax(logits, -1).topk(min(self.tree_top_k, logits.shape[-1]), -1)  # [m, k, t] each
+        return best_trees(
+            lambda d, choices, _: top.values[:, d, None].expand(-1, choices.shape[1], -1),
+            torch.zeros_like(roots),
+            ks,
+            budget,
+            self.tree_top_k,
+            lambda d, choices: top.indices[:, d].gather(1, choices),
+        )
 
     def _proposals(
         self, ks: list[int], drafted: list[torch.Tensor], turns: list[Turn], roots: list[int]
     ) -> list[Proposal]:
         """Each drafting slot's proposal of `ks[i]` tokens from its block's rows `drafted[i]` (`_rows`'s: logits
         [num_draft_tokens, V]) after the last committed token `roots[i]`."""
-        if not ks:
-            return []
         deepest = max(ks)
-        if self.tree is not None:  # every slot's candidates in one read, each tree built on the host
-            logits = torch.stack([rows[:deepest] for rows in drafted]).float()  # [m, k, V]
-            top = torch.log_softmax(logits, -1).topk(min(self.tree_top_k, logits.shape[-1]), -1)
-            return [
-                Proposal(best_first(scores[:k], ids[:k], self.tree))
-                for k, scores, ids in zip(ks, top.values.tolist(), top.indices.tolist(), strict=True)
-            ]
         if all(turn.temperature == 0 for turn in turns):  # every slot's argmax at once, each chain its first k
             picks = torch.stack([logits[:deepest] for logits in drafted]).argmax(-1)
             return [Proposal(chain(row[:k])) for k, row in zip(ks, picks, strict=True)]

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import torch
 
+from ..core.best_tree import best_trees
 from ..core.proposer import Drafter, Proposal, Turn, chain_prefix
 from ..core.sampling import next_rows
 from ..core.transfer import upload
-from ..core.tree import chain
+from ..core.tree import Tree, chain
 from ..heads.dflash2 import FAMILY, DFlash2Draft
 from ..registry import implementation
 from .dflash import DFlash
@@ -24,26 +25,46 @@ from .resources import Resources
 
 class DFlash2(DFlash):
     def __init__(self, draft: DFlash2Draft, embedding, readout, num_draft_tokens: int, **options) -> None:
-        if options.get("tree") is not None:
-            raise ValueError("dflash2 drafts a chain through its candidate selector: drop tree (DFlash's DDTree)")
         super().__init__(draft, embedding, readout, num_draft_tokens, **options)
         self.draft: DFlash2Draft = draft
 
     def _rows(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden  # (the selector reads each row's state)
 
+    def _scores(
+        self, drafted: list[torch.Tensor], deepest: int, roots: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every drafting slot's candidates [m, k, K] and edge scores [m, k, K, K] (`candidate_selector`'s)."""
+        hidden = torch.stack([rows[:deepest] for rows in drafted])  # [m, k, H]
+        ids, unary = self.draft.candidates(hidden, self.readout)  # [m, k, K] each
+        return ids, self.draft.candidate_selector(ids, unary, hidden, roots)
+
+    def _trees(self, ks: list[int], drafted: list[torch.Tensor], roots: torch.Tensor, budget: int) -> list[Tree]:
+        """DDTree over the candidates: a node's children are its row's candidates, scored by log-softmax of the
+        edge scores from the node's candidate (the anchor's for the first row)."""
+        ids, scores = self._scores(drafted, max(ks), roots)
+        top = scores.shape[-1]
+
+        def children(d: int, before: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+            return torch.log_softmax(scores[:, d].gather(1, before[..., None].expand(-1, -1, top)), -1)  # [m, F, K]
+
+        return best_trees(
+            children,
+            torch.zeros_like(roots),  # (row 0's scores are the same under every candidate: the anchor's)
+            ks,
+            budget,
+            self.tree_top_k,
+            lambda d, choices: ids[:, d].gather(1, choices),
+        )
+
     def _proposals(
         self, ks: list[int], drafted: list[torch.Tensor], turns: list[Turn], roots: list[int]
     ) -> list[Proposal]:
         """Every drafting slot's candidates and edge scores at once, then the walk, row by row over the batch."""
-        if not ks:
-            return []
         deepest = max(ks)
-        hidden = torch.stack([rows[:deepest] for rows in drafted])  # [m, k, H]
-        ids, unary = self.draft.candidates(hidden, self.readout)  # [m, k, K] each
-        scores = self.draft.candidate_selector(ids, unary, hidden, upload(roots, hidden.device))  # [m, k, K, K]
+        ids, scores = self._scores(drafted, deepest, upload(roots, self.device))
         temperatures, generators = [t.temperature for t in turns], [t.generator for t in turns]
-        at = torch.zeros(len(ks), dtype=torch.long, device=hidden.device)  # each slot's candidate chosen before
+        at = torch.zeros(len(ks), dtype=torch.long, device=self.device)  # each slot's candidate chosen before
         picks: list[torch.Tensor] = []
         laws: list[torch.Tensor] = []
         for j in range(deepest):

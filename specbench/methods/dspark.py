@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import torch
 
+from ..core.best_tree import best_trees
 from ..core.proposer import Drafter, Proposal, Turn, chain_prefix
 from ..core.sampling import next_rows
 from ..core.schedule import prefix_lengths
 from ..core.transfer import upload
-from ..core.tree import EMPTY, chain
+from ..core.tree import EMPTY, Tree, chain
 from ..heads.dspark import FAMILY, DSparkDraft
 from ..registry import implementation
 from .dflash import DFlash
@@ -48,6 +49,8 @@ class DSpark(DFlash):
             raise ValueError(f"dspark's verify is all or adaptive, not {verify!r}")
         if (confidence_threshold or verify == "adaptive") and draft.confidence_head is None:
             raise ValueError("dspark's confidence_threshold and verify=adaptive need a drafter with a confidence head")
+        if options.get("tree") is not None and (confidence_threshold or verify == "adaptive"):
+            raise ValueError("dspark's tree is verified whole: drop confidence_threshold and verify=adaptive")
         if confidence_threshold and verify == "adaptive":
             raise ValueError("dspark's verify=adaptive schedules the rows itself: drop confidence_threshold")
         if verify == "adaptive" and not costs:
@@ -59,13 +62,34 @@ class DSpark(DFlash):
     def _rows(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden  # (the Markov head reads each row's state)
 
+    def _trees(self, ks: list[int], drafted: list[torch.Tensor], roots: torch.Tensor, budget: int) -> list[Tree]:
+        """DDTree over the Markov-corrected rows: a node's children are the likeliest tokens of its row's law given
+        the node's token (and, for the `rnn` head, the state along its path), every frontier node's in one product."""
+        hidden = torch.stack([rows[: max(ks)] for rows in drafted])  # [m, k, H]
+        base = self.draft.lm_head(hidden).float()  # [m, k, V]
+        markov = self.draft.markov_head
+        states: list[torch.Tensor | None] = [None]  # the frontier's recurrent states, by frontier index
+
+        def children(d: int, before: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
+            logits = base[:, d, None]  # [m, 1, V]
+            if markov is not None:
+                m, f = before.shape
+                state = states[0]
+                if state is not None:  # each node's path's state: its parent's
+                    state = state.gather(1, parent[..., None].expand(-1, -1, state.shape[-1])).flatten(0, 1)
+                rows = hidden[:, d, None].expand(-1, f, -1).flatten(0, 1)
+                bias, state = markov.step(before.flatten(), rows, state)
+                states[0] = None if state is None else state.view(m, f, -1)
+                logits = logits + bias.float().view(m, f, -1)
+            return torch.log_softmax(logits, -1)
+
+        return best_trees(children, roots, ks, budget, self.tree_top_k)
+
     def _proposals(
         self, ks: list[int], drafted: list[torch.Tensor], turns: list[Turn], roots: list[int]
     ) -> list[Proposal]:
         """Row by row for every slot at once: the corrected logits, the draft (argmax or each slot's own draw) and
         the law it came from; then each slot's chain, cut by its confidence (a threshold, or the batch's schedule)."""
-        if not ks:
-            return []
         deepest = max(ks)
         hidden = torch.stack([rows[:deepest] for rows in drafted])  # [m, k, H]
         base = self.draft.lm_head(hidden)  # [m, k, V]
