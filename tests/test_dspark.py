@@ -309,6 +309,13 @@ def test_preset_engines_and_what_it_refuses(target):
         "model": "D",
         "num_speculative_tokens": 7,
     }
+    adaptive = speculative_config("dspark[verify=adaptive]", {"dspark head": "D"})
+    assert why_not("dspark[verify=adaptive]") is None and adaptive["enable_adaptive_verification"] is True
+    assert (
+        why_not("dspark[confidence_threshold=0.5]") == "its confidence_threshold=0.5 has no setting in vllm's mapping"
+    )
+    with pytest.raises(SpecbenchError, match="verify=sometimes has no vllm setting; its vllm.enable_adaptive_verifica"):
+        speculative_config("dspark[verify=sometimes]", {"dspark head": "D"})
     assert "not mapped yet" in why_not("dspark", "llamacpp")
     with pytest.raises(ValueError, match="need a drafter with a confidence head"):
         DSpark(random_draft(target, confidence=False), 4, confidence_threshold=0.5)

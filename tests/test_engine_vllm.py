@@ -54,7 +54,7 @@ def test_a_preset_mapping_naming_what_it_lacks_fails_in_one_line(tmp_path):
     )
     (tmp_path / "odd2.yaml").write_text("implementation: vanilla\nvllm: {method: eagle, model: eagle head}\n")
     registry.add_methods(tmp_path)
-    with pytest.raises(SpecbenchError, match=r"vllm.num_speculative_tokens is \$gamma, not one of its params"):
+    with pytest.raises(SpecbenchError, match=r"vllm.num_speculative_tokens reads \$gamma, not one of its params"):
         translate.speculative_config("odd", {"draft": Path("/d")})
     with pytest.raises(SpecbenchError, match="vllm.model is 'eagle head', which it does not need"):
         translate.speculative_config("odd2", {"target": Path("/t")})

@@ -27,7 +27,7 @@ def why_not(name: str, engine: str = "vllm") -> str | None:
         return f"its preset maps it to nothing in {engine} (no `{engine}:` key)"
     if isinstance(found, str):
         return found
-    carried = {value[1:] for value in found.values() if isinstance(value, str) and value.startswith("$")}
+    carried = {param for value in found.values() if (param := _param(value))}
     params, defaults = methods.preset(name).params, methods.preset(variant(name)[0]).params
     changed = [key for key, value in params.items() if key not in carried and defaults.get(key) != value]
     if changed:
@@ -49,10 +49,22 @@ def filled(name: str, engine: str, paths: dict[str, Path]) -> dict:
     assert isinstance(found, dict)  # `restrict` keeps only the methods with a mapping
     out = {}
     for key, value in found.items():
-        if isinstance(value, str) and value.startswith("$"):
-            if value[1:] not in spec.params:
-                raise SpecbenchError(f"method preset '{name}': {engine}.{key} is {value}, not one of its params")
-            value = spec.params[value[1:]]
+        param = _param(value)
+        if param is not None:
+            if param not in spec.params:
+                raise SpecbenchError(f"method preset '{name}': {engine}.{key} reads ${param}, not one of its params")
+            given = spec.params[param]
+            if isinstance(value, dict):  # {$param: {its value: the engine's}}
+                table = value[f"${param}"]
+                if given not in table:
+                    raise SpecbenchError(
+                        f"{name}: {param}={given} has no {engine} setting; its {engine}.{key} maps "
+                        f"{', '.join(map(str, table))}"
+                    )
+                given = table[given]
+                if given is None:  # (the engine's default: the setting left out)
+                    continue
+            value = given
         elif key == MODEL_KEY[engine]:
             value = _need(name, value)
             if value not in paths:
@@ -60,6 +72,18 @@ def filled(name: str, engine: str, paths: dict[str, Path]) -> dict:
             value = str(paths[value])
         out[key] = value
     return out
+
+
+def _param(value: object) -> str | None:
+    """The method parameter a mapping's value carries: `$param` (its value as it is), or `{$param: {value: the
+    engine's}}` (its value through the table, null leaving the setting out); None for a constant."""
+    if isinstance(value, str) and value.startswith("$"):
+        return value[1:]
+    if isinstance(value, dict) and len(value) == 1:
+        (key,) = value
+        if isinstance(key, str) and key.startswith("$") and isinstance(value[key], dict):
+            return key[1:]
+    return None
 
 
 def speculative_config(name: str, paths: dict[str, Path]) -> dict | None:
