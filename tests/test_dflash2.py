@@ -12,7 +12,7 @@ from specbench.cli.main import main
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
 from specbench.core.proposer import Turn
-from specbench.engines.translate import speculative_config, why_not
+from specbench.engines.translate import server_flags, speculative_config
 from specbench.errors import SpecbenchError
 from specbench.heads import dflash, dflash2
 from specbench.heads.train import dflash_blocks, target_pass
@@ -260,7 +260,12 @@ def test_preset_and_engines():
     spec = methods.preset("dflash2")
     assert spec.lossless and spec.params["num_draft_tokens"] == 15
     assert methods.registered("dflash2").batched
-    assert "not mapped yet" in why_not("dflash2", "llamacpp")
+    assert server_flags("dflash2", {"dflash2 head": "D"})[:4] == [
+        "--spec-type",
+        "draft-dflash",
+        "--spec-draft-model",
+        "D",
+    ]
     assert speculative_config("dflash2", {"dflash2 head": "D"}) == {
         "method": "dflash",
         "model": "D",

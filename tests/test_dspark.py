@@ -10,7 +10,7 @@ from specbench import methods
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
 from specbench.core.proposer import Turn
-from specbench.engines.translate import speculative_config, why_not
+from specbench.engines.translate import server_flags, speculative_config, why_not
 from specbench.errors import SpecbenchError
 from specbench.heads import dflash, dspark
 from specbench.heads.checkpoint import save_safetensors
@@ -316,7 +316,9 @@ def test_preset_engines_and_what_it_refuses(target):
     )
     with pytest.raises(SpecbenchError, match="verify=sometimes has no vllm setting; its vllm.enable_adaptive_verifica"):
         speculative_config("dspark[verify=sometimes]", {"dspark head": "D"})
-    assert "not mapped yet" in why_not("dspark", "llamacpp")
+    flags = server_flags("dspark[confidence_threshold=0.5]", {"dspark head": "D"})
+    assert flags[:2] == ["--spec-type", "draft-dspark"] and flags[flags.index("--spec-draft-p-min") + 1] == "0.5"
+    assert why_not("dspark[verify=adaptive]", "llamacpp") == "its verify=adaptive has no setting in llamacpp's mapping"
     with pytest.raises(ValueError, match="need a drafter with a confidence head"):
         DSpark(random_draft(target, confidence=False), 4, confidence_threshold=0.5)
     with pytest.raises(ValueError, match="drafts 1 to 4 tokens per block of 4"):
