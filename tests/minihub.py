@@ -396,6 +396,52 @@ def _pard2(files: dict[str, bytes], mask: int, target_hidden: int, seed: int) ->
     return {**files, "config.json": _json(config), "warp_model.bin": warp.getvalue()}
 
 
+def _dspark_files(target_files: dict[str, bytes], mask: int, seed: int, markov: bool) -> dict[str, bytes]:
+    """A DeepSpec drafter for the target (`qwen3/config.py` build_draft_config's keys: the target's config plus
+    block_size 7, mask_token_id, target_layer_ids, markov_*, the confidence head's flags; 2 layers), its embedding
+    and readout stored as the released ones do. `markov`: DSpark; else the matched DFlash (markov_rank 0, no
+    confidence head: `config/dflash/*.py`)."""
+    from transformers import AutoConfig
+
+    from specbench.heads import dflash, dspark
+
+    raw = json.loads(target_files["config.json"])
+    settings = dflash.config_for(AutoConfig.for_model(**raw), 2, 7, mask)["dflash_config"]
+    config = {
+        **raw,
+        "architectures": ["Qwen3DSparkModel"],
+        "num_hidden_layers": 2,
+        "layer_types": ["full_attention"] * 2,
+        "num_target_layers": raw["num_hidden_layers"],
+        "block_size": 7,
+        "mask_token_id": mask,
+        "target_layer_ids": settings["target_layer_ids"],
+        "num_anchors": 512,
+        "markov_rank": 16 if markov else 0,
+        "markov_head_type": "vanilla",
+        "enable_confidence_head": markov,
+        "confidence_head_with_markov": markov,
+    }
+    torch.manual_seed(seed)
+    state = {k: v.contiguous() for k, v in dspark.saved_state(dspark.build(config)).items()}
+    return {"config.json": _json(config), "model.safetensors": safetensors_bytes(state)}
+
+
+def _peagle_speculators(vocab: int, hidden: int, rope_theta: float, mask: int, seed: int, target: dict) -> dict:
+    """A P-EAGLE head in speculators' `peagle` layout (RedHatAI's), written as `convert` writes one."""
+    from specbench.heads import peagle, speculators
+
+    config, _ = _eagle3_head(vocab, hidden, rope_theta, seed)
+    config["mask_token_id"] = mask
+    head = peagle.build(config)
+    head.d2t, head.t2d = eagle3_heads.vocabulary_maps(torch.arange(0, vocab, 2)[: vocab // 2], vocab)
+    verifier = {"name_or_path": target["id"], "architectures": target["architectures"]}
+    written = Path(target["work"]) / f"peagle-{seed}"
+    state = speculators.eagle3_speculators_state(eagle3_heads.saved_state(head))
+    speculators.write(speculators.eagle3_speculators(config, verifier, None, "peagle"), state, written)
+    return {n: (written / n).read_bytes() for n in ("config.json", "model.safetensors")}
+
+
 def build_2026(hub: Path, work: Path) -> None:
     """The llama3.1-8b, qwen3-8b, qwen3-4b and glm4.7-flash aliases with every head, scaled down, into the hub
     cache `hub` (an unpinned repository at a commit made from its id: `commit_of`)."""
@@ -442,6 +488,10 @@ def build_2026(hub: Path, work: Path) -> None:
                 continue
             if key == "dflash":
                 files = _dflash_files(targets[name], mask if tok is qwen_tok else 3, 30 + n)
+            elif key.startswith("dspark"):
+                files = _dspark_files(targets[name], mask, 50 + n, markov=key == "dspark")
+            elif key == "peagle":
+                files = _peagle_speculators(vocab, hidden[name], theta, mask, 60 + n, target)
             else:
                 kind = {"eagle3:redhat": "speculators", "eagle3:specforge": "specforge"}.get(key, "eagle")
                 files = _eagle3_published(kind, vocab, hidden[name], theta, 40 + n, target)

@@ -55,6 +55,10 @@ def test_list_models_shows_the_new_aliases_with_their_named_heads(capsys):
     assert "mtp head: zai-org/GLM-4.7-Flash" in out
     assert "pard head: amd/PARD-Qwen3-0.6B" in out and "draft: Qwen/Qwen3-0.6B" in out
     assert "eagle3 head 'specforge' (as eagle3[head=specforge]): lmsys/SGLang-EAGLE3-Llama-3.1-8B" in out
+    assert (
+        "dspark head: deepseek-ai/dspark_qwen3_8b_block7" in out and "peagle head: RedHatAI/Qwen3-8B-speculator" in out
+    )
+    assert "dspark head 'dflash' (as dspark[head=dflash]): deepseek-ai/dflash_qwen3_4b_block7" in out
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -75,12 +79,14 @@ def test_qwen3_runs_every_method_its_heads_allow_greedy_identical(capsys, offlin
     questions = tmp_path / "one.jsonl"
     questions.write_text(json.dumps({"id": 0, "turns": ["Name three colours."]}) + "\n")
     out = tmp_path / "run"
-    argv = ["run", "--model", "qwen3-8b", "--methods", "all,eagle3[head=redhat]", "--tasks", str(questions)]
+    named = "all,eagle3[head=redhat],dspark[head=dflash]"
+    argv = ["run", "--model", "qwen3-8b", "--methods", named, "--tasks", str(questions)]
     options = ["--max-new-tokens", "12", "--no-noise-floor", "--no-report", "--no-warmup", "--out", str(out)]
     assert main([*argv, *options]) == 0
     answers = read_answers(out)
     ran = {a.method for a in answers}
     assert {"sps", "eagle3", "eagle3[head=redhat]", "dflash", "pard", "pard2", "pld", "suffix"} <= ran
+    assert {"dspark", "dspark[head=dflash]", "peagle"} <= ran  # DeepSpec's layout both ways; speculators' peagle
     assert all(a.greedy_check["match"] for a in answers if a.method != "vanilla")
     manifest = json.loads((out / "manifest.json").read_text())
     recorded = json.dumps(manifest)

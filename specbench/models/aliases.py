@@ -137,7 +137,10 @@ ALIASES: dict[str, ModelSpec] = {
                 {
                     "eagle3": "AngelSlim/Qwen3-8B_eagle3",
                     "eagle3:redhat": "RedHatAI/Qwen3-8B-speculator.eagle3",  # speculators format
+                    "peagle": "RedHatAI/Qwen3-8B-speculator.peagle",  # speculators format
                     "dflash": "z-lab/Qwen3-8B-DFlash-b16",
+                    "dspark": "deepseek-ai/dspark_qwen3_8b_block7",
+                    "dspark:dflash": "deepseek-ai/dflash_qwen3_8b_block7",  # DeepSpec's matched DFlash (no Markov)
                     "pard": PARD_QWEN3,
                     "pard2": "amd/PARD2-Qwen3-8B",  # reads this target's states (target_proj)
                 },
@@ -146,7 +149,13 @@ ALIASES: dict[str, ModelSpec] = {
                 "qwen3-4b",
                 "Qwen/Qwen3-4B",
                 QWEN3_06B,
-                {"eagle3": "AngelSlim/Qwen3-4B_eagle3", "dflash": "z-lab/Qwen3-4B-DFlash-b16", "pard": PARD_QWEN3},
+                {
+                    "eagle3": "AngelSlim/Qwen3-4B_eagle3",
+                    "dflash": "z-lab/Qwen3-4B-DFlash-b16",
+                    "dspark": "deepseek-ai/dspark_qwen3_4b_block7",
+                    "dspark:dflash": "deepseek-ai/dflash_qwen3_4b_block7",  # DeepSpec's matched DFlash (no Markov)
+                    "pard": PARD_QWEN3,
+                },
             ),
             _alias(  # native MTP on one GPU (~60 GB in bfloat16), loaded without remote code: docs/models-and-tasks.md
                 "glm4.7-flash",
