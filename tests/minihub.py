@@ -427,6 +427,30 @@ def _dspark_files(target_files: dict[str, bytes], mask: int, seed: int, markov: 
     return {"config.json": _json(config), "model.safetensors": safetensors_bytes(state)}
 
 
+def _deepspec_eagle3(target_files: dict[str, bytes], seed: int) -> dict[str, bytes]:
+    """A DeepSpec EAGLE-3 head for the target (`Qwen3Eagle3Model`: `eagle3/qwen3/config.py` build_draft_config's
+    keys over the target's config, five fused layers, one draft layer stored as `layers.0.`, the whole vocabulary)."""
+    from specbench.heads import deepspec, eagle3
+
+    raw = json.loads(target_files["config.json"])
+    config = {
+        **raw,
+        "architectures": ["Qwen3Eagle3Model"],
+        "num_hidden_layers": 1,
+        "layer_types": ["full_attention"],
+        "num_target_layers": raw["num_hidden_layers"],
+        "target_layer_ids": list(range(5)),
+        "ttt_length": 7,
+        "step_loss_decay": 0.8,
+        "draft_num_hidden_layers": 1,
+        "tie_word_embeddings": False,
+    }
+    torch.manual_seed(seed)
+    head = eagle3.build(deepspec.eagle3_official(config, "DeepSpec head"))
+    state = {k.replace("midlayer.", "layers.0.", 1): v.contiguous() for k, v in head.state_dict().items()}
+    return {"config.json": _json(config), "model.safetensors": safetensors_bytes(state)}
+
+
 def _peagle_speculators(vocab: int, hidden: int, rope_theta: float, mask: int, seed: int, target: dict) -> dict:
     """A P-EAGLE head in speculators' `peagle` layout (RedHatAI's), written as `convert` writes one."""
     from specbench.heads import peagle, speculators
@@ -490,6 +514,8 @@ def build_2026(hub: Path, work: Path) -> None:
                 files = _dflash_files(targets[name], mask if tok is qwen_tok else 3, 30 + n)
             elif key.startswith("dspark"):
                 files = _dspark_files(targets[name], mask, 50 + n, markov=key == "dspark")
+            elif key == "eagle3:deepspec":
+                files = _deepspec_eagle3(targets[name], 70 + n)
             elif key == "peagle":
                 files = _peagle_speculators(vocab, hidden[name], theta, mask, 60 + n, target)
             else:

@@ -79,14 +79,14 @@ def test_qwen3_runs_every_method_its_heads_allow_greedy_identical(capsys, offlin
     questions = tmp_path / "one.jsonl"
     questions.write_text(json.dumps({"id": 0, "turns": ["Name three colours."]}) + "\n")
     out = tmp_path / "run"
-    named = "all,eagle3[head=redhat],dspark[head=dflash]"
+    named = "all,eagle3[head=redhat],eagle3[head=deepspec],dspark[head=dflash]"
     argv = ["run", "--model", "qwen3-8b", "--methods", named, "--tasks", str(questions)]
     options = ["--max-new-tokens", "12", "--no-noise-floor", "--no-report", "--no-warmup", "--out", str(out)]
     assert main([*argv, *options]) == 0
     answers = read_answers(out)
     ran = {a.method for a in answers}
     assert {"sps", "eagle3", "eagle3[head=redhat]", "dflash", "pard", "pard2", "pld", "suffix"} <= ran
-    assert {"dspark", "dspark[head=dflash]", "peagle"} <= ran  # DeepSpec's layout both ways; speculators' peagle
+    assert {"dspark", "dspark[head=dflash]", "eagle3[head=deepspec]", "peagle"} <= ran  # DeepSpec's three; RedHat's
     assert all(a.greedy_check["match"] for a in answers if a.method != "vanilla")
     manifest = json.loads((out / "manifest.json").read_text())
     recorded = json.dumps(manifest)
@@ -134,7 +134,7 @@ def test_a_variant_of_a_named_head_keeps_its_head():
 
 def test_a_head_a_variant_cannot_find_is_one_line(capsys, offline):
     line = one_line_error(capsys, ["run", "--model", "qwen3-4b", "--methods", "eagle3[head=redhat]", "--dry-run"])
-    assert "qwen3-4b has no EAGLE-3 head named 'redhat'; pass --head eagle3:redhat=PATH_OR_HUB_ID" in line
+    assert "qwen3-4b has no EAGLE-3 head named 'redhat' (its EAGLE-3 heads are named deepspec); pass --head " in line
     line = one_line_error(capsys, ["run", "--model", "llama3.1-8b", "--methods", "eagle3[head=nope]", "--dry-run"])
     assert "(its EAGLE-3 heads are named redhat, specforge)" in line
     line = one_line_error(capsys, ["run", "--model", "tiny", "--methods", "pld[head=redhat]", "--dry-run"])

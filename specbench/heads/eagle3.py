@@ -1,7 +1,8 @@
 """The EAGLE-3 draft head: three of the target's unnormalised hidden states fused by fc (3H -> H), one decoder
 layer whose attention reads [norm(embedding), norm(hidden)] (2H wide, residual = the hidden), its own final
 norm and an lm_head over a reduced draft vocabulary; draft id i is target id i + d2t[i]. A speculators head may
-stack more Llama layers after that one (config `draft_layers` here; their tensors `layers.{i}.`, i >= 1).
+stack more Llama layers after that one (config `draft_layers` here; their tensors `layers.{i}.`, i >= 1). DeepSpec's
+heads fuse five states and add per-head q/k norms (`heads.deepspec`).
 
 Checkpoint (official layout): config.json (Llama keys plus draft_vocab_size and an optional
 target_hidden_size; without rope_theta the layer uses RoPE base 10000) and `pytorch_model.bin` or
@@ -13,6 +14,7 @@ embed_tokens.weight optionally (the official heads have none: the target's is co
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,7 +26,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from ..errors import SpecbenchError
 from ..models.decoder import MLP, Attention, KeysAndValues, Layer, RMSNorm
 from ..registry import HeadFamily, head_family
-from . import eagle, speculators
+from . import deepspec, eagle, speculators
 from .checkpoint import check, read_weights
 
 
@@ -80,16 +82,19 @@ class Eagle3Head(nn.Module):
         super().__init__()
         self.config = config
         hidden, vocab, draft_vocab = config.hidden_size, config.vocab_size, config.draft_vocab_size
-        self.feature_size = 3 * (getattr(config, "target_hidden_size", None) or hidden)
         aux = getattr(config, "eagle_aux_hidden_state_layer_ids", None)
         self.layer_ids = None if aux is None else tuple(aux)  # the target states fused; None: `feature_layers`'s
+        self.fused = 3 if aux is None else len(aux)  # (three but in DeepSpec's heads: five)
+        self.feature_size = self.fused * (getattr(config, "target_hidden_size", None) or hidden)
         self.embed_tokens = nn.Embedding(vocab, hidden)
         # EAGLE 3.1's options (speculators' `eagle3/core.py`): one norm over the fused target states before fc
         # (`norm_before_fc`), or one per target state (`fc_norm`); `norm_output` feeds back the normed output
-        part, eps = self.feature_size // 3, config.rms_norm_eps
+        part, eps = self.feature_size // self.fused, config.rms_norm_eps
         self.input_norm = RMSNorm.build(self.feature_size, eps) if getattr(config, "norm_before_fc", False) else None
         self.fc_norm = (
-            nn.ModuleList(RMSNorm.build(part, eps) for _ in range(3)) if getattr(config, "fc_norm", False) else None
+            nn.ModuleList(RMSNorm.build(part, eps) for _ in range(self.fused))
+            if getattr(config, "fc_norm", False)
+            else None
         )
         self.norm_output = bool(getattr(config, "norm_output", False))
         self.fc = nn.Linear(self.feature_size, hidden, bias=False)
@@ -119,7 +124,8 @@ class Eagle3Head(nn.Module):
             if self.input_norm is not None:
                 hidden = self.input_norm(hidden)
             if self.fc_norm is not None:
-                hidden = torch.cat([norm(x) for norm, x in zip(self.fc_norm, hidden.chunk(3, -1), strict=True)], -1)
+                parts = hidden.chunk(self.fused, -1)
+                hidden = torch.cat([norm(x) for norm, x in zip(self.fc_norm, parts, strict=True)], -1)
             hidden = self.fc(hidden)
         rope = self.rotary(hidden, positions) if rope is None else rope
         out = self.midlayer(self.embed_tokens(tokens), hidden, rope, mask, cache)
@@ -166,24 +172,35 @@ def build(raw: dict) -> Eagle3Head:
 
 
 def load(source: str | Path, target_model: Any) -> Eagle3Head:
-    """An official-layout or speculators head (`filled`)."""
+    """An official-layout, speculators or DeepSpec head (`filled`)."""
     raw, shipped_as_speculators = speculators.official(source, "eagle3", "EAGLE-3 head")
-    return filled(build(raw), source, target_model, "EAGLE-3 head", shipped_as_speculators)
+    if deepspec.is_eagle3(raw):
+        raw = deepspec.eagle3_official(raw, f"EAGLE-3 head '{source}'")
+        return filled(build(raw), source, target_model, "EAGLE-3 head", deepspec.eagle3_official_state)
+    renamed = speculators.eagle3_official_state if shipped_as_speculators else None
+    return filled(build(raw), source, target_model, "EAGLE-3 head", renamed)
 
 
-def filled(head: H, source: str | Path, target_model: Any, title: str, shipped_as_speculators: bool) -> H:
-    """`head` with the weights of `source` for `target_model`; d2t/t2d are ignored for a full draft vocabulary, a
-    missing embedding is the target's."""
+def filled(
+    head: H,
+    source: str | Path,
+    target_model: Any,
+    title: str,
+    renamed: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None,
+) -> H:
+    """`head` with the weights of `source` for `target_model` (their names first `renamed` to the official layout's
+    when it was shipped in another); d2t/t2d are ignored for a full draft vocabulary, a missing embedding is the
+    target's."""
     what = f"{title} '{source}'"
     vocab, target_hidden = target_model.get_output_embeddings().weight.shape
-    if (vocab, 3 * target_hidden) != (head.config.vocab_size, head.feature_size):
+    if (vocab, head.fused * target_hidden) != (head.config.vocab_size, head.feature_size):
         raise SpecbenchError(
-            f"{what} is for target hidden size {head.feature_size // 3} and vocabulary {head.config.vocab_size}, "
-            f"the target has {target_hidden} and {vocab}: use a head trained for this target"
+            f"{what} is for target hidden size {head.feature_size // head.fused} and vocabulary "
+            f"{head.config.vocab_size}, the target has {target_hidden} and {vocab}: use a head trained for this target"
         )
     state = read_weights(source, eagle.FILES, title)
-    if shipped_as_speculators:
-        state = speculators.eagle3_official_state(state)
+    if renamed is not None:
+        state = renamed(state)
     layers = target_model.config.get_text_config().num_hidden_layers
     if head.layer_ids is not None and not all(0 <= i <= layers for i in head.layer_ids):
         raise SpecbenchError(

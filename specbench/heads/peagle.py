@@ -52,7 +52,8 @@ def build(raw: dict) -> PEagleHead:
 def load(source: str | Path, target_model: Any) -> PEagleHead:
     """An official-layout or speculators head (`eagle3.filled`); its mask_hidden is required."""
     raw, shipped_as_speculators = speculators.official(source, "peagle", TITLE)
-    return eagle3.filled(build(raw), source, target_model, TITLE, shipped_as_speculators)
+    renamed = speculators.eagle3_official_state if shipped_as_speculators else None
+    return eagle3.filled(build(raw), source, target_model, TITLE, renamed)
 
 
 def save(head: PEagleHead, raw_config: dict, out: Path, half: bool = False) -> None:

@@ -137,6 +137,7 @@ ALIASES: dict[str, ModelSpec] = {
                 {
                     "eagle3": "AngelSlim/Qwen3-8B_eagle3",
                     "eagle3:redhat": "RedHatAI/Qwen3-8B-speculator.eagle3",  # speculators format
+                    "eagle3:deepspec": "deepseek-ai/eagle3_qwen3_8b_ttt7",  # DSpark's matched EAGLE-3 (DeepSpec)
                     "peagle": "RedHatAI/Qwen3-8B-speculator.peagle",  # speculators format
                     "dflash": "z-lab/Qwen3-8B-DFlash-b16",
                     "dspark": "deepseek-ai/dspark_qwen3_8b_block7",
@@ -151,6 +152,7 @@ ALIASES: dict[str, ModelSpec] = {
                 QWEN3_06B,
                 {
                     "eagle3": "AngelSlim/Qwen3-4B_eagle3",
+                    "eagle3:deepspec": "deepseek-ai/eagle3_qwen3_4b_ttt7",  # DSpark's matched EAGLE-3 (DeepSpec)
                     "dflash": "z-lab/Qwen3-4B-DFlash-b16",
                     "dspark": "deepseek-ai/dspark_qwen3_4b_block7",
                     "dspark:dflash": "deepseek-ai/dflash_qwen3_4b_block7",  # DeepSpec's matched DFlash (no Markov)

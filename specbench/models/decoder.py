@@ -192,16 +192,17 @@ class Attention(Joined):
 
     @staticmethod
     def build(config: Any, index: int, width: int | None = None) -> Attention:
-        """A fresh one for a Llama-family `config` as its family lays it out (Qwen2: biased q/k/v; Qwen3: per-head
-        norms; else biases where `attention_bias`), its input `width` wide (default: the hidden size; EAGLE-3's
-        reads 2H), writing cache layer `index`."""
+        """A fresh one for a Llama-family `config` as its family lays it out (Qwen2: biased q/k/v; Qwen3 or
+        `qk_norm`: per-head norms; else biases where `attention_bias`), its input `width` wide (default: the hidden
+        size; EAGLE-3's reads 2H), writing cache layer `index`."""
         hidden, queries, kind = config.hidden_size, config.num_attention_heads, getattr(config, "model_type", None)
         keys = getattr(config, "num_key_value_heads", None) or queries
         size = getattr(config, "head_dim", None) or hidden // queries
         bias = bool(getattr(config, "attention_bias", False))
         qkv = nn.Linear(width or hidden, (queries + 2 * keys) * size, bias=bias or kind == "qwen2")
         out = nn.Linear(queries * size, hidden, bias=bias and kind != "qwen2")
-        norms = [RMSNorm.build(size, config.rms_norm_eps) for _ in range(2)] if kind == "qwen3" else []
+        qk_norm = kind == "qwen3" or bool(getattr(config, "qk_norm", False))  # (DeepSpec's EAGLE-3 heads: too)
+        norms = [RMSNorm.build(size, config.rms_norm_eps) for _ in range(2)] if qk_norm else []
         return Attention(qkv, out, Heads(queries, keys, size, size**-0.5), index, *norms)
 
     @staticmethod
