@@ -167,7 +167,6 @@ METHODS = (
     "peagle",
     "mtp",
     "dflash",
-    "dflash[tree=6]",
     "dflash2",
     "dflash2[tree=6,tree_top_k=2]",
     "dspark",
