@@ -47,13 +47,13 @@ if [[ -n "${MEASURE:-}" ]]; then
     --title "DFlash and PARD drafters of the tiny family beside eagle3 and sps"
 fi
 # MEASURE_2026=1: the drafters of 2026 the tiny family has (P-EAGLE, DSpark with and without its adaptive schedule,
-# DFlash2, PARD-2 with and without the target's states; DDTree over DFlash) beside EAGLE-3's tree and
+# DFlash2, PARD-2 with and without the target's states; DDTree over DFlash, DFlash2 and DSpark) beside EAGLE-3's tree and
 # EAGLE-3 drafting the same chain of 8 one forward a token, DFlash, PARD and sps: every quick question at T=0 and
 # T=1, one run on an otherwise idle machine: reports/tiny-drafters-2026.
 if [[ -n "${MEASURE_2026:-}" ]]; then
   rm -rf results/tiny-drafters-2026
   specbench run --model tiny --tasks quick --temperatures 0,1 --out results/tiny-drafters-2026 --no-report \
-    --methods "vanilla,sps,eagle3,eagle3[total_tokens=9,depth=7,top_k=1],peagle,dflash,dflash[tree=16],dflash2,dspark,dspark[verify=adaptive],pard,pard2,pard2[target_features=false]"
+    --methods "vanilla,sps,eagle3,eagle3[total_tokens=9,depth=7,top_k=1],peagle,dflash,dflash[tree=16],dflash2,dflash2[tree=16],dspark,dspark[tree=16],dspark[verify=adaptive],pard,pard2,pard2[target_features=false]"
   specbench report results/tiny-drafters-2026 --out reports/tiny-drafters-2026 \
     --title "The drafters of 2026 on the tiny family beside EAGLE-3, DFlash and PARD"
 fi

@@ -5,8 +5,8 @@ import pytest
 import torch
 from scipy import stats
 
-from specbench.core.acceptance import exact_chains, greedy, greedy_batch, speculative_sampling
-from specbench.core.sampling import draw_distinct, drawn, inverse_cdf
+from specbench.core.acceptance import exact_chains, exact_trees, greedy, greedy_batch, speculative_sampling
+from specbench.core.sampling import draw_distinct, draw_distinct_padded, drawn, inverse_cdf
 from specbench.core.tree import Tree, chain, new_rows_allowed
 
 
@@ -309,3 +309,62 @@ def test_drawn_takes_each_rows_own_generator_and_the_argmax_at_zero():
     assert together.tolist() == [int(alone[0]), 0]
     assert torch.equal(spare.get_state(), torch.Generator().manual_seed(11).get_state())
     torch.testing.assert_close(laws[0], torch.softmax(logits[0], -1))
+
+
+def test_exact_trees_on_chains_are_exact_chains():
+    """A chain is a tree: the same draws give the same verdicts, the path being rows 1 .. length."""
+    gen = torch.Generator().manual_seed(4)
+    b, k, vocab = 64, 5, 6
+    probs = torch.softmax(torch.randn(b, k + 1, vocab, generator=gen) * 2, -1)
+    tokens = torch.randint(0, vocab, (b, k), generator=gen)
+    q = torch.softmax(torch.randn(b, k, vocab, generator=gen) * 2, -1)
+    q[::2] = torch.nn.functional.one_hot(tokens[::2], vocab).float()  # (half of them point masses)
+    lengths = torch.randint(0, k + 1, (b,), generator=gen)
+    draws = torch.rand(b, k + 1, generator=gen)
+    parents = torch.arange(-1, k - 1).expand(b, k)
+    chains = exact_chains(probs, tokens, q, lengths, draws)
+    trees = exact_trees(probs, tokens, q, parents, lengths, draws, k)
+    for name in ("length", "token", "tested"):
+        assert torch.equal(getattr(trees, name), getattr(chains, name)), name
+    steps = torch.arange(1, k + 1)
+    assert torch.equal(
+        torch.where(steps <= trees.length[:, None], trees.path, 0),
+        torch.where(steps <= trees.length[:, None], steps, 0),
+    )
+
+
+def _tree_joint(honest: bool, trials: int, seed: int = 0) -> float:
+    """p-value of the first two tokens `exact_trees` emits, each of `trials` rows one tree (two siblings drawn from
+    q1 without replacement, the first with a child drawn from q2 of it), against the target's P1[y] P2[y, z] (a
+    single emitted token continues by a draw from P2 of it). `honest`: the second sibling tested against its own
+    law (q1 without the first); else against q1 (the planted mistake)."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = 4
+    p1 = _random_dist(gen, vocab)
+    p2 = torch.stack([_random_dist(gen, vocab) for _ in range(vocab)])
+    bonus = torch.stack([_random_dist(gen, vocab) for _ in range(vocab)])
+    q1 = _random_dist(gen, vocab)
+    q2 = torch.stack([_random_dist(gen, vocab) for _ in range(vocab)])
+    order, laws, _ = draw_distinct_padded(q1.expand(trials, -1), 2, gen)
+    a, b = order[:, 0], order[:, 1]
+    c = inverse_cdf(q2[a], torch.rand(trials, generator=gen))
+    tokens = torch.stack([a, b, c], 1)
+    second = laws[:, 1] if honest else q1.expand(trials, -1)
+    q = torch.stack([laws[:, 0], second, q2[a]], 1)
+    probs = torch.stack([p1.expand(trials, -1), p2[a], p2[b], bonus[c]], 1)
+    parents = torch.tensor([-1, -1, 0]).expand(trials, -1)
+    v = exact_trees(probs, tokens, q, parents, torch.full((trials,), 3), torch.rand(trials, 4, generator=gen), 2)
+    drafted = tokens.gather(1, (v.path - 1).clamp(min=0))
+    first = torch.where(v.length >= 1, drafted[:, 0], v.token)
+    follow = torch.multinomial(p2[first], 1, generator=gen).squeeze(1)
+    after = torch.where(v.length >= 2, drafted[:, 1], torch.where(v.length == 1, v.token, follow))
+    counts = torch.bincount(first * vocab + after, minlength=vocab * vocab).double().numpy()
+    expected = (p1[:, None] * p2).double().numpy().ravel() * trials
+    return stats.chisquare(counts, expected / expected.sum() * trials).pvalue
+
+
+def test_exact_trees_keep_the_target_law_and_the_planted_mistake_fails():
+    """Siblings drawn without replacement, each tested against its own law, a child under the first: exact; the
+    second sibling tested against the unconditioned law: biased."""
+    assert _tree_joint(True, 40000) > 1e-3
+    assert _tree_joint(False, 40000) < 1e-6

@@ -174,6 +174,60 @@ def exact_chains(
     return ChainVerdicts(length, token, length + rejected.long())
 
 
+@dataclass(frozen=True)
+class TreeVerdicts:
+    """Every tree's verdict from `exact_trees`, on the device: `ChainVerdicts`' and the accepted path's rows."""
+
+    length: torch.Tensor  # [B]: draft tokens accepted
+    token: torch.Tensor  # [B]: the target's own token after them
+    tested: torch.Tensor  # [B]: `Accepted.tested`
+    path: torch.Tensor  # [B, d]: the accepted nodes' input rows in path order (past length: 0)
+
+
+def exact_trees(
+    probs: torch.Tensor,
+    tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    parents: torch.Tensor,
+    counts: torch.Tensor,
+    draws: torch.Tensor,
+    depth: int,
+) -> TreeVerdicts:
+    """`speculative_sampling` for a batch of trees at once, in tensor operations (no host read). Tree b has counts[b]
+    nodes: tokens [B, n] drawn from their rows of draft_probs [B, n, V] (one-hot: a point mass), parents [B, n]
+    (-1: the root's child; parents precede children; past counts[b]: anything), none deeper than `depth`; probs
+    [B, n + 1, V] are the target's laws at [root] + nodes. Node i's test uses draws[b, i], the target's own token
+    draws[b, counts[b]] (each tree's draws its own: counts[b] + 1 of them; a chain's are `exact_chains`' and so is
+    its verdict). The nodes are visited in order, each tested when its parent is the row the walk stands on and no
+    earlier sibling was accepted: as the walk only descends and a node's children come after it, that is
+    `speculative_sampling`'s order."""
+    batch, n = tokens.shape
+    at = torch.arange(batch, device=tokens.device)
+    row = torch.zeros(batch, dtype=torch.long, device=tokens.device)  # the input row the walk stands on
+    length = torch.zeros_like(row)
+    path = torch.zeros(batch, max(depth, 1), dtype=torch.long, device=tokens.device)
+    p = probs[:, 0].clone()  # [B, V]: the law left at the row (its residual after rejected children)
+    for i in range(n):
+        x = tokens[:, i]
+        q = draft_probs[:, i]
+        tested = (i < counts) & (parents[:, i] + 1 == row)
+        px, qx = p.gather(1, x[:, None]).squeeze(1), q.gather(1, x[:, None]).squeeze(1)
+        accept = tested & (qx > 0) & (draws[:, i] * qx < px)
+        reject = tested & ~accept
+        residual = (p - q).clamp_min(0)
+        total = residual.sum(-1, keepdim=True)
+        rejected = torch.where(total > 0, residual / total.clamp_min(1e-30), p)
+        p = torch.where(accept[:, None], probs[:, i + 1], torch.where(reject[:, None], rejected, p))
+        place = length.clamp(max=path.shape[1] - 1)
+        path[at, place] = torch.where(accept, i + 1, path[at, place])
+        length = length + accept.long()
+        row = torch.where(accept, i + 1, row)
+    real = torch.arange(n, device=tokens.device) < counts[:, None]
+    has_children = (real & (parents + 1 == row[:, None])).any(-1)
+    token = inverse_cdf(p, draws.gather(1, counts[:, None]).squeeze(1))
+    return TreeVerdicts(length, token, length + has_children.long(), path)
+
+
 def typical(
     tree: Tree,
     probs: torch.Tensor,
@@ -208,13 +262,15 @@ def typical(
 class Rule:
     """An acceptance rule as the decode loop applies it at T > 0 (at T = 0 every rule is `greedy`: `greedy_batch`
     inside the target's forward). A method's preset names it (`acceptance:`); the registry resolves it once and
-    hands it to the loop, which decides a batch's chains at once where the rule has a batch form (`chains`)."""
+    hands it to the loop, which decides a batch's chains and trees at once where the rule has batch forms (`chains`,
+    `trees`)."""
 
     name: str
     lossless: bool
     sampled: Callable[..., Accepted]  # (tree, probs [n+1, V], draft_probs [n, V] | None, generator, **params)
     params: dict = field(default_factory=dict)
     chains: Callable[..., ChainVerdicts] | None = None  # the rule for a batch of chains at once (`exact_chains`)
+    trees: Callable[..., TreeVerdicts] | None = None  # and for a batch of trees (`exact_trees`)
 
     def __call__(
         self,
@@ -232,7 +288,7 @@ def _typical(tree: Tree, probs: torch.Tensor, draft_probs, generator, **params) 
 
 
 RULES = {
-    "exact": Rule("exact", True, speculative_sampling, chains=exact_chains),
+    "exact": Rule("exact", True, speculative_sampling, chains=exact_chains, trees=exact_trees),
     "typical": Rule("typical", False, _typical, {"posterior_threshold": 0.09, "posterior_alpha": 0.3}),
 }
 EXACT = RULES["exact"]
@@ -248,4 +304,4 @@ def rule(spec: str | dict | None) -> Rule:
     unknown = sorted(set(spec) - set(base.params))
     if unknown:
         raise SpecbenchError(f"acceptance rule '{name}' has no parameter '{unknown[0]}'")
-    return Rule(base.name, base.lossless, base.sampled, {**base.params, **spec}, base.chains)
+    return Rule(base.name, base.lossless, base.sampled, {**base.params, **spec}, base.chains, base.trees)

@@ -347,19 +347,23 @@ def read(summary: torch.Tensor | list[list[int]], active: list, proposals: list[
 
 def sampled(active: list, proposals: list[Proposal], whole: Forward, rule: acceptance.Rule) -> list[Verdict]:
     """At T > 0, each slot's verdict by the method's rule on its rows, drawing from its own generator: the chains
-    (empty ones included) of a rule with a batch form (`Rule.chains`) all at once (`chain_verdicts`), a tree or a
-    rule without one slot by slot."""
-    together = [
-        i
-        for i, ((_, turn), p) in enumerate(zip(active, proposals, strict=True))
-        # (a drafted shape read from the device: a chain's verdict is `chain_verdicts`' wherever it was drafted)
-        if rule.chains is not None and turn.job.temperature > 0 and p.side is None and is_chain(p.tree.parents)
-    ]
+    (empty ones included) and the trees of a rule with batch forms (`Rule.chains`, `Rule.trees`) all at once
+    (`batch_verdicts`), a side branch or a rule without them slot by slot."""
     verdicts: list[Verdict | None] = [None] * len(active)
-    if together:
-        chained = chain_verdicts([active[i] for i in together], [proposals[i] for i in together], whole, rule)
-        for i, verdict in zip(together, chained, strict=True):
-            verdicts[i] = verdict
+    chains, trees = [], []
+    for i, ((_, turn), p) in enumerate(zip(active, proposals, strict=True)):
+        if turn.job.temperature == 0 or p.side is not None:
+            continue
+        # (a drafted shape read from the device: a chain's verdict is the batch's wherever it was drafted)
+        if rule.chains is not None and is_chain(p.tree.parents):
+            chains.append(i)
+        elif rule.trees is not None:
+            trees.append(i)
+    for group, chained in ((chains, True), (trees, False)):
+        if group:
+            found = batch_verdicts([active[i] for i in group], [proposals[i] for i in group], whole, rule, chained)
+            for i, verdict in zip(group, found, strict=True):
+                verdicts[i] = verdict
     for i, ((slot, turn), p) in enumerate(zip(active, proposals, strict=True)):
         if verdicts[i] is not None:
             continue
@@ -376,11 +380,12 @@ def sampled(active: list, proposals: list[Proposal], whole: Forward, rule: accep
     return [v for v in verdicts if v is not None]
 
 
-def chain_verdicts(active: list, proposals: list[Proposal], whole: Forward, rule: acceptance.Rule) -> list[Verdict]:
-    """Every sampled chain's verdict at once (`rule.chains` over their rows) and read in one transfer, with each
-    chain's drafted tokens. Each slot draws its chain's length + 1 uniforms from its own generator, so its tokens
-    depend on no batch-mate (docs/metrics.md)."""
-    assert rule.chains is not None
+def batch_verdicts(
+    active: list, proposals: list[Proposal], whole: Forward, rule: acceptance.Rule, chains: bool
+) -> list[Verdict]:
+    """Every sampled chain's (`chains`: `rule.chains`) or tree's (`rule.trees`) verdict at once, read in one
+    transfer with each one's drafted tokens. Each slot draws its nodes + 1 uniforms from its own generator, so its
+    tokens depend on no batch-mate (docs/metrics.md)."""
     logits, device = whole.logits, whole.logits.device
     lengths = [len(p.tree) for p in proposals]
     k, vocab = max(lengths), logits.shape[-1]
@@ -391,20 +396,31 @@ def chain_verdicts(active: list, proposals: list[Proposal], whole: Forward, rule
         draws = torch.cat([torch.rand(1, generator=turn.job.generator, device=device) for _, turn in active])
         return [Verdict([0], [token], 0) for token in inverse_cdf(probs[:, 0], draws).tolist()]
     tokens = torch.zeros(len(active), k, dtype=torch.long, device=device)
+    parents = torch.full((len(active), k), -2, dtype=torch.long, device=device)  # (-2: no node)
     draws = torch.ones(len(active), k + 1, device=device)
     for i, ((_, turn), p, n) in enumerate(zip(active, proposals, lengths, strict=True)):
         draws[i, : n + 1] = torch.rand(n + 1, generator=turn.job.generator, device=device)
         if n:
             tree = p.tree
             tokens[i, :n] = tree.ids if isinstance(tree, DeviceTree) and tree.on_device else upload(tree.tokens, device)
+            if not chains:
+                parents[i, :n] = tree.parents_tensor().to(device)
     q = torch.nn.functional.one_hot(tokens, vocab).float()  # [n, k, V]: point masses, unless drawn from a law
     for i, (p, n) in enumerate(zip(proposals, lengths, strict=True)):
         if p.draft_probs is not None and n:
             q[i, :n, : p.draft_probs.shape[-1]] = p.draft_probs[:n]
             q[i, :n, p.draft_probs.shape[-1] :] = 0
-    v = rule.chains(probs, tokens, q, upload(lengths, device), draws)
-    host = torch.cat([torch.stack([v.length, v.token, v.tested], 1), tokens], 1).tolist()  # [n, 3 + k]
-    return [Verdict(list(range(row[0] + 1)), [*row[3 : 3 + row[0]], row[1]], row[2]) for row in host]
+    if chains:
+        assert rule.chains is not None
+        v = rule.chains(probs, tokens, q, upload(lengths, device), draws)
+        host = torch.cat([torch.stack([v.length, v.token, v.tested], 1), tokens], 1).tolist()  # [n, 3 + k]
+        return [Verdict(list(range(row[0] + 1)), [*row[3 : 3 + row[0]], row[1]], row[2]) for row in host]
+    assert rule.trees is not None
+    depth = max(p.tree.depth_bound() for p in proposals)
+    t = rule.trees(probs, tokens, q, parents, upload(lengths, device), draws, depth)
+    drafted = tokens.gather(1, (t.path - 1).clamp(min=0))  # [n, d]: the path's tokens
+    host = torch.cat([torch.stack([t.length, t.token, t.tested], 1), t.path, drafted], 1).tolist()
+    return [Verdict([0, *row[3 : 3 + row[0]]], [*row[3 + depth : 3 + depth + row[0]], row[1]], row[2]) for row in host]
 
 
 def forced(active: list, proposals: list[Proposal], whole: Forward, profile: Profile) -> list[Verdict]:
