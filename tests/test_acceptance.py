@@ -322,15 +322,15 @@ def test_exact_trees_on_chains_are_exact_chains():
     lengths = torch.randint(0, k + 1, (b,), generator=gen)
     draws = torch.rand(b, k + 1, generator=gen)
     parents = torch.arange(-1, k - 1).expand(b, k)
-    chains = exact_chains(probs, tokens, q, lengths, draws)
-    trees = exact_trees(probs, tokens, q, parents, lengths, draws, k)
-    for name in ("length", "token", "tested"):
-        assert torch.equal(getattr(trees, name), getattr(chains, name)), name
-    steps = torch.arange(1, k + 1)
-    assert torch.equal(
-        torch.where(steps <= trees.length[:, None], trees.path, 0),
-        torch.where(steps <= trees.length[:, None], steps, 0),
-    )
+    masses = torch.nn.functional.one_hot(tokens, vocab).float()
+    for laws, given in ((q, q), (masses, None)):  # (drawn nodes, and point masses: `exact_trees`' two passes)
+        chains = exact_chains(probs, tokens, laws, lengths, draws)
+        trees = exact_trees(probs, tokens, given, parents, lengths, draws, k)
+        for name in ("length", "token", "tested"):
+            assert torch.equal(getattr(trees, name), getattr(chains, name)), name
+        steps = torch.arange(1, k + 1)
+        on_path = steps <= trees.length[:, None]
+        assert torch.equal(torch.where(on_path, trees.path, 0), torch.where(on_path, steps, 0))
 
 
 def _tree_joint(honest: bool, trials: int, seed: int = 0) -> float:
@@ -368,3 +368,23 @@ def test_exact_trees_keep_the_target_law_and_the_planted_mistake_fails():
     second sibling tested against the unconditioned law: biased."""
     assert _tree_joint(True, 40000) > 1e-3
     assert _tree_joint(False, 40000) < 1e-6
+
+
+def test_point_mass_trees_take_their_one_pass_and_match_the_walk_node_by_node():
+    """Trees of point masses (three distinct siblings, two with children): the one-pass verdicts equal the
+    node-by-node walk's (the same function given the one-hot laws) for every draw."""
+    gen = torch.Generator().manual_seed(5)
+    b, vocab = 500, 5
+    tokens = torch.stack([torch.randperm(vocab, generator=gen)[:3] for _ in range(b)])
+    tokens = torch.cat([tokens, torch.stack([torch.randperm(vocab, generator=gen)[:3] for _ in range(b)])], 1)
+    parents = torch.tensor([-1, -1, -1, 0, 0, 2]).expand(b, -1)  # [a, b, c, a1, a2, c1]
+    probs = torch.softmax(torch.randn(b, 7, vocab, generator=gen) * 2, -1)
+    counts = torch.randint(3, 7, (b,), generator=gen)
+    draws = torch.rand(b, 7, generator=gen)
+    one = exact_trees(probs, tokens, None, parents, counts, draws, 2)
+    walked = exact_trees(probs, tokens, torch.nn.functional.one_hot(tokens, vocab).float(), parents, counts, draws, 2)
+    for name in ("length", "token", "tested"):
+        assert torch.equal(getattr(one, name), getattr(walked, name)), name
+    on_path = torch.arange(1, 3) <= one.length[:, None]
+    assert torch.equal(torch.where(on_path, one.path, 0), torch.where(on_path, walked.path, 0))
+    assert set(one.length.tolist()) == {0, 1, 2}

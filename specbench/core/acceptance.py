@@ -16,7 +16,7 @@ import torch
 from ..errors import SpecbenchError
 from .sampling import inverse_cdf, probabilities, sample, uniform
 from .synthetic import Profile
-from .tree import Tree
+from .tree import Tree, ancestors_from
 
 
 @dataclass(frozen=True)
@@ -81,24 +81,49 @@ def greedy_batch(
     each tree row's ancestors and itself (other entries of ignored rows may hold anything), `depth` [B, b] its depth
     (the root's 0) and `picks` [B, b] the target's argmax at each row. As `greedy`, a node matches when its token is
     its parent's pick and no earlier sibling matched; the accepted path is the deepest whose nodes all match."""
-    batch, b = ids.shape
+    b = ids.shape[1]
     row = torch.arange(b, device=ids.device)
-    real = row <= nodes[:, None]  # [B, b]: the root and the tree's nodes
-    anc = seen & real[:, None, :] & real[:, :, None]  # [B, b, b]: (i, j) j is i or an ancestor of i
-    strict = anc & (row[:, None] != row[None, :])
-    parent = torch.where(strict, depth[:, None, :] + 1, 0).argmax(-1)  # [B, b]: the deepest strict ancestor
-    match = real & (row >= 1) & (ids == picks.gather(1, parent))
-    earlier = (parent[:, :, None] == parent[:, None, :]) & (row[None, :] < row[:, None])  # same parent, before
-    first = match & ~(earlier & match[:, None, :]).any(-1)
-    good = first | (row == 0)
-    ok = real & ~(anc & ~good[:, None, :]).any(-1)  # [B, b]: every node on the row's path matches (a single path)
-    best = torch.where(ok, depth + 1, 0).argmax(-1, keepdim=True)  # [B, 1]: its deepest row (the root if none)
-    length = depth.gather(1, best).squeeze(1)
-    on_path = anc.gather(1, best[:, :, None].expand(batch, 1, b)).squeeze(1)  # [B, b]
+    shape = _Shape.of(seen, depth, row <= nodes[:, None])
+    match = shape.real & (row >= 1) & (ids == picks.gather(1, shape.parent))
+    best, length, on_path, child = shape.walk(match)
     kept = torch.where(on_path, row, b - 1).sort(dim=-1).values  # ancestors come before their descendants
-    child = (real & (row >= 1) & (parent == best)).any(-1)
     # the path's tokens are its rows' parents' picks: every kept row's pick, in order, is what is appended
     return Verdicts(length, length + child.long(), kept, picks.gather(1, kept))
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """A batch of trees over input rows [B, b] (row 0 the root): which rows are real, each one's ancestors and
+    itself, parent row, depth, and earlier siblings."""
+
+    real: torch.Tensor  # [B, b]
+    anc: torch.Tensor  # [B, b, b]: (i, j) j is i or an ancestor of i
+    parent: torch.Tensor  # [B, b]: the parent's row (the root's: 0)
+    depth: torch.Tensor  # [B, b]
+    earlier: torch.Tensor  # [B, b, b]: (i, j) j is a real sibling of i before it
+
+    @staticmethod
+    def of(seen: torch.Tensor, depth: torch.Tensor, real: torch.Tensor) -> _Shape:
+        row = torch.arange(real.shape[1], device=real.device)
+        anc = seen & real[:, None, :] & real[:, :, None]
+        strict = anc & (row[:, None] != row[None, :])
+        parent = torch.where(strict, depth[:, None, :] + 1, 0).argmax(-1)  # the deepest strict ancestor
+        siblings = (parent[:, :, None] == parent[:, None, :]) & (row[None, :] < row[:, None]) & (row >= 1)
+        return _Shape(real, anc, parent, depth, siblings & real[:, None, :])
+
+    def walk(self, match: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The path of first-matching children from the root (a node is taken when it matches and no earlier
+        sibling does): its deepest row [B, 1], length [B], rows on it [B, b], and whether that row has children."""
+        b = match.shape[1]
+        row = torch.arange(b, device=match.device)
+        first = match & ~(self.earlier & match[:, None, :]).any(-1)
+        good = first | (row == 0)
+        ok = self.real & ~(self.anc & ~good[:, None, :]).any(-1)  # every node on the row's path is taken
+        best = torch.where(ok, self.depth + 1, 0).argmax(-1, keepdim=True)  # its deepest row (the root if none)
+        length = self.depth.gather(1, best).squeeze(1)
+        on_path = self.anc.gather(1, best[:, :, None].expand(-1, 1, b)).squeeze(1)  # [B, b]
+        child = (self.real & (row >= 1) & (self.parent == best)).any(-1)
+        return best, length, on_path, child
 
 
 def speculative_sampling(
@@ -187,30 +212,57 @@ class TreeVerdicts:
 def exact_trees(
     probs: torch.Tensor,
     tokens: torch.Tensor,
-    draft_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
     parents: torch.Tensor,
     counts: torch.Tensor,
     draws: torch.Tensor,
     depth: int,
 ) -> TreeVerdicts:
     """`speculative_sampling` for a batch of trees at once, in tensor operations (no host read). Tree b has counts[b]
-    nodes: tokens [B, n] drawn from their rows of draft_probs [B, n, V] (one-hot: a point mass), parents [B, n]
-    (-1: the root's child; parents precede children; past counts[b]: anything), none deeper than `depth`; probs
-    [B, n + 1, V] are the target's laws at [root] + nodes. Node i's test uses draws[b, i], the target's own token
-    draws[b, counts[b]] (each tree's draws its own: counts[b] + 1 of them; a chain's are `exact_chains`' and so is
-    its verdict). The nodes are visited in order, each tested when its parent is the row the walk stands on and no
-    earlier sibling was accepted: as the walk only descends and a node's children come after it, that is
-    `speculative_sampling`'s order."""
+    nodes: tokens [B, n] drawn from their rows of draft_probs [B, n, V] (None: every node a point mass), parents
+    [B, n] (-1: the root's child; parents precede children; past counts[b]: anything), none deeper than `depth`;
+    probs [B, n + 1, V] are the target's laws at [root] + nodes. Node i's test uses draws[b, i], the target's own
+    token draws[b, counts[b]] (each tree's draws its own: counts[b] + 1 of them; a chain's are `exact_chains'` and so
+    is its verdict). A node is tested when the walk stands on its parent and no earlier sibling was kept.
+
+    Point masses: a node's test depends only on its earlier siblings (all rejected when it is tested: the residual
+    is p without their tokens), so every node's verdict-if-tested is computed at once and the walk is greedy's
+    (`_Shape.walk`). Drawn nodes: the nodes are visited in order, each residual after the one before; as the walk
+    only descends and a node's children come after it, that is `speculative_sampling`'s order too."""
     batch, n = tokens.shape
-    at = torch.arange(batch, device=tokens.device)
-    row = torch.zeros(batch, dtype=torch.long, device=tokens.device)  # the input row the walk stands on
-    length = torch.zeros_like(row)
-    path = torch.zeros(batch, max(depth, 1), dtype=torch.long, device=tokens.device)
+    device = tokens.device
+    row = torch.arange(n + 1, device=device)
+    real = row < (counts + 1)[:, None]  # [B, n + 1]: the root and the nodes
+    links = torch.where(real[:, 1:], parents, -1)
+    anc = ancestors_from(links, max(depth, 1))  # [B, n + 1, n + 1]
+    shape = _Shape.of(anc, anc.sum(-1) - 1, real)
+    ids = torch.cat([tokens.new_zeros(batch, 1), tokens], 1)  # [B, n + 1]: each row's token (the root's unused)
+    if draft_probs is None:
+        vocab = probs.shape[-1]
+        p = probs.flatten(1).gather(1, shape.parent * vocab + ids)  # [B, n + 1]: p(x) at the parent's row
+        removed = (shape.earlier & (ids[:, :, None] != ids[:, None, :])).float() @ p[..., None]  # earlier siblings'
+        repeated = (shape.earlier & (ids[:, :, None] == ids[:, None, :])).any(-1)  # (a token tried already: p 0)
+        u = torch.cat([draws.new_ones(batch, 1), draws[:, :n]], 1)  # node i's draw at row i + 1
+        match = shape.real & (row >= 1) & ~repeated & (u * (1 - removed.squeeze(-1)).clamp_min(0) < p)
+        best, length, on_path, child = shape.walk(match)
+        law = probs.gather(1, best[:, :, None].expand(-1, 1, vocab)).squeeze(1)  # [B, V]: the last row's
+        rejected = shape.real & (row >= 1) & (shape.parent == best)  # its children, every one rejected
+        gone = torch.zeros_like(law).scatter_add_(1, ids, rejected.float()) > 0
+        residual = law.masked_fill(gone, 0)
+        law = torch.where(residual.sum(-1, keepdim=True) > 0, residual, law)
+        path = torch.where(on_path & (row >= 1), row, n + 1).sort(-1).values[:, : max(depth, 1)]
+        path = torch.where(path > n, 0, path)
+        token = inverse_cdf(law, draws.gather(1, counts[:, None]).squeeze(1))
+        return TreeVerdicts(length, token, length + child.long(), path)
+    at = torch.arange(batch, device=device)
+    stand = torch.zeros(batch, dtype=torch.long, device=device)  # the input row the walk stands on
+    length = torch.zeros_like(stand)
+    path = torch.zeros(batch, max(depth, 1), dtype=torch.long, device=device)
     p = probs[:, 0].clone()  # [B, V]: the law left at the row (its residual after rejected children)
     for i in range(n):
         x = tokens[:, i]
         q = draft_probs[:, i]
-        tested = (i < counts) & (parents[:, i] + 1 == row)
+        tested = (i < counts) & (parents[:, i] + 1 == stand)
         px, qx = p.gather(1, x[:, None]).squeeze(1), q.gather(1, x[:, None]).squeeze(1)
         accept = tested & (qx > 0) & (draws[:, i] * qx < px)
         reject = tested & ~accept
@@ -221,9 +273,8 @@ def exact_trees(
         place = length.clamp(max=path.shape[1] - 1)
         path[at, place] = torch.where(accept, i + 1, path[at, place])
         length = length + accept.long()
-        row = torch.where(accept, i + 1, row)
-    real = torch.arange(n, device=tokens.device) < counts[:, None]
-    has_children = (real & (parents + 1 == row[:, None])).any(-1)
+        stand = torch.where(accept, i + 1, stand)
+    has_children = (real[:, 1:] & (parents + 1 == stand[:, None])).any(-1)
     token = inverse_cdf(p, draws.gather(1, counts[:, None]).squeeze(1))
     return TreeVerdicts(length, token, length + has_children.long(), path)
 

@@ -417,7 +417,8 @@ def batch_verdicts(
         return [Verdict(list(range(row[0] + 1)), [*row[3 : 3 + row[0]], row[1]], row[2]) for row in host]
     assert rule.trees is not None
     depth = max(p.tree.depth_bound() for p in proposals)
-    t = rule.trees(probs, tokens, q, parents, upload(lengths, device), draws, depth)
+    drawn = any(p.draft_probs is not None for p in proposals)  # (else every node a point mass: one pass)
+    t = rule.trees(probs, tokens, q if drawn else None, parents, upload(lengths, device), draws, depth)
     drafted = tokens.gather(1, (t.path - 1).clamp(min=0))  # [n, d]: the path's tokens
     host = torch.cat([torch.stack([t.length, t.token, t.tested], 1), t.path, drafted], 1).tolist()
     return [Verdict([0, *row[3 : 3 + row[0]]], [*row[3 + depth : 3 + depth + row[0]], row[1]], row[2]) for row in host]
