@@ -388,3 +388,28 @@ def test_point_mass_trees_take_their_one_pass_and_match_the_walk_node_by_node():
     on_path = torch.arange(1, 3) <= one.length[:, None]
     assert torch.equal(torch.where(on_path, one.path, 0), torch.where(on_path, walked.path, 0))
     assert set(one.length.tolist()) == {0, 1, 2}
+
+
+def test_typical_trees_take_typicals_paths_for_every_slot_at_once():
+    """Random trees (distinct siblings) and peaked target laws: every slot's accepted rows and tested depth are the
+    host rule's (`typical`), and its token comes from the law at the path's end by the tree's last draw."""
+    from specbench.core.acceptance import typical, typical_trees
+
+    gen = torch.Generator().manual_seed(6)
+    b, n, vocab = 200, 6, 8
+    parents = torch.tensor([-1, -1, 0, 0, 2, 1]).expand(b, -1)
+    tokens = torch.stack([torch.randperm(vocab, generator=gen)[:n] for _ in range(b)])
+    probs = torch.softmax(torch.randn(b, n + 1, vocab, generator=gen) * 3, -1)
+    counts = torch.randint(0, n + 1, (b,), generator=gen)
+    draws = torch.rand(b, n + 1, generator=gen)
+    v = typical_trees(probs, tokens, None, parents, counts, draws, 3, 0.09, 0.3)
+    lengths = set()
+    for i in range(b):
+        c = int(counts[i])
+        tree = Tree(tokens[i, :c].tolist(), parents[i, :c].tolist())
+        host = typical(tree, probs[i, : c + 1], 0.09, 0.3, torch.Generator().manual_seed(i))
+        assert v.path[i, : int(v.length[i])].tolist() == host.rows and int(v.tested[i]) == host.tested, i
+        end = host.rows[-1] if host.rows else 0
+        assert int(v.token[i]) == int(inverse_cdf(probs[i, end][None], draws[i, c][None]))
+        lengths.add(len(host.rows))
+    assert lengths >= {0, 1, 2}

@@ -111,6 +111,18 @@ class _Shape:
         siblings = (parent[:, :, None] == parent[:, None, :]) & (row[None, :] < row[:, None]) & (row >= 1)
         return _Shape(real, anc, parent, depth, siblings & real[:, None, :])
 
+    @staticmethod
+    def of_trees(
+        tokens: torch.Tensor, parents: torch.Tensor, counts: torch.Tensor, depth: int
+    ) -> tuple[_Shape, torch.Tensor]:
+        """The shape of trees given as tokens and parents [B, n] (counts[b] real nodes, none deeper than `depth`),
+        and each input row's token [B, n + 1] (the root's unused)."""
+        batch, n = tokens.shape
+        real = torch.arange(n + 1, device=tokens.device) < (counts + 1)[:, None]  # the root and the nodes
+        anc = ancestors_from(torch.where(real[:, 1:], parents, -1), max(depth, 1))  # [B, n + 1, n + 1]
+        ids = torch.cat([tokens.new_zeros(batch, 1), tokens], 1)
+        return _Shape.of(anc, anc.sum(-1) - 1, real), ids
+
     def walk(self, match: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The path of first-matching children from the root (a node is taken when it matches and no earlier
         sibling does): its deepest row [B, 1], length [B], rows on it [B, b], and whether that row has children."""
@@ -232,11 +244,8 @@ def exact_trees(
     batch, n = tokens.shape
     device = tokens.device
     row = torch.arange(n + 1, device=device)
-    real = row < (counts + 1)[:, None]  # [B, n + 1]: the root and the nodes
-    links = torch.where(real[:, 1:], parents, -1)
-    anc = ancestors_from(links, max(depth, 1))  # [B, n + 1, n + 1]
-    shape = _Shape.of(anc, anc.sum(-1) - 1, real)
-    ids = torch.cat([tokens.new_zeros(batch, 1), tokens], 1)  # [B, n + 1]: each row's token (the root's unused)
+    shape, ids = _Shape.of_trees(tokens, parents, counts, depth)
+    real = shape.real
     if draft_probs is None:
         vocab = probs.shape[-1]
         p = probs.flatten(1).gather(1, shape.parent * vocab + ids)  # [B, n + 1]: p(x) at the parent's row
@@ -309,6 +318,41 @@ def typical(
     return Accepted(rows, sample(probs[best], generator), len(rows) + (1 if tree.children()[best] else 0))
 
 
+def typical_trees(
+    probs: torch.Tensor,
+    tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    parents: torch.Tensor,
+    counts: torch.Tensor,
+    draws: torch.Tensor,
+    depth: int,
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float = 0.3,
+) -> TreeVerdicts:
+    """`typical` for a batch of trees at once (`exact_trees`' arguments; draft_probs unused: point masses by
+    nature): every node's acceptability at once, the deepest path of acceptable nodes (ties to the larger sum of
+    log p along it, then the earlier row), and the target's token from the law at its end by the tree's last draw,
+    draws[b, counts[b]]."""
+    shape, ids = _Shape.of_trees(tokens, parents, counts, depth)
+    vocab, n = probs.shape[-1], tokens.shape[1]
+    row = torch.arange(n + 1, device=tokens.device)
+    entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)  # [B, n + 1]
+    bar = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)
+    p = probs.flatten(1).gather(1, shape.parent * vocab + ids)  # [B, n + 1]: p(x) at the parent's row
+    good = (shape.real & (row >= 1) & (p > bar.gather(1, shape.parent))) | (row == 0)
+    ok = shape.real & ~(shape.anc & ~good[:, None, :]).any(-1)  # every node from the root to the row acceptable
+    score = (shape.anc.float() @ torch.where(row >= 1, torch.log(p.clamp_min(1e-30)), 0)[..., None]).squeeze(-1)
+    deepest = torch.where(ok, shape.depth, -1).amax(-1, keepdim=True)
+    best = torch.where(ok & (shape.depth == deepest), score, -torch.inf).argmax(-1, keepdim=True)  # [B, 1]
+    length = shape.depth.gather(1, best).squeeze(1)
+    on_path = shape.anc.gather(1, best[:, :, None].expand(-1, 1, n + 1)).squeeze(1)
+    path = torch.where(on_path & (row >= 1), row, n + 1).sort(-1).values[:, : max(depth, 1)]
+    law = probs.gather(1, best[:, :, None].expand(-1, 1, vocab)).squeeze(1)
+    token = inverse_cdf(law, draws.gather(1, counts[:, None]).squeeze(1))
+    child = (shape.real & (row >= 1) & (shape.parent == best)).any(-1)
+    return TreeVerdicts(length, token, length + child.long(), torch.where(path > n, 0, path))
+
+
 @dataclass(frozen=True)
 class Rule:
     """An acceptance rule as the decode loop applies it at T > 0 (at T = 0 every rule is `greedy`: `greedy_batch`
@@ -321,7 +365,8 @@ class Rule:
     sampled: Callable[..., Accepted]  # (tree, probs [n+1, V], draft_probs [n, V] | None, generator, **params)
     params: dict = field(default_factory=dict)
     chains: Callable[..., ChainVerdicts] | None = None  # the rule for a batch of chains at once (`exact_chains`)
-    trees: Callable[..., TreeVerdicts] | None = None  # and for a batch of trees (`exact_trees`)
+    trees: Callable[..., TreeVerdicts] | None = None  # and for a batch of trees (`exact_trees`, `typical_trees`),
+    # called with `params`
 
     def __call__(
         self,
@@ -340,7 +385,9 @@ def _typical(tree: Tree, probs: torch.Tensor, draft_probs, generator, **params) 
 
 RULES = {
     "exact": Rule("exact", True, speculative_sampling, chains=exact_chains, trees=exact_trees),
-    "typical": Rule("typical", False, _typical, {"posterior_threshold": 0.09, "posterior_alpha": 0.3}),
+    "typical": Rule(
+        "typical", False, _typical, {"posterior_threshold": 0.09, "posterior_alpha": 0.3}, trees=typical_trees
+    ),
 }
 EXACT = RULES["exact"]
 

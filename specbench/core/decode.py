@@ -418,7 +418,7 @@ def batch_verdicts(
     assert rule.trees is not None
     depth = max(p.tree.depth_bound() for p in proposals)
     drawn = any(p.draft_probs is not None for p in proposals)  # (else every node a point mass: one pass)
-    t = rule.trees(probs, tokens, q if drawn else None, parents, upload(lengths, device), draws, depth)
+    t = rule.trees(probs, tokens, q if drawn else None, parents, upload(lengths, device), draws, depth, **rule.params)
     drafted = tokens.gather(1, (t.path - 1).clamp(min=0))  # [n, d]: the path's tokens
     host = torch.cat([torch.stack([t.length, t.token, t.tested], 1), t.path, drafted], 1).tolist()
     return [Verdict([0, *row[3 : 3 + row[0]]], [*row[3 + depth : 3 + depth + row[0]], row[1]], row[2]) for row in host]
