@@ -259,10 +259,8 @@ def exact_trees(
         gone = torch.zeros_like(law).scatter_add_(1, ids, rejected.float()) > 0
         residual = law.masked_fill(gone, 0)
         law = torch.where(residual.sum(-1, keepdim=True) > 0, residual, law)
-        path = torch.where(on_path & (row >= 1), row, n + 1).sort(-1).values[:, : max(depth, 1)]
-        path = torch.where(path > n, 0, path)
         token = inverse_cdf(law, draws.gather(1, counts[:, None]).squeeze(1))
-        return TreeVerdicts(length, token, length + child.long(), path)
+        return TreeVerdicts(length, token, length + child.long(), _path(on_path, depth))
     at = torch.arange(batch, device=device)
     stand = torch.zeros(batch, dtype=torch.long, device=device)  # the input row the walk stands on
     length = torch.zeros_like(stand)
@@ -346,11 +344,19 @@ def typical_trees(
     best = torch.where(ok & (shape.depth == deepest), score, -torch.inf).argmax(-1, keepdim=True)  # [B, 1]
     length = shape.depth.gather(1, best).squeeze(1)
     on_path = shape.anc.gather(1, best[:, :, None].expand(-1, 1, n + 1)).squeeze(1)
-    path = torch.where(on_path & (row >= 1), row, n + 1).sort(-1).values[:, : max(depth, 1)]
     law = probs.gather(1, best[:, :, None].expand(-1, 1, vocab)).squeeze(1)
     token = inverse_cdf(law, draws.gather(1, counts[:, None]).squeeze(1))
     child = (shape.real & (row >= 1) & (shape.parent == best)).any(-1)
-    return TreeVerdicts(length, token, length + child.long(), torch.where(path > n, 0, path))
+    return TreeVerdicts(length, token, length + child.long(), _path(on_path, depth))
+
+
+def _path(on_path: torch.Tensor, depth: int) -> torch.Tensor:
+    """The rows [B, depth] of the nodes marked on a path [B, n + 1] (the root's mark ignored), in path order (a
+    parent's row before its child's), then 0."""
+    n = on_path.shape[1] - 1
+    row = torch.arange(n + 1, device=on_path.device)
+    path = torch.where(on_path & (row >= 1), row, n + 1).sort(-1).values[:, : max(depth, 1)]
+    return torch.where(path > n, 0, path)
 
 
 @dataclass(frozen=True)

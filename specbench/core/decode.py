@@ -405,11 +405,14 @@ def batch_verdicts(
             tokens[i, :n] = tree.ids if isinstance(tree, DeviceTree) and tree.on_device else upload(tree.tokens, device)
             if not chains:
                 parents[i, :n] = tree.parents_tensor().to(device)
-    q = torch.nn.functional.one_hot(tokens, vocab).float()  # [n, k, V]: point masses, unless drawn from a law
-    for i, (p, n) in enumerate(zip(proposals, lengths, strict=True)):
-        if p.draft_probs is not None and n:
-            q[i, :n, : p.draft_probs.shape[-1]] = p.draft_probs[:n]
-            q[i, :n, p.draft_probs.shape[-1] :] = 0
+    drawn = any(p.draft_probs is not None for p in proposals)  # (else every node a point mass)
+    q = None  # [n, k, V]: the laws the nodes were drawn from (one-hot rows: point masses); trees of point masses
+    if chains or drawn:  # need none
+        q = torch.nn.functional.one_hot(tokens, vocab).float()
+        for i, (p, n) in enumerate(zip(proposals, lengths, strict=True)):
+            if p.draft_probs is not None and n:
+                q[i, :n, : p.draft_probs.shape[-1]] = p.draft_probs[:n]
+                q[i, :n, p.draft_probs.shape[-1] :] = 0
     if chains:
         assert rule.chains is not None
         v = rule.chains(probs, tokens, q, upload(lengths, device), draws)
@@ -417,8 +420,7 @@ def batch_verdicts(
         return [Verdict(list(range(row[0] + 1)), [*row[3 : 3 + row[0]], row[1]], row[2]) for row in host]
     assert rule.trees is not None
     depth = max(p.tree.depth_bound() for p in proposals)
-    drawn = any(p.draft_probs is not None for p in proposals)  # (else every node a point mass: one pass)
-    t = rule.trees(probs, tokens, q if drawn else None, parents, upload(lengths, device), draws, depth, **rule.params)
+    t = rule.trees(probs, tokens, q, parents, upload(lengths, device), draws, depth, **rule.params)
     drafted = tokens.gather(1, (t.path - 1).clamp(min=0))  # [n, d]: the path's tokens
     host = torch.cat([torch.stack([t.length, t.token, t.tested], 1), t.path, drafted], 1).tolist()
     return [Verdict([0, *row[3 : 3 + row[0]]], [*row[3 + depth : 3 + depth + row[0]], row[1]], row[2]) for row in host]
