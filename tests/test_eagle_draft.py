@@ -49,7 +49,7 @@ def test_a_smaller_dynamic_tree_is_the_select_of_a_larger_drafts_first_levels(mo
     for prompt in PROMPTS:
         large = started(model, head, DynamicTree(60, 5, top_k), prompt)
         propose_one(large, prompt, 20)
-        drafted = large.lanes[0].drafted
+        drafted = large.lanes[0].draft()
         assert drafted.depths.tolist() == sorted(drafted.depths.tolist())  # level by level
         assert len(drafted) == top_k + 5 * top_k * top_k
         for total, depth in [(2, 0), (5, 1), (8, 2), (12, 3), (30, 4), (60, 5), (500, 1), (500, 3)]:
@@ -66,7 +66,7 @@ def test_a_sampled_smaller_tree_is_the_prefix_of_the_same_draws(model, head):
     prompt = PROMPTS[0]
     large = started(model, head, DynamicTree(60, 4, 3), prompt, sampled=True, seed=5)
     propose_one(large, prompt, 20)
-    drafted = large.lanes[0].drafted
+    drafted = large.lanes[0].draft()
     for total, depth in [(6, 1), (20, 2), (500, 2)]:
         keep = DynamicTree(total, depth, 3).select(drafted.upto(depth + 1))
         proposal = propose_one(
@@ -91,7 +91,7 @@ class FeedRecorder:
 def brute_force_masks(proposer, committed: int) -> list[torch.Tensor]:
     """Each feed's allowed keys from the drafted parents in plain Python: the committed prefix, the node's fed
     ancestors and itself."""
-    drafted = proposer.lanes[0].drafted
+    drafted = proposer.lanes[0].draft()
     parents, depths = drafted.parents.tolist(), drafted.depths.tolist()
     fed, masks = [], []
     for depth in range(1, max(depths)):  # every level but the last grows and is fed
@@ -123,7 +123,7 @@ def test_the_feed_mask_is_the_fed_ancestors_by_hand(model, head):
     finally:
         recorder.handle.remove()
     assert tree.parents == [-1, -1, -1, 0, 0, 1, 3, 5, 6, 7]
-    assert proposer.lanes[0].drafted.depths.tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 4, 4]
+    assert proposer.lanes[0].draft().depths.tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 4, 4]
     tails = [allowed[:, committed:].int().tolist() for _, allowed in recorder.calls]
     assert tails == [
         [[1, 0], [0, 1]],  # fed: 0, 1
@@ -131,7 +131,7 @@ def test_the_feed_mask_is_the_fed_ancestors_by_hand(model, head):
         [[1, 0, 1, 0, 1, 0], [0, 1, 0, 1, 0, 1]],  # fed: 6 (sees 0, 3), 7 (sees 1, 5)
     ]
     assert all(allowed[:, :committed].all() for _, allowed in recorder.calls)
-    tokens = proposer.lanes[0].drafted.tokens.tolist()
+    tokens = proposer.lanes[0].draft().tokens.tolist()
     assert [t for t, _ in recorder.calls] == [tokens[0:2], [tokens[3], tokens[5]], tokens[6:8]]
 
 
@@ -219,7 +219,7 @@ def test_a_static_trees_fixed_levels_are_what_its_template_admits_and_grows(mode
     tree = StaticTree(HAND)
     proposer = started(model, head, tree, PROMPTS[0])
     propose_one(proposer, PROMPTS[0], 20)
-    depths = proposer.lanes[0].drafted.depths
+    depths = proposer.lanes[0].draft().depths
     levels = [tree.fixed(d, tree.branch, torch.device("cpu")) for d in range(1, 5)]
     assert [len(admitted) for admitted, _ in levels] == [int((depths == d).sum()) for d in range(1, 5)]
     assert [grown.tolist() for _, grown in levels] == [[0, 1], [0, 2], [0, 1], []]

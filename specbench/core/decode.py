@@ -348,11 +348,12 @@ def read(summary: torch.Tensor | list[list[int]], active: list, proposals: list[
 def sampled(active: list, proposals: list[Proposal], whole: Forward, rule: acceptance.Rule) -> list[Verdict]:
     """At T > 0, each slot's verdict by the method's rule on its rows, drawing from its own generator: the chains
     (empty ones included) and the trees of a rule with batch forms (`Rule.chains`, `Rule.trees`) all at once
-    (`batch_verdicts`), a side branch or a rule without them slot by slot."""
+    (`batch_verdicts`; a side branch's rows follow its tree's, which are all a verdict reads), a rule without them
+    and a T = 0 slot in a batch mixing temperatures slot by slot."""
     verdicts: list[Verdict | None] = [None] * len(active)
     chains, trees = [], []
     for i, ((_, turn), p) in enumerate(zip(active, proposals, strict=True)):
-        if turn.job.temperature == 0 or p.side is not None:
+        if turn.job.temperature == 0:
             continue
         # (a drafted shape read from the device: a chain's verdict is the batch's wherever it was drafted)
         if rule.chains is not None and is_chain(p.tree.parents):

@@ -62,7 +62,13 @@ class Lane:
     pending: torch.Tensor  # [c, F]: target states of committed tokens not yet fed to the head
     cache: DynamicCache | None  # the committed pairs' keys (eager); None: in the static drafting's rows
     root: torch.Tensor | None = None  # [H] (eager): the head's output at the root's position
-    drafted: Draft | None = None  # the last proposal's candidates, kept or not
+    drafted: Draft | None = None  # the last proposal's candidates, kept or not: the draft of the batch it was
+    # drafted in, this slot's row `row` of it (taken when read: `draft`, rarely, not at every step)
+    row: int = 0
+
+    def draft(self) -> Draft | None:
+        """The last proposal's candidates, this slot's own."""
+        return None if self.drafted is None else self.drafted.row(self.row)
 
 
 class Eagle(Drafter):
@@ -148,8 +154,9 @@ class Eagle(Drafter):
                 self.static.propose(chosen, [tokens[i] for i in static], [depths[i] for i in static]),
                 strict=True,
             ):
-                self.lanes[slots[i]].drafted = Draft.empty(self.device) if drafted is None else drafted[0]
-                found[i] = NO_PROPOSAL if drafted is None else Proposal(drafted[1])
+                lane = self.lanes[slots[i]]
+                lane.drafted, lane.row = (Draft.empty(self.device), 0) if drafted is None else drafted[:2]
+                found[i] = NO_PROPOSAL if drafted is None else Proposal(drafted[2])
         for i, slot in enumerate(slots):
             if self.lanes[slot].cache is not None:
                 found[i] = self._eager(self.lanes[slot], depths[i])
@@ -158,14 +165,14 @@ class Eagle(Drafter):
     def _eager(self, lane: Lane, depths: int) -> Proposal:
         """One slot's draft on its eager cache."""
         assert lane.cache is not None
-        lane.drafted = Draft.empty(self.device)
+        lane.drafted, lane.row = Draft.empty(self.device), 0
         if lane.root is None or depths < 1:
             return NO_PROPOSAL
         batch, fed = self._grow(lane.root[None], depths, lane.cache.get_seq_length(), lane)
         draft = batch.row(0)
         if fed:  # tree keys are discarded, the committed prefix stays
             lane.cache.crop(-fed)  # (transformers 5 crops by minus the count)
-        lane.drafted = draft
+        lane.drafted = batch
         keep = self.expansion.select(draft)
         return Proposal(draft.tree(keep), None if draft.laws is None else draft.laws[keep])
 
@@ -298,7 +305,7 @@ def _nested_tree(snapshot: tuple[Draft, int], params: dict) -> Tree:
 
 DYNAMIC = Nested(
     ("total_tokens", "depth"),
-    snapshot=lambda drafter, slot, proposal: (drafter.lanes[slot].drafted, drafter.expansion.branch),
+    snapshot=lambda drafter, slot, proposal: (drafter.lanes[slot].draft(), drafter.expansion.branch),
     subtree=_nested_tree,
 )
 
@@ -306,7 +313,7 @@ DYNAMIC = Nested(
 def _static_paths(drafter: Drafter, slot: int, proposal: Proposal) -> tuple[list[tuple], list[list[int]]]:
     """Each proposed node's path of ranks (the proposal keeps every drafted node, in order) and the tree's paths."""
     assert isinstance(drafter, Eagle) and isinstance(drafter.expansion, StaticTree)  # EAGLE-1's
-    tree, drafted = drafter.expansion, drafter.lanes[slot].drafted
+    tree, drafted = drafter.expansion, drafter.lanes[slot].draft()
     ranks = None if drafted is None else drafted.slots
     return [tree.paths[s] for s in (ranks.tolist() if ranks is not None else [])], tree.choices
 

@@ -63,11 +63,12 @@ class StaticDrafting:
 
     def propose(
         self, slots: list[int], tokens: list[list[int]], depths: list[int]
-    ) -> list[tuple[Draft, DeviceTree] | None]:
-        """Feed each slot's pending pairs, then its draft and the tree to verify, left on the device; None for a
-        slot with nothing to draft from (no new pairs, no depth left, or features missing for some committed token,
-        as in the eager cache). The slots drafting to one depth share one forward per level."""
-        found: list[tuple[Draft, DeviceTree] | None] = [None] * len(slots)
+    ) -> list[tuple[Draft, int, DeviceTree] | None]:
+        """Feed each slot's pending pairs, then its draft (the batch's it was drafted in, and its row there) and the
+        tree to verify, left on the device; None for a slot with nothing to draft from (no new pairs, no depth left,
+        or features missing for some committed token, as in the eager cache). The slots drafting to one depth share
+        one forward per level."""
+        found: list[tuple[Draft, int, DeviceTree] | None] = [None] * len(slots)
         together: dict[int, list[tuple[int, torch.Tensor, list[int], int]]] = {}  # by depth
         for i, (slot, committed, depth) in enumerate(zip(slots, tokens, depths, strict=True)):
             lane, past = self.eagle.lanes[slot], self.lengths[slot]
@@ -91,7 +92,7 @@ class StaticDrafting:
 
     def _alone(
         self, slot: int, features: torch.Tensor, ids: torch.Tensor, past: int, depths: int
-    ) -> tuple[Draft, DeviceTree] | None:
+    ) -> tuple[Draft, int, DeviceTree] | None:
         """`slot`'s pairs features [n, F], ids [n] fed after `past` alone, uncaptured (rare: never worth compiling),
         and its draft of `depths` levels from the last one (none: 0)."""
         self.cache.span = self._span(past + len(ids), depths)
@@ -105,11 +106,11 @@ class StaticDrafting:
                 draft, tokens, parents, ancestors = self._draft(features[None], ids[None], count, committed, depths)
         finally:
             self.alone = self.cache.slot = None
-        return draft.row(0), DeviceTree(tokens[0], parents[0], depths, ancestors[0])
+        return draft, 0, DeviceTree(tokens[0], parents[0], depths, ancestors[0])
 
     def _together(
         self, members: list[tuple[int, torch.Tensor, list[int], int]], depths: int
-    ) -> list[tuple[Draft, DeviceTree]]:
+    ) -> list[tuple[Draft, int, DeviceTree]]:
         """The drafts of `depths` levels of the slots `members` ((slot, features [n, F], ids [n], past) each), every
         slot in one forward padded to the captured shapes (the others pad past their own committed pairs): every
         member's pairs written in one copy of the features and one of the host's values."""
@@ -143,9 +144,7 @@ class StaticDrafting:
             )
         draft = draft._map(torch.clone)  # (copied once for every slot: the next replay writes over them)
         tokens, parents, ancestors = (t.clone() for t in tree)
-        return [
-            (draft.row(slot), DeviceTree(tokens[slot], parents[slot], depths, ancestors[slot])) for slot, *_ in members
-        ]
+        return [(draft, slot, DeviceTree(tokens[slot], parents[slot], depths, ancestors[slot])) for slot, *_ in members]
 
     def _span(self, end: int, depths: int) -> int:
         """The key rows a draft attends over: the pairs up to `end`, then its tree rows, rounded up to SPAN."""

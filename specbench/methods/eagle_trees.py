@@ -35,15 +35,22 @@ class Draft:
 
     @staticmethod
     def empty(device: torch.device) -> Draft:
-        none = torch.empty(0, dtype=torch.long, device=device)
-        return Draft(none, none, torch.empty(0, dtype=torch.float64, device=device), none)
+        """No candidates, as a batch of one sequence's [1, 0]."""
+        none = torch.empty(1, 0, dtype=torch.long, device=device)
+        return Draft(none, none, torch.empty(1, 0, dtype=torch.float64, device=device), none)
 
     def __len__(self) -> int:
         return self.tokens.shape[-1]
 
     def _map(self, op: Callable[[torch.Tensor], torch.Tensor]) -> Draft:
+        slots, laws = self.slots, self.laws
         return Draft(
-            *(None if (t := getattr(self, f.name)) is None else op(t) for f in fields(self))  # type: ignore[arg-type]
+            op(self.tokens),
+            op(self.parents),
+            op(self.scores),
+            op(self.depths),
+            None if slots is None else op(slots),
+            None if laws is None else op(laws),
         )
 
     def row(self, i: int) -> Draft:
