@@ -53,14 +53,14 @@ def random_qwen2(vocab: int, *, layers: int = 2, hidden: int = 64, seed: int = 0
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="captures on a GPU"))
 
 
-def recording(drafter) -> list:
+def recording(drafter, pruned: bool = False) -> list:
     """The trees a Drafter proposes from now on, in order, every slot's (its propose wrapped; proposals pass
-    through)."""
+    through); `pruned`: as the loop verifies them, cut to the token budget's depth."""
     trees, propose = [], drafter.propose
 
     def recorded(slots: list[int], tokens: list[list[int]], max_depths: list[int]):
         proposals = propose(slots, tokens, max_depths)
-        trees.extend(proposal.tree for proposal in proposals)
+        trees.extend((p.pruned(d) if pruned else p).tree for p, d in zip(proposals, max_depths, strict=True))
         return proposals
 
     drafter.propose = recorded

@@ -114,6 +114,38 @@ def test_greedy_batch_is_greedy_slot_by_slot():
             assert int(v.tested[slot]) == expected.tested
 
 
+def test_a_depth_limit_judges_as_the_tree_cut_to_it():
+    """A tree cut to a depth without reading it (`DeviceTree.limited`: its deeper nodes stay rows) is judged as the
+    subtree of the nodes that deep, by `greedy` on the host and by `greedy_batch` for every slot at once: the same
+    rows (the full tree's), tokens and tested depth, on random trees whose deeper nodes come anywhere in the order."""
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        batch, b = int(rng.integers(1, 5)), 12
+        ids = torch.from_numpy(rng.integers(0, 3, (batch, b)))
+        seen = torch.zeros(batch, b, b, dtype=torch.bool)
+        depth = torch.zeros(batch, b, dtype=torch.long)
+        picks = torch.from_numpy(rng.integers(0, 3, (batch, b)))
+        limit = torch.from_numpy(rng.integers(0, 5, (batch,)))
+        trees = []
+        for slot in range(batch):
+            n = int(rng.integers(0, b))
+            tree = Tree(ids[slot, 1 : n + 1].tolist(), [int(rng.integers(-1, i)) for i in range(n)])
+            seen[slot, : n + 1, : n + 1] = new_rows_allowed(tree)
+            depth[slot, : n + 1] = torch.tensor([0, *tree.depths()])
+            trees.append(tree)
+        v = greedy_batch(ids, seen, depth, torch.tensor([len(t) for t in trees]), picks, limit)
+        for slot, tree in enumerate(trees):
+            best, cap = picks[slot, : len(tree) + 1].tolist(), int(limit[slot])
+            keep = [i for i, d in enumerate(tree.depths()) if d <= cap]
+            cut = greedy(tree.subtree(keep), [best[0], *(best[i + 1] for i in keep)])
+            rows = [keep[r - 1] + 1 for r in cut.rows]  # the subtree's rows as the full tree's
+            limited = greedy(tree, best, cap)
+            assert (limited.rows, limited.token, limited.tested) == (rows, cut.token, cut.tested)
+            n = int(v.length[slot])
+            assert v.kept[slot, : n + 1].tolist() == [0, *rows] and int(v.tested[slot]) == cut.tested
+            assert v.new[slot, : n + 1].tolist() == [tree.tokens[r - 1] for r in rows] + [cut.token]
+
+
 def test_chain_speculative_sampling_is_lossless():
     assert _chi_square_joint(_sampled_chain) > 1e-3
 

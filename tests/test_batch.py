@@ -333,6 +333,43 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
     assert max(widths) == 2
 
 
+def test_eagle_slots_near_their_budget_draft_with_the_others_at_t0(tiny):
+    """At T = 0 a slot whose token budget leaves room for fewer drafts than the tree's depth drafts the whole depth
+    with its batch-mates (one drafting group a step, not one a depth), its tree cut to the budget in the verdict:
+    each slot keeps its batch of one's tokens and accepted lengths, budgets of 32 and 9 tokens."""
+    target, prompt = tiny
+    res = methods.Resources("tiny", target, None, torch.device("cpu"), torch.float32, head_paths=HEADS)
+    budgets = [32, 9]
+    alone = [
+        decode(
+            CachedLM(target),
+            methods.build_batch("eagle3", res),
+            prompt,
+            max_new_tokens=n,
+            temperature=0,
+            stop_ids=set(),
+        )
+        for n in budgets
+    ]
+    slots = methods.build_batch("eagle3", res, 2)
+    drafting, groups = slots.static, []
+    together = drafting._together
+    drafting._together = lambda members, depths: groups.append((len(members), depths)) or together(members, depths)
+    jobs = [Job(prompt, n, 0.0, request=(i, 0)) for i, n in enumerate(budgets)]
+    ended: dict[int, Generation] = {}
+    decode_batch(
+        BatchedLM(Decoder.adopt(target), 2),
+        slots,
+        lambda: jobs.pop(0) if jobs else None,
+        lambda job, gen: ended.__setitem__(job.request[0], gen),
+        stop_ids=set(),
+    )
+    for i, gen in ended.items():
+        assert (gen.tokens, gen.accept_lengths) == (alone[i].tokens, alone[i].accept_lengths), i
+    assert {depths for _, depths in groups} == {slots.expansion.max_depth}  # never a shallower group
+    assert sum(len(gen.tokens) for gen in ended.values()) == sum(budgets)
+
+
 def test_a_batch_that_cannot_fit_is_refused_at_plan_time(capsys):
     """The tiny target in float32 keeps 2 x 12 layers x 5 heads x 64 x 4 bytes = 30 KiB a token; a slot of 8-token
     turns holds at least 1 + 8 + 128 tokens, plus 128 a forward may pad: 265 x 30 KiB. Memory for three such slots

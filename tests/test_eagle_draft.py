@@ -180,9 +180,10 @@ def test_ties_go_to_the_earlier_node():
 )
 def test_static_drafting_proposes_the_eager_trees_step_by_step(model, head, expansion, device):
     """--graphs' drafting (the pairs padded to the most a step commits, captured on a GPU per key span and tree
-    depth, the budget's shallow last steps too; the prompt's pairs off those shapes) proposes the eager cache's tree
-    at every step, greedy and at T = 1 (top-k candidates, point masses); sampled children at T = 1 keep the eager
-    cache."""
+    depth, the budget's shallow last steps too at T = 1; the prompt's pairs off those shapes) proposes the eager
+    cache's tree at every step, greedy and at T = 1 (top-k candidates, point masses), as the loop verifies it (at
+    T = 0 the budget's last steps draft the whole depth, cut to the budget's in the verdict); sampled children at
+    T = 1 keep the eager cache."""
     if device != "cpu":
         model, head = copy.deepcopy(model).to(device), copy.deepcopy(head).to(device)
     accepted, depths = [], set()
@@ -191,7 +192,7 @@ def test_static_drafting_proposes_the_eager_trees_step_by_step(model, head, expa
             runs = []
             for graphs in (False, True):
                 proposer = Eagle(head, model.get_output_embeddings(), expansion, sampled=sampled, static=graphs)
-                trees = recording(proposer)
+                trees = recording(proposer, pruned=True)
                 gen = decode(
                     CachedLM(model),
                     proposer,

@@ -26,16 +26,17 @@ class Accepted:
     tested: int  # draft depth examined along the path: len(rows), plus 1 if a drafted child was rejected
 
 
-def greedy(tree: Tree, best: list[int]) -> Accepted:
+def greedy(tree: Tree, best: list[int], limit: int | None = None) -> Accepted:
     """Longest path whose every token is the target's argmax at its parent. best: [n+1] the argmax of each input
-    row ([root] + nodes)."""
+    row ([root] + nodes). `limit`: nodes deeper are not in the tree (`DeviceTree.limited`)."""
     children = tree.children()
     rows: list[int] = []
     row = 0
     while True:
-        match = next((c for c in children[row] if tree.tokens[c - 1] == best[row]), None)
+        kids = children[row] if limit is None or len(rows) < limit else []
+        match = next((c for c in kids if tree.tokens[c - 1] == best[row]), None)
         if match is None:
-            return Accepted(rows, best[row], len(rows) + (1 if children[row] else 0))
+            return Accepted(rows, best[row], len(rows) + (1 if kids else 0))
         rows.append(match)
         row = match
 
@@ -74,16 +75,25 @@ class Verdicts:
 
 
 def greedy_batch(
-    ids: torch.Tensor, seen: torch.Tensor, depth: torch.Tensor, nodes: torch.Tensor, picks: torch.Tensor
+    ids: torch.Tensor,
+    seen: torch.Tensor,
+    depth: torch.Tensor,
+    nodes: torch.Tensor,
+    picks: torch.Tensor,
+    limit: torch.Tensor | None = None,
 ) -> Verdicts:
     """`greedy` for a batch's slots at once, in tensor operations (no host read). Each slot's input rows are ids
     [B, b] ([root] + its tree's `nodes` [B] nodes, then side-branch or padding rows, ignored); `seen` [B, b, b] marks
     each tree row's ancestors and itself (other entries of ignored rows may hold anything), `depth` [B, b] its depth
-    (the root's 0) and `picks` [B, b] the target's argmax at each row. As `greedy`, a node matches when its token is
-    its parent's pick and no earlier sibling matched; the accepted path is the deepest whose nodes all match."""
+    (the root's 0) and `picks` [B, b] the target's argmax at each row; `limit` [B]: nodes deeper are ignored too
+    (`greedy`'s). As `greedy`, a node matches when its token is its parent's pick and no earlier sibling matched;
+    the accepted path is the deepest whose nodes all match."""
     b = ids.shape[1]
     row = torch.arange(b, device=ids.device)
-    shape = _Shape.of(seen, depth, row <= nodes[:, None])
+    real = row <= nodes[:, None]
+    if limit is not None:
+        real = real & (depth <= limit[:, None])
+    shape = _Shape.of(seen, depth, real)
     match = shape.real & (row >= 1) & (ids == picks.gather(1, shape.parent))
     best, length, on_path, child = shape.walk(match)
     kept = torch.where(on_path, row, b - 1).sort(dim=-1).values  # ancestors come before their descendants

@@ -216,13 +216,14 @@ def decode_batch(
         depths = [turn.budget - len(turn.gen.tokens) - 1 for _, turn in active]  # drafts the budget has room for
         lanes_host = [slot for slot, _ in active]
         drafted = drafting.propose(lanes_host, [t.tokens for _, t in active], depths)
-        proposals = [p.pruned(depth) for p, depth in zip(drafted, depths, strict=True)]
+        greedy = all(turn.job.temperature == 0 for _, turn in active)
+        forcing = isinstance(rule, Profile)  # (the forward's picks read once, no verdict judged with it)
+        judged = greedy and not forcing  # (then a drafted shape past the budget is cut on the device, unread)
+        proposals = [p.pruned(depth, judged) for p, depth in zip(drafted, depths, strict=True)]
         v0 = mark()
         past = list(target.lengths)
         rows = [verification(slot, turn.tokens[-1], p) for (slot, turn), p in zip(active, proposals, strict=True)]
-        greedy = all(turn.job.temperature == 0 for _, turn in active)
-        forcing = isinstance(rule, Profile)  # (the forward's picks read once, no verdict judged with it)
-        whole, judgement = target.verify(rows, layers=layers, greedy=greedy or forcing, judged=greedy and not forcing)
+        whole, judgement = target.verify(rows, layers=layers, greedy=greedy or forcing, judged=judged)
         picked = None  # T=0: the target's argmax and margin at every slot's kept rows [B, b] (the greedy check's)
         if judgement is not None:  # every slot's verdict, computed with the forward: one read
             verdicts = read(judgement.summary, active, proposals)

@@ -55,7 +55,7 @@ class OneSlot:
             return Forward(logits, features, (top1, margins(logits))), None
         tree = row.tree if row.tree is not None else EMPTY
         best = tree.read_along(top1[0])  # (a tree still on the device comes with them: one read)
-        accepted = acceptance.greedy(tree, best[: len(tree) + 1])
+        accepted = acceptance.greedy(tree, best[: len(tree) + 1], getattr(tree, "limit", None))
         n, kept = len(best), [0, *accepted.rows]
         pad = [0] * (n - len(kept))
         new = [tree.tokens[r - 1] for r in accepted.rows] + [accepted.token]

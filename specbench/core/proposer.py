@@ -12,7 +12,7 @@ from .acceptance import Accepted
 from .cached_lm import SideBranch
 from .choices import first
 from .sampling import inverse_cdf, probabilities
-from .tree import EMPTY, Tree, chain
+from .tree import EMPTY, DeviceTree, Tree, chain
 
 
 @dataclass(frozen=True)
@@ -22,11 +22,15 @@ class Proposal:
     side: SideBranch | None = None  # tokens verified alongside whose logits only the proposer reads
     drafted: int | None = None  # tokens drafted, when the tree verifies fewer (a schedule cut it); None: the tree's
 
-    def pruned(self, max_depth: int) -> Proposal:
+    def pruned(self, max_depth: int, unread: bool = False) -> Proposal:
         """Drop nodes deeper than max_depth (drafting past the token budget is wasted work). A side branch is
-        dropped with them: its mask refers to the full tree."""
+        dropped with them: its mask refers to the full tree. `unread` (a verdict judged greedily in the forward): a
+        shape still on the device is cut there (`DeviceTree.limited`) instead of read."""
         if len(self.tree) <= max_depth or self.tree.depth_bound() <= max_depth:  # (n nodes lie n deep at most)
             return self
+        tree = self.tree
+        if unread and isinstance(tree, DeviceTree) and tree.shape_on_device and self.side is None:
+            return Proposal(tree.limited(max_depth), self.draft_probs, drafted=self.drafted)
         keep = [i for i, d in enumerate(self.tree.depths()) if d <= max_depth]
         probs = self.draft_probs[keep] if self.draft_probs is not None else None
         return Proposal(self.tree.subtree(keep), probs, drafted=self.drafted)

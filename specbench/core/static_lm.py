@@ -38,12 +38,15 @@ def allocating(cache: StaticRows) -> contextlib.AbstractContextManager:
 @dataclass
 class Inputs:
     """One key's forward reads these and builds its mask, positions and cache rows from them on the device (inside
-    the captured graph), so a step sets only what changed: the ids, two counts per slot and, for a tree, its shape."""
+    the captured graph), so a step sets only what changed: the ids, four counts per slot (in one copy) and, for a
+    tree, its shape."""
 
     ids: torch.Tensor  # [B, b]
+    counts: torch.Tensor  # [4, B] long: the four below, rows of one tensor
     past: torch.Tensor  # [B] long: each slot's rows cached before this forward
     count: torch.Tensor  # [B] long: its real rows (the rest pad the bucket)
     nodes: torch.Tensor  # [B] long: a verification's tree nodes (the rows after the root that acceptance reads)
+    limit: torch.Tensor  # [B] long: the deepest node a verdict may accept (`DeviceTree.limited`; else the bucket)
     local: torch.Tensor  # bool [B, b, b]: the forward's rows each row sees (a tree's: its ancestors and itself)
     offsets: torch.Tensor  # [B, b]: each row's position after `past` (a tree's: its depth)
 
@@ -52,12 +55,16 @@ class Inputs:
         """For chains of up to `bucket` rows (a tree's `local` and `offsets` are written over at each forward)."""
         rows = torch.arange(bucket, device=device)
         local = torch.ones(bucket, bucket, dtype=torch.bool, device=device).tril()
-        zeros = rows.new_zeros(batch)
+        counts = rows.new_zeros(4, batch)
+        counts[3] = bucket
+        past, count, nodes, limit = counts  # (views: one copy writes them all)
         return Inputs(
             rows.new_zeros(batch, bucket),
-            zeros,
-            zeros.clone(),
-            zeros.clone(),
+            counts,
+            past,
+            count,
+            nodes,
+            limit,
             local.repeat(batch, 1, 1),
             rows.repeat(batch, 1),
         )
@@ -186,10 +193,12 @@ class BatchedLM:
         n = max(row.size for row in rows)
         bucket = next(b for b in BUCKETS if b >= n)
         past = list(self.lengths)  # (a slot without work pads past its committed rows: its writes are never kept)
-        count, nodes = [0] * self.batch, [0] * self.batch
+        count, nodes, limit = [0] * self.batch, [0] * self.batch, [bucket] * self.batch
         for row in rows:
             count[row.slot] = row.size
             nodes[row.slot] = 0 if row.tree is None else len(row.tree)
+            if isinstance(row.tree, DeviceTree) and row.tree.limit is not None:
+                limit[row.slot] = row.tree.limit
         end = max(p + bucket for p in past)
         span = min(-(-end // SPAN) * SPAN, self.capacity)  # keys attended: the live rows, rounded up
         chained = all(row.chained for row in rows)
@@ -197,10 +206,8 @@ class BatchedLM:
         inputs = self.inputs.get(key)
         if inputs is None:
             inputs = self.inputs[key] = Inputs.chain(self.batch, bucket, self.device)
-        counts = upload(past + count + nodes, self.device).view(3, self.batch)
-        inputs.past.copy_(counts[0])  # (capture's warm-up runs write past the committed rows only)
-        inputs.count.copy_(counts[1])
-        inputs.nodes.copy_(counts[2])
+        inputs.counts.copy_(upload(past + count + nodes + limit, self.device).view(4, self.batch))  # (capture's
+        # warm-up runs write past the committed rows only)
         listed = [row for row in rows if not isinstance(row.tokens, torch.Tensor)]
         rooted = [row for row in rows if row.root is not None and isinstance(row.tokens, torch.Tensor)]
         if listed or rooted:  # every host row's ids, and the roots of the rows on the device, in one copy
@@ -231,7 +238,9 @@ class BatchedLM:
             picks = top_two(logits)
             verdicts = None
             if judged:
-                verdicts = judge_batch(inputs.ids, inputs.local, inputs.offsets, inputs.nodes, picks, features)
+                verdicts = judge_batch(
+                    inputs.ids, inputs.local, inputs.offsets, inputs.nodes, picks, features, inputs.limit
+                )
             return Forward(logits, features, picks), verdicts
 
         if self.cache.keys is not None:

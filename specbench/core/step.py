@@ -34,11 +34,12 @@ def judge_batch(
     nodes: torch.Tensor,
     picks: tuple[torch.Tensor, torch.Tensor],
     features: torch.Tensor | None,
+    limit: torch.Tensor | None = None,
 ) -> Judged:
     """`acceptance.greedy_batch` on a forward's rows (ids [B, b], ancestors [B, b, b], depths [B, b], tree nodes [B],
-    picks: argmax and margin [B, b] each), with the kept rows' picks, margins and features gathered: tensor
-    operations only, so a captured forward computes them too."""
-    v = acceptance.greedy_batch(ids, seen, depth, nodes, picks[0])
+    picks: argmax and margin [B, b] each, depth limits [B]), with the kept rows' picks, margins and features
+    gathered: tensor operations only, so a captured forward computes them too."""
+    v = acceptance.greedy_batch(ids, seen, depth, nodes, picks[0], limit)
     summary = torch.cat([v.length[:, None], v.tested[:, None], v.kept, v.new, picks[0]], 1)
     kept_features = None
     if features is not None:

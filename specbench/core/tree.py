@@ -96,12 +96,14 @@ class Tree:
 
 class DeviceTree(Tree):
     """A tree whose tokens (and, when they depend on the draft, parents) are still tensors on the device. Its size
-    and a depth bound are known on the host; reading `tokens` or `parents` costs one transfer, made once."""
+    and a depth bound are known on the host; reading `tokens` or `parents` costs one transfer, made once. A drafted
+    shape cut to a depth without reading it (`limited`) keeps its deeper nodes as rows that no verdict accepts."""
 
     ids: torch.Tensor
     links: torch.Tensor | list[int]
     bound: int
     read: tuple[list[int], list[int]] | None
+    limit: int | None  # set: nodes deeper than this are verified but never accepted (greedy, inside the forward)
 
     def __init__(
         self, tokens: torch.Tensor, parents: torch.Tensor | list[int], depth: int, ancestors: torch.Tensor | None = None
@@ -110,8 +112,16 @@ class DeviceTree(Tree):
         object.__setattr__(self, "links", parents)  # [n] long on the device, or the host's list
         object.__setattr__(self, "bound", depth)
         object.__setattr__(self, "read", None)  # (tokens, parents) once read
+        object.__setattr__(self, "limit", None)
         if ancestors is not None:  # built with the draft (inside its captured graph)
             self.__dict__["ancestors"] = ancestors
+
+    def limited(self, depth: int) -> DeviceTree:
+        """This drafted shape cut to `depth` without a read: the same rows, those deeper never accepted (the token
+        budget's last steps, verified greedily inside the forward: `acceptance.greedy_batch`'s `limit`)."""
+        cut = DeviceTree(self.ids, self.links, self.bound, self.ancestors)
+        object.__setattr__(cut, "limit", depth)
+        return cut
 
     def __len__(self) -> int:
         return self.ids.shape[0]
@@ -137,7 +147,9 @@ class DeviceTree(Tree):
         return not self.shape_on_device and super().is_chain
 
     def depth_bound(self) -> int:
-        return self.bound if self.shape_on_device else self.max_depth()
+        if not self.shape_on_device:
+            return self.max_depth()
+        return self.bound if self.limit is None else min(self.bound, self.limit)
 
     @property
     def home(self) -> torch.device:
@@ -173,7 +185,7 @@ class DeviceTree(Tree):
     @functools.cached_property
     def ancestors(self) -> torch.Tensor:
         """Its ancestor matrix, built on the device once: the verification's mask and positions both read it."""
-        return ancestors_from(self.parents_tensor(), self.depth_bound())
+        return ancestors_from(self.parents_tensor(), self.bound if self.shape_on_device else self.max_depth())
 
     def _host(self) -> tuple[list[int], list[int]]:
         if self.read is None:

@@ -142,9 +142,15 @@ class Eagle(Drafter):
     @torch.inference_mode()
     def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
         """The slots on the static drafting draft together, one head forward per level for every slot
-        (`StaticDrafting.propose`); those on an eager cache (sampled children) one after another."""
+        (`StaticDrafting.propose`); those on an eager cache (sampled children) one after another. At T = 0 a static
+        slot near its token budget drafts the whole depth with the others (the loop cuts its tree on the device),
+        so the batch drafts in one group, not one a depth."""
         found = [NO_PROPOSAL] * len(slots)
-        depths = [min(self.expansion.max_depth, d) for d in max_depths]
+        top = self.expansion.max_depth
+        depths = [
+            top if d >= 1 and lane.cache is None and lane.turn.temperature == 0 else min(top, d)
+            for d, lane in zip(max_depths, (self.lanes[s] for s in slots), strict=True)
+        ]
         static = [i for i, slot in enumerate(slots) if self.lanes[slot].cache is None]
         if static:
             assert self.static is not None  # (a lane without a cache of its own is on it)
