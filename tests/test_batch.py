@@ -279,6 +279,23 @@ def test_the_sampling_audit_at_batch_4_with_slots_drafting_together(method):
     assert max(widths, default=0) > 1
 
 
+def answered_together(target, slots, prompts: list, budgets: list[int], alone: list[Generation]) -> list[Generation]:
+    """The greedy turns of `prompts` (with these token budgets) answered in one batch of their number by `slots`,
+    each checked against its batch of one (`alone`: tokens and accepted lengths)."""
+    jobs = [Job(p, n, 0.0, request=(i, 0)) for i, (p, n) in enumerate(zip(prompts, budgets, strict=True))]
+    ended: dict[int, Generation] = {}
+    decode_batch(
+        BatchedLM(Decoder.adopt(target), len(prompts)),
+        slots,
+        lambda: jobs.pop(0) if jobs else None,
+        lambda job, gen: ended.__setitem__(job.request[0], gen),
+        stop_ids=set(),
+    )
+    for i, gen in ended.items():
+        assert (gen.tokens, gen.accept_lengths) == (alone[i].tokens, alone[i].accept_lengths), i
+    return [ended[i] for i in range(len(prompts))]
+
+
 @pytest.mark.parametrize(
     "method",
     ["pard", "pard2", "medusa", "eagle", "eagle3", "eagle[nodes=1]", "peagle", "dflash", "dflash[tree=12]", "dflash2"],
@@ -318,17 +335,7 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
         assert drafting.batch == 2
         together = drafting._together
         drafting._together = lambda members, depths: widths.append(len(members)) or together(members, depths)
-    jobs = [Job(p, 32, 0.0, request=(i, 0)) for i, p in enumerate(prompts)]
-    ended: dict[int, object] = {}
-    decode_batch(
-        BatchedLM(Decoder.adopt(target), 2),
-        slots,
-        lambda: jobs.pop(0) if jobs else None,
-        lambda job, gen: ended.__setitem__(job.request[0], gen),
-        stop_ids=set(),
-    )
-    for i, gen in ended.items():
-        assert (gen.tokens, gen.accept_lengths) == (alone[i].tokens, alone[i].accept_lengths), i
+    for gen in answered_together(target, slots, prompts, [32, 32], alone):
         assert max(gen.accept_lengths) > 1  # (its drafts were accepted: the check compared real drafting)
     assert max(widths) == 2
 
@@ -355,19 +362,9 @@ def test_eagle_slots_near_their_budget_draft_with_the_others_at_t0(tiny):
     drafting, groups = slots.static, []
     together = drafting._together
     drafting._together = lambda members, depths: groups.append((len(members), depths)) or together(members, depths)
-    jobs = [Job(prompt, n, 0.0, request=(i, 0)) for i, n in enumerate(budgets)]
-    ended: dict[int, Generation] = {}
-    decode_batch(
-        BatchedLM(Decoder.adopt(target), 2),
-        slots,
-        lambda: jobs.pop(0) if jobs else None,
-        lambda job, gen: ended.__setitem__(job.request[0], gen),
-        stop_ids=set(),
-    )
-    for i, gen in ended.items():
-        assert (gen.tokens, gen.accept_lengths) == (alone[i].tokens, alone[i].accept_lengths), i
+    ended = answered_together(target, slots, [prompt, prompt], budgets, alone)
     assert {depths for _, depths in groups} == {slots.expansion.max_depth}  # never a shallower group
-    assert sum(len(gen.tokens) for gen in ended.values()) == sum(budgets)
+    assert sum(len(gen.tokens) for gen in ended) == sum(budgets)
 
 
 def test_a_batch_that_cannot_fit_is_refused_at_plan_time(capsys):
