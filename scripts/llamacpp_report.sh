@@ -20,7 +20,7 @@ if [[ $model == tiny ]]; then
   methods=${METHODS:-vanilla,sps,pld,eagle3,dflash,$ngram}
   scope=()
 else
-  methods=${METHODS:-vanilla,pld,eagle3,$ngram}
+  methods=${METHODS:-vanilla,pld,eagle3,dflash,$ngram}
   scope=(--limit 1 --max-new-tokens 64)
 fi
 rm -rf "$out"

@@ -6,6 +6,9 @@
 # training-time test; 50 min here, partly sharing the CPU) and EAGLE-1/2 (160 steps, 23 min); the card's heads
 # table is rewritten last. Medusa (5 heads reading out through the target's lm_head; 150 steps, 8 min) and MTP
 # (a 3-step training-time test; 160 steps, 5 min) train on 128-token windows of 4 (MEDUSA=0 / MTP=0 skip them).
+# The DFlash drafter (two layers reading target layers 1 and 27 (`heads.dflash.target_layer_ids`), blocks of 8,
+# 200 steps of 4 windows) trains on the answers to the first 400 prompts (DFLASH_ANSWERS, regenerated when absent;
+# DFLASH=0 skips it); it is what `--engine llamacpp` serves as `draft-dflash` beside our loop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data="${1:-${SPECBENCH_DATA_DIR:-../shared/data}}"
@@ -26,4 +29,11 @@ small=(--seq-len 128 --batch-size 4)
 [[ "${MTP:-1}" == 0 ]] || specbench train mtp "${common[@]}" "${small[@]}" --data "$answers" --out "$out/mtp" \
   --steps "${MTP_STEPS:-160}" \
   --ttt-steps 3
+if [[ "${DFLASH:-1}" != 0 ]]; then
+  dflash_answers="${DFLASH_ANSWERS:-results/smollm2-regenerated-400.jsonl}"
+  [[ -f "$dflash_answers" ]] || specbench regenerate --target smollm2-135m --prompts "$data" --out "$dflash_answers" \
+    --limit 400 --batch-size 32 --max-new-tokens 256
+  specbench train dflash "${common[@]}" --data "$dflash_answers" --out "$out/dflash" --steps "${DFLASH_STEPS:-200}" \
+    --batch-size 4 --block-size 8 --draft-layers 2
+fi
 specbench zoo card --out "$out"

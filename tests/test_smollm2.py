@@ -67,15 +67,15 @@ def test_the_owned_decoder_gives_transformers_logits(smollm2):
 
 
 def test_every_bundled_head_and_the_graphs_regime_give_vanillas_tokens(smollm2, tmp_path, monkeypatch):
-    """The bundled EAGLE-3 and MTP heads, pld and suffix give vanilla's greedy tokens in the eager loop, and under
-    --graphs (the owned decoder on static caches) every one of them gives the eager loop's tokens and accepted
-    lengths, step by step."""
+    """The bundled EAGLE-3 and MTP heads, the DFlash drafter, pld and suffix give vanilla's greedy tokens in the
+    eager loop, and under --graphs (the owned decoder on static caches) every one of them gives the eager loop's
+    tokens and accepted lengths, step by step."""
     from specbench.cli.main import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     task = tmp_path / "one.jsonl"  # (one question: a 135M forward takes 0.1 s on one CPU thread)
     task.write_text(json.dumps({"question_id": 0, "category": "t", "turns": [PROMPTS[0]]}) + "\n")
-    methods = ["vanilla", "pld", "suffix", "eagle3", "mtp"]
+    methods = ["vanilla", "pld", "suffix", "eagle3", "mtp", "dflash"]
     common = [
         "run",
         "--model",

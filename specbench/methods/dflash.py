@@ -18,6 +18,7 @@ a GPU as one CUDA graph per key span and replayed. The prompt's first block runs
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -291,4 +292,12 @@ def build(params: dict, res: Resources, slots: int) -> Drafter:
     dtype = res.draft_dtype(params.pop("draft_dtype", None))
     draft: DFlashDraft = res.head("dflash", dtype)
     embedding, readout = res.target_model.get_input_embeddings(), res.readout(dtype)
+    most = (params.get("block_size") or draft.block_size) - DFlash.first
+    if isinstance(params["num_draft_tokens"], int) and params["num_draft_tokens"] > most:  # as llama.cpp clamps
+        print(
+            f"dflash: this drafter's blocks of {most + DFlash.first} rows draft {most} tokens a step, not "
+            f"num_draft_tokens {params['num_draft_tokens']}: drafting {most}",
+            file=sys.stderr,
+        )
+        params["num_draft_tokens"] = most
     return DFlash(draft, embedding, readout, **params, slots=slots, static=res.graphs, capture=res.graphs)
