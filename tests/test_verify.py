@@ -136,8 +136,8 @@ def test_a_planted_real_bug_is_still_caught(small_vocab, monkeypatch):
     reference = _greedy_run(target, Vanilla())
     greedy = acceptance.greedy  # (the eager cache's: a batch on the device plants it in `greedy_batch`)
 
-    def off_by_one(tree, best):
-        accepted = greedy(tree, best)
+    def off_by_one(tree, best, limit=None):
+        accepted = greedy(tree, best, limit)
         return replace(accepted, token=(accepted.token + 1) % target.config.vocab_size)
 
     monkeypatch.setattr(acceptance, "greedy", off_by_one)
