@@ -303,7 +303,8 @@ def answered_together(target, slots, prompts: list, budgets: list[int], alone: l
 def test_model_drafters_draft_their_slots_together(tiny, method):
     """Two slots of a batch share one drafter (PARD's or PARD-2's model, Medusa's heads, EAGLE's or P-EAGLE's head or
     DFlash's drafter on one static cache: loaded once) and draft in one forward per step (per level for EAGLE's
-    trees); each slot's tokens and accepted lengths are its batch of one's."""
+    trees; EAGLE's prompts, of different lengths, fed in one forward too); each slot's tokens and accepted lengths
+    are its batch of one's."""
     target, prompt = tiny
     res = methods.Resources("tiny", target, None, torch.device("cpu"), torch.float32, head_paths=HEADS)
     prompts = [prompt, prompt[: len(prompt) // 2]]
@@ -313,6 +314,7 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
     ]
     slots = methods.build_batch(method, res, 2)
     widths: list[int] = []
+    prompts_fed: list[int] = []  # EAGLE: the slots of each uncaptured forward (the prompts': both, padded, in one)
     if method.startswith("pard"):
         shared = slots.drafter.batched
         assert shared is not None and shared.batch == 2
@@ -333,38 +335,58 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
     else:
         drafting = slots.static
         assert drafting.batch == 2
-        together = drafting._together
+        together, apart = drafting._together, drafting._apart
         drafting._together = lambda members, depths: widths.append(len(members)) or together(members, depths)
+        drafting._apart = lambda members, depths: prompts_fed.append(len(members)) or apart(members, depths)
     for gen in answered_together(target, slots, prompts, [32, 32], alone):
         assert max(gen.accept_lengths) > 1  # (its drafts were accepted: the check compared real drafting)
     assert max(widths) == 2
+    assert prompts_fed[:1] == ([2] if method.startswith("eagle") else [])
 
 
-def test_eagle_slots_near_their_budget_draft_with_the_others_at_t0(tiny):
-    """At T = 0 a slot whose token budget leaves room for fewer drafts than the tree's depth drafts the whole depth
-    with its batch-mates (one drafting group a step, not one a depth), its tree cut to the budget in the verdict:
-    each slot keeps its batch of one's tokens and accepted lengths, budgets of 32 and 9 tokens."""
+@pytest.mark.parametrize("method", ["eagle3", "sps", "pard"])
+def test_slots_near_their_budget_draft_with_the_others_at_t0(tiny, method):
+    """At T = 0 a slot whose token budget leaves room for fewer drafts than the method drafts drafts them all with
+    its batch-mates (EAGLE: one drafting group a step, not one a depth; a chain: one length, every chain a row of one
+    block), its tree cut to the budget in the verdict: each slot keeps its batch of one's tokens and accepted
+    lengths, budgets of 32 and 9 tokens. At the end of the target's context the drafted rows lie past it (they are
+    never kept): that batch too keeps its batch of one's tokens."""
     target, prompt = tiny
-    res = methods.Resources("tiny", target, None, torch.device("cpu"), torch.float32, head_paths=HEADS)
+    res = methods.Resources(
+        "tiny", target, None, torch.device("cpu"), torch.float32, TINY_DIR / "draft", head_paths=HEADS
+    )
     budgets = [32, 9]
     alone = [
         decode(
-            CachedLM(target),
-            methods.build_batch("eagle3", res),
-            prompt,
-            max_new_tokens=n,
-            temperature=0,
-            stop_ids=set(),
+            CachedLM(target), methods.build_batch(method, res), prompt, max_new_tokens=n, temperature=0, stop_ids=set()
         )
         for n in budgets
     ]
-    slots = methods.build_batch("eagle3", res, 2)
-    drafting, groups = slots.static, []
-    together = drafting._together
-    drafting._together = lambda members, depths: groups.append((len(members), depths)) or together(members, depths)
+    slots = methods.build_batch(method, res, 2)
+    groups: list[int] = []  # EAGLE: each drafting group's depth; a chain: each proposal's length
+    if method == "eagle3":
+        drafting = slots.static
+        together = drafting._together
+        drafting._together = lambda members, depths: groups.append(depths) or together(members, depths)
+        full = slots.expansion.max_depth
+    else:
+        propose = slots.propose
+        slots.propose = lambda *a: [groups.append(len(p.tree)) or p for p in propose(*a) if len(p.tree)] or propose(*a)
+        full = slots.k
     ended = answered_together(target, slots, [prompt, prompt], budgets, alone)
-    assert {depths for _, depths in groups} == {slots.expansion.max_depth}  # never a shallower group
+    assert set(groups) == {full}  # never a shallower group or chain
     assert sum(len(gen.tokens) for gen in ended) == sum(budgets)
+    edge = BatchedLM(Decoder.adopt(target), 2, context=len(prompt) + 9)  # the short turn's last drafts pass its end
+    jobs = [Job(prompt, n, 0.0, request=(i, 0)) for i, n in enumerate(budgets)]
+    done: dict[int, Generation] = {}
+    decode_batch(
+        edge,
+        methods.build_batch(method, res, 2),
+        lambda: jobs.pop(0) if jobs else None,
+        lambda job, gen: done.__setitem__(job.request[0], gen),
+        stop_ids=set(),
+    )
+    assert done[0].tokens == done[1].tokens == alone[1].tokens  # (both budgets cut to the context's 9 tokens)
 
 
 def test_a_batch_that_cannot_fit_is_refused_at_plan_time(capsys):

@@ -58,8 +58,10 @@ def test_stop_token_and_budget_cut_the_last_step(pair):
     assert gen.tokens == full[:7] and sum(gen.accept_lengths) == 7
 
 
-def test_draft_stops_at_the_token_budget(pair, monkeypatch):
-    """With 2 tokens left the draft drafts 1: the root's token plus 1 drafted fill the budget."""
+def test_draft_near_the_token_budget(pair, monkeypatch):
+    """With 2 tokens left the verdict tests 1 draft: the root's token plus 1 drafted fill the budget. At T = 0 the
+    draft still drafts all 4, as a batch's other slots would (the loop cuts the chain without reading it); at T > 0
+    it drafts no more than the budget has room for."""
     target, _ = pair
     proposer = DraftModel(target, 4)
     calls = []
@@ -68,7 +70,19 @@ def test_draft_stops_at_the_token_budget(pair, monkeypatch):
     monkeypatch.setattr(lane, "run", lambda ids, *args, **kw: calls.append(len(ids)) or run(ids, *args, **kw))
     gen = greedy_tokens(target, proposer, PROMPTS[0], n=7)
     assert gen.accept_lengths == [5, 2] and [s.tested for s in gen.steps] == [4, 1]
-    assert len(calls) == 1 + 4 + 1  # the prompt's prefill, then one forward per drafted token
+    assert len(calls) == 1 + 4 + 4  # the prompt's prefill, then one forward per drafted token
+    assert [s.drafted for s in gen.steps] == [4, 4]
+    sampled = DraftModel(target, 4)
+    proposed = []
+    propose = sampled.propose
+    monkeypatch.setattr(
+        sampled,
+        "propose",
+        lambda s, t, depths: [proposed.append((len(p.tree), *depths)) or p for p in propose(s, t, depths)],
+    )
+    gen = decode(CachedLM(target), sampled, PROMPTS[0], max_new_tokens=7, temperature=1.0, stop_ids=set())
+    assert len(gen.tokens) == 7 and any(depth < 4 for _, depth in proposed)
+    assert all(n == min(4, depth) for n, depth in proposed)
 
 
 def test_tree_commit_keeps_non_contiguous_rows(pair):

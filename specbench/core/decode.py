@@ -218,7 +218,7 @@ def decode_batch(
         drafted = drafting.propose(lanes_host, [t.tokens for _, t in active], depths)
         greedy = all(turn.job.temperature == 0 for _, turn in active)
         forcing = isinstance(rule, Profile)  # (the forward's picks read once, no verdict judged with it)
-        judged = greedy and not forcing  # (then a drafted shape past the budget is cut on the device, unread)
+        judged = greedy and not forcing  # (then a tree past the budget is cut on the device, unread)
         proposals = [p.pruned(depth, judged) for p, depth in zip(drafted, depths, strict=True)]
         v0 = mark()
         past = list(target.lengths)
@@ -277,8 +277,8 @@ def decode_batch(
                 )
             drafting.update(lanes_host, [t.tokens for _, t in active], proposals, feedback)
         step = StepMarks(d0, v0, v1, u0, mark(), len(active), max(row.size for row in rows))
-        for (_, turn), verdict, row, tokens, p in zip(active, verdicts, rows, appended, drafted, strict=True):
-            made = len(p.tree) if p.drafted is None else p.drafted
+        for (_, turn), verdict, row, tokens, p in zip(active, verdicts, rows, appended, proposals, strict=True):
+            made = len(p.tree) if p.drafted is None else p.drafted  # (a schedule's cut; the budget's is no schedule)
             turn.shares.append(Share(step, tokens, verdict.tested, row.size, made))
         for slot in ending:
             ended = slots[slot]

@@ -47,13 +47,15 @@ class Lanes:
         else:
             self.lane(slot).crop(length)
 
-    def chains(self, k: int, tokens: list[list[int]], max_depths: list[int]) -> list[int]:
+    def chains(self, k: int, tokens: list[list[int]], max_depths: list[int], whole: bool = False) -> list[int]:
         """How many tokens each slot's chain drafts: k, at most its depth budget, none where they would not fit the
-        model's context after its committed `tokens`."""
-        return [
-            n if (n := min(k, d)) > 0 and len(t) + n <= self.context_length else 0
-            for t, d in zip(tokens, max_depths, strict=True)
-        ]
+        model's context after its committed `tokens`. `whole` (T = 0): a slot with any budget drafts all k where
+        they fit, as its batch-mates do (the loop cuts its chain on the device: one chain length for the batch)."""
+        found = []
+        for t, d in zip(tokens, max_depths, strict=True):
+            n = k if whole and d > 0 and len(t) + k <= self.context_length else min(k, d)
+            found.append(n if n > 0 and len(t) + n <= self.context_length else 0)
+        return found
 
     def follow(self, slot: int, tokens: list[int]) -> None:
         """After a verification: `slot`'s rows stay valid up to the last accepted token (the newest is the root)."""

@@ -25,11 +25,11 @@ class Proposal:
     def pruned(self, max_depth: int, unread: bool = False) -> Proposal:
         """Drop nodes deeper than max_depth (drafting past the token budget is wasted work). A side branch is
         dropped with them: its mask refers to the full tree. `unread` (a verdict judged greedily in the forward): a
-        shape still on the device is cut there (`DeviceTree.limited`) instead of read."""
+        tree whose tokens are still on the device is cut there (`DeviceTree.limited`) instead of read or indexed."""
         if len(self.tree) <= max_depth or self.tree.depth_bound() <= max_depth:  # (n nodes lie n deep at most)
             return self
         tree = self.tree
-        if unread and isinstance(tree, DeviceTree) and tree.shape_on_device and self.side is None:
+        if unread and isinstance(tree, DeviceTree) and tree.on_device and self.side is None:
             return Proposal(tree.limited(max_depth), self.draft_probs, drafted=self.drafted)
         keep = [i for i, d in enumerate(self.tree.depths()) if d <= max_depth]
         probs = self.draft_probs[keep] if self.draft_probs is not None else None

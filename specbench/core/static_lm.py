@@ -145,9 +145,13 @@ class BatchedLM:
         self.prefilled: dict[int, tuple[tuple, Forward | None]] = {}  # slot -> its last prefill's prompt and layers,
         # and its output (`prefill`'s `reuse`)
 
-    def _check(self, rows: list[Row]) -> None:
+    def _check(self, rows: list[Row], transient: bool = False) -> None:
+        """Every row fits its slot's context after its committed rows. `transient` (a forward of a bucket's rows):
+        only each row's first must (a verification keeps its root; its drafted rows, and those a bucket pads, may
+        lie past the context, in the rows `capacity` adds, and the token budget keeps every accepted one inside)."""
         for row in rows:
-            if self.lengths[row.slot] + row.size > self.context_length:
+            need = self.lengths[row.slot] + (min(row.size, 1) if transient else row.size)
+            if need > self.context_length:
                 raise SpecbenchError(
                     f"{self.lengths[row.slot] + row.size} tokens do not fit the static cache of "
                     f"{self.context_length} tokens (--graphs, --batch)"
@@ -187,7 +191,7 @@ class BatchedLM:
         written over by the next forward of the same shape. `greedy`: every row's argmax and margin computed inside
         the forward (`Forward.picks`), the argmax alone with `top1_only` (a draft's: its margins are never read);
         `judged` (greedy too): every slot's verdict on its tree as well (`step.judge_batch`)."""
-        self._check(rows)
+        self._check(rows, transient=True)
         greedy |= judged
         top1_only &= not judged
         n = max(row.size for row in rows)

@@ -96,8 +96,8 @@ class Tree:
 
 class DeviceTree(Tree):
     """A tree whose tokens (and, when they depend on the draft, parents) are still tensors on the device. Its size
-    and a depth bound are known on the host; reading `tokens` or `parents` costs one transfer, made once. A drafted
-    shape cut to a depth without reading it (`limited`) keeps its deeper nodes as rows that no verdict accepts."""
+    and a depth bound are known on the host; reading `tokens` or `parents` costs one transfer, made once. A tree
+    cut to a depth without reading it (`limited`) keeps its deeper nodes as rows that no verdict accepts."""
 
     ids: torch.Tensor
     links: torch.Tensor | list[int]
@@ -117,9 +117,9 @@ class DeviceTree(Tree):
             self.__dict__["ancestors"] = ancestors
 
     def limited(self, depth: int) -> DeviceTree:
-        """This drafted shape cut to `depth` without a read: the same rows, those deeper never accepted (the token
+        """This tree cut to `depth` without a read or an index: the same rows, those deeper never accepted (the token
         budget's last steps, verified greedily inside the forward: `acceptance.greedy_batch`'s `limit`)."""
-        cut = DeviceTree(self.ids, self.links, self.bound, self.ancestors)
+        cut = DeviceTree(self.ids, self.links, self.bound, self.__dict__.get("ancestors"))  # (a chain needs none)
         object.__setattr__(cut, "limit", depth)
         return cut
 
@@ -147,9 +147,8 @@ class DeviceTree(Tree):
         return not self.shape_on_device and super().is_chain
 
     def depth_bound(self) -> int:
-        if not self.shape_on_device:
-            return self.max_depth()
-        return self.bound if self.limit is None else min(self.bound, self.limit)
+        bound = self.bound if self.shape_on_device else self.max_depth()
+        return bound if self.limit is None else min(bound, self.limit)
 
     @property
     def home(self) -> torch.device:
@@ -237,7 +236,7 @@ def ancestor_matrix(tree: Tree) -> torch.Tensor:
     ancestor)."""
     if isinstance(tree, DeviceTree) and tree.shape_on_device:
         return tree.ancestors
-    return ancestors_from(tree.parents_tensor(), tree.depth_bound())
+    return ancestors_from(tree.parents_tensor(), tree.max_depth())  # (every row's, past a `limited` cut too)
 
 
 def ancestors_from(parents: torch.Tensor, depth: int) -> torch.Tensor:

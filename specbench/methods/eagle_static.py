@@ -39,7 +39,7 @@ class StaticDrafting:
     verification committed, padded to the most a step commits, then grow every slot's tree and pick the nodes to
     verify) is one function of device tensors with fixed shapes, captured on a GPU (with --graphs) as one CUDA graph
     per key span and tree depth (a shallower tree: the token budget's last steps) and replayed: no Python per level
-    and no host wait. A slot with more pairs (the prompt's) runs the same function alone, uncaptured. Drafting
+    and no host wait. Slots with more pairs (the prompt's) run the same function over themselves, uncaptured. Drafting
     sampled children (T > 0 with `sampled`) keeps the eager cache. `eagle` (a `methods.eagle.Eagle`, which holds this
     drafting: not imported here, to keep the modules out of a circle): its head, readout and tree policy serve every
     slot, its `lanes` hold each slot's turn."""
@@ -56,7 +56,8 @@ class StaticDrafting:
         self.inputs: dict[int, DraftInputs] = {}  # by key span
         self.replays = Replays(eagle.device)
         self.replays.capture = self.replays.capture and capture
-        self.alone: int | None = None  # the slot a forward runs alone (None: every slot)
+        self.alone: int | torch.Tensor | None = None  # the slots a forward runs over alone: one, several [m] (None:
+        # every slot)
         self.before: torch.Tensor | None = None  # [B, span]: the keys every tree row sees (a draft's committed
         # pairs; additive, 0 where seen)
         self.rows: torch.Tensor | None = None  # [B, fed]: the rows a draft's fed nodes go to, in feeding order
@@ -67,9 +68,11 @@ class StaticDrafting:
         """Feed each slot's pending pairs, then its draft (the batch's it was drafted in, and its row there) and the
         tree to verify, left on the device; None for a slot with nothing to draft from (no new pairs, no depth left,
         or features missing for some committed token, as in the eager cache). The slots drafting to one depth share
-        one forward per level."""
+        one forward per level: those with more pairs than a captured step feeds (a turn's first step: its prompt's)
+        in one uncaptured forward of their own, and those with nothing to draft from in one more."""
         found: list[tuple[Draft, int, DeviceTree] | None] = [None] * len(slots)
         together: dict[int, list[tuple[int, torch.Tensor, list[int], int]]] = {}  # by depth
+        apart: dict[int, list[tuple[int, torch.Tensor, list[int], int]]] = {}  # by depth (0: feed only)
         for i, (slot, committed, depth) in enumerate(zip(slots, tokens, depths, strict=True)):
             lane, past = self.eagle.lanes[slot], self.lengths[slot]
             n = min(len(lane.pending), len(committed) - 1 - past)
@@ -79,34 +82,49 @@ class StaticDrafting:
             ids = committed[past + 1 : past + 1 + n]
             self.lengths[slot] = past + n
             if past + n != len(committed) - 1 or depth < 1:  # feed them; nothing to draft from
-                self._alone(slot, features, upload(ids, self.eagle.device), past, 0)
-            elif n > self.pad:  # more pairs than a captured step feeds (the prompt's): once, uncaptured
-                found[i] = self._alone(slot, features, upload(ids, self.eagle.device), past, depth)
+                apart.setdefault(0, []).append((i, features, ids, past))
+            elif n > self.pad:  # more pairs than a captured step feeds (the prompt's): uncaptured
+                apart.setdefault(depth, []).append((i, features, ids, past))
             else:
                 together.setdefault(depth, []).append((i, features, ids, past))
-        for depth, members in together.items():
-            drafts = self._together([(slots[i], features, ids, past) for i, features, ids, past in members], depth)
-            for (i, *_), drafted in zip(members, drafts, strict=True):
-                found[i] = drafted
+        for groups, run in ((apart, self._apart), (together, self._together)):
+            for depth, members in groups.items():
+                drafts = run([(slots[i], features, ids, past) for i, features, ids, past in members], depth)
+                for (i, *_), drafted in zip(members, drafts, strict=True):
+                    found[i] = drafted
         return found
 
-    def _alone(
-        self, slot: int, features: torch.Tensor, ids: torch.Tensor, past: int, depths: int
-    ) -> tuple[Draft, int, DeviceTree] | None:
-        """`slot`'s pairs features [n, F], ids [n] fed after `past` alone, uncaptured (rare: never worth compiling),
-        and its draft of `depths` levels from the last one (none: 0)."""
-        self.cache.span = self._span(past + len(ids), depths)
-        count, committed = (upload([v], self.eagle.device) for v in (len(ids), past))
-        self.alone = slot
+    def _apart(
+        self, members: list[tuple[int, torch.Tensor, list[int], int]], depths: int
+    ) -> list[tuple[Draft, int, DeviceTree] | None]:
+        """The pairs of the slots `members` ((slot, features [n, F], ids [n], past) each) fed in one uncaptured
+        forward over those slots alone, padded to the most pairs (rare: never worth compiling), and each one's draft
+        of `depths` levels from its last pair (none: 0)."""
+        device, m = self.eagle.device, len(members)
+        slots, pairs, ids, past = (list(column) for column in zip(*members, strict=True))
+        counts = [len(t) for t in ids]
+        width, size = max(counts), pairs[0].shape[-1]
+        at = padded_rows(list(range(m)), counts, width)
+        host = upload(slots + counts + past + at + [t for row in ids for t in row], device)
+        lanes, count, committed, rows, flat = host.split([m, m, m, len(at), len(at)])
+        features = pairs[0].new_zeros(m * width, size)
+        features[rows] = torch.cat(pairs)
+        tokens = flat.new_zeros(m * width)
+        tokens[rows] = flat
+        self.cache.span = self._span(max(n + p for n, p in zip(counts, past, strict=True)), depths)
+        self.alone = slots[0] if m == 1 else lanes  # (one: its rows as a view)
         try:
             with uncompiled():
                 if not depths:
-                    self._pairs(features[None], ids[None], committed)
-                    return None
-                draft, tokens, parents, ancestors = self._draft(features[None], ids[None], count, committed, depths)
+                    self._pairs(features.view(m, width, size), tokens.view(m, width), committed)
+                    return [None] * m
+                draft, *tree = self._draft(
+                    features.view(m, width, size), tokens.view(m, width), count, committed, depths
+                )
         finally:
             self.alone = self.cache.slot = None
-        return draft, 0, DeviceTree(tokens[0], parents[0], depths, ancestors[0])
+        drafted, parents, ancestors = tree
+        return [(draft, i, DeviceTree(drafted[i], parents[i], depths, ancestors[i])) for i in range(m)]
 
     def _together(
         self, members: list[tuple[int, torch.Tensor, list[int], int]], depths: int

@@ -44,12 +44,13 @@ class Pard(Drafter):
     @torch.inference_mode()
     def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
         """One forward over every slot's new tokens and masks, each slot's chain then read from its own rows."""
-        ks = self.drafter.chains(self.k, tokens, max_depths)
+        greedy = all(self.turns[s].temperature == 0 for s in slots)
+        ks = self.drafter.chains(self.k, tokens, max_depths, whole=greedy)
         working = [i for i, k in enumerate(ks) if k]
         self._masks([slots[i] for i in working], [len(tokens[i]) - 1 for i in working], [ks[i] for i in working])
         fed = [Row(slots[i], tokens[i][self.drafter.cached(slots[i]) :] + [self.mask] * (ks[i] - 1)) for i in working]
         found = [NO_PROPOSAL] * len(slots)
-        if fed and all(self.turns[slots[i]].temperature == 0 for i in working):
+        if fed and greedy:
             deepest = max(ks[i] for i in working)  # every slot's chain in one gather: the last k of its row
             picks = iter(self.drafter.picks(fed, last=deepest))
             for i in working:

@@ -32,13 +32,15 @@ class DraftModel(Drafter):
     @torch.inference_mode()
     def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
         """One draft forward over every slot's new tokens, then one per depth, each slot's token fed back on the
-        device (the host never waits): at T = 0 its argmax, at T > 0 its draw from its own generator (`drawn`)."""
+        device (the host never waits): at T = 0 its argmax, at T > 0 its draw from its own generator (`drawn`). At
+        T = 0 a slot near its token budget drafts all k with the others (the loop cuts its chain on the device), so
+        every chain is one row of a block."""
         turns = [self.turns[s] for s in slots]
-        ks = self.draft.chains(self.k, tokens, max_depths)
+        greedy = all(turn.temperature == 0 for turn in turns)
+        ks = self.draft.chains(self.k, tokens, max_depths, whole=greedy)
         feeding: list[tuple[int, list[int] | torch.Tensor]] = [
             (i, t[self.draft.cached(s) :]) for i, (s, t, k) in enumerate(zip(slots, tokens, ks, strict=True)) if k
         ]
-        greedy = all(turn.temperature == 0 for turn in turns)
         drafted: list[list[torch.Tensor]] = [[] for _ in slots]  # per slot: each depth's token [1] on the device
         laws: list[list[torch.Tensor]] = [[] for _ in slots]  # per slot at T > 0: each draw's law [V]
         depths: list[torch.Tensor] = []  # greedy: each depth's argmax of every drafting slot [m]
