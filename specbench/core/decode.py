@@ -265,12 +265,13 @@ def decode_batch(
                 ending.append(slot)
         u0 = mark()  # the loop's own bookkeeping above is no drafter's: drafting resumes here
         if drafting.learns:
+            kept: tuple[torch.Tensor, ...] = () if features is None else features.unbind()  # (each slot's: one op)
             for i, ((slot, _), proposal, verdict) in enumerate(zip(active, proposals, verdicts, strict=True)):
                 n = len(proposal.tree) + 1
                 feedback.append(
                     Feedback(
                         acceptance.Accepted(verdict.kept[1:], verdict.new[-1], verdict.tested),
-                        None if features is None else features[slot, : len(verdict.kept)],
+                        kept[slot][: len(verdict.kept)] if kept else None,
                         whole.logits[slot, n : rows[i].size] if proposal.side else None,
                         verdict.side_picks,
                     )

@@ -52,6 +52,7 @@ class StaticDrafting:
         layers = eagle.head.config.get_text_config().num_hidden_layers
         self.cache = StaticRows(layers, -(-(MAX_CACHE + self.pad + tree.fed) // SPAN) * SPAN, batch)
         self.batch = batch
+        self.drained = torch.empty(0, eagle.head.feature_size)  # a lane's pending pairs once all are fed
         self.lengths = [0] * batch  # each slot's committed pairs in the cache
         self.inputs: dict[int, DraftInputs] = {}  # by key span
         self.replays = Replays(eagle.device)
@@ -78,7 +79,8 @@ class StaticDrafting:
             n = min(len(lane.pending), len(committed) - 1 - past)
             if n <= 0:
                 continue
-            features, lane.pending = lane.pending[:n], lane.pending[n:]
+            features = lane.pending if n == len(lane.pending) else lane.pending[:n]  # (all of them, as a rule)
+            lane.pending = lane.pending[n:] if n < len(lane.pending) else self.drained
             ids = committed[past + 1 : past + 1 + n]
             self.lengths[slot] = past + n
             if past + n != len(committed) - 1 or depth < 1:  # feed them; nothing to draft from
@@ -161,7 +163,7 @@ class StaticDrafting:
                 (span, depths), lambda: self.draft(inputs.features, inputs.ids, inputs.count, inputs.committed, depths)
             )
         draft = draft._map(torch.clone)  # (copied once for every slot: the next replay writes over them)
-        tokens, parents, ancestors = (t.clone() for t in tree)
+        tokens, parents, ancestors = (t.clone().unbind() for t in tree)  # (each slot's views, in one op)
         return [(draft, slot, DeviceTree(tokens[slot], parents[slot], depths, ancestors[slot])) for slot, *_ in members]
 
     def _span(self, end: int, depths: int) -> int:
