@@ -303,8 +303,8 @@ def answered_together(target, slots, prompts: list, budgets: list[int], alone: l
 def test_model_drafters_draft_their_slots_together(tiny, method):
     """Two slots of a batch share one drafter (PARD's or PARD-2's model, Medusa's heads, EAGLE's or P-EAGLE's head or
     DFlash's drafter on one static cache: loaded once) and draft in one forward per step (per level for EAGLE's
-    trees; EAGLE's prompts, of different lengths, fed in one forward too); each slot's tokens and accepted lengths
-    are its batch of one's."""
+    trees; the prompts of EAGLE, P-EAGLE and DFlash, of different lengths, fed in one forward too); each slot's
+    tokens and accepted lengths are its batch of one's."""
     target, prompt = tiny
     res = methods.Resources("tiny", target, None, torch.device("cpu"), torch.float32, head_paths=HEADS)
     prompts = [prompt, prompt[: len(prompt) // 2]]
@@ -314,7 +314,7 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
     ]
     slots = methods.build_batch(method, res, 2)
     widths: list[int] = []
-    prompts_fed: list[int] = []  # EAGLE: the slots of each uncaptured forward (the prompts': both, padded, in one)
+    prompts_fed: list[int] = []  # the slots of each uncaptured forward (the prompts': both, padded, in one)
     if method.startswith("pard"):
         shared = slots.drafter.batched
         assert shared is not None and shared.batch == 2
@@ -325,13 +325,15 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
         slots._top = lambda hidden: widths.append(len(hidden)) or top(hidden)
     elif method == "peagle":
         assert slots.batch == 2
-        together = slots._together
+        together, apart = slots._together, slots._apart
         slots._together = lambda members: widths.append(len(members)) or together(members)
+        slots._apart = lambda members: prompts_fed.append(len(members)) or apart(members)
     elif method.startswith("dflash"):
         blocks = slots.blocks
         assert blocks.batch == 2
-        together = blocks._together
+        together, apart = blocks._together, blocks._apart
         blocks._together = lambda members: widths.append(len(members)) or together(members)
+        blocks._apart = lambda members: prompts_fed.append(len(members)) or apart(members)
     else:
         drafting = slots.static
         assert drafting.batch == 2
@@ -341,7 +343,7 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
     for gen in answered_together(target, slots, prompts, [32, 32], alone):
         assert max(gen.accept_lengths) > 1  # (its drafts were accepted: the check compared real drafting)
     assert max(widths) == 2
-    assert prompts_fed[:1] == ([2] if method.startswith("eagle") else [])
+    assert prompts_fed[:1] == ([] if method.startswith("pard") or method == "medusa" else [2])
 
 
 @pytest.mark.parametrize("method", ["eagle3", "sps", "pard"])

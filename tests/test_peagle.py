@@ -121,7 +121,7 @@ def test_training_rows_equal_the_drafting_forward(llama):
     made = drafter(llama, head, 4)
     prompt = ids[0, : anchor + 2].tolist()
     made.start([0], [Turn(prompt, 0.0, None, features[0, : anchor + 1])])
-    logits, _ = made._alone(0, features[0, : anchor + 1], prompt[1:], 0)
+    ((logits, _),) = made._apart([(0, features[0, : anchor + 1], prompt[1:], 0)]).values()
     torch.testing.assert_close(head.logits(out[0, chain]), logits, atol=1e-5, rtol=1e-4)
 
 

@@ -44,26 +44,38 @@ Context = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys and values 
 class Slots:
     """One layer's preallocated keys and values [B, kv heads, capacity, d] (--graphs, a batch's slots side by side):
     a forward writes its context and block rows at the rows `at` holds ([n], or [B, n]: each slot's) and attends
-    over the first `span` rows, under its mask."""
+    over the first `span` rows, under its mask. `lanes` [m]: the forward runs over those slots alone (written in
+    place, read as a copy)."""
 
     keys: torch.Tensor
     values: torch.Tensor
     at: torch.Tensor | None = None
     span: int = 0
+    lanes: torch.Tensor | None = None
 
     def write(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """The forward's keys and values [B, kv heads, n, d] into the rows `at`, in place."""
+        """The forward's keys and values [B or m, kv heads, n, d] into the rows `at`, in place."""
         assert self.at is not None
         for states, stored in ((keys, self.keys), (values, self.values)):
             if len(stored) == 1:  # one sequence: the one copy along the rows
                 stored.index_copy_(2, self.at.view(-1), states)
             else:  # [B, n, kv heads, d] into [slot, :, row]
-                every = torch.arange(len(stored), device=stored.device)[:, None]
-                stored[every, :, self.at] = states.transpose(1, 2)
+                lanes = torch.arange(len(stored), device=stored.device) if self.lanes is None else self.lanes
+                stored[lanes[:, None], :, self.at] = states.transpose(1, 2)
+
+    def attended(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values a forward attends over: its slots' first `span` rows."""
+        if self.lanes is None:
+            return self.keys[:, :, : self.span], self.values[:, :, : self.span]
+        return self.keys[self.lanes, :, : self.span], self.values[self.lanes, :, : self.span]
 
     def slot(self, i: int) -> Slots:
         """Slot i's rows alone (views: the writes land in the whole)."""
         return Slots(self.keys[i : i + 1], self.values[i : i + 1])
+
+    def over(self, lanes: torch.Tensor) -> Slots:
+        """The slots `lanes` [m] alone (their rows written in place, read as a copy)."""
+        return Slots(self.keys, self.values, lanes=lanes)
 
 
 def slots(draft: DFlashDraft, capacity: int, batch: int = 1) -> list[Slots]:
@@ -119,7 +131,7 @@ class DFlashAttention(nn.Module):
         kept: tuple[torch.Tensor, torch.Tensor] | Slots
         if isinstance(past, Slots):  # written in place; the block's rows are overwritten by the next context
             past.write(k, v)
-            k, v, kept = past.keys[:, :, : past.span], past.values[:, :, : past.span], past
+            (k, v), kept = past.attended(), past
         else:
             if past is not None:
                 k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)

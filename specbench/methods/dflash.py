@@ -194,9 +194,9 @@ class DFlash(Drafter):
 class BlockDrafting:
     """DFlash's block forward on preallocated rows (`heads.dflash.Slots`; under --graphs, and for a batch's slots,
     side by side): the newly committed context rows, padded to the most a step commits, and the block, in fixed
-    shapes, captured on a GPU (with --graphs) as one CUDA graph per key span and replayed. A slot with more new rows
-    (the prompt's) runs the same forward alone, uncaptured. `dflash`'s drafter, embedding, readout and block are
-    every slot's."""
+    shapes, captured on a GPU (with --graphs) as one CUDA graph per key span and replayed. Slots with more new rows
+    (the prompts') run the same forward over themselves, uncaptured. `dflash`'s drafter, embedding, readout and
+    block are every slot's."""
 
     def __init__(self, dflash: DFlash, batch: int = 1, capture: bool = True) -> None:
         self.dflash = dflash
@@ -213,22 +213,37 @@ class BlockDrafting:
         """For each (slot, features [c, F] of its new context rows, rows read before them, last committed token):
         its block's logits [num_draft_tokens, V], the slots whose new rows fit the padding in one forward."""
         out: dict[int, torch.Tensor] = {}
-        together = []
-        for slot, features, read, token in members:
+        for slot, features, read, _ in members:
             self.reads[slot] = read + len(features)
-            if len(features) > self.pad:
-                out[slot] = self._alone(slot, features, read, token)
-            else:
-                together.append((slot, features, read, token))
-        if together:
-            out.update(self._together(together))
+        apart = [m for m in members if len(m[1]) > self.pad]  # (the prompts')
+        together = [m for m in members if len(m[1]) <= self.pad]
+        for run, group in ((self._apart, apart), (self._together, together)):
+            if group:
+                out.update(run(group))
         return [out[slot] for slot, *_ in members]
 
-    def _alone(self, slot: int, features: torch.Tensor, read: int, token: int) -> torch.Tensor:
-        span = self._span(read + len(features))
-        count, before, last = (upload([v], self.dflash.device) for v in (len(features), read, token))
-        own = [layer.slot(slot) if self.batch > 1 else layer for layer in self.slots]
-        return self._block(features[None], count, before, last, span, own)[0]
+    def _apart(self, members: list[tuple[int, torch.Tensor, int, int]]) -> dict[int, torch.Tensor]:
+        """The slots `members` (more new rows than a step commits: the prompts') in one uncaptured forward over
+        those slots alone, their context rows padded to the most (the padding into scratch rows)."""
+        m, device = len(members), self.dflash.device
+        counts = [len(features) for _, features, _, _ in members]
+        width, size = max(counts), members[0][1].shape[-1]
+        at = padded_rows(list(range(m)), counts, width)
+        host = upload(
+            [s for s, *_ in members] + counts + [r for *_, r, _ in members] + [t for *_, t in members] + at, device
+        )
+        lanes, count, before, last, rows = host.split([m, m, m, m, len(at)])
+        features = members[0][1].new_zeros(m * width, size)
+        features[rows] = torch.cat([f for _, f, _, _ in members])
+        span = self._span(max(c + r for c, (*_, r, _) in zip(counts, members, strict=True)))
+        if self.batch == 1:
+            own = self.slots
+        elif m == 1:
+            own = [layer.slot(members[0][0]) for layer in self.slots]  # (views)
+        else:
+            own = [layer.over(lanes) for layer in self.slots]
+        logits = self._block(features.view(m, width, size), count, before, last, span, own)
+        return {slot: row for (slot, *_), row in zip(members, logits, strict=True)}
 
     def _together(self, members: list[tuple[int, torch.Tensor, int, int]]) -> dict[int, torch.Tensor]:
         """The padded, captured forward over every slot (those not in `members` write past their own rows)."""
@@ -274,8 +289,10 @@ class BlockDrafting:
         ahead = torch.arange(features.shape[1], device=device)  # [P]
         cells = torch.arange(dflash.block, device=device)
         root = read + count  # [B]
-        context = torch.where(ahead < count[:, None], read[:, None] + ahead, self.room + ahead)  # [B, P]: padding
-        at = torch.cat([context, root[:, None] + cells], dim=1)  # goes to scratch rows
+        scratch = self.room + (ahead if len(ahead) <= self.pad else ahead.clamp(max=self.pad - 1))  # (the prompts'
+        # wider padding shares the last)
+        context = torch.where(ahead < count[:, None], read[:, None] + ahead, scratch)  # [B, P]: padding goes to
+        at = torch.cat([context, root[:, None] + cells], dim=1)  # scratch rows
         for layer in rows:
             layer.at, layer.span = at, span
         ids = torch.full((len(features), dflash.block), dflash.draft.mask_token_id, device=device)

@@ -23,6 +23,26 @@ def rows_of(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(1, index.view(*index.shape, *[1] * (x.dim() - 2)).expand(*index.shape, *x.shape[2:]))
 
 
+def padded_pairs(
+    members: list[tuple[int, torch.Tensor, list[int], int]], device: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """Several slots' pairs ((slot, features [n, F], ids [n], pairs before them) each) as a batch of their own,
+    padded to the most pairs w, the host's values in one copy: the slots, counts and pairs before [m] each, then
+    features [m, w, F] and ids [m, w] (zeros past each one's n)."""
+    m = len(members)
+    slots, pairs, ids, past = (list(column) for column in zip(*members, strict=True))
+    counts = [len(t) for t in ids]
+    width, size = max(counts), pairs[0].shape[-1]
+    at = padded_rows(list(range(m)), counts, width)
+    host = upload(slots + counts + past + at + [t for row in ids for t in row], device)
+    lanes, count, committed, rows, flat = host.split([m, m, m, len(at), len(at)])
+    features = pairs[0].new_zeros(m * width, size)
+    features[rows] = torch.cat(pairs)
+    tokens = flat.new_zeros(m * width)
+    tokens[rows] = flat
+    return lanes, count, committed, features.view(m, width, size), tokens.view(m, width)
+
+
 @dataclass
 class DraftInputs:
     """One key span's captured drafting reads these, every slot's."""
@@ -102,31 +122,19 @@ class StaticDrafting:
         """The pairs of the slots `members` ((slot, features [n, F], ids [n], past) each) fed in one uncaptured
         forward over those slots alone, padded to the most pairs (rare: never worth compiling), and each one's draft
         of `depths` levels from its last pair (none: 0)."""
-        device, m = self.eagle.device, len(members)
-        slots, pairs, ids, past = (list(column) for column in zip(*members, strict=True))
-        counts = [len(t) for t in ids]
-        width, size = max(counts), pairs[0].shape[-1]
-        at = padded_rows(list(range(m)), counts, width)
-        host = upload(slots + counts + past + at + [t for row in ids for t in row], device)
-        lanes, count, committed, rows, flat = host.split([m, m, m, len(at), len(at)])
-        features = pairs[0].new_zeros(m * width, size)
-        features[rows] = torch.cat(pairs)
-        tokens = flat.new_zeros(m * width)
-        tokens[rows] = flat
-        self.cache.span = self._span(max(n + p for n, p in zip(counts, past, strict=True)), depths)
-        self.alone = slots[0] if m == 1 else lanes  # (one: its rows as a view)
+        lanes, count, committed, features, ids = padded_pairs(members, self.eagle.device)
+        self.cache.span = self._span(max(len(t) + past for _, _, t, past in members), depths)
+        self.alone = members[0][0] if len(members) == 1 else lanes  # (one: its rows as a view)
         try:
             with uncompiled():
                 if not depths:
-                    self._pairs(features.view(m, width, size), tokens.view(m, width), committed)
-                    return [None] * m
-                draft, *tree = self._draft(
-                    features.view(m, width, size), tokens.view(m, width), count, committed, depths
-                )
+                    self._pairs(features, ids, committed)
+                    return [None] * len(members)
+                draft, *tree = self._draft(features, ids, count, committed, depths)
         finally:
             self.alone = self.cache.slot = None
-        drafted, parents, ancestors = tree
-        return [(draft, i, DeviceTree(drafted[i], parents[i], depths, ancestors[i])) for i in range(m)]
+        tokens, parents, ancestors = (t.unbind() for t in tree)
+        return [(draft, i, DeviceTree(tokens[i], parents[i], depths, ancestors[i])) for i in range(len(members))]
 
     def _together(
         self, members: list[tuple[int, torch.Tensor, list[int], int]], depths: int

@@ -10,8 +10,8 @@ shared rejection rule (PARD's and DFlash's scheme); at T = 0 the rows are its ar
 
 The head's keys live in preallocated rows (`StaticRows`), a batch's slots side by side, in both regimes: a step's
 forward (every drafting slot's new pairs, padded to the most a step commits, and its parallel rows) has fixed
-shapes and is captured on a GPU under --graphs as one CUDA graph per key span. The prompt's pairs, more than a step
-commits, run the same forward for their slot alone, uncaptured.
+shapes and is captured on a GPU under --graphs as one CUDA graph per key span. The prompts' pairs, more than a step
+commits, run the same forward over their slots alone, uncaptured.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..core.tree import additive, chain
 from ..heads.eagle3 import feature_layers
 from ..heads.peagle import FAMILY, PEagleHead
 from ..registry import implementation
-from .eagle_static import rows_of
+from .eagle_static import padded_pairs, rows_of
 from .resources import Resources
 
 
@@ -72,7 +72,8 @@ class PEagle(Drafter):
         self.inputs: dict[int, Inputs] = {}  # by key span
         self.replays = Replays(self.device)
         self.replays.capture = self.replays.capture and capture
-        self.alone: int | None = None  # the slot a forward runs alone (None: every slot)
+        self.alone: int | torch.Tensor | None = None  # the slots a forward runs over alone: one, several [m] (None:
+        # every slot)
 
     def start(self, slots: list[int], turns: list[Turn]) -> None:
         for slot, turn in zip(slots, turns, strict=True):
@@ -88,8 +89,8 @@ class PEagle(Drafter):
 
     @torch.inference_mode()
     def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
-        """Every drafting slot's pairs and parallel rows in one forward (a prompt's alone); each slot's chain then
-        its argmax, or drawn from its own generator."""
+        """Every drafting slot's pairs and parallel rows in one forward (the prompts' in one of their own); each
+        slot's chain then its argmax, or drawn from its own generator."""
         members = []  # (index, slot, features [n, F], ids [n], pairs before them, drafts)
         for i, (slot, committed, depth) in enumerate(zip(slots, tokens, max_depths, strict=True)):
             pending, past = self.pending[slot], self.lengths[slot]
@@ -100,18 +101,17 @@ class PEagle(Drafter):
             self.lengths[slot] = past + n
             members.append((i, slot, features, committed[past + 1 : past + 1 + n], past, k))
         drafted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # slot -> (logits [K, V'], target ids [K])
+        apart = [m for m in members if len(m[3]) > self.pad]  # (the prompts')
         together = [m for m in members if len(m[3]) <= self.pad]
-        for _, slot, features, ids, past, _ in members:
-            if len(ids) > self.pad:
-                drafted[slot] = self._alone(slot, features, ids, past)
-        if together:
-            drafted.update(self._together([(slot, f, ids, past) for _, slot, f, ids, past, _ in together]))
+        for run, group in ((self._apart, apart), (self._together, together)):
+            if group:
+                drafted.update(run([(slot, f, ids, past) for _, slot, f, ids, past, _ in group]))
         found = [NO_PROPOSAL] * len(slots)
         for i, slot, *_, k in members:
             logits, picks = drafted[slot]
             turn = self.turns[slot]
-            if turn.temperature == 0:
-                found[i] = Proposal(chain(picks[:k]))
+            if turn.temperature == 0:  # all K (the loop cuts a chain past the budget on the device)
+                found[i] = Proposal(chain(picks))
             else:
                 found[i] = chain_of_rows(self._on_target_vocab(logits[:k]), turn.temperature, turn.generator)
         return found
@@ -124,16 +124,19 @@ class PEagle(Drafter):
         full[:, self.readable] = logits
         return full
 
-    def _alone(self, slot: int, features: torch.Tensor, ids: list[int], past: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`slot`'s pairs (more than a step commits: the prompt's) and parallel rows, alone and uncaptured."""
-        self.cache.span = self._span(past + len(ids))
-        count, committed = (upload([v], self.device) for v in (len(ids), past))
-        self.alone = slot
+    def _apart(
+        self, members: list[tuple[int, torch.Tensor, list[int], int]]
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """The drafts of the slots `members` ((slot, features [n, F], ids [n], past) each; more pairs than a step
+        commits: the prompts') in one uncaptured forward over those slots alone, padded to the most pairs."""
+        lanes, count, committed, features, ids = padded_pairs(members, self.device)
+        self.cache.span = self._span(max(len(t) + past for _, _, t, past in members))
+        self.alone = members[0][0] if len(members) == 1 else lanes  # (one: its rows as a view)
         try:
-            logits, picks = self._draft(features[None], upload(ids, self.device)[None], count, committed)
+            logits, picks = self._draft(features, ids, count, committed)
         finally:
             self.alone = self.cache.slot = None
-        return logits[0], picks[0]
+        return {slot: (row, top) for (slot, *_), row, top in zip(members, logits, picks, strict=True)}
 
     def _together(
         self, members: list[tuple[int, torch.Tensor, list[int], int]]
@@ -184,7 +187,9 @@ class PEagle(Drafter):
         ahead = torch.arange(width, device=ids.device)  # [P]
         parallel = (committed + count)[:, None] + torch.arange(self.k - 1, device=ids.device)  # [B, K - 1]
         positions = torch.cat([committed[:, None] + ahead, parallel], dim=1)  # [B, P + K - 1]
-        pairs = torch.where(ahead < count[:, None], committed[:, None] + ahead, self.room + ahead)
+        scratch = self.room + (ahead if width <= self.pad else ahead.clamp(max=self.pad - 1))  # (the prompts' wider
+        # padding shares the last)
+        pairs = torch.where(ahead < count[:, None], committed[:, None] + ahead, scratch)
         self.cache.write_rows(torch.cat([pairs, parallel], dim=1), self.alone)
         visible = torch.arange(self.cache.span, device=ids.device) <= positions[..., None]  # [B, n, span]
         mask_features, mask_ids = head.masks(batch, self.k - 1)
