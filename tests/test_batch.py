@@ -346,7 +346,7 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
     assert prompts_fed[:1] == ([] if method.startswith("pard") or method == "medusa" else [2])
 
 
-@pytest.mark.parametrize("method", ["eagle3", "sps", "pard"])
+@pytest.mark.parametrize("method", ["eagle3", "sps", "pard", "peagle", "dflash", "dflash[tree=12]"])
 def test_slots_near_their_budget_draft_with_the_others_at_t0(tiny, method):
     """At T = 0 a slot whose token budget leaves room for fewer drafts than the method drafts drafts them all with
     its batch-mates (EAGLE: one drafting group a step, not one a depth; a chain: one length, every chain a row of one
@@ -365,7 +365,7 @@ def test_slots_near_their_budget_draft_with_the_others_at_t0(tiny, method):
         for n in budgets
     ]
     slots = methods.build_batch(method, res, 2)
-    groups: list[int] = []  # EAGLE: each drafting group's depth; a chain: each proposal's length
+    groups: list[int] = []  # EAGLE: each drafting group's depth; the others: each proposal's depth
     if method == "eagle3":
         drafting = slots.static
         together = drafting._together
@@ -373,7 +373,7 @@ def test_slots_near_their_budget_draft_with_the_others_at_t0(tiny, method):
         full = slots.expansion.max_depth
     else:
         propose = slots.propose
-        slots.propose = lambda *a: [groups.append(len(p.tree)) or p for p in propose(*a) if len(p.tree)] or propose(*a)
+        slots.propose = lambda *a: [groups.append(p.tree.depth_bound()) or p if len(p.tree) else p for p in propose(*a)]
         full = slots.k
     ended = answered_together(target, slots, [prompt, prompt], budgets, alone)
     assert set(groups) == {full}  # never a shallower group or chain

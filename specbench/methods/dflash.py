@@ -56,6 +56,7 @@ class Lane:
 
 class DFlash(Drafter):
     first = 1  # the block's row the first draft is read from: DFlash's anchor row guesses nothing (DSpark's does)
+    whole = True  # at T = 0 a slot near its token budget proposes all k (the loop cuts it on the device)
 
     def __init__(
         self,
@@ -121,11 +122,13 @@ class DFlash(Drafter):
     @torch.inference_mode()
     def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
         """Every slot's block in one forward (`BlockDrafting.logits`; without it, slot after slot); each slot's
-        rows then drawn from its own generator, as it draws alone."""
+        rows then drawn from its own generator, as it draws alone. At T = 0 (`whole`) a slot near its token budget
+        proposes as many tokens as the others, so every chain is a row of one block."""
         found: list[Proposal] = [NO_PROPOSAL] * len(slots)
         members = []
+        whole = self.whole and all(self.lanes[slot].turn.temperature == 0 for slot in slots)
         for i, (slot, committed, depth) in enumerate(zip(slots, tokens, max_depths, strict=True)):
-            rows = self._new_rows(self.lanes[slot], committed, depth)
+            rows = self._new_rows(self.lanes[slot], committed, self.k if whole and depth > 0 else depth)
             if rows is not None:
                 members.append((i, rows[0], (slot, rows[1], rows[2], committed[-1])))
         if self.blocks is not None:

@@ -32,6 +32,7 @@ from .resources import Resources
 
 class DSpark(DFlash):
     first = 0  # every row of the block is a draft
+    whole = False  # its schedule decides on the rows the token budget leaves (what it verifies is recorded)
 
     def __init__(
         self,
