@@ -83,25 +83,29 @@ class StaticRows:
 
     def commit_rows(self, moves: list[tuple[int, int, list[int]]]) -> None:
         """For each (slot, start, keep): the slot's rows start + keep[i] kept as rows start + i, moved in place through
-        every layer and slot at once (four kernels: the layers and slots share one tensor); the rest lie past the
-        slot's length, ignored."""
+        every layer and slot at once (a few kernels: the layers and slots share one tensor; the host lists each slot's
+        moved rows once, not once a layer); the rest lie past the slot's length, ignored."""
         if self.keys is None or self.values is None:
             return
         slots: list[int] = []
         source: list[int] = []
         target: list[int] = []
         for slot, start, keep in moves:
-            if keep == list(range(len(keep))):
-                continue
-            for first in range(start, self.layers_count * self.capacity, self.capacity):  # each layer's row `start`
-                slots += [slot] * len(keep)
-                source += [first + k for k in keep]
-                target += [first + i for i in range(len(keep))]
+            for i, k in enumerate(keep):
+                if k != i:  # (a row already in place stays)
+                    slots.append(slot)
+                    source.append(start + k)
+                    target.append(start + i)
         if not slots:
             return
-        index = upload(slots + source + target, self.keys.device).view(3, -1)
+        index = upload(slots + source + target, self.keys.device).view(3, -1)  # [3, n]: layer 0's rows
+        lanes, rows = index[0], index[1:]
+        if self.layers_count > 1:  # every layer's: its rows `capacity` further on than the layer before's
+            layers = torch.arange(0, self.layers_count * self.capacity, self.capacity, device=index.device)
+            rows = (rows[:, None, :] + layers[:, None]).view(2, -1)  # [2, layers * n]
+            lanes = lanes.repeat(self.layers_count)
         for stored in (self.keys, self.values):
-            stored[index[0], :, index[2]] = stored[index[0], :, index[1]]
+            stored[lanes, :, rows[1]] = stored[lanes, :, rows[0]]
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
