@@ -11,6 +11,8 @@ step; the bundled tiny target's forwards are timed beside it for scale. Run on a
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -20,6 +22,7 @@ from specbench.core.cached_lm import CachedLM, Forward
 from specbench.core.choices import MEDUSA_MC_SIM_7B_63
 from specbench.core.decode import decode
 from specbench.core.proposer import Proposal, Proposer, Turn
+from specbench.core.static_cache import StaticRows
 from specbench.core.tree import Tree, attention_mask, chain, from_choices, position_ids
 from specbench.methods.ngram_pool import NgramPool
 from specbench.methods.pld import find_continuation
@@ -226,3 +229,14 @@ def test_ngram_pool(benchmark):
         return pool.candidates(tokens[-1], 7)
 
     benchmark(step)
+
+
+@pytest.mark.parametrize("layers", [12, 32])
+def test_commit_rows_at_batch_64(benchmark, layers):
+    """One tree step's commit in a static cache of 64 slots (`StaticRows.commit_rows`): each slot keeps its root and
+    three nodes, none of them in place, through every layer (the tiny family's 12, a 7B's 32)."""
+    draw = random.Random(0)
+    cache = StaticRows(layers, capacity=512, batch=64)
+    cache.keys, cache.values = (torch.zeros(64, 1, layers * 512, 8) for _ in range(2))
+    moves = [(slot, 100, [0, *sorted(draw.sample(range(2, 30), 3))]) for slot in range(64)]
+    benchmark(cache.commit_rows, moves)
