@@ -1,7 +1,8 @@
 """DeepSpec's EAGLE-3 heads (`Qwen3Eagle3Model`, the matched baselines of its DSpark drafters) load as EAGLE-3 heads:
 the key layout below is quoted from deepseek-ai/DeepSpec `deepspec/modeling/eagle3/qwen3/config.py`
 (build_draft_config) and `modeling.py` (Qwen3Eagle3Model, Qwen3Eagle3DecoderLayer, Qwen3Eagle3Attention); DeepSpec
-itself is not installable here, so its layer's forward is written out below and the loaded head must match it."""
+itself is not installable here, so its layers' forward is written out below and the loaded head must match it, for
+heads of one layer (the released ones) and of two."""
 
 import json
 
@@ -49,8 +50,8 @@ def deepspec_config(llama, layers: int = 1) -> dict:
     }
 
 
-def deepspec_state(seed: int = 1, std: float = 0.15) -> dict[str, torch.Tensor]:
-    """Qwen3Eagle3Model's tensors: embed_tokens, fc (5H -> H), layers.0.{hidden_norm, input_layernorm,
+def deepspec_state(seed: int = 1, std: float = 0.15, layers: int = 1) -> dict[str, torch.Tensor]:
+    """Qwen3Eagle3Model's tensors: embed_tokens, fc (5H -> H), layers.{i}.{hidden_norm, input_layernorm,
     post_attention_layernorm, self_attn.{q,k,v,o}_proj (q/k/v read 2H), self_attn.{q,k}_norm, mlp}, norm, lm_head."""
     g = torch.Generator().manual_seed(seed)
     inner = 2 * HIDDEN  # (the target's intermediate_size, which the config copies)
@@ -61,7 +62,18 @@ def deepspec_state(seed: int = 1, std: float = 0.15) -> dict[str, torch.Tensor]:
     def norm(n):
         return 1 + rand(n)
 
-    layer = {
+    return {
+        "embed_tokens.weight": rand(VOCAB, HIDDEN),
+        "fc.weight": rand(HIDDEN, 5 * HIDDEN),
+        **{f"layers.{i}.{k}": v for i in range(layers) for k, v in layer_state(rand, norm, inner).items()},
+        "norm.weight": norm(HIDDEN),
+        "lm_head.weight": rand(VOCAB, HIDDEN),
+    }
+
+
+def layer_state(rand, norm, inner: int) -> dict[str, torch.Tensor]:
+    """One Qwen3Eagle3DecoderLayer's tensors."""
+    return {
         "hidden_norm.weight": norm(HIDDEN),
         "input_layernorm.weight": norm(HIDDEN),
         "post_attention_layernorm.weight": norm(HIDDEN),
@@ -74,13 +86,6 @@ def deepspec_state(seed: int = 1, std: float = 0.15) -> dict[str, torch.Tensor]:
         "mlp.gate_proj.weight": rand(inner, HIDDEN),
         "mlp.up_proj.weight": rand(inner, HIDDEN),
         "mlp.down_proj.weight": rand(HIDDEN, inner),
-    }
-    return {
-        "embed_tokens.weight": rand(VOCAB, HIDDEN),
-        "fc.weight": rand(HIDDEN, 5 * HIDDEN),
-        **{f"layers.0.{k}": v for k, v in layer.items()},
-        "norm.weight": norm(HIDDEN),
-        "lm_head.weight": rand(VOCAB, HIDDEN),
     }
 
 
@@ -96,58 +101,65 @@ def rms(x, weight, eps):
 
 
 def reference_logits(config, state, features, tokens):
-    """Qwen3Eagle3DecoderLayer.forward and Qwen3Eagle3Model.compute_logits written out, causal, no cache."""
+    """Qwen3Eagle3Model.forward (each Qwen3Eagle3DecoderLayer.forward in turn, every one reading the token's
+    embedding beside the hidden state) and compute_logits written out, causal, no cache."""
     s, eps, n = state, config["rms_norm_eps"], tokens.shape[1]
     hidden = features @ s["fc.weight"].T  # project_hidden_states
-    residual = hidden
-    x = torch.cat(
-        [
-            rms(s["embed_tokens.weight"][tokens], s["layers.0.input_layernorm.weight"], eps),
-            rms(hidden, s["layers.0.hidden_norm.weight"], eps),
-        ],
-        -1,
-    )
-    q = (x @ s["layers.0.self_attn.q_proj.weight"].T).view(1, n, HEADS, DIM)
-    k = (x @ s["layers.0.self_attn.k_proj.weight"].T).view(1, n, KV, DIM)
-    v = (x @ s["layers.0.self_attn.v_proj.weight"].T).view(1, n, KV, DIM).transpose(1, 2)
-    q = rms(q, s["layers.0.self_attn.q_norm.weight"], eps).transpose(1, 2)
-    k = rms(k, s["layers.0.self_attn.k_norm.weight"], eps).transpose(1, 2)
-    cos, sin = LlamaRotaryEmbedding(eagle3.config_of({**config, "draft_vocab_size": VOCAB}, "x"))(
-        x, torch.arange(n)[None]
-    )
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    k, v = k.repeat_interleave(HEADS // KV, 1), v.repeat_interleave(HEADS // KV, 1)
-    attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    hidden = residual + attended.transpose(1, 2).reshape(1, n, HEADS * DIM) @ s["layers.0.self_attn.o_proj.weight"].T
-    y = rms(hidden, s["layers.0.post_attention_layernorm.weight"], eps)
-    mlp = torch.nn.functional.silu(y @ s["layers.0.mlp.gate_proj.weight"].T) * (y @ s["layers.0.mlp.up_proj.weight"].T)
-    hidden = hidden + mlp @ s["layers.0.mlp.down_proj.weight"].T
+    embedded = s["embed_tokens.weight"][tokens]
+    layers = config["num_hidden_layers"]
+    cos, sin = LlamaRotaryEmbedding(
+        eagle3.config_of({**config, "draft_vocab_size": VOCAB, "draft_layers": layers}, "x")
+    )(hidden, torch.arange(n)[None])
+    for i in range(layers):
+        w = {k[len(f"layers.{i}.") :]: v for k, v in s.items() if k.startswith(f"layers.{i}.")}
+        residual = hidden
+        x = torch.cat([rms(embedded, w["input_layernorm.weight"], eps), rms(hidden, w["hidden_norm.weight"], eps)], -1)
+        q = (x @ w["self_attn.q_proj.weight"].T).view(1, n, HEADS, DIM)
+        k = (x @ w["self_attn.k_proj.weight"].T).view(1, n, KV, DIM)
+        v = (x @ w["self_attn.v_proj.weight"].T).view(1, n, KV, DIM).transpose(1, 2)
+        q = rms(q, w["self_attn.q_norm.weight"], eps).transpose(1, 2)
+        k = rms(k, w["self_attn.k_norm.weight"], eps).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        k, v = k.repeat_interleave(HEADS // KV, 1), v.repeat_interleave(HEADS // KV, 1)
+        attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        hidden = residual + attended.transpose(1, 2).reshape(1, n, HEADS * DIM) @ w["self_attn.o_proj.weight"].T
+        y = rms(hidden, w["post_attention_layernorm.weight"], eps)
+        mlp = torch.nn.functional.silu(y @ w["mlp.gate_proj.weight"].T) * (y @ w["mlp.up_proj.weight"].T)
+        hidden = hidden + mlp @ w["mlp.down_proj.weight"].T
     return rms(hidden, s["norm.weight"], eps) @ s["lm_head.weight"].T
 
 
 @torch.no_grad()
-def test_the_head_loads_and_its_forward_is_deepspecs(tmp_path, llama):
-    config, state = deepspec_config(llama), deepspec_state()
+@pytest.mark.parametrize("layers", [1, 2])
+def test_the_head_loads_and_its_forward_is_deepspecs(tmp_path, llama, layers):
+    config, state = deepspec_config(llama, layers), deepspec_state(layers=layers)
     head = eagle3.load(write(tmp_path / "h", config, state), llama).eval()
     assert head.layer_ids == tuple(i + 1 for i in TARGET_LAYER_IDS) and head.feature_size == 5 * HIDDEN
-    assert head.d2t is None and head.midlayer.self_attn.q_norm is not None
+    assert head.d2t is None and head.midlayer.self_attn.q_norm is not None and len(head.layers) == layers - 1
     features, tokens = torch.randn(1, 9, 5 * HIDDEN), torch.randint(0, VOCAB, (1, 9))
     ours = head.logits(head(features, tokens, torch.arange(9)[None]))
     torch.testing.assert_close(ours, reference_logits(config, state, features, tokens), atol=1e-5, rtol=1e-5)
 
 
-def test_it_drafts_greedy_identical_to_vanilla(tmp_path, llama):
-    head = eagle3.load(write(tmp_path / "h", deepspec_config(llama), deepspec_state()), llama).eval()
+@pytest.mark.parametrize("layers", [1, 2])
+def test_it_drafts_greedy_identical_to_vanilla(tmp_path, llama, layers):
+    state = deepspec_state(layers=layers)
+    head = eagle3.load(write(tmp_path / "h", deepspec_config(llama, layers), state), llama).eval()
     prompt = [1, 5, 7, 9, 5, 7, 9, 11, 3]
     reference = decode(CachedLM(llama), Vanilla(), prompt, max_new_tokens=24, temperature=0.0, stop_ids=set())
-    drafting = Eagle(head, head.logits, DynamicTree(top_k=3, depth=3, total_tokens=8), feature_layers=head.layer_ids)
-    ours = decode(CachedLM(llama), drafting, prompt, max_new_tokens=24, temperature=0.0, stop_ids=set())
-    assert ours.tokens == reference.tokens and max(s.tree_size for s in ours.steps) > 1
+    accepted = []
+    for static in (False, True):  # the head's own cache, and the static rows a batch and --graphs draft on
+        tree = DynamicTree(top_k=3, depth=3, total_tokens=8)
+        drafting = Eagle(head, head.logits, tree, feature_layers=head.layer_ids, static=static)
+        ours = decode(CachedLM(llama), drafting, prompt, max_new_tokens=24, temperature=0.0, stop_ids=set())
+        assert ours.tokens == reference.tokens and max(s.tree_size for s in ours.steps) > 1
+        accepted.append(ours.accept_lengths)
+    assert accepted[0] == accepted[1]  # (the same drafts on either cache)
 
 
-def test_heads_of_more_layers_or_without_layer_ids_are_one_line(tmp_path, llama):
-    with pytest.raises(SpecbenchError, match="stacks 2 DeepSpec EAGLE-3 layers; heads of one layer load here"):
-        eagle3.load(write(tmp_path / "two", deepspec_config(llama, layers=2), deepspec_state()), llama)
+def test_heads_without_layers_or_layer_ids_are_one_line(tmp_path, llama):
+    with pytest.raises(SpecbenchError, match="config.json needs num_hidden_layers"):
+        eagle3.load(write(tmp_path / "zero", deepspec_config(llama, layers=0), deepspec_state()), llama)
     config = {k: v for k, v in deepspec_config(llama).items() if k != "target_layer_ids"}
     with pytest.raises(SpecbenchError, match="config.json needs target_layer_ids"):
         eagle3.load(write(tmp_path / "none", config, deepspec_state()), llama)

@@ -49,16 +49,17 @@ def vocabulary_maps(used: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch
 
 class Eagle3Layer(nn.Module):
     """The draft's one decoder layer, on the owned decoder's modules (`models.decoder`; the checkpoint's names, its
-    layout: `Joined`); its attention sees the token and the hidden state side by side."""
+    layout: `Joined`); its attention sees the token and the hidden state side by side. `index`: its place in a stack
+    of them (DeepSpec's heads of several layers: each one reads the token again)."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, index: int = 0) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
         # the attention's residual: the hidden state as it came (EAGLE-3's), or normalised (a speculators option)
         self.norm_before_residual = bool(getattr(config, "norm_before_residual", False))
         self.hidden_norm = RMSNorm.build(hidden, eps)
         self.input_layernorm = RMSNorm.build(hidden, eps)
-        self.self_attn = Attention.build(config, 0, width=2 * hidden)  # 2H in: [norm(embedding), norm(hidden)]
+        self.self_attn = Attention.build(config, index, width=2 * hidden)  # 2H in: [norm(embedding), norm(hidden)]
         self.post_attention_layernorm = RMSNorm.build(hidden, eps)
         self.mlp = MLP.build(hidden, config.intermediate_size)
 
@@ -99,8 +100,13 @@ class Eagle3Head(nn.Module):
         self.norm_output = bool(getattr(config, "norm_output", False))
         self.fc = nn.Linear(self.feature_size, hidden, bias=False)
         self.midlayer = Eagle3Layer(config)
-        # the layers after it, by their checkpoint index (`layers.1.` ...): none in EAGLE-3's own heads
-        self.layers = nn.ModuleDict({str(i): Layer.build(config, i) for i in range(1, config.num_hidden_layers)})
+        # the layers after it, by their checkpoint index (`layers.1.` ...): none in EAGLE-3's own heads; Llama layers
+        # (a speculators head's), or EAGLE-3 layers that read the token again (`stacked`: a DeepSpec head's)
+        self.stacked = bool(getattr(config, "stacked_eagle3_layers", False))
+        later = range(1, config.num_hidden_layers)
+        self.layers = nn.ModuleDict(
+            {str(i): Eagle3Layer(config, i) if self.stacked else Layer.build(config, i) for i in later}
+        )
         self.norm = RMSNorm.build(hidden, eps)
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
         d2t, t2d = vocabulary_maps(torch.arange(draft_vocab), vocab) if draft_vocab != vocab else (None, None)
@@ -128,9 +134,10 @@ class Eagle3Head(nn.Module):
                 hidden = torch.cat([norm(x) for norm, x in zip(self.fc_norm, parts, strict=True)], -1)
             hidden = self.fc(hidden)
         rope = self.rotary(hidden, positions) if rope is None else rope
-        out = self.midlayer(self.embed_tokens(tokens), hidden, rope, mask, cache)
+        embedded = self.embed_tokens(tokens)
+        out = self.midlayer(embedded, hidden, rope, mask, cache)
         for layer in self.layers.values():
-            out = layer(out, rope, mask, cache)
+            out = layer(embedded, out, rope, mask, cache) if self.stacked else layer(out, rope, mask, cache)
         return self.norm(out) if self.norm_output else out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
