@@ -100,6 +100,7 @@ class Eagle(Drafter):
         # grows at most `fed` nodes; each sees itself
         self.constants: dict[tuple[str, int, int], torch.Tensor] = {}  # `_constant`'s
         self.lanes: dict[int, Lane] = {}
+        self.none_drafted = Draft.empty(self.device)  # a lane's draft when it drafted nothing (shared: never written)
         self.static = StaticDrafting(self, slots, capture, compile) if static or slots > 1 else None
 
     def start(self, slots: list[int], turns: list[Turn]) -> None:
@@ -161,7 +162,7 @@ class Eagle(Drafter):
                 strict=True,
             ):
                 lane = self.lanes[slots[i]]
-                lane.drafted, lane.row = (Draft.empty(self.device), 0) if drafted is None else drafted[:2]
+                lane.drafted, lane.row = (self.none_drafted, 0) if drafted is None else drafted[:2]
                 found[i] = NO_PROPOSAL if drafted is None else Proposal(drafted[2])
         for i, slot in enumerate(slots):
             if self.lanes[slot].cache is not None:
@@ -171,7 +172,7 @@ class Eagle(Drafter):
     def _eager(self, lane: Lane, depths: int) -> Proposal:
         """One slot's draft on its eager cache."""
         assert lane.cache is not None
-        lane.drafted, lane.row = Draft.empty(self.device), 0
+        lane.drafted, lane.row = self.none_drafted, 0
         if lane.root is None or depths < 1:
             return NO_PROPOSAL
         batch, fed = self._grow(lane.root[None], depths, lane.cache.get_seq_length(), lane)
