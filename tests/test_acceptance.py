@@ -296,7 +296,7 @@ def test_exact_chains_emit_the_target_law_over_every_draw(point_mass):
             weight = 1.0 if point_mass else float(q[x])
             n = len(u)
             tokens = torch.full((n, 1), x)
-            rows = torch.nn.functional.one_hot(tokens, 4).double() if point_mass else claimed.expand(n, 1, 4)
+            rows = None if point_mass else claimed.expand(n, 1, 4)  # (None: point masses, no laws built)
             v = exact_chains(
                 torch.stack([p0, p1])[None].expand(n, 2, 4), tokens, rows, torch.ones(n, dtype=torch.long), u
             )
@@ -344,7 +344,8 @@ def test_drawn_takes_each_rows_own_generator_and_the_argmax_at_zero():
 
 
 def test_exact_trees_on_chains_are_exact_chains():
-    """A chain is a tree: the same draws give the same verdicts, the path being rows 1 .. length."""
+    """A chain is a tree: the same draws give the same verdicts, the path being rows 1 .. length. Point masses
+    judged from one-hot laws or without laws (None) give the same verdicts too."""
     gen = torch.Generator().manual_seed(4)
     b, k, vocab = 64, 5, 6
     probs = torch.softmax(torch.randn(b, k + 1, vocab, generator=gen) * 2, -1)
@@ -357,6 +358,8 @@ def test_exact_trees_on_chains_are_exact_chains():
     masses = torch.nn.functional.one_hot(tokens, vocab).float()
     for laws, given in ((q, q), (masses, None)):  # (drawn nodes, and point masses: `exact_trees`' two passes)
         chains = exact_chains(probs, tokens, laws, lengths, draws)
+        unbuilt = exact_chains(probs, tokens, given, lengths, draws)  # (point masses without their laws: the same)
+        assert all(torch.equal(getattr(unbuilt, n), getattr(chains, n)) for n in ("length", "token", "tested"))
         trees = exact_trees(probs, tokens, given, parents, lengths, draws, k)
         for name in ("length", "token", "tested"):
             assert torch.equal(getattr(trees, name), getattr(chains, name)), name

@@ -196,11 +196,16 @@ class ChainVerdicts:
 
 
 def exact_chains(
-    probs: torch.Tensor, tokens: torch.Tensor, draft_probs: torch.Tensor, lengths: torch.Tensor, draws: torch.Tensor
+    probs: torch.Tensor,
+    tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    lengths: torch.Tensor,
+    draws: torch.Tensor,
 ) -> ChainVerdicts:
     """`speculative_sampling` for a batch of chains at once, in tensor operations (no host read). Chain b drafted
     tokens [B, k] (its first lengths[b] real), each drawn from its row of draft_probs [B, k, V] (a one-hot row: a
-    point mass); probs [B, k + 1, V] are the target's distributions at [root] + nodes. draws [B, k + 1] are
+    point mass; None: every token a point mass, and no [B, k, V] laws built); probs [B, k + 1, V] are the target's
+    distributions at [root] + nodes. draws [B, k + 1] are
     uniforms in [0, 1): position j's acceptance test uses draws[b, j], the target's own token draws[b, lengths[b]]
     (each chain's draws its own: `lengths[b] + 1` of them), by the inverse of its distribution's cumulative sum.
     Token j is kept when every one before it was and draws[b, j] * q(x) < p(x); at the first rejection the token is
@@ -208,13 +213,19 @@ def exact_chains(
     batch, k = tokens.shape
     at = torch.arange(batch, device=tokens.device)
     px = probs[:, :k].gather(-1, tokens[..., None]).squeeze(-1)  # [B, k]
-    qx = draft_probs.gather(-1, tokens[..., None]).squeeze(-1)
+    qx = torch.ones_like(px) if draft_probs is None else draft_probs.gather(-1, tokens[..., None]).squeeze(-1)
     real = torch.arange(k, device=tokens.device) < lengths[:, None]
     ok = real & (qx > 0) & (draws[:, :k] * qx < px)
     length = ok.long().cumprod(-1).sum(-1)  # [B]: the accepted prefix
     rejected = length < lengths  # the chain stopped at a drafted token (else every one was kept: the bonus)
     p = probs[at, length]  # [B, V]
-    q = draft_probs[at, length.clamp(max=max(k - 1, 0))] if k else torch.zeros_like(p)
+    stop = length.clamp(max=max(k - 1, 0))  # the rejected token's position
+    if not k:
+        q = torch.zeros_like(p)
+    elif draft_probs is None:  # the rejected tokens' point masses, one row a chain
+        q = torch.nn.functional.one_hot(tokens[at, stop], p.shape[-1]).to(p.dtype)
+    else:
+        q = draft_probs[at, stop]
     residual = (p - q * rejected[:, None]).clamp_min(0)
     law = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
     token = inverse_cdf(law, draws.gather(1, lengths[:, None]).squeeze(1))

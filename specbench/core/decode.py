@@ -409,8 +409,8 @@ def batch_verdicts(
             if not chains:
                 parents[i, :n] = tree.parents_tensor().to(device)
     drawn = any(p.draft_probs is not None for p in proposals)  # (else every node a point mass)
-    q = None  # [n, k, V]: the laws the nodes were drawn from (one-hot rows: point masses); trees of point masses
-    if chains or drawn:  # need none
+    q = None  # [n, k, V]: the laws the nodes were drawn from (one-hot rows: point masses); point masses alone
+    if drawn:  # need none
         q = torch.nn.functional.one_hot(tokens, vocab).float()
         for i, (p, n) in enumerate(zip(proposals, lengths, strict=True)):
             if p.draft_probs is not None and n:
