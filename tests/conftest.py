@@ -74,13 +74,20 @@ def propose_one(drafter, tokens: list[int], max_depth: int):
 
 class ClaimsUniform:
     """A planted mistake to mix into a Drafter that samples its drafts: rows drawn from its own law but verified
-    as if drawn uniformly (the sampling audit must fail it)."""
+    as if drawn uniformly, over the vocabulary (over its candidates, for a sparse law) (the sampling audit must fail
+    it)."""
 
     def propose(self, slots, tokens, max_depths):
         from specbench.core.proposer import Proposal
+        from specbench.core.sampling import SparseLaws
+
+        def uniform(laws):
+            if isinstance(laws, SparseLaws):
+                return SparseLaws(laws.ids, torch.full_like(laws.probs, 1 / laws.probs.shape[1]))
+            return torch.full_like(laws, 1 / laws.shape[1])
 
         return [
-            p if p.draft_probs is None else Proposal(p.tree, torch.full_like(p.draft_probs, 1 / p.draft_probs.shape[1]))
+            p if p.draft_probs is None else Proposal(p.tree, uniform(p.draft_probs))
             for p in super().propose(slots, tokens, max_depths)
         ]
 

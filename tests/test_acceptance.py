@@ -6,7 +6,7 @@ import torch
 from scipy import stats
 
 from specbench.core.acceptance import exact_chains, exact_trees, greedy, greedy_batch, speculative_sampling
-from specbench.core.sampling import draw_distinct, draw_distinct_padded, drawn, inverse_cdf
+from specbench.core.sampling import SparseLaws, draw_distinct, draw_distinct_padded, drawn, inverse_cdf
 from specbench.core.tree import Tree, chain, new_rows_allowed
 
 
@@ -448,3 +448,22 @@ def test_typical_trees_take_typicals_paths_for_every_slot_at_once():
         assert int(v.token[i]) == int(inverse_cdf(probs[i, end][None], draws[i, c][None]))
         lengths.add(len(host.rows))
     assert lengths >= {0, 1, 2}
+
+
+def test_exact_chains_of_sparse_laws_are_the_dense_ones():
+    """Laws over three candidates a row (`SparseLaws`, DFlash2's kind) give the verdicts of the same laws written
+    over the vocabulary, drafted tokens inside and outside the candidates alike (outside: no mass, never kept)."""
+    gen = torch.Generator().manual_seed(5)
+    b, k, vocab, width = 64, 5, 12, 3
+    probs = torch.softmax(torch.randn(b, k + 1, vocab, generator=gen) * 2, -1)
+    ids = torch.stack([torch.randperm(vocab, generator=gen)[:width] for _ in range(b * k)]).view(b, k, width)
+    laws = SparseLaws(ids, torch.softmax(torch.randn(b, k, width, generator=gen), -1))
+    picked = ids.gather(2, torch.randint(0, width, (b, k, 1), generator=gen)).squeeze(-1)
+    tokens = torch.where(torch.rand(b, k, generator=gen) < 0.8, picked, torch.randint(0, vocab, (b, k), generator=gen))
+    lengths = torch.randint(0, k + 1, (b,), generator=gen)
+    draws = torch.rand(b, k + 1, generator=gen)
+    sparse = exact_chains(probs, tokens, laws, lengths, draws)
+    whole = exact_chains(probs, tokens, laws.dense(vocab), lengths, draws)
+    for name in ("length", "token", "tested"):
+        assert torch.equal(getattr(sparse, name), getattr(whole, name)), name
+    assert 0 < int(sparse.length.sum()) < int(lengths.sum())  # (some kept, some rejected)

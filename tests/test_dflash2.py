@@ -167,7 +167,8 @@ def small_sampling_test(cls, samples: int, batch: int = 1, top: int = 3, **optio
 
 def test_dflash2_passes_the_sampling_test_over_its_candidates_and_the_planted_mistake_fails():
     """Each row drawn from softmax(score / T) over its candidates and verified against that law, zero elsewhere:
-    exact at B = 1 and with four slots drafting together; rows claimed uniform over the vocabulary fail."""
+    exact at B = 1 and with four slots drafting together (its laws kept sparse: `SparseLaws`); rows claimed uniform
+    over their candidates fail."""
     assert small_sampling_test(DFlash2, 600).passed
     assert small_sampling_test(DFlash2, 600, batch=4).passed
     assert not small_sampling_test(ClaimsUniform, 400, batch=4).passed  # (p ~ 1e-40 and below at 400)

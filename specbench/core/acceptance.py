@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SpecbenchError
-from .sampling import inverse_cdf, probabilities, sample, uniform
+from .sampling import SparseLaws, dense, inverse_cdf, probabilities, sample, uniform
 from .synthetic import Profile
 from .tree import Tree, ancestors_from
 
@@ -198,14 +198,15 @@ class ChainVerdicts:
 def exact_chains(
     probs: torch.Tensor,
     tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
+    draft_probs: torch.Tensor | SparseLaws | None,
     lengths: torch.Tensor,
     draws: torch.Tensor,
 ) -> ChainVerdicts:
     """`speculative_sampling` for a batch of chains at once, in tensor operations (no host read). Chain b drafted
     tokens [B, k] (its first lengths[b] real), each drawn from its row of draft_probs [B, k, V] (a one-hot row: a
-    point mass; None: every token a point mass, and no [B, k, V] laws built); probs [B, k + 1, V] are the target's
-    distributions at [root] + nodes. draws [B, k + 1] are
+    point mass; sparse: ids and probs [B, k, K], each row's law over its K candidates; None: every token a point
+    mass; the last two build no [B, k, V] laws); probs [B, k + 1, V] are the target's distributions at [root] +
+    nodes. draws [B, k + 1] are
     uniforms in [0, 1): position j's acceptance test uses draws[b, j], the target's own token draws[b, lengths[b]]
     (each chain's draws its own: `lengths[b] + 1` of them), by the inverse of its distribution's cumulative sum.
     Token j is kept when every one before it was and draws[b, j] * q(x) < p(x); at the first rejection the token is
@@ -213,7 +214,12 @@ def exact_chains(
     batch, k = tokens.shape
     at = torch.arange(batch, device=tokens.device)
     px = probs[:, :k].gather(-1, tokens[..., None]).squeeze(-1)  # [B, k]
-    qx = torch.ones_like(px) if draft_probs is None else draft_probs.gather(-1, tokens[..., None]).squeeze(-1)
+    if draft_probs is None:
+        qx = torch.ones_like(px)
+    elif isinstance(draft_probs, SparseLaws):  # each token's mass among its row's candidates
+        qx = (draft_probs.probs * (draft_probs.ids == tokens[..., None])).sum(-1).to(px)
+    else:
+        qx = draft_probs.gather(-1, tokens[..., None]).squeeze(-1)
     real = torch.arange(k, device=tokens.device) < lengths[:, None]
     ok = real & (qx > 0) & (draws[:, :k] * qx < px)
     length = ok.long().cumprod(-1).sum(-1)  # [B]: the accepted prefix
@@ -224,6 +230,8 @@ def exact_chains(
         q = torch.zeros_like(p)
     elif draft_probs is None:  # the rejected tokens' point masses, one row a chain
         q = torch.nn.functional.one_hot(tokens[at, stop], p.shape[-1]).to(p.dtype)
+    elif isinstance(draft_probs, SparseLaws):  # the rejected rows' laws, one row a chain
+        q = draft_probs[at, stop].dense(p.shape[-1]).to(p.dtype)
     else:
         q = draft_probs[at, stop]
     residual = (p - q * rejected[:, None]).clamp_min(0)
@@ -399,11 +407,12 @@ class Rule:
         self,
         tree: Tree,
         logits: torch.Tensor,  # [n+1, V]: the target's rows for [root] + nodes
-        draft_probs: torch.Tensor | None,
+        draft_probs: torch.Tensor | SparseLaws | None,
         temperature: float,  # > 0
         generator: torch.Generator | None,
     ) -> Accepted:
-        return self.sampled(tree, probabilities(logits, temperature), draft_probs, generator, **self.params)
+        laws = dense(draft_probs, logits.shape[-1])
+        return self.sampled(tree, probabilities(logits, temperature), laws, generator, **self.params)
 
 
 def _typical(tree: Tree, probs: torch.Tensor, draft_probs, generator, **params) -> Accepted:

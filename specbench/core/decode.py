@@ -19,7 +19,7 @@ from . import acceptance
 from .cached_lm import CachedLM, Forward
 from .one_slot import Target, single
 from .proposer import Drafter, Feedback, Proposal, Proposer, Turn, drafter
-from .sampling import inverse_cdf
+from .sampling import SparseLaws, inverse_cdf
 from .static_lm import Row
 from .step import inputs
 from .synthetic import Profile
@@ -408,14 +408,22 @@ def batch_verdicts(
             tokens[i, :n] = tree.ids if isinstance(tree, DeviceTree) and tree.on_device else upload(tree.tokens, device)
             if not chains:
                 parents[i, :n] = tree.parents_tensor().to(device)
-    drawn = any(p.draft_probs is not None for p in proposals)  # (else every node a point mass)
-    q = None  # [n, k, V]: the laws the nodes were drawn from (one-hot rows: point masses); point masses alone
-    if drawn:  # need none
+    laws = [p.draft_probs for p in proposals]
+    q: torch.Tensor | SparseLaws | None = None  # the laws the nodes were drawn from: [n, k, V] (one-hot rows: point
+    # masses), or for chains of sparse laws and point masses [n, k, K] ids and probs; point masses alone need none
+    if (
+        chains
+        and any(isinstance(law, SparseLaws) for law in laws)
+        and not any(isinstance(law, torch.Tensor) for law in laws)
+    ):
+        q = sparse_laws(tokens, laws, lengths)
+    elif any(law is not None for law in laws):
         q = torch.nn.functional.one_hot(tokens, vocab).float()
-        for i, (p, n) in enumerate(zip(proposals, lengths, strict=True)):
-            if p.draft_probs is not None and n:
-                q[i, :n, : p.draft_probs.shape[-1]] = p.draft_probs[:n]
-                q[i, :n, p.draft_probs.shape[-1] :] = 0
+        for i, (law, n) in enumerate(zip(laws, lengths, strict=True)):
+            if law is not None and n:
+                rows = law[:n].dense(vocab) if isinstance(law, SparseLaws) else law[:n]
+                q[i, :n, : rows.shape[-1]] = rows
+                q[i, :n, rows.shape[-1] :] = 0
     if chains:
         assert rule.chains is not None
         v = rule.chains(probs, tokens, q, upload(lengths, device), draws)
@@ -427,6 +435,20 @@ def batch_verdicts(
     drafted = tokens.gather(1, (t.path - 1).clamp(min=0))  # [n, d]: the path's tokens
     host = torch.cat([torch.stack([t.length, t.token, t.tested], 1), t.path, drafted], 1).tolist()
     return [Verdict([0, *row[3 : 3 + row[0]]], [*row[3 + depth : 3 + depth + row[0]], row[1]], row[2]) for row in host]
+
+
+def sparse_laws(tokens: torch.Tensor, laws: list, lengths: list[int]) -> SparseLaws:
+    """Chains' laws as ids and probs [n, k, K] (K: the most candidates a row): each sparse law's rows, and a point
+    mass's (None) its drafted token with mass 1; the rest zero mass."""
+    width = max(law.ids.shape[-1] for law in laws if isinstance(law, SparseLaws))
+    ids = tokens[..., None].repeat(1, 1, width)  # [n, k, K]: a point mass's columns all its token, the first with
+    probs = torch.zeros(ids.shape, device=tokens.device)  # mass 1
+    probs[..., 0] = 1.0
+    for i, (law, n) in enumerate(zip(laws, lengths, strict=True)):
+        if isinstance(law, SparseLaws) and n:
+            count = law.ids.shape[-1]
+            ids[i, :n, :count], probs[i, :n, :count], probs[i, :n, count:] = law.ids[:n], law.probs[:n], 0
+    return SparseLaws(ids, probs)
 
 
 def forced(active: list, proposals: list[Proposal], whole: Forward, profile: Profile) -> list[Verdict]:

@@ -11,14 +11,15 @@ import torch
 from .acceptance import Accepted
 from .cached_lm import SideBranch
 from .choices import first
-from .sampling import inverse_cdf, probabilities
+from .sampling import SparseLaws, inverse_cdf, probabilities
 from .tree import EMPTY, DeviceTree, Tree, chain
 
 
 @dataclass(frozen=True)
 class Proposal:
     tree: Tree
-    draft_probs: torch.Tensor | None = None  # [n, V]: the distribution each node was drawn from; None = point mass
+    draft_probs: torch.Tensor | SparseLaws | None = None  # [n, V] (or sparse: over each row's candidates): the
+    # distribution each node was drawn from; None = point masses
     side: SideBranch | None = None  # tokens verified alongside whose logits only the proposer reads
     drafted: int | None = None  # tokens drafted, when the tree verifies fewer (a schedule cut it); None: the tree's
 

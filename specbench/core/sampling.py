@@ -2,7 +2,34 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
+
+
+@dataclass(frozen=True)
+class SparseLaws:
+    """Rows of laws, each over a few candidate tokens (DFlash2's top 16 at a row): ids [n, K] and their probs [n, K],
+    zero at every other token, so a step keeps K numbers a row, not the vocabulary's V."""
+
+    ids: torch.Tensor
+    probs: torch.Tensor
+
+    def __getitem__(self, rows: Any) -> SparseLaws:  # (rows, or rows and positions: what indexes ids)
+        return SparseLaws(self.ids[rows], self.probs[rows])
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def dense(self, vocab: int) -> torch.Tensor:
+        """The laws over the vocabulary [..., V]."""
+        return self.probs.new_zeros(*self.ids.shape[:-1], vocab).scatter_add_(-1, self.ids, self.probs)
+
+
+def dense(laws: torch.Tensor | SparseLaws | None, vocab: int) -> torch.Tensor | None:
+    """Laws as rows over the vocabulary (a dense row as it is: its own width)."""
+    return laws.dense(vocab) if isinstance(laws, SparseLaws) else laws
 
 
 def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -5,7 +5,8 @@ rows left to right, each row's candidates scored given the candidate chosen befo
 for every slot at once: the best one at T = 0 (the lowest index among ties), else a draw from softmax(score / T)
 over the row's candidates from the slot's own generator, verified against that law, which is zero outside them (the
 shared rejection rule is exact for it: a token outside the candidates is never proposed, and the residual takes
-the target's mass there).
+the target's mass there). The law travels as its K candidates and their probabilities (`SparseLaws`), never as a
+row over the vocabulary.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 
 from ..core.best_tree import best_trees
 from ..core.proposer import Drafter, Proposal, Turn, chain_prefix
-from ..core.sampling import next_rows
+from ..core.sampling import SparseLaws, next_rows
 from ..core.transfer import upload
 from ..core.tree import Tree, chain
 from ..heads.dflash2 import FAMILY, DFlash2Draft
@@ -76,9 +77,8 @@ class DFlash2(DFlash):
         found = []
         for i, (k, turn) in enumerate(zip(ks, turns, strict=True)):
             probs = None
-            if laws and turn.temperature:  # the rows' laws over the vocabulary: zero outside the candidates
-                law = torch.stack([step[i] for step in laws[:k]])  # [k, K]
-                probs = law.new_zeros(k, self.draft.config.vocab_size).scatter_(1, ids[i, :k], law)
+            if laws and turn.temperature:  # the rows' laws over their candidates (zero at every other token)
+                probs = SparseLaws(ids[i, :k], torch.stack([step[i] for step in laws[:k]]))  # [k, K] each
             found.append(Proposal(chain(tokens[i, :k]), probs))
         return found
 
