@@ -21,7 +21,7 @@ class StaticRows:
         self.layers_count = layers
         self.batch = batch
         self.at: torch.Tensor | None = None  # [layers, b or 1, n]: `write_rows`, offset into the one tensor
-        self.starts: torch.Tensor | None = None  # [layers, 1, 1]: each layer's first row in the one tensor
+        self.starts: torch.Tensor | None = None  # [layers, 1, 1]: each layer's first row in the one tensor (`_starts`)
         self.slot: int | torch.Tensor | None = None  # the slots a forward runs over: one, several [n] (a prefill's;
         # their keys are read as a copy), None: all of them
         self.every: torch.Tensor | None = None  # [batch, 1]: all slots, the index a forward writes through
@@ -68,10 +68,14 @@ class StaticRows:
         if self.layers_count == 1:
             self.at = rows[None]
             return
+        self.at = self._starts(rows.device) + rows
+
+    def _starts(self, device: torch.device) -> torch.Tensor:
+        """Each layer's first row in the one tensor [layers, 1, 1], made once."""
         if self.starts is None:
-            starts = torch.arange(0, self.layers_count * self.capacity, self.capacity, device=rows.device)
+            starts = torch.arange(0, self.layers_count * self.capacity, self.capacity, device=device)
             self.starts = starts[:, None, None]
-        self.at = self.starts + rows
+        return self.starts
 
     def get_seq_length(self, layer: int | None = 0) -> int:
         return self.length
@@ -101,8 +105,7 @@ class StaticRows:
         index = upload(slots + source + target, self.keys.device).view(3, -1)  # [3, n]: layer 0's rows
         lanes, rows = index[0], index[1:]
         if self.layers_count > 1:  # every layer's: its rows `capacity` further on than the layer before's
-            layers = torch.arange(0, self.layers_count * self.capacity, self.capacity, device=index.device)
-            rows = (rows[:, None, :] + layers[:, None]).view(2, -1)  # [2, layers * n]
+            rows = (rows[:, None, :] + self._starts(index.device)[:, 0]).view(2, -1)  # [2, layers * n]
             lanes = lanes.repeat(self.layers_count)
         for stored in (self.keys, self.values):
             stored[lanes, :, rows[1]] = stored[lanes, :, rows[0]]
