@@ -10,7 +10,8 @@ import torch
 
 from specbench.core.cached_lm import CachedLM
 from specbench.core.decode import decode
-from specbench.core.schedule import prefix_lengths, step_cost
+from specbench.core.proposer import Turn
+from specbench.core.schedule import capacity, prefix_lengths, step_cost, top_lengths
 from specbench.methods.dspark import DSpark
 from specbench.methods.vanilla import Vanilla
 
@@ -35,19 +36,25 @@ def test_hand_worked_batches():
     assert prefix_lengths([[0.5, 0.5, 0.5]], dict.fromkeys((1, 2, 4), 1.0)) == [3]  # ties: in row order
 
 
+def random_survival(rng: random.Random) -> list[list[float]]:
+    """One to four slots of one to seven rows, each row's survival its predecessor's times a chance in [0.3, 1]."""
+    survival = []
+    for _ in range(rng.randint(1, 4)):
+        row, a = [], 1.0
+        for _ in range(rng.randint(1, 7)):
+            a *= rng.uniform(0.3, 1.0)
+            row.append(a)
+        survival.append(row)
+    return survival
+
+
 def test_a_rows_verification_never_depends_on_the_rows_after_it():
     """Random batches: lowering any slot's survivals past row j (they stay non-increasing) never changes whether
     row j is verified, the early stop's causality (the paper's lossless condition)."""
     rng = random.Random(0)
     costs = {1: 1.0, 2: 1.05, 4: 1.3, 8: 1.9, 16: 3.5}
     for _ in range(300):
-        survival = []
-        for _ in range(rng.randint(1, 4)):
-            row, a = [], 1.0
-            for _ in range(rng.randint(1, 7)):
-                a *= rng.uniform(0.3, 1.0)
-                row.append(a)
-            survival.append(row)
+        survival = random_survival(rng)
         lengths = prefix_lengths(survival, costs)
         r = rng.randrange(len(survival))
         j = rng.randrange(len(survival[r]))
@@ -57,16 +64,61 @@ def test_a_rows_verification_never_depends_on_the_rows_after_it():
         assert (prefix_lengths(changed, costs)[r] > j) == (lengths[r] > j)
 
 
+def test_the_asynchronous_capacity_searches_every_count():
+    """One slot, a step cost that jumps at 3 rows: the second draft (2.8 / 1.6 = 1.75) loses to the first alone
+    (1.9 / 1.0), where Algorithm 1 stops; the third (3.7 / 1.6 = 2.31) wins, which only the search over every count
+    finds. Two slots, the costs of `test_hand_worked_batches`: the best count is 2 (3.7), the last 4.8 / 1.5."""
+    jagged = {1: 1.0, 2: 1.0, 4: 1.6}
+    assert prefix_lengths([[0.9, 0.9, 0.9]], jagged) == [1]
+    assert capacity([[0.9, 0.9, 0.9]], jagged) == 3
+    assert capacity(SURVIVAL, {1: 1.0, 2: 1.0, 4: 1.5, 8: 3.0}) == 2
+    assert capacity(SURVIVAL, {1: 1.0, 2: 2.5}) == 0
+
+
+def test_a_capacity_takes_the_rows_in_admission_order():
+    """Admission order (0.9, slot 0), (0.8, slot 1), (0.6, slot 0), (0.3, slot 0), (0.2, slot 1)."""
+    assert [top_lengths(SURVIVAL, n) for n in range(6)] == [[0, 0], [1, 0], [1, 1], [2, 1], [3, 1], [3, 2]]
+    assert top_lengths(SURVIVAL, 99) == [3, 2]
+
+
+def test_a_capacitys_rows_never_depend_on_the_rows_after_them():
+    """Random batches and capacities: lowering a slot's survivals past row j never changes whether row j is
+    among the admitted."""
+    rng = random.Random(1)
+    for _ in range(300):
+        survival = random_survival(rng)
+        count = rng.randint(0, sum(map(len, survival)))
+        lengths = top_lengths(survival, count)
+        r = rng.randrange(len(survival))
+        j = rng.randrange(len(survival[r]))
+        changed = [list(row) for row in survival]
+        for i in range(j + 1, len(changed[r])):
+            changed[r][i] = changed[r][i - 1] * rng.uniform(0.0, 1.0)
+        assert (top_lengths(changed, count)[r] > j) == (lengths[r] > j)
+
+
+def test_the_asynchronous_schedule_takes_its_capacity_from_two_steps_before(target):  # noqa: F811
+    """Its first two steps are Algorithm 1's; the third admits as many rows as the first step's survivals make
+    best; a batch's start begins the history anew."""
+    jagged = {1: 1.0, 2: 1.0, 4: 1.6}
+    made = DSpark(random_draft(target), 3, verify="async", costs=jagged)
+    steps = [[[0.9, 0.9, 0.9]], [[0.5, 0.1, 0.05]], [[0.95, 0.9, 0.8]], [[0.9, 0.2, 0.1]]]
+    assert [made._scheduled(s) for s in steps] == [[1], [1], [3], [1]]  # (capacities of steps 1 and 2: 3 and 1)
+    made.start([0], [Turn([1, 2, 3], 0.0)])
+    assert made._scheduled(steps[2]) == prefix_lengths(steps[2], jagged)
+
+
 COSTS = {1: 1.0, 2: 1.0, 4: 1.02, 8: 1.04, 16: 1.08}  # nearly flat: deep rows still pay, cut where confidence drops
 
 
-def test_adaptive_dspark_is_vanillas_greedy_and_records_what_it_cut(target):  # noqa: F811
+@pytest.mark.parametrize("verify", ["adaptive", "async"])
+def test_scheduled_dspark_is_vanillas_greedy_and_records_what_it_cut(target, verify):  # noqa: F811
     draft = random_draft(target, kind="vanilla", std=0.6)
     with torch.no_grad():
         draft.confidence_head.proj.bias.fill_(-1.0)  # predicted acceptance well below 1: the schedule cuts
     for prompt in PROMPTS:
         reference = decode(CachedLM(target), Vanilla(), prompt, max_new_tokens=24, temperature=0, stop_ids=set())
-        made = DSpark(draft, 4, verify="adaptive", costs=COSTS)
+        made = DSpark(draft, 4, verify=verify, costs=COSTS)
         ours = decode(CachedLM(target), made, prompt, max_new_tokens=24, temperature=0, stop_ids=set())
         assert ours.tokens == reference.tokens
         assert all(s.tree_size - 1 <= s.drafted <= 4 for s in ours.steps) and ours.steps[0].drafted == 4
@@ -82,13 +134,15 @@ FLAT = {1: 1.0, 2: 1.0, 4: 1.1}  # the second row free, the third 10%: in this t
 
 def test_adaptive_dspark_passes_the_sampling_audit_with_four_slots_scheduled_together():
     """Four slots' rows chosen together (a slot's verified rows depend on its batch-mates' confidences): still the
-    target's law; rows claimed uniform fail."""
+    target's law, by Algorithm 1 and by the asynchronous capacity; rows claimed uniform fail."""
     from .test_dspark import small_sampling_test
 
-    def adaptive(draft, k, slots=1):
-        return DSpark(draft, k, verify="adaptive", costs=FLAT, slots=slots)
+    for verify in ("adaptive", "async"):
 
-    assert small_sampling_test(adaptive, 600, batch=4).passed
+        def scheduled(draft, k, slots=1, verify=verify):
+            return DSpark(draft, k, verify=verify, costs=FLAT, slots=slots)
+
+        assert small_sampling_test(scheduled, 600, batch=4).passed, verify
     assert not small_sampling_test(
         lambda d, k, slots=1: ClaimsUniform(d, k, verify="adaptive", costs=FLAT, slots=slots),
         400,  # (p ~ 1e-36 at 400)
@@ -99,7 +153,9 @@ def test_adaptive_dspark_passes_the_sampling_audit_with_four_slots_scheduled_tog
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"verify": "some"}, "verify is all or adaptive"),
+        ({"verify": "some"}, "verify is all, adaptive or async"),
+        ({"verify": "async"}, "needs the target's profiled step costs"),
+        ({"verify": "async", "costs": COSTS, "record": True}, "records the confidences of every row"),
         ({"verify": "adaptive"}, "needs the target's profiled step costs"),
         ({"verify": "adaptive", "costs": COSTS, "confidence_threshold": 0.5}, "drop confidence_threshold"),
     ],

@@ -97,6 +97,21 @@ def verify(args) -> int:
     return audit(cfg, args.method, args.mode, args.temperature, args.samples, args.horizon, args.prompts, args.alpha)
 
 
+def calibrate(args) -> None:
+    cfg = run_config(args, methods=[args.method], tasks=args.tasks)
+    check(cfg)  # before the imports below, as `run` does
+    from ..tune.confidence import calibrate as calibrate_confidence
+
+    result = calibrate_confidence(cfg, args.method, args.temperature, args.batch, args.out)
+    print("| row | steps | temperature | ECE of the survival, raw | calibrated |")
+    print("|---|---|---|---|---|")
+    for j, (t, n, before, after) in enumerate(
+        zip(result.temperatures, result.samples, result.ece_before, result.ece_after, strict=True), start=1
+    ):
+        print(f"| {j} | {n} | {t:.3g} | {before:.4f} | {after:.4f} |")
+    print(f"calibrated drafter: {args.out} (--head dspark={args.out})")
+
+
 def merge(args) -> None:
     from ..run.merge import merge as merge_shards
 

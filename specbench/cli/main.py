@@ -15,6 +15,7 @@ COMMANDS = {
     "lock": handlers.lock,
     "tune": handlers.tune,
     "verify": handlers.verify,
+    "calibrate": handlers.calibrate,
     "merge": handlers.merge,
     "report": handlers.report,
     "export": handlers.export,

@@ -274,6 +274,26 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--alpha", type=float, default=1e-3, help="significance of the sampling test")
     verify.add_argument("--graphs", action="store_true", help="audit on static KV caches, as `run --graphs` decodes")
 
+    calibrate = sub.add_parser(
+        "calibrate",
+        parents=[model, device],
+        help="calibrate a DSpark drafter's confidence head by Sequential Temperature Scaling on held-out questions "
+        "(for dspark[verify=adaptive] and async): a drafter folder with the temperatures",
+    )
+    calibrate.add_argument(
+        "--method", default="dspark", help="the dspark variant whose drafter to calibrate (default: dspark)"
+    )
+    calibrate.add_argument(
+        "--tasks", type=_names, default=["calibrate"], help="held-out questions (default: calibrate, built in)"
+    )
+    calibrate.add_argument(
+        "--temperature", type=float, default=0.0, help="the sampling temperature it is calibrated at (default: 0)"
+    )
+    calibrate.add_argument("--batch", type=int, default=1, metavar="B", help="questions decoded at a time (default: 1)")
+    calibrate.add_argument(
+        "--out", type=Path, required=True, help="new folder: config.json with the temperatures, the weights linked"
+    )
+
     train = sub.add_parser(
         "train",
         parents=[target, device],

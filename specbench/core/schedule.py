@@ -11,6 +11,10 @@ it, which keeps verification lossless.
 The cost is this loop's: a batched forward pads every slot to the widest slot's rows, so it costs T(rows of the
 widest) as profiled at the batch's size (`run.profiling.forward_profile`, the smallest profiled size holding them),
 where the paper's engine costs the total tokens.
+
+The asynchronous variant (the paper's section 5.2: there, so the scheduler never stalls the device) takes a capacity,
+a count of rows, from the confidences of two steps before by a search over every count (no early stop), and admits
+that many of this step's rows in the same order.
 """
 
 from __future__ import annotations
@@ -24,17 +28,43 @@ def step_cost(costs: dict[int, float], rows: int) -> float:
 
 def prefix_lengths(survival: list[list[float]], costs: dict[int, float]) -> list[int]:
     """Rows each slot verifies (0 up to len(survival[r])): the greedy admission above with its early stop."""
-    order = sorted(
-        ((a, j, r) for r, row in enumerate(survival) for j, a in enumerate(row) if a > 0),
-        key=lambda c: (-c[0], c[1], c[2]),
-    )
     lengths = [0] * len(survival)
     expected, widest = float(len(survival)), 0
     best = expected / step_cost(costs, 1)
-    for a, j, r in order:
+    for a, j, r in candidates(survival):
         expected, widest = expected + a, max(widest, j + 1)
         rate = expected / step_cost(costs, 1 + widest)
         if rate <= best:
             break
         best, lengths[r] = rate, j + 1
+    return lengths
+
+
+def candidates(survival: list[list[float]]) -> list[tuple[float, int, int]]:
+    """Every slot's rows (survival, row, slot) with a survival above 0, in admission order: descending survival,
+    ties to the earlier row, then the earlier slot (a slot's rows in order, as their survivals never grow)."""
+    found = [(a, j, r) for r, row in enumerate(survival) for j, a in enumerate(row) if a > 0]
+    return sorted(found, key=lambda c: (-c[0], c[1], c[2]))
+
+
+def capacity(survival: list[list[float]], costs: dict[int, float]) -> int:
+    """The asynchronous schedule's capacity (the paper's section 5.2): how many rows, admitted in order, give the
+    best expected rate, searched over every count (no early stop). It is computed from an earlier step's
+    confidences, so a row's verification still depends on nothing drafted after it (`top_lengths`)."""
+    expected, widest = float(len(survival)), 0
+    best, count = expected / step_cost(costs, 1), 0
+    for n, (a, j, _) in enumerate(candidates(survival), start=1):
+        expected, widest = expected + a, max(widest, j + 1)
+        rate = expected / step_cost(costs, 1 + widest)
+        if rate > best:
+            best, count = rate, n
+    return count
+
+
+def top_lengths(survival: list[list[float]], count: int) -> list[int]:
+    """Rows each slot verifies when the first `count` rows in admission order (`candidates`) are: whether row j is
+    among them depends only on the rows ranked before it, none of them drafted after it (lossless)."""
+    lengths = [0] * len(survival)
+    for _, j, r in candidates(survival)[:count]:
+        lengths[r] = max(lengths[r], j + 1)
     return lengths

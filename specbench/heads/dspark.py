@@ -9,6 +9,9 @@ a draft, the anchor's (the last committed token's) included: row k guesses the t
 - Confidence head (`common.py` AcceptRatePredictor, `modeling.py` predict_confidence_step): c_k =
   sigmoid(proj([h_k; W1[prev_k]])) (or of h_k alone without `confidence_head_with_markov`), the predicted chance
   that row k is accepted; DeepSpec's evaluator verifies the rows before the first c_k under its threshold.
+- `confidence_temperatures` (ours, not DeepSpec's: `specbench calibrate` writes it, with `confidence_calibration`,
+  what it was measured on): the paper's Sequential Temperature Scaling, c_k = sigmoid(logit_k / T_k), which the
+  adaptive schedule weighs (`core.calibration`).
 
 Checkpoint (DeepSpec's `Qwen3DSparkModel`, `qwen3/config.py` build_draft_config): config.json is the target's Qwen3
 config plus `block_size`, `mask_token_id`, `target_layer_ids` (DeepSpec's numbering, as z-lab's),
@@ -28,6 +31,7 @@ import torch
 from torch import nn
 from transformers import Qwen3Config
 
+from ..core.calibration import scaled
 from ..errors import SpecbenchError
 from ..registry import HeadFamily, head_family
 from . import dflash, speculators
@@ -92,14 +96,20 @@ class DSparkDraft(dflash.DFlashDraft):
         self.with_markov = bool(getattr(config, "confidence_head_with_markov", False)) and rank > 0
         enabled = bool(getattr(config, "enable_confidence_head", False))
         self.confidence_head = Confidence(hidden + (rank if self.with_markov else 0)) if enabled else None
+        self.temperatures: list[float] = list(getattr(config, "confidence_temperatures", None) or [])  # STS's
 
-    def confidence(self, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        """Each row's predicted acceptance in [0, 1] [..., ] from its state [..., H] and the token before it [...]."""
+    def confidence(self, hidden: torch.Tensor, prev: torch.Tensor, calibrated: bool = False) -> torch.Tensor:
+        """Each row's predicted acceptance in [0, 1] [..., k] from its state [..., k, H] and the token before it
+        [..., k]; `calibrated`: each row's logit divided by its STS temperature (`confidence_temperatures`)."""
+        return torch.sigmoid(scaled(self.confidence_logits(hidden, prev), self.temperatures if calibrated else None))
+
+    def confidence_logits(self, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """The confidence head's logits [..., k] (`confidence` before its sigmoid)."""
         assert self.confidence_head is not None
         if self.with_markov:
             assert self.markov_head is not None
             hidden = torch.cat([hidden, self.markov_head.markov_w1(prev).to(hidden.dtype)], dim=-1)
-        return torch.sigmoid(self.confidence_head(hidden).float())
+        return self.confidence_head(hidden).float()
 
 
 def build(raw: dict) -> DSparkDraft:
@@ -111,6 +121,15 @@ def build(raw: dict) -> DSparkDraft:
         raise SpecbenchError(f"{TITLE} config.json: markov_rank must be a whole number >= 0, not {rank!r}")
     if rank and kind not in MARKOV:
         raise SpecbenchError(f"{TITLE} config.json: markov_head_type '{kind}' is none of {', '.join(MARKOV)}")
+    temperatures = raw.get("confidence_temperatures")
+    if temperatures is not None and not (
+        isinstance(temperatures, list)
+        and all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for t in temperatures)
+    ):
+        raise SpecbenchError(
+            f"{TITLE} config.json: confidence_temperatures must be a list of positive numbers (one a row), not "
+            f"{temperatures!r}: calibrate again with `specbench calibrate`"
+        )
     return DSparkDraft(config, layer_ids, block, mask)
 
 

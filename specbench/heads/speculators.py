@@ -221,7 +221,14 @@ def dflash_speculators(raw: dict, verifier: dict | None) -> dict:
     }
 
 
-DSPARK_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
+DSPARK_KEYS = (
+    "markov_rank",
+    "markov_head_type",
+    "enable_confidence_head",
+    "confidence_head_with_markov",
+    "confidence_temperatures",  # (ours: `specbench calibrate`, kept both ways)
+    "confidence_calibration",
+)
 
 
 def dspark_official(raw: dict, what: str) -> dict:

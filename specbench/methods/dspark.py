@@ -10,24 +10,31 @@ before it only, as a chain's may).
 only the rows before the first whose confidence head predicts acceptance below it (none: the whole block; 0, the
 default, verifies every row). `verify: adaptive` (the paper's confidence-scheduled verification): every drafting
 slot's verified rows chosen together from the confidences' running products and the target's profiled step costs
-at the batch's size (`core.schedule`). Either reads the confidences to the host, one read a step; each proposal
-records the rows drafted beside those verified.
+at the batch's size (`core.schedule`); `verify: async`, its asynchronous variant: as many rows as the survivals of
+two steps before make best (the paper's section 5.2), this step's taken in the same order. The schedules weigh the
+confidences after the checkpoint's Sequential Temperature Scaling (`confidence_temperatures`, from `specbench
+calibrate`) unless `calibrated: false`; the threshold reads them raw, as DeepSpec's does. Either reads the
+confidences to the host, one read a step; each proposal records the rows drafted beside those verified.
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 
 from ..core.best_tree import best_trees
-from ..core.proposer import Drafter, Proposal, Turn, chain_prefix
+from ..core.proposer import Drafter, Feedback, Proposal, Turn, chain_prefix
 from ..core.sampling import next_rows
-from ..core.schedule import prefix_lengths
+from ..core.schedule import capacity, prefix_lengths, top_lengths
 from ..core.transfer import upload
 from ..core.tree import EMPTY, Tree, chain
 from ..heads.dspark import FAMILY, DSparkDraft
 from ..registry import implementation
 from .dflash import DFlash
 from .resources import Resources
+
+SCHEDULES = ("adaptive", "async")  # `verify` values that schedule the rows from the confidences and step costs
 
 
 class DSpark(DFlash):
@@ -40,25 +47,58 @@ class DSpark(DFlash):
         num_draft_tokens: int,
         confidence_threshold: float = 0.0,
         verify: str = "all",
-        costs: dict[int, float] | None = None,  # verify adaptive: the target's T(rows) at the batch's size
+        calibrated: bool = True,
+        record: bool = False,  # `specbench calibrate`'s: every row verified, the confidences kept with the verdicts
+        costs: dict[int, float] | None = None,  # verify adaptive or async: the target's T(rows) at the batch's size
         **options,
     ) -> None:
         super().__init__(draft, draft.embed_tokens, draft.lm_head, num_draft_tokens, **options)
         if not isinstance(confidence_threshold, (int, float)) or not 0 <= confidence_threshold < 1:
             raise ValueError(f"dspark's confidence_threshold is from 0 (off) up to 1, not {confidence_threshold}")
-        if verify not in ("all", "adaptive"):
-            raise ValueError(f"dspark's verify is all or adaptive, not {verify!r}")
-        if (confidence_threshold or verify == "adaptive") and draft.confidence_head is None:
-            raise ValueError("dspark's confidence_threshold and verify=adaptive need a drafter with a confidence head")
-        if options.get("tree") is not None and (confidence_threshold or verify == "adaptive"):
-            raise ValueError("dspark's tree is verified whole: drop confidence_threshold and verify=adaptive")
-        if confidence_threshold and verify == "adaptive":
-            raise ValueError("dspark's verify=adaptive schedules the rows itself: drop confidence_threshold")
-        if verify == "adaptive" and not costs:
-            raise ValueError("dspark's verify=adaptive needs the target's profiled step costs (a run profiles them)")
+        if verify not in ("all", *SCHEDULES):
+            raise ValueError(f"dspark's verify is all, adaptive or async, not {verify!r}")
+        scheduled = verify in SCHEDULES
+        if (confidence_threshold or scheduled) and draft.confidence_head is None:
+            raise ValueError(f"dspark's confidence_threshold and verify={verify} need a drafter with a confidence head")
+        if options.get("tree") is not None and (confidence_threshold or scheduled):
+            raise ValueError(f"dspark's tree is verified whole: drop confidence_threshold and verify={verify}")
+        if confidence_threshold and scheduled:
+            raise ValueError(f"dspark's verify={verify} schedules the rows itself: drop confidence_threshold")
+        if scheduled and not costs:
+            raise ValueError(f"dspark's verify={verify} needs the target's profiled step costs (a run profiles them)")
         self.draft: DSparkDraft = draft
         self.threshold = float(confidence_threshold)
-        self.costs = costs if verify == "adaptive" else None
+        self.costs = costs if scheduled else None
+        self.calibrated = bool(calibrated)
+        self.batch: int = options.get("slots", 1)
+        if record and (confidence_threshold or scheduled or draft.confidence_head is None):
+            raise ValueError("dspark records the confidences of every row: verify=all, no threshold, a confidence head")
+        self.recorded: list[tuple[list[float], int]] | None = [] if record else None  # per slot and step drafted:
+        # its rows' confidence logits and the drafts accepted
+        self._logits: list[list[float]] = []  # (the last drafting's, by drafting slot)
+        self.pending: dict[int, list[float]] = {}  # slot -> its drafted rows' logits, until its verdict
+        self.history: deque[list[list[float]]] | None = deque(maxlen=2) if verify == "async" else None  # the
+        # survivals of the last two steps: the capacity of this one is taken from the first
+
+    def start(self, slots: list[int], turns: list[Turn]) -> None:
+        super().start(slots, turns)
+        if self.history is not None and len(slots) == self.batch:  # a new batch: the schedule's history anew
+            self.history.clear()
+
+    def _scheduled(self, survival: list[list[float]]) -> list[int]:
+        """Rows each drafting slot verifies, from their survivals: Algorithm 1 (`verify: adaptive`), or with a
+        history of two steps the capacity those steps' survivals give and this step's rows taken in that number
+        (`verify: async`)."""
+        assert self.costs is not None
+        if self.history is None:
+            return prefix_lengths(survival, self.costs)
+        lengths = (
+            top_lengths(survival, capacity(self.history[0], self.costs))
+            if len(self.history) == 2
+            else prefix_lengths(survival, self.costs)
+        )
+        self.history.append(survival)
+        return lengths
 
     def _rows(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden  # (the Markov head reads each row's state)
@@ -90,7 +130,7 @@ class DSpark(DFlash):
         self, ks: list[int], drafted: list[torch.Tensor], turns: list[Turn], roots: list[int]
     ) -> list[Proposal]:
         """Row by row for every slot at once: the corrected logits, the draft (argmax or each slot's own draw) and
-        the law it came from; then each slot's chain, cut by its confidence (a threshold, or the batch's schedule)."""
+        the law it came from; then each slot's chain, cut to the rows it verifies (`_verified`)."""
         deepest = max(ks)
         hidden = torch.stack([rows[:deepest] for rows in drafted])  # [m, k, H]
         base = self.draft.lm_head(hidden)  # [m, k, V]
@@ -108,15 +148,7 @@ class DSpark(DFlash):
             tokens.append(prev)
         drafts = torch.stack(tokens, dim=1)  # [m, k]
         drawn_from = torch.stack(laws, dim=1) if laws else None  # [m, k, V]
-        lengths = ks  # each slot's drafted rows
-        if self.threshold or self.costs:  # (one read)
-            confidence = self.draft.confidence(hidden, torch.stack(before, dim=1))  # [m, k]
-            if self.costs:  # every slot's rows scheduled together
-                survival = confidence.cumprod(1).tolist()
-                ks = prefix_lengths([row[:k] for row, k in zip(survival, ks, strict=True)], self.costs)
-            else:  # the rows before the first unconfident one
-                confident = (confidence >= self.threshold).long().cumprod(1).sum(1).tolist()
-                ks = [min(k, n) for k, n in zip(ks, confident, strict=True)]
+        verified = self._verified(ks, hidden, torch.stack(before, dim=1))
         return [
             Proposal(
                 chain(drafts[i, :k]),
@@ -125,13 +157,44 @@ class DSpark(DFlash):
             )
             if k
             else Proposal(EMPTY, drafted=n)
-            for i, (k, n, turn) in enumerate(zip(ks, lengths, turns, strict=True))
+            for i, (k, n, turn) in enumerate(zip(verified, ks, turns, strict=True))
         ]
+
+    def _verified(self, ks: list[int], hidden: torch.Tensor, before: torch.Tensor) -> list[int]:
+        """Rows each drafting slot verifies of its `ks` drafted, from its rows' states [m, k, H] and the tokens
+        before them [m, k]: every one, or those its confidence allows (a threshold, or the batch's schedule; one
+        read). Recording, every one, each slot's confidence logits kept (`record`)."""
+        if self.recorded is not None:
+            self._logits = self.draft.confidence_logits(hidden, before).tolist()
+            return ks
+        if not (self.threshold or self.costs):
+            return ks
+        confidence = self.draft.confidence(hidden, before, self.calibrated)  # [m, k]
+        if self.costs:  # every slot's rows scheduled together
+            return self._scheduled([row[:k] for row, k in zip(confidence.cumprod(1).tolist(), ks, strict=True)])
+        confident = (confidence >= self.threshold).long().cumprod(1).sum(1).tolist()  # (DeepSpec's: raw confidences)
+        return [min(k, n) for k, n in zip(ks, confident, strict=True)]
+
+    def propose(self, slots: list[int], tokens: list[list[int]], max_depths: list[int]) -> list[Proposal]:
+        found = super().propose(slots, tokens, max_depths)
+        if self.recorded is not None:  # each drafting slot's logits, by slot, until its verdict
+            rows = iter(self._logits)
+            self.pending = {slot: next(rows)[: len(p.tree)] for slot, p in zip(slots, found, strict=True) if p.drafted}
+        return found
+
+    def update(
+        self, slots: list[int], tokens: list[list[int]], proposals: list[Proposal], feedback: list[Feedback]
+    ) -> None:
+        super().update(slots, tokens, proposals, feedback)
+        if self.recorded is not None:
+            for slot, fed in zip(slots, feedback, strict=True):
+                if slot in self.pending:
+                    self.recorded.append((self.pending.pop(slot), len(fed.accepted.rows)))
 
 
 @implementation("dspark", nested=chain_prefix("num_draft_tokens"), graphed=lambda params: True, batched=True)
 def build(params: dict, res: Resources, slots: int) -> Drafter:
     draft: DSparkDraft = res.head(FAMILY.name, res.draft_dtype(params.pop("draft_dtype", None)))
-    if params.get("verify") == "adaptive":
+    if params.get("verify") in SCHEDULES:
         params["costs"] = res.costs(slots)
     return DSpark(draft, **params, slots=slots, static=res.graphs, capture=res.graphs)
