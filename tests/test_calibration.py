@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from specbench.core.calibration import GRID, ece, sts, survival
+from specbench.core.schedule import prefix_lengths
 
 from .test_dspark import PROMPTS, random_draft, target  # noqa: F401  (the fixture)
 
@@ -126,8 +127,12 @@ def test_calibrate_writes_a_drafter_whose_schedule_weighs_the_temperatures(tmp_p
     assert torch.allclose(draft.confidence(hidden, prev, True), torch.sigmoid(logits / torch.tensor(temperatures)))
     assert torch.equal(draft.confidence(hidden, prev), torch.sigmoid(logits))
     costs = {1: 1.0, 2: 1.0, 4: 1.1, 8: 1.2}
-    assert DSpark(draft, 4, verify="adaptive", costs=costs).calibrated
-    assert not DSpark(draft, 4, verify="adaptive", costs=costs, calibrated=False).calibrated
+    for calibrated in (True, False):  # the schedule's survivals: the calibrated confidences', or the raw ones'
+        made = DSpark(draft, 7, verify="adaptive", costs=costs, calibrated=calibrated)
+        weighed = draft.confidence(hidden, prev, calibrated).cumprod(1).tolist()
+        assert made._verified([7, 7, 7], hidden, prev) == prefix_lengths(weighed, costs)
+    made = DSpark(draft, 7, confidence_threshold=0.5)  # (the threshold: raw)
+    assert made._verified([7, 7, 7], hidden, prev) == (torch.sigmoid(logits) >= 0.5).long().cumprod(1).sum(1).tolist()
 
 
 def test_calibrate_refuses_other_methods_and_bad_temperatures(tmp_path):

@@ -64,8 +64,7 @@ def sts(
     to the temperature nearest 1. A row no step drafted keeps 1."""
     logits, accepted, drafted = logits.double(), accepted.long(), drafted.long()
     before = torch.ones(logits.shape[0], dtype=torch.float64)  # the calibrated survival through the row before
-    raw = survival(logits)
-    temperatures, samples, ece_before, ece_after = [], [], [], []
+    temperatures = []
     for j in range(logits.shape[1]):
         seen = drafted > j
         outcome = (accepted[seen] > j).double()
@@ -73,8 +72,19 @@ def sts(
         scores = [(ece(kept * torch.sigmoid(z / t), outcome), abs(math.log(t)), t) for t in grid]
         best = min(scores)[2] if seen.any() else 1.0
         temperatures.append(best)
-        samples.append(int(seen.sum()))
-        ece_before.append(ece(raw[seen, j], outcome))
         before = before * torch.sigmoid(logits[:, j] / best)
-        ece_after.append(ece(before[seen], outcome))
-    return Calibration(temperatures, samples, ece_before, ece_after)
+    return Calibration(
+        temperatures,
+        [int((drafted > j).sum()) for j in range(logits.shape[1])],
+        row_errors(logits, accepted, drafted),
+        row_errors(logits, accepted, drafted, temperatures),
+    )
+
+
+def row_errors(
+    logits: torch.Tensor, accepted: torch.Tensor, drafted: torch.Tensor, temperatures: Sequence[float] | None = None
+) -> list[float]:
+    """Per row, the ECE of the survivals through it (at `temperatures`; none: raw) over the steps that drafted it
+    (`sts`'s samples)."""
+    through = survival(logits.double(), temperatures)
+    return [ece(through[drafted > j, j], (accepted[drafted > j] > j).double()) for j in range(logits.shape[1])]

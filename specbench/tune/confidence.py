@@ -17,7 +17,7 @@ import torch
 
 from .. import methods, tasks
 from ..config import RunConfig, question_seed
-from ..core.calibration import Calibration, sts
+from ..core.calibration import Calibration, row_errors, sts
 from ..errors import SpecbenchError
 from ..presets import variant
 from ..progress import Progress
@@ -64,7 +64,12 @@ def calibrate(cfg: RunConfig, method: str, temperature: float, batch: int, out: 
     for i, (row, _) in enumerate(recorded):
         logits[i, : len(row)] = torch.tensor(row)
     drafted = torch.tensor([len(row) for row, _ in recorded])
-    result = sts(logits, torch.tensor([a for _, a in recorded]), drafted)
+    accepted = torch.tensor([a for _, a in recorded])
+    result = sts(logits, accepted, drafted)
+    present = drafting.draft.temperatures  # type: ignore[attr-defined]
+    if present:  # (a drafter calibrated before: its temperatures scored on these questions too)
+        errors = ", ".join(f"{e:.4f}" for e in row_errors(logits, accepted, drafted, present))
+        print(f"the drafter's present temperatures {present}: ECE per row {errors} on these questions")
     measured = {
         "method": "sts",
         "tasks": cfg.tasks,
