@@ -9,7 +9,7 @@ model=${MODEL:-tiny}
 name=${model%%-*}
 out=results/$name-example
 if [[ $model == tiny ]]; then
-  methods=${METHODS:-vanilla,sps,pld,suffix,lookahead,lookahead-shifted,ouroboros,medusa,eagle,eagle2,eagle3,mtp,dflash,pard}
+  methods=${METHODS:-vanilla,sps,pld,suffix,lookahead,lookahead-shifted,ouroboros,medusa,eagle,eagle2,eagle3,peagle,mtp,dflash,dflash2,dspark,pard,pard2}
   scope=()
   title="specbench example: bundled tiny model, quick task"
 else
