@@ -255,6 +255,11 @@ def test_train_dflash2_writes_a_drafter_that_verify_passes(capsys, tiny_models, 
     code = main([*verify.split(), "--prompts", "1", "--model", str(target_dir), "--head", f"dflash2={out}"])
     text = capsys.readouterr().out
     assert code == 0 and "greedy: 6/6 questions token-identical" in text and "verdict: pass" in text, text
+    there = tmp_path / "speculators"  # (vLLM's speculators format, as `--format speculators` writes it)
+    assert main([*argv[:-1], str(there), "--smoke", "--device", "cpu", "--format", "speculators"]) == 0
+    config = json.loads((there / "config.json").read_text())
+    assert config["speculators_model_type"] == "dflash2" and config["selector_top_k"] == 16
+    assert config["speculators_config"]["verifier"]["name_or_path"] == str(target_dir)
 
 
 def test_preset_and_engines():
@@ -272,3 +277,39 @@ def test_preset_and_engines():
         "model": "D",
         "num_speculative_tokens": 15,
     }
+
+
+def test_the_speculators_dflash2_type_loads_and_round_trips(tmp_path, target):
+    """speculators' `dflash2` type (`models/dflash2/config.py`: dflash's keys plus the convolution's and selector's
+    at the top level, `speculators_model_type` "dflash2", architectures DFlash2DraftModel; the tensors by z-lab's
+    names, `model_definitions.py`): converted both ways, byte-identical tensors and the same config; loaded, it
+    drafts as the official layout does."""
+    from safetensors.torch import load_file
+
+    draft = random_draft(target)
+    raw = dflash2.config_for(target.config, 2, 5, MASK, taps=2, group=16, rank=4, top=6)
+    dflash.save(draft, raw, tmp_path / "official")
+    there, back = tmp_path / "speculators", tmp_path / "back"
+    assert main(["convert", str(tmp_path / "official"), "--to", "speculators", "--out", str(there)]) == 0
+    config = json.loads((there / "config.json").read_text())
+    assert config["speculators_model_type"] == "dflash2" and config["architectures"] == ["DFlash2DraftModel"]
+    assert {config[k] for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")} == {
+        2,
+        16,
+        4,
+        6,
+    }
+    assert config["sample_from_anchor"] is False and "selector_top_k" not in config.get("dflash_config", {})
+    assert config["speculators_config"]["algorithm"] == "dflash2"
+    assert main(["convert", str(there), "--to", "official", "--out", str(back)]) == 0
+    tensors = [load_file(str(folder / "model.safetensors")) for folder in (tmp_path / "official", there, back)]
+    assert tensors[0].keys() == tensors[1].keys() == tensors[2].keys()
+    assert all(torch.equal(tensors[0][k], t[k]) for t in tensors[1:] for k in tensors[0])
+    official = json.loads((tmp_path / "official" / "config.json").read_text())
+    assert json.loads((back / "config.json").read_text())["dflash_config"] == official["dflash_config"]
+    reference = greedy(target, made(target, draft, 4), PROMPTS[0]).tokens
+    assert greedy(target, made(target, dflash2.load(there, target), 4), PROMPTS[0]).tokens == reference
+    config["speculators_model_type"] = "dflash"
+    (there / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecbenchError, match="speculators 'dflash' checkpoint: only dflash2 ones load as DFlash2"):
+        dflash2.load(there, target)

@@ -235,7 +235,7 @@ def test_convert_refuses_what_it_cannot_do(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "none"), "--to", "speculators", "--out", str(tmp_path / "o")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["convert", str(TINY_DIR / "eagle"), "--to", "speculators", "--out", str(tmp_path / "o")]) == 2
-    assert "only EAGLE-3 and P-EAGLE heads and DFlash and DSpark drafters convert" in capsys.readouterr().err
+    assert "only EAGLE-3 and P-EAGLE heads and DFlash, DFlash2 and DSpark drafters convert" in capsys.readouterr().err
     assert main(["convert", str(HEAD), "--to", "official", "--out", str(tmp_path / "o")]) == 2
     assert "in the official layout already" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
@@ -255,7 +255,7 @@ def test_train_writes_the_speculators_format(tmp_path, capsys):
     assert "layers.0.fc.weight" not in load_file(str(out / "model.safetensors"))
     assert (out / "accuracy.json").is_file() and (out / "token_counts.json").is_file()
     assert main(["train", "medusa", "--target", "tiny", "--out", str(tmp_path / "m"), "--format", "speculators"]) == 2
-    assert "writes EAGLE-3 and P-EAGLE heads and DFlash and DSpark drafters only" in capsys.readouterr().err
+    assert "writes EAGLE-3 and P-EAGLE heads and DFlash, DFlash2 and DSpark drafters only" in capsys.readouterr().err
 
 
 def test_the_speculators_package_reads_what_we_write(converted):

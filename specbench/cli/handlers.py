@@ -209,10 +209,10 @@ def train(args) -> None:
     from ..models import hub
     from ..zoo.text import check_text
 
-    if args.format != "official" and args.kind not in ("eagle3", "peagle", "dflash", "dspark"):
+    if args.format != "official" and args.kind not in ("eagle3", "peagle", "dflash", "dflash2", "dspark"):
         raise SpecbenchError(
-            f"--format {args.format} writes EAGLE-3 and P-EAGLE heads and DFlash and DSpark drafters only: drop it to "
-            f"train {args.kind}"
+            f"--format {args.format} writes EAGLE-3 and P-EAGLE heads and DFlash, DFlash2 and DSpark drafters only: "
+            f"drop it to train {args.kind}"
         )
     data = _text(args.data, "train", "--data")
     check_text(data)

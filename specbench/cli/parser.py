@@ -327,7 +327,7 @@ def parser() -> argparse.ArgumentParser:
         "--format",
         choices=["official", "speculators"],
         default="official",
-        help="eagle3, peagle, dflash, dspark: the official layout (EAGLE-3's, z-lab's, DeepSpec's) or vLLM's "
+        help="eagle3, peagle, dflash, dflash2, dspark: the official layout (EAGLE-3's, z-lab's, DeepSpec's) or vLLM's "
         "speculators format "
         "(default: official)",
     )

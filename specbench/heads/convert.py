@@ -1,7 +1,7 @@
 """A head folder converted between its official layout and vLLM's speculators format (EAGLE-3 and P-EAGLE heads,
-DFlash and DSpark drafters): which family a folder holds, the translation (`speculators`), its other files copied
-beside, and nothing half-written at the destination. Everything but the tensors is judged before torch is imported:
-a mistake is one line at once."""
+DFlash, DFlash2 and DSpark drafters): which family a folder holds, the translation (`speculators`), its other files
+copied beside, and nothing half-written at the destination. Everything but the tensors is judged before torch is
+imported: a mistake is one line at once."""
 
 from __future__ import annotations
 
@@ -16,20 +16,24 @@ LAYOUTS = ("speculators", "official")
 
 
 def family_of(raw: dict, what: str) -> str:
-    """ "eagle3", "peagle", "dflash" or "dspark", from a config.json in either layout; any other head is one error
-    line."""
+    """ "eagle3", "peagle", "dflash", "dflash2" or "dspark", from a config.json in either layout; any other head is
+    one error line."""
     kind = raw.get("speculators_model_type")
-    if kind in ("eagle3", "peagle", "dflash", "dspark"):
+    if kind in ("eagle3", "peagle", "dflash", "dflash2", "dspark"):
         return kind
     if kind is None and "draft_vocab_size" in raw:
         return "peagle" if "mask_token_id" in raw else "eagle3"
     architectures = raw.get("architectures") or []
     if kind is None and "DFlashDraftModel" in architectures:
         return "dflash"
+    if kind is None and "DFlash2DraftModel" in architectures:
+        return "dflash2"
     if kind is None and "Qwen3DSparkModel" in architectures:
         return "dspark"
-    found = f"a speculators '{kind}' checkpoint" if kind else "not an EAGLE-3, P-EAGLE, DFlash or DSpark head"
-    raise SpecbenchError(f"{what} is {found}: only EAGLE-3 and P-EAGLE heads and DFlash and DSpark drafters convert")
+    found = f"a speculators '{kind}' checkpoint" if kind else "not an EAGLE-3, P-EAGLE, DFlash(2) or DSpark head"
+    raise SpecbenchError(
+        f"{what} is {found}: only EAGLE-3 and P-EAGLE heads and DFlash, DFlash2 and DSpark drafters convert"
+    )
 
 
 def _check_out(out: Path, source: Path, force: bool) -> None:
@@ -52,12 +56,16 @@ def _config(raw: dict, family: str, to: str, target: str | None, what: str) -> d
             return speculators.dflash_official(raw, what)
         if family == "dspark":
             return speculators.dspark_official(raw, what)
+        if family == "dflash2":
+            return speculators.dflash2_official(raw, what)
         return speculators.eagle3_official(raw, what, family)
     verifier = speculators.verifier_of(target)
     if family == "dflash":
         return speculators.dflash_speculators(raw, verifier)
     if family == "dspark":
         return speculators.dspark_speculators(raw, verifier)
+    if family == "dflash2":
+        return speculators.dflash2_speculators(raw, verifier)
     from .eagle3 import feature_layers  # imports torch: the head itself has passed every check
 
     layers = None if verifier is None else list(feature_layers(verifier["num_hidden_layers"]))
@@ -84,7 +92,7 @@ def convert(source: Path, to: str, out: Path, target: str | None = None, force: 
     from .checkpoint import read_weights  # imports torch: everything else has passed
 
     state = read_weights(source, EAGLE_FILES, "head")
-    blocks = family in ("dflash", "dspark")  # (their tensors keep their names both ways)
+    blocks = family in ("dflash", "dflash2", "dspark")  # (their tensors keep their names both ways)
     if to == "official":
         state = speculators.dflash_official_state(state) if blocks else speculators.eagle3_official_state(state)
     elif not blocks:

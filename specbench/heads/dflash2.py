@@ -13,7 +13,8 @@ DFlash's block drafter (`heads.dflash`) with two additions.
   candidate given the one before, or at T > 0 a draw from softmax(score / T) over the row's candidates (the
   proposal's law: zero outside them).
 
-Checkpoint: DFlash's layout, architecture `DFlash2DraftModel`, `dflash_config` adding `conv_kernel_size`,
+Checkpoint: DFlash's layout (or vLLM's speculators `dflash2` type, `heads.speculators`), architecture
+`DFlash2DraftModel`, `dflash_config` adding `conv_kernel_size`,
 `conv_group_size`, `selector_rank` and `selector_top_k`; tensors per layer `layers.{i}.{attention,mlp}_conv.base_kernel`
 [2, taps, H] and `.kernel_projection.weight` [2 * taps * H / group, H], and `candidate_selector.{predecessor,
 successor}_codebook` [V, rank] and `candidate_selector.hidden_projection.weight` [rank, H].
@@ -31,9 +32,9 @@ from transformers import Qwen3Config
 
 from ..errors import SpecbenchError
 from ..registry import HeadFamily, head_family
-from . import dflash
+from . import dflash, speculators
 from .checkpoint import check, read_weights
-from .folder import HEAD_LAYOUTS, read_config
+from .folder import HEAD_LAYOUTS
 
 TITLE = "DFlash2 drafter"
 ARCHITECTURE = "DFlash2DraftModel"
@@ -149,13 +150,15 @@ def build(raw: dict, target_hidden: int | None = None, what: str = TITLE) -> DFl
 
 
 def load(source: str | Path, target_model: Any) -> DFlash2Draft:
-    """The official layout, checked against the target as DFlash's is."""
+    """The official layout or speculators' dflash2 type, checked against the target as DFlash's is."""
     what = f"{TITLE} '{source}'"
-    raw = read_config(source, TITLE)
+    raw, shipped_as_speculators = speculators.official(source, "dflash2", TITLE)
     hidden = target_model.get_output_embeddings().weight.shape[1]
     draft = build(raw, hidden, what)
     dflash.check_target(draft, raw, target_model, what)
     state = read_weights(source, dflash.FILES, TITLE)
+    if shipped_as_speculators:
+        state = speculators.dflash_official_state(state)
     state.pop("rotary_emb.inv_freq", None)
     check({k: v.shape for k, v in dflash.saved_state(draft).items()}, state, what)
     draft.load_state_dict(state, strict=False)
@@ -171,7 +174,7 @@ def config_for(target_config, layers: int, block: int, mask: int, taps: int, gro
 
 
 def fits(folder: Path) -> tuple[int, int | None]:
-    config = read_config(folder, TITLE)
+    config = speculators.official(folder, "dflash2", TITLE)[0]
     if not isinstance(config.get("hidden_size"), int):
         raise SpecbenchError(f"{TITLE} '{folder}': config.json has no hidden_size")
     return config["hidden_size"], config.get("vocab_size")

@@ -1,7 +1,7 @@
-"""vLLM's `speculators` format, read and written for EAGLE-3 and P-EAGLE heads and DFlash drafters, so that a head
-trained here is served by vLLM and one published that way (RedHatAI's) runs in our loop. Pure translations of
-config.json and tensor names: the tensors themselves pass through unchanged both ways, so a round trip is
-byte-identical.
+"""vLLM's `speculators` format, read and written for EAGLE-3 and P-EAGLE heads and DFlash, DFlash2 and DSpark drafters,
+so that a head trained here is served by vLLM and one published that way (RedHatAI's) runs in our loop. Pure
+translations of config.json and tensor names: the tensors themselves pass through unchanged both ways, so a round
+trip is byte-identical.
 
 A speculators checkpoint is config.json with `speculators_model_type`, the decoder layers' own config under
 `transformer_layer_config`, `draft_vocab_size`, `target_hidden_size`, the target states read (numbered as
@@ -15,6 +15,9 @@ model.safetensors.
   (both kept as they are); its drafts per forward are the proposal method's `speculative_tokens`.
 - dflash: `block_size`, `mask_token_id`, `aux_hidden_state_layer_ids` (z-lab's `target_layer_ids` + 1),
   `sample_from_anchor`; the tensors are z-lab's, by the same names (a full-vocabulary drafter stores no readout).
+- dflash2 (`models/dflash2/{config,core,model_definitions}.py`): dflash's, with `conv_kernel_size`,
+  `conv_group_size`, `selector_rank` and `selector_top_k` at the top level (z-lab's put them in `dflash_config`);
+  the tensors (`layers.{i}.{attention,mlp}_conv.*`, `candidate_selector.*`) keep their names.
 - dspark (`models/dspark/{config,core}.py`): dflash's, with `sample_from_anchor` true (every row drafts), and
   `markov_rank`, `markov_head_type`, `enable_confidence_head`, `confidence_head_with_markov` as DeepSpec's
   `Qwen3DSparkModel` config names them (its `target_layer_ids` are also the aux ids - 1); the Markov and
@@ -56,7 +59,7 @@ def is_speculators(raw: dict) -> bool:
 
 def official(source: str | Path, kind: str, what: str) -> tuple[dict, bool]:
     """A head's config.json in its official layout's keys (a speculators checkpoint's translated: `kind` "eagle3",
-    "peagle", "dflash" or "dspark"), and whether it was a speculators one."""
+    "peagle", "dflash", "dflash2" or "dspark"), and whether it was a speculators one."""
     raw = read_config(str(source), what)
     if not is_speculators(raw):
         return raw, False
@@ -64,6 +67,8 @@ def official(source: str | Path, kind: str, what: str) -> tuple[dict, bool]:
         return dflash_official(raw, f"{what} '{source}'"), True
     if kind == "dspark":
         return dspark_official(raw, f"{what} '{source}'"), True
+    if kind == "dflash2":
+        return dflash2_official(raw, f"{what} '{source}'"), True
     return eagle3_official(raw, f"{what} '{source}'", kind), True
 
 
@@ -167,7 +172,7 @@ def dflash_official(raw: dict, what: str, kind: str = "dflash") -> dict:
     """z-lab's DFlashDraftModel config.json a speculators dflash config describes; what our drafter cannot run (its
     own reduced vocabulary, drafts from the anchor row) is one error line. `kind` "dspark": DSpark's, which drafts
     from the anchor row (`dspark_official` adds its own keys)."""
-    _kind(raw, kind, what, "DSpark drafters" if kind == "dspark" else "DFlash drafters")
+    _kind(raw, kind, what, {"dspark": "DSpark drafters", "dflash2": "DFlash2 drafters"}.get(kind, "DFlash drafters"))
     layer = {k: v for k, v in (raw.get("transformer_layer_config") or {}).items() if k not in DROPPED}
     if raw.get("draft_vocab_size", layer.get("vocab_size")) != layer.get("vocab_size"):
         raise SpecbenchError(
@@ -218,6 +223,32 @@ def dflash_speculators(raw: dict, verifier: dict | None) -> dict:
         "sliding_window_non_causal": False,
         "sample_from_anchor": False,
         "speculators_config": _algorithm("dflash", block - 1, verifier),
+    }
+
+
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")  # (top level there)
+
+
+def dflash2_official(raw: dict, what: str) -> dict:
+    """z-lab's DFlash2DraftModel config.json a speculators dflash2 config describes: dflash's, its convolution's and
+    selector's keys moved into `dflash_config`."""
+    official = dflash_official(raw, what, "dflash2")
+    official["architectures"] = ["DFlash2DraftModel"]
+    official["dflash_config"].update({k: raw[k] for k in DFLASH2_KEYS if k in raw})
+    return official
+
+
+def dflash2_speculators(raw: dict, verifier: dict | None) -> dict:
+    """The speculators dflash2 config.json of z-lab's DFlash2DraftModel config (ours: `dflash2.config_for`)."""
+    settings = dict(raw.get("dflash_config") or {})
+    extra = {k: settings.pop(k) for k in DFLASH2_KEYS if k in settings}
+    out = dflash_speculators({**raw, "dflash_config": settings}, verifier)
+    return {
+        **out,
+        "architectures": ["DFlash2DraftModel"],
+        "speculators_model_type": "dflash2",
+        **extra,
+        "speculators_config": _algorithm("dflash2", out["block_size"] - 1, verifier),
     }
 
 

@@ -753,7 +753,10 @@ def train_head(
     elif kind == "dflash2":
         vocab = model.get_output_embeddings().weight.shape[0]
         head, raw, accuracy = train_dflash2(model, train, heldout, cfg, mask_token(tokenizer, vocab))
-        dflash.save(head, raw, out, compact)
+        if layout == "speculators":
+            speculators.write(speculators.dflash2_speculators(raw, verifier), dflash.saved_state(head), out, compact)
+        else:
+            dflash.save(head, raw, out, compact)
     elif kind == "dspark":
         vocab = model.get_output_embeddings().weight.shape[0]
         draft_model, raw, accuracy = train_dspark(model, train, heldout, cfg, mask_token(tokenizer, vocab))
