@@ -30,7 +30,7 @@ HEAD = TINY_DIR / "eagle3"
 QUESTION = "Write a short story about a cat who learns to fly."
 
 
-@pytest.fixture(scope="module", params=["eagle3", "dflash"])
+@pytest.fixture(scope="module", params=["eagle3", "dflash", "dflash2", "dspark"])
 def converted(request, tmp_path_factory) -> tuple[str, Path, Path]:
     """(family, the tiny family's head of it in the speculators format, that converted back to the official
     layout)."""
@@ -49,8 +49,8 @@ def tiny_target():
 
 def test_the_format_written_names_every_key_vllm_reads(converted):
     family, there, _ = converted
-    if family == "dflash":
-        return _dflash_format(there)
+    if family != "eagle3":
+        return _dflash_format(there, family)
     config = json.loads((there / "config.json").read_text())
     official = json.loads((HEAD / "config.json").read_text())
     layers = json.loads((TINY_DIR / "target" / "config.json").read_text())["num_hidden_layers"]
@@ -72,19 +72,23 @@ def test_the_format_written_names_every_key_vllm_reads(converted):
     assert (there / "token_counts.json").is_file() and not (there.parent / "speculators.partial").exists()
 
 
-def _dflash_format(there: Path) -> None:
-    """z-lab's layers, block and mask token, the layers read numbered from the embedding."""
+def _dflash_format(there: Path, family: str) -> None:
+    """z-lab's (DeepSpec's) layers, block and mask token, the layers read numbered from the embedding; DFlash2's
+    convolution and selector keys and DSpark's Markov and confidence keys at the top level."""
     config = json.loads((there / "config.json").read_text())
-    official = json.loads((TINY_DIR / "dflash" / "config.json").read_text())
-    assert config["speculators_model_type"] == "dflash" and config["sample_from_anchor"] is False
-    assert config["aux_hidden_state_layer_ids"] == [i + 1 for i in official["dflash_config"]["target_layer_ids"]]
-    assert config["mask_token_id"] == official["dflash_config"]["mask_token_id"]
-    assert config["block_size"] == official["dflash_config"]["block_size"]
+    official = json.loads((TINY_DIR / family / "config.json").read_text())
+    settings = official.get("dflash_config") or official  # (DeepSpec's keys are top-level)
+    assert config["speculators_model_type"] == family and config["sample_from_anchor"] is (family == "dspark")
+    assert config["aux_hidden_state_layer_ids"] == [i + 1 for i in settings["target_layer_ids"]]
+    assert config["mask_token_id"] == settings["mask_token_id"]
+    assert config["block_size"] == settings["block_size"]
     layer = config["transformer_layer_config"]
     assert layer["model_type"] == "qwen3" and layer["num_hidden_layers"] == official["num_hidden_layers"]
     assert not {"dflash_config", "block_size", "num_target_layers", "architectures"} & set(layer)
+    extra = {"dflash2": speculators.DFLASH2_KEYS, "dspark": speculators.DSPARK_KEYS[:4]}.get(family, ())
+    assert {k: config[k] for k in extra} == {k: settings[k] for k in extra} and not set(extra) & set(layer)
     tokens = config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
-    assert tokens == config["block_size"] - 1 and config["draft_vocab_size"] == layer["vocab_size"]
+    assert tokens == config["block_size"] - (family != "dspark") and config["draft_vocab_size"] == layer["vocab_size"]
 
 
 def test_the_round_trip_is_byte_identical_in_its_tensors(converted):
@@ -275,9 +279,13 @@ def test_the_speculators_package_reads_what_we_write(converted):
         filled = {"embed_tokens.weight"}
     else:
         from speculators.models.dflash import DFlashDraftModel
+        from speculators.models.dflash2 import DFlash2DraftModel
+        from speculators.models.dspark import DSparkDraftModel
 
-        assert type(config).__name__ == "DFlashSpeculatorConfig" and config.block_size == 16
-        model = DFlashDraftModel(config)
+        drafter = {"dflash": DFlashDraftModel, "dflash2": DFlash2DraftModel, "dspark": DSparkDraftModel}[family]
+        assert type(config).__name__ == drafter.config_class.__name__
+        assert config.block_size == json.loads((there / "config.json").read_text())["block_size"]
+        model = drafter(config)
         filled = set(model._keys_to_ignore_on_load_missing)  # (a full-vocabulary drafter's adds its lm_head)
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= filled, (missing, unexpected)
