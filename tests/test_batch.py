@@ -47,7 +47,7 @@ from .test_verify import UniformClaimDraft
 METHODS = ("vanilla", "sps", "eagle2", "lookahead")
 HEADS = {
     family: TINY_DIR / family
-    for family in ("pard", "pard2", "medusa", "eagle", "eagle3", "peagle", "dflash", "dflash2")
+    for family in ("pard", "pard2", "medusa", "eagle", "eagle3", "peagle", "dflash", "dflash2", "dspark")
 }
 
 
@@ -346,7 +346,7 @@ def test_model_drafters_draft_their_slots_together(tiny, method):
     assert prompts_fed[:1] == ([] if method.startswith("pard") or method == "medusa" else [2])
 
 
-@pytest.mark.parametrize("method", ["eagle3", "sps", "pard", "peagle", "dflash", "dflash[tree=12]"])
+@pytest.mark.parametrize("method", ["eagle3", "sps", "pard", "peagle", "dflash", "dflash[tree=12]", "dspark"])
 def test_slots_near_their_budget_draft_with_the_others_at_t0(tiny, method):
     """At T = 0 a slot whose token budget leaves room for fewer drafts than the method drafts drafts them all with
     its batch-mates (EAGLE: one drafting group a step, not one a depth; a chain: one length, every chain a row of one

@@ -130,9 +130,12 @@ def test_calibrate_writes_a_drafter_whose_schedule_weighs_the_temperatures(tmp_p
     for calibrated in (True, False):  # the schedule's survivals: the calibrated confidences', or the raw ones'
         made = DSpark(draft, 7, verify="adaptive", costs=costs, calibrated=calibrated)
         weighed = draft.confidence(hidden, prev, calibrated).cumprod(1).tolist()
-        assert made._verified([7, 7, 7], hidden, prev) == prefix_lengths(weighed, costs)
+        assert made._verified([7, 7, 7], hidden, list(prev.unbind(1))) == prefix_lengths(weighed, costs)
     made = DSpark(draft, 7, confidence_threshold=0.5)  # (the threshold: raw)
-    assert made._verified([7, 7, 7], hidden, prev) == (torch.sigmoid(logits) >= 0.5).long().cumprod(1).sum(1).tolist()
+    assert (
+        made._verified([7, 7, 7], hidden, list(prev.unbind(1)))
+        == (torch.sigmoid(logits) >= 0.5).long().cumprod(1).sum(1).tolist()
+    )
 
 
 def test_calibrate_refuses_other_methods_and_bad_temperatures(tmp_path):

@@ -39,7 +39,6 @@ SCHEDULES = ("adaptive", "async")  # `verify` values that schedule the rows from
 
 class DSpark(DFlash):
     first = 0  # every row of the block is a draft
-    whole = False  # its schedule decides on the rows the token budget leaves (what it verifies is recorded)
 
     def __init__(
         self,
@@ -69,6 +68,8 @@ class DSpark(DFlash):
         self.draft: DSparkDraft = draft
         self.threshold = float(confidence_threshold)
         self.costs = costs if scheduled else None
+        self.whole = not (self.threshold or self.costs)  # at T = 0 every row drafted, the budget's cut the loop's; a
+        # cut by confidence decides on the rows the budget leaves, and records them
         self.calibrated = bool(calibrated)
         self.batch: int = options.get("slots", 1)
         if record and (confidence_threshold or scheduled or draft.confidence_head is None):
@@ -148,28 +149,29 @@ class DSpark(DFlash):
             tokens.append(prev)
         drafts = torch.stack(tokens, dim=1)  # [m, k]
         drawn_from = torch.stack(laws, dim=1) if laws else None  # [m, k, V]
-        verified = self._verified(ks, hidden, torch.stack(before, dim=1))
+        verified = self._verified(ks, hidden, before)
+        cut = bool(self.threshold or self.costs)  # (a confidence's cut is recorded: drafted beside verified)
         return [
             Proposal(
                 chain(drafts[i, :k]),
                 drawn_from[i, :k] if drawn_from is not None and turn.temperature else None,
-                drafted=n,
+                drafted=n if cut else None,
             )
             if k
             else Proposal(EMPTY, drafted=n)
             for i, (k, n, turn) in enumerate(zip(verified, ks, turns, strict=True))
         ]
 
-    def _verified(self, ks: list[int], hidden: torch.Tensor, before: torch.Tensor) -> list[int]:
+    def _verified(self, ks: list[int], hidden: torch.Tensor, before: list[torch.Tensor]) -> list[int]:
         """Rows each drafting slot verifies of its `ks` drafted, from its rows' states [m, k, H] and the tokens
-        before them [m, k]: every one, or those its confidence allows (a threshold, or the batch's schedule; one
-        read). Recording, every one, each slot's confidence logits kept (`record`)."""
+        before them (k of [m]): every one, or those its confidence allows (a threshold, or the batch's schedule;
+        one read). Recording, every one, each slot's confidence logits kept (`record`)."""
         if self.recorded is not None:
-            self._logits = self.draft.confidence_logits(hidden, before).tolist()
+            self._logits = self.draft.confidence_logits(hidden, torch.stack(before, dim=1)).tolist()
             return ks
         if not (self.threshold or self.costs):
             return ks
-        confidence = self.draft.confidence(hidden, before, self.calibrated)  # [m, k]
+        confidence = self.draft.confidence(hidden, torch.stack(before, dim=1), self.calibrated)  # [m, k]
         if self.costs:  # every slot's rows scheduled together
             return self._scheduled([row[:k] for row, k in zip(confidence.cumprod(1).tolist(), ks, strict=True)])
         confident = (confidence >= self.threshold).long().cumprod(1).sum(1).tolist()  # (DeepSpec's: raw confidences)
@@ -179,7 +181,7 @@ class DSpark(DFlash):
         found = super().propose(slots, tokens, max_depths)
         if self.recorded is not None:  # each drafting slot's logits, by slot, until its verdict
             rows = iter(self._logits)
-            self.pending = {slot: next(rows)[: len(p.tree)] for slot, p in zip(slots, found, strict=True) if p.drafted}
+            self.pending = {slot: next(rows) for slot, p in zip(slots, found, strict=True) if len(p.tree)}
         return found
 
     def update(
@@ -187,9 +189,9 @@ class DSpark(DFlash):
     ) -> None:
         super().update(slots, tokens, proposals, feedback)
         if self.recorded is not None:
-            for slot, fed in zip(slots, feedback, strict=True):
-                if slot in self.pending:
-                    self.recorded.append((self.pending.pop(slot), len(fed.accepted.rows)))
+            for slot, proposal, fed in zip(slots, proposals, feedback, strict=True):
+                if slot in self.pending:  # (the rows verified: the loop cuts those past the token budget)
+                    self.recorded.append((self.pending.pop(slot)[: len(proposal.tree)], len(fed.accepted.rows)))
 
 
 @implementation("dspark", nested=chain_prefix("num_draft_tokens"), graphed=lambda params: True, batched=True)
