@@ -3,6 +3,7 @@ status 2, before the plan (and so before torch, the methods' modules or any mode
 the target's context, `--dry-run` included."""
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -310,3 +311,22 @@ BATCH = "--batch above 1 runs in our loop on one device, timed once: drop {} (en
 )
 def test_a_batch_size_it_cannot_run_is_one_line(capsys, no_plan, argv, message):
     assert one_line(capsys, argv) == message
+
+
+def test_a_prompt_past_the_models_vocabulary_is_refused_before_the_target_loads(capsys, monkeypatch, tmp_path):
+    """A model folder whose config.json holds fewer tokens than its tokenizer makes (the tiny tokenizer's 8,192
+    beside a vocabulary of 512): one line naming the question, the id and the vocabulary, before the weights load,
+    instead of an IndexError from the embedding."""
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the target loaded before the prompts were checked")
+
+    monkeypatch.setattr(loading, "load_causal_lm", no_weights)
+    folder = tmp_path / "small"
+    shutil.copytree(TINY_DIR / "target", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 512}))
+    out = tmp_path / "run"
+    err = one_line(capsys, ["run", "--model", str(folder), "--methods", "vanilla", "--limit", "1", "--out", str(out)])
+    assert "'s prompt holds token id " in err and "past small's vocabulary of 512" in err
+    assert not out.exists()

@@ -142,8 +142,24 @@ def fit_prompts(cfg: RunConfig, model: str, target: Path, questions: list[tasks.
     from ..models.loading import load_tokenizer  # imports torch: the run has by now
 
     tokenizer = load_tokenizer(target, cfg.trust_remote_code)
+    vocab = _vocabulary(target / "config.json")
     for question in questions:
-        fitting_prompt(tokenizer, question.turns, [], context, question.id, question.thinking)
+        ids = fitting_prompt(tokenizer, question.turns, [], context, question.id, question.thinking)
+        if vocab is not None and ids and max(ids) >= vocab:
+            raise SpecbenchError(
+                f"question {question.id}'s prompt holds token id {max(ids)}, past {model}'s vocabulary of {vocab} "
+                "(config.json vocab_size): its folder's tokenizer is not the model's; give the model its own"
+            )
+
+
+def _vocabulary(config: Path) -> int | None:
+    """config.json's vocab_size (a multimodal model's text config's), or None when it has none or is unreadable."""
+    try:
+        raw = json.loads(config.read_text())
+        vocab = raw.get("vocab_size", (raw.get("text_config") or {}).get("vocab_size"))
+    except (OSError, ValueError, AttributeError):  # the load says why
+        return None
+    return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
 
 
 def _settings(cfg: RunConfig) -> None:
