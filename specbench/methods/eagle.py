@@ -193,7 +193,7 @@ class Eagle(Drafter):
         batch = len(root)
         levels, start = [], 0  # the draft's levels, and the nodes before the newest
         frontier = torch.full((batch, 1), -1, device=self.device)  # the growing nodes [B, F]; -1 is the root
-        frontier_slots = None  # StaticTree: the growing nodes' template slots [F], every sequence's (None: the root)
+        frontier_places = None  # StaticTree: the growing nodes' template places [F], every sequence's (None: the root)
         reached = torch.zeros(batch, 1, dtype=torch.float64, device=self.device)  # [B, F]: their scores
         hidden = root[:, None]  # [B, F, H]: the head's outputs at their positions
         seen = torch.zeros(batch, 1, 0, dtype=self.dtype, device=self.device)  # [B, F, fed]: their fed
@@ -203,11 +203,11 @@ class Eagle(Drafter):
         for depth in range(1, depths + 1):
             children = self._children(self.lm_head(hidden), lane)  # [B, F, k] each
             k = children.tokens.shape[-1]
-            slots = self.expansion.admits(frontier_slots, k, self.device)  # [F, k] or None
+            places = self.expansion.admits(frontier_places, k, self.device)  # [F, k] or None
             admitted = children.valid  # [1, F, k] or None (all): which candidates become nodes
             fixed = None if children.valid is not None else self.expansion.fixed(depth, k, self.device)
-            if slots is not None:
-                admitted = slots >= 0 if admitted is None else admitted & (slots >= 0)
+            if places is not None:
+                admitted = places >= 0 if admitted is None else admitted & (places >= 0)
             if admitted is None:  # every candidate is a node: the level is the [F, k] top-k as they come
                 picked, rows = None, self._constant("rows", frontier.shape[1], k)
             else:  # (the same candidates in every sequence: a template's, or one sequence's draws)
@@ -218,7 +218,7 @@ class Eagle(Drafter):
                 frontier[:, rows],
                 level_scores(reached, children.logps, rows, picked),
                 per_slot(self._constant("depths", len(rows), depth), batch),
-                None if slots is None else per_slot(level_nodes(slots, picked), batch),
+                None if places is None else per_slot(level_nodes(places, picked), batch),
             )
             if children.laws is not None:
                 laws.append(children.laws.flatten(1, 2)[:, picked])
@@ -235,7 +235,7 @@ class Eagle(Drafter):
                 rows_of(hidden, above), level.tokens.gather(1, grown), seen, position, depth, ahead, lane
             )
             frontier, reached = start + grown, level.scores.gather(1, grown)
-            frontier_slots = None if level.slots is None else level.slots[0, grown[0]]
+            frontier_places = None if level.places is None else level.places[0, grown[0]]
             start += len(level)
         draft = Draft.joined(levels)
         if laws:
@@ -321,7 +321,7 @@ def _static_paths(drafter: Drafter, slot: int, proposal: Proposal) -> tuple[list
     """Each proposed node's path of ranks (the proposal keeps every drafted node, in order) and the tree's paths."""
     assert isinstance(drafter, Eagle) and isinstance(drafter.expansion, StaticTree)  # EAGLE-1's
     tree, drafted = drafter.expansion, drafter.lanes[slot].draft()
-    ranks = None if drafted is None else drafted.slots
+    ranks = None if drafted is None else drafted.places
     return [tree.paths[s] for s in (ranks.tolist() if ranks is not None else [])], tree.choices
 
 

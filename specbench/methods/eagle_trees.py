@@ -30,7 +30,7 @@ class Draft:
     parents: torch.Tensor  # the parent's index (long); -1 is the root
     scores: torch.Tensor  # cumulative draft log-probability (float64: float32 steps summed in float64)
     depths: torch.Tensor  # long; children of the root have depth 1
-    slots: torch.Tensor | None = None  # StaticTree: each node's template slot (long)
+    places: torch.Tensor | None = None  # StaticTree: each node's template place (long)
     laws: torch.Tensor | None = None  # sampled: the law each token was drawn from [n, V]
 
     @staticmethod
@@ -43,13 +43,13 @@ class Draft:
         return self.tokens.shape[-1]
 
     def _map(self, op: Callable[[torch.Tensor], torch.Tensor]) -> Draft:
-        slots, laws = self.slots, self.laws
+        places, laws = self.places, self.laws
         return Draft(
             op(self.tokens),
             op(self.parents),
             op(self.scores),
             op(self.depths),
-            None if slots is None else op(slots),
+            None if places is None else op(places),
             None if laws is None else op(laws),
         )
 
@@ -118,25 +118,25 @@ class StaticTree:
         paths = sorted({tuple(p) for p in choices}, key=lambda p: (len(p), p))  # parents first
         self.branch = 1 + max(r for p in paths for r in p)
         self.max_depth = max(len(p) for p in paths)
-        slot: dict[tuple[int, ...], int] = {(): -1}  # path of ranks -> template slot; -1 is the root
-        self.child = torch.full((len(paths) + 1, self.branch), -1)  # [parent slot + 1, rank] -> slot, -1: none
+        place: dict[tuple[int, ...], int] = {(): -1}  # path of ranks -> template place; -1 is the root
+        self.child = torch.full((len(paths) + 1, self.branch), -1)  # [parent place + 1, rank] -> place, -1: none
         for p in paths:
-            if p and min(p) >= 0 and p[:-1] in slot:  # a path whose parent is not in the tree is never reached
-                slot[p] = len(slot) - 1
-                self.child[slot[p[:-1]] + 1, p[-1]] = slot[p]
-        self.paths = list(slot)[1:]  # [slots]: each slot's path of ranks
-        self.inner = (self.child[1:] >= 0).any(dim=1)  # [slots]: the slot has children in the tree
-        self.fed = int(self.inner.sum())  # the tree rows a draft feeds at most: every slot with children
+            if p and min(p) >= 0 and p[:-1] in place:  # a path whose parent is not in the tree is never reached
+                place[p] = len(place) - 1
+                self.child[place[p[:-1]] + 1, p[-1]] = place[p]
+        self.paths = list(place)[1:]  # [places]: each place's path of ranks
+        self.inner = (self.child[1:] >= 0).any(dim=1)  # [places]: the place has children in the tree
+        self.fed = int(self.inner.sum())  # the tree rows a draft feeds at most: every place with children
         self.on: tuple[torch.Tensor, torch.Tensor] | None = None  # child and inner on the drafting device
         self.levels = {self.branch: self._levels(self.branch)}  # by k: read from the template on the host
         self.moved: dict[tuple[int, torch.device], list[tuple[torch.Tensor, torch.Tensor]]] = {}  # by (k, device)
 
     def _levels(self, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        levels, frontier = [], torch.full((1,), -1)  # the growing nodes' slots; -1 is the root
+        levels, frontier = [], torch.full((1,), -1)  # the growing nodes' places; -1 is the root
         while len(frontier):
-            slots = self.child[frontier + 1, :k]  # [F, k]
-            picked = (slots >= 0).flatten().nonzero().squeeze(1)
-            level = slots.flatten()[picked]
+            places = self.child[frontier + 1, :k]  # [F, k]
+            picked = (places >= 0).flatten().nonzero().squeeze(1)
+            level = places.flatten()[picked]
             grown = self.inner[level].nonzero().squeeze(1)
             levels.append((picked, grown))
             frontier = level[grown]
@@ -158,18 +158,18 @@ class StaticTree:
         return self.on
 
     def admits(self, frontier: torch.Tensor | None, k: int, device: torch.device) -> torch.Tensor | None:
-        """The template slots [F, k] of the top-k children of the growing nodes, whose slots are `frontier` [F]
+        """The template places [F, k] of the top-k children of the growing nodes, whose places are `frontier` [F]
         (None: the root alone), -1 where the tree has no such child."""
         child, _ = self._on(device)
-        slots = torch.full((1,), -1, device=device) if frontier is None else frontier
-        return child[slots + 1, :k]
+        places = torch.full((1,), -1, device=device) if frontier is None else frontier
+        return child[places + 1, :k]
 
     def grow(self, level: Draft) -> torch.Tensor:
         """The positions [..., F'] in a level's nodes [..., n] of those that have children in the tree, ascending
         (a level of sampled children, whose count depends on the draws, is one sequence's)."""
-        assert level.slots is not None  # (a static tree's level)
-        _, inner = self._on(level.slots.device)
-        growing = inner[level.slots]
+        assert level.places is not None  # (a static tree's level)
+        _, inner = self._on(level.places.device)
+        growing = inner[level.places]
         return growing.nonzero()[:, -1].view(*growing.shape[:-1], -1)
 
     def select(self, draft: Draft) -> torch.Tensor:
