@@ -141,7 +141,8 @@ def test_calibrate_writes_a_drafter_whose_schedule_weighs_the_temperatures(tmp_p
 def test_calibrate_refuses_other_methods_and_bad_temperatures(tmp_path):
     from specbench.cli.main import main
 
-    assert main(["calibrate", "--method", "dflash", "--device", "cpu", "--out", str(tmp_path / "a")]) == 2
+    for method in ("dflash", "dspark[verify=adaptive]", "dspark[tree=8]"):  # (before the target loads)
+        assert main(["calibrate", "--method", method, "--device", "cpu", "--out", str(tmp_path / "a")]) == 2
     bad = tmp_path / "bad"
     bad.mkdir()
     config = {"confidence_temperatures": [1.0, -2.0]}

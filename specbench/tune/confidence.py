@@ -29,8 +29,13 @@ TOKENS = 128  # tokens per turn when neither --max-new-tokens nor the task says
 def calibrate(cfg: RunConfig, method: str, temperature: float, batch: int, out: Path) -> Calibration:
     """Decode cfg's tasks (cfg.limit questions per category) with `method` (a dspark variant) `batch` at a time
     at `temperature`, calibrate its confidences by STS and write the calibrated drafter folder `out`."""
-    if variant(method)[0] != "dspark":
+    base, params = variant(method)
+    if base != "dspark":
         raise SpecbenchError(f"calibrate calibrates DSpark's confidence head: --method dspark[...], not '{method}'")
+    if params.get("verify", "all") != "all" or params.get("confidence_threshold") or params.get("tree") is not None:
+        raise SpecbenchError(
+            f"--method {method}: calibrate verifies every row of the chain: drop verify, confidence_threshold and tree"
+        )
     if out.exists() and any(out.iterdir()):
         raise SpecbenchError(f"--out {out} is not empty: name a new folder")
     if temperature < 0 or batch < 1:
@@ -42,10 +47,7 @@ def calibrate(cfg: RunConfig, method: str, temperature: float, batch: int, out: 
         for q in tasks.limit_per_category(tasks.load(t, cfg.data_dir, cfg.fields).questions, cfg.limit)
     ]
     session = Session.open(cfg)
-    try:
-        drafting = methods.build_batch(method, session.resources, batch, {"record": True})
-    except SpecbenchError as err:
-        raise SpecbenchError(f"{err} (calibrate verifies every row: drop verify and confidence_threshold)") from None
+    drafting = methods.build_batch(method, session.resources, batch, {"record": True})
     source = session.resources.head_path("dspark")
     budget = cfg.max_new_tokens or TOKENS
     target = session.batched(batch, session.slot_context(questions, budget)) if batch > 1 else session.target
