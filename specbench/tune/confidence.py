@@ -19,6 +19,7 @@ from .. import methods, tasks
 from ..config import RunConfig, question_seed
 from ..core.calibration import Calibration, row_errors, sts
 from ..errors import SpecbenchError
+from ..methods.dspark import DSpark
 from ..presets import variant
 from ..progress import Progress
 from ..run.session import Session
@@ -48,6 +49,7 @@ def calibrate(cfg: RunConfig, method: str, temperature: float, batch: int, out: 
     ]
     session = Session.open(cfg)
     drafting = methods.build_batch(method, session.resources, batch, {"record": True})
+    assert isinstance(drafting, DSpark) and drafting.recorded is not None  # (record: a DSpark recording)
     source = session.resources.head_path("dspark")
     budget = cfg.max_new_tokens or TOKENS
     target = session.batched(batch, session.slot_context(questions, budget)) if batch > 1 else session.target
@@ -58,7 +60,7 @@ def calibrate(cfg: RunConfig, method: str, temperature: float, batch: int, out: 
         session.answer_batch(method, target, drafting, group, budget, temperature, seeds)
         bar.update(len(group))
     bar.close()
-    recorded = drafting.recorded  # type: ignore[attr-defined]
+    recorded = drafting.recorded
     if not recorded:
         raise SpecbenchError(f"{method} drafted nothing on {', '.join(cfg.tasks)}: give questions with answers")
     rows = max(len(logits) for logits, _ in recorded)
@@ -68,7 +70,7 @@ def calibrate(cfg: RunConfig, method: str, temperature: float, batch: int, out: 
     drafted = torch.tensor([len(row) for row, _ in recorded])
     accepted = torch.tensor([a for _, a in recorded])
     result = sts(logits, accepted, drafted)
-    present = drafting.draft.temperatures  # type: ignore[attr-defined]
+    present = drafting.draft.temperatures
     if present:  # (a drafter calibrated before: its temperatures scored on these questions too)
         errors = ", ".join(f"{e:.4f}" for e in row_errors(logits, accepted, drafted, present))
         print(f"the drafter's present temperatures {present}: ECE per row {errors} on these questions")
