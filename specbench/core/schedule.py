@@ -28,16 +28,13 @@ def step_cost(costs: dict[int, float], rows: int) -> float:
 
 def prefix_lengths(survival: list[list[float]], costs: dict[int, float]) -> list[int]:
     """Rows each slot verifies (0 up to len(survival[r])): the greedy admission above with its early stop."""
-    lengths = [0] * len(survival)
-    expected, widest = float(len(survival)), 0
-    best = expected / step_cost(costs, 1)
-    for a, j, r in candidates(survival):
-        expected, widest = expected + a, max(widest, j + 1)
-        rate = expected / step_cost(costs, 1 + widest)
+    best, rates = _rates(survival, costs)
+    count = 0
+    for rate in rates:
         if rate <= best:
             break
-        best, lengths[r] = rate, j + 1
-    return lengths
+        best, count = rate, count + 1
+    return top_lengths(survival, count)
 
 
 def candidates(survival: list[list[float]]) -> list[tuple[float, int, int]]:
@@ -47,15 +44,23 @@ def candidates(survival: list[list[float]]) -> list[tuple[float, int, int]]:
     return sorted(found, key=lambda c: (-c[0], c[1], c[2]))
 
 
+def _rates(survival: list[list[float]], costs: dict[int, float]) -> tuple[float, list[float]]:
+    """The batch's expected tokens per second with no row admitted, and after each admission in order: (one token
+    a slot plus the admitted survivals) over the forward's cost at the widest slot's rows."""
+    expected, widest, rates = float(len(survival)), 0, []
+    for a, j, _ in candidates(survival):
+        expected, widest = expected + a, max(widest, j + 1)
+        rates.append(expected / step_cost(costs, 1 + widest))
+    return len(survival) / step_cost(costs, 1), rates
+
+
 def capacity(survival: list[list[float]], costs: dict[int, float]) -> int:
     """The asynchronous schedule's capacity (the paper's section 5.2): how many rows, admitted in order, give the
     best expected rate, searched over every count (no early stop). It is computed from an earlier step's
     confidences, so a row's verification still depends on nothing drafted after it (`top_lengths`)."""
-    expected, widest = float(len(survival)), 0
-    best, count = expected / step_cost(costs, 1), 0
-    for n, (a, j, _) in enumerate(candidates(survival), start=1):
-        expected, widest = expected + a, max(widest, j + 1)
-        rate = expected / step_cost(costs, 1 + widest)
+    best, rates = _rates(survival, costs)
+    count = 0
+    for n, rate in enumerate(rates, start=1):
         if rate > best:
             best, count = rate, n
     return count
