@@ -4,6 +4,7 @@ forward): hand-worked batches, its causality (a row's verification never depends
 verified."""
 
 import random
+from functools import partial
 
 import pytest
 import torch
@@ -48,20 +49,26 @@ def random_survival(rng: random.Random) -> list[list[float]]:
     return survival
 
 
-def test_a_rows_verification_never_depends_on_the_rows_after_it():
-    """Random batches: lowering any slot's survivals past row j (they stay non-increasing) never changes whether
-    row j is verified, the early stop's causality (the paper's lossless condition)."""
-    rng = random.Random(0)
-    costs = {1: 1.0, 2: 1.05, 4: 1.3, 8: 1.9, 16: 3.5}
+def check_causal(seed: int, rule) -> None:
+    """300 random batches: lowering any slot's survivals past row j (they stay non-increasing) never changes whether
+    row j is verified, by the schedule `rule(survival, rng)` gives for the batch (the paper's lossless condition)."""
+    rng = random.Random(seed)
     for _ in range(300):
         survival = random_survival(rng)
-        lengths = prefix_lengths(survival, costs)
+        schedule = rule(survival, rng)
+        lengths = schedule(survival)
         r = rng.randrange(len(survival))
         j = rng.randrange(len(survival[r]))
         changed = [list(row) for row in survival]
         for i in range(j + 1, len(changed[r])):
             changed[r][i] = changed[r][i - 1] * rng.uniform(0.0, 1.0)
-        assert (prefix_lengths(changed, costs)[r] > j) == (lengths[r] > j)
+        assert (schedule(changed)[r] > j) == (lengths[r] > j)
+
+
+def test_a_rows_verification_never_depends_on_the_rows_after_it():
+    """Algorithm 1: its early stop's causality."""
+    costs = {1: 1.0, 2: 1.05, 4: 1.3, 8: 1.9, 16: 3.5}
+    check_causal(0, lambda survival, rng: lambda s: prefix_lengths(s, costs))
 
 
 def test_the_asynchronous_capacity_searches_every_count():
@@ -82,19 +89,8 @@ def test_a_capacity_takes_the_rows_in_admission_order():
 
 
 def test_a_capacitys_rows_never_depend_on_the_rows_after_them():
-    """Random batches and capacities: lowering a slot's survivals past row j never changes whether row j is
-    among the admitted."""
-    rng = random.Random(1)
-    for _ in range(300):
-        survival = random_survival(rng)
-        count = rng.randint(0, sum(map(len, survival)))
-        lengths = top_lengths(survival, count)
-        r = rng.randrange(len(survival))
-        j = rng.randrange(len(survival[r]))
-        changed = [list(row) for row in survival]
-        for i in range(j + 1, len(changed[r])):
-            changed[r][i] = changed[r][i - 1] * rng.uniform(0.0, 1.0)
-        assert (top_lengths(changed, count)[r] > j) == (lengths[r] > j)
+    """Random capacities: whether row j is among the admitted."""
+    check_causal(1, lambda survival, rng: partial(top_lengths, count=rng.randint(0, sum(map(len, survival)))))
 
 
 def test_the_asynchronous_schedule_takes_its_capacity_from_two_steps_before(target):  # noqa: F811
