@@ -224,26 +224,21 @@ def base_method(name: str) -> str:
 
 @dataclass
 class Unit:
-    """One question at one temperature: the methods still to answer it, in the order they run."""
-
-    task: str
-    question: Question
-    budget: int
-    temperature: float
-    methods: list[str]
-    vanilla: Answer | None  # vanilla's answer from an earlier, resumed part of the run
-    position: int = 0  # the question's index in its task's run order (recorded, so a report can test order effects)
-
-
-@dataclass
-class BatchUnit:
-    """A task's questions at one temperature and batch size: the methods still to answer them (vanilla first), each
-    answering every question `batch` at a time."""
+    """Questions of one task at one temperature, answered by each of `methods` in turn, `batch` at a time. At batch 1
+    a unit is one question, its methods in an order rotated per question; above 1 it is the task's questions, and
+    vanilla goes first."""
 
     task: str
     questions: list[Question]
     budget: int
     temperature: float
     methods: list[str]
-    batch: int
+    batch: int = 1
     vanilla: dict[int | str, Answer] = field(default_factory=dict)  # vanilla's answers at this batch size, on disk
+    position: int = 0  # the first question's index in its task's run order (recorded: a report tests order effects)
+
+    def label(self) -> str:
+        """What the unit answers, for progress bars and errors."""
+        if len(self.questions) == 1:
+            return f"question {self.questions[0].id}"
+        return f"{len(self.questions)} questions at batch {self.batch}"

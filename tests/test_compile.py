@@ -65,11 +65,11 @@ def test_a_timed_decode_that_compiled_is_timed_again(capsys, tiny_models, tmp_pa
     decodes, graphs = [], [0]
     real = worker.Worker._decode
 
-    def decode(self, name, unit, seed):
-        decodes.append((name, unit.question.id))
+    def decode(self, name, unit, target, questions, seeds):
+        decodes.append((name, questions[0].id))
         if name == compiling[0]:
             graphs[0] += 1  # this method's decodes always build a new graph
-        return real(self, name, unit, seed)
+        return real(self, name, unit, target, questions, seeds)
 
     monkeypatch.setattr(worker.Worker, "_decode", decode)
     monkeypatch.setattr(worker, "compiled_graphs", lambda: graphs[0])

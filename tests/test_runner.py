@@ -134,13 +134,13 @@ def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path,
     from specbench.run import profiling, runner, session, worker
 
     calls = []
-    answer = session.Session.answer
+    answer_batch = session.Session.answer_batch
 
-    def spy(self, method, proposer, question, *args):
-        calls.append((question.id, method))
-        return answer(self, method, proposer, question, *args)
+    def spy(self, method, target, drafting, questions, *args):
+        calls.append((questions[0].id, method))
+        return answer_batch(self, method, target, drafting, questions, *args)
 
-    monkeypatch.setattr(session.Session, "answer", spy)
+    monkeypatch.setattr(session.Session, "answer_batch", spy)
     for module in (worker, profiling):
         monkeypatch.setattr(module, "warm_gpu", lambda device: calls.append(("warm", device.type)))
     out = run(config(tiny_models, tmp_path))
@@ -172,43 +172,49 @@ def test_methods_interleave_per_question_in_rotated_order(tiny_models, tmp_path,
 def test_a_run_killed_inside_a_question_writes_none_of_it(tiny_models, tmp_path, monkeypatch):
     from specbench.run import session
 
-    answer = session.Session.answer
+    answer_batch = session.Session.answer_batch
     seen = []
 
-    def dies_on_the_third_question(self, method, proposer, question, *args):
-        seen.append(question.id)
+    def dies_on_the_third_question(self, method, target, drafting, questions, *args):
+        seen.append(questions[0].id)
         if len(set(seen)) == 3 and method == "pld":
             raise KeyboardInterrupt
-        return answer(self, method, proposer, question, *args)
+        return answer_batch(self, method, target, drafting, questions, *args)
 
-    monkeypatch.setattr(session.Session, "answer", dies_on_the_third_question)
+    monkeypatch.setattr(session.Session, "answer_batch", dies_on_the_third_question)
     with pytest.raises(KeyboardInterrupt):
         run(config(tiny_models, tmp_path, warmup=False, noise_floor=False))
     counts = {m: len(line_ids(answer_path(tmp_path, "quick", m, 0.0))) for m in ("vanilla", "sps", "pld")}
     assert counts == {"vanilla": 2, "sps": 2, "pld": 2}, "the interrupted question left no partial answers"
-    monkeypatch.setattr(session.Session, "answer", answer)
+    monkeypatch.setattr(session.Session, "answer_batch", answer_batch)
     run(config(tiny_models, tmp_path, warmup=False, noise_floor=False))
     for method in ("vanilla", "sps", "pld"):
         ids = line_ids(answer_path(tmp_path, "quick", method, 0.0))
         assert len(ids) == 6 and len(set(ids)) == 6
 
 
-def test_repeats_keep_the_median_timing(tiny_models, tmp_path, monkeypatch):
+@pytest.mark.parametrize("batch", [1, 2])
+def test_repeats_keep_the_median_timing(tiny_models, tmp_path, monkeypatch, batch):
+    """Each method decodes its unit (a question; at batch 2 the task's questions) `repeats` times, and keeps the
+    median-time decode's answers."""
     from specbench.run import session
 
-    answer = session.Session.answer
+    answer_batch = session.Session.answer_batch
     walls = iter([3.0, 1.0, 2.0] * 100)  # the three repeats of each answer take 3 s, 1 s and 2 s
 
     def timed(self, *args):
-        gens, prompts, texts = answer(self, *args)
+        answered, _ = answer_batch(self, *args)
         wall = next(walls)
-        for g in gens:
-            g.wall_time = wall / len(gens)
-        return gens, prompts, texts
+        for gens, _, _ in answered:
+            for g in gens:
+                g.wall_time = wall / len(gens)
+        return answered, wall
 
-    monkeypatch.setattr(session.Session, "answer", timed)
-    out = run(config(tiny_models, tmp_path, methods=["vanilla"], warmup=False, noise_floor=False, repeats=3))
-    assert all(sum(a.wall_time) == pytest.approx(2.0) for a in read_file(answer_path(out, "quick", "vanilla", 0.0)))
+    monkeypatch.setattr(session.Session, "answer_batch", timed)
+    cfg = config(tiny_models, tmp_path, methods=["vanilla"], warmup=False, noise_floor=False, repeats=3, batch=[batch])
+    out = run(cfg)
+    answers = read_file(answer_path(out, "quick", "vanilla", 0.0, batch))
+    assert len(answers) == 6 and all(sum(a.wall_time) == pytest.approx(2.0) for a in answers)
     with pytest.raises(SpecbenchError, match="repeats"):
         run(config(tiny_models, tmp_path, methods=["vanilla"], repeats=1))  # resuming with other settings
 
@@ -218,13 +224,13 @@ def test_a_worker_sets_what_it_loaded_aside_from_the_collector_while_it_runs(tin
     proposers (a fifth of a second a decode otherwise); the run's end gives them back to the collector."""
     from specbench.run import session
 
-    answer, frozen = session.Session.answer, []
+    answer_batch, frozen = session.Session.answer_batch, []
 
     def counted(self, *args):
         frozen.append(gc.get_freeze_count())
-        return answer(self, *args)
+        return answer_batch(self, *args)
 
-    monkeypatch.setattr(session.Session, "answer", counted)
+    monkeypatch.setattr(session.Session, "answer_batch", counted)
     run(config(tiny_models, tmp_path, methods=["vanilla"], warmup=False, noise_floor=False))
     assert frozen and min(frozen) > 100_000  # torch's, transformers' and the models' objects
     assert gc.get_freeze_count() == 0
@@ -235,20 +241,21 @@ def test_cross_request_methods_never_see_their_own_earlier_answer(tiny_models, t
     the first time: their own earlier answers are evicted, not drafted from."""
     from specbench.run import session
 
-    answer = session.Session.answer
+    answer_batch = session.Session.answer_batch
     steps: dict = {}
 
-    def spy(self, method, proposer, question, *args):
-        gens, prompts, texts = answer(self, method, proposer, question, *args)
+    def spy(self, method, target, drafting, questions, *args):
+        answered, wall = answer_batch(self, method, target, drafting, questions, *args)
         if method == "suffix":
-            steps.setdefault(question.id, []).append([g.accept_lengths for g in gens])
-        return gens, prompts, texts
+            for question, (gens, _, _) in zip(questions, answered, strict=True):
+                steps.setdefault(question.id, []).append([g.accept_lengths for g in gens])
+        return answered, wall
 
-    monkeypatch.setattr(session.Session, "answer", spy)
+    monkeypatch.setattr(session.Session, "answer_batch", spy)
     run(config(tiny_models, tmp_path, methods=["vanilla", "suffix"], noise_floor=False, repeats=2))
     assert len(steps) == 6 and sum(len(calls) for calls in steps.values()) == 6 * 2 + 1  # one warm-up
-    for calls in steps.values():
-        assert all(call == calls[0] for call in calls), calls
+    for calls in steps.values():  # (the warm-up decodes a first turn)
+        assert all(call == calls[-1][: len(call)] for call in calls), calls
 
 
 def test_the_manifest_names_the_code_that_ran(greedy_run, tmp_path):

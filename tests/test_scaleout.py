@@ -35,10 +35,10 @@ RUN = [
 CLI = [sys.executable, "-c", "from specbench.cli import main; raise SystemExit(main())"]
 
 
-def tokens(run_dir: Path) -> dict:
-    """(method, question) -> output ids; fails when an answer was written twice."""
+def tokens(run_dir: Path, batch: int = 1) -> dict:
+    """(method, question) -> output ids at batch size `batch`; fails when an answer was written twice."""
     got = {}
-    for a in read_answers(run_dir):
+    for a in (a for a in read_answers(run_dir) if a.batch_size == batch):
         key = (a.method, str(a.question_id))
         assert key not in got, f"{key} written twice"
         got[key] = a.output_ids
@@ -54,8 +54,11 @@ def single(tmp_path_factory):
 
 
 def test_two_workers_give_the_single_process_answers(single, tmp_path):
-    assert main([*RUN, "--workers", "2", "--out", str(tmp_path)]) == 0
-    assert tokens(tmp_path) == single and len(single) == 18  # 6 questions x 3 methods, the same greedy tokens
+    """Batch 1's questions spread over both workers; batch 2's (one unit: the task's questions, every method) go to
+    one, and keep their batch-1 tokens."""
+    assert main([*RUN, "--workers", "2", "--batch", "1,2", "--out", str(tmp_path)]) == 0
+    assert tokens(tmp_path, 1) == single and len(single) == 18  # 6 questions x 3 methods, the same greedy tokens
+    assert tokens(tmp_path, 2) == single
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert len(manifest["workers"]) == 2 and all(w["torch_threads"] == 1 for w in manifest["workers"])
     nodes = {(a.node["id"], a.node["worker"]) for a in read_answers(tmp_path)}

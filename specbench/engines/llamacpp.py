@@ -68,8 +68,8 @@ class LlamaCppPool(EnginePool):
         return self.started[-1]
 
     def _unit(self, unit: Unit, names: list[str], servers: dict[str, Server]) -> list[Answer]:
-        def ask(name: str, seed: int) -> Asked:
-            return self._converse(servers[base_method(name)], unit.question, unit.temperature, unit.budget, seed, True)
+        def ask(name: str, question: Question, seed: int) -> Asked:
+            return self._converse(servers[base_method(name)], question, unit.temperature, unit.budget, seed, True)
 
         return self.unit(unit, names, ask)
 

@@ -16,6 +16,7 @@ from ..config import Plan, RunConfig, Unit, base_method, question_seed
 from ..models import loading
 from ..models.chat import fitting_prompt
 from ..results import Answer, TurnSteps, answer, check_greedy
+from ..tasks import Question
 from . import concurrency
 from .process import Turn
 from .steps import step_lengths
@@ -55,8 +56,7 @@ class EnginePool:
 
         config = AutoConfig.from_pretrained(self.paths["target"], trust_remote_code=self.cfg.trust_remote_code)
         context = config.get_text_config().max_position_embeddings
-        for unit in units:
-            question = unit.question
+        for question in (q for unit in units for q in unit.questions):
             fitting_prompt(self.tokenizer, question.turns, [], context, question.id, question.thinking)
 
     def set_sweeps(self, sweeps: list[concurrency.Sweep]) -> None:
@@ -94,7 +94,7 @@ class EnginePool:
                 for unit in units:
                     names = [n for n in unit.methods if base_method(n) in engines]
                     if names:
-                        bar.set_description(f"{unit.task} T={unit.temperature:g} question {unit.question.id}")
+                        bar.set_description(f"{unit.task} T={unit.temperature:g} {unit.label()}")
                         yield 0, self._unit(unit, names, engines), []
             finally:
                 for engine in engines.values():
@@ -112,24 +112,30 @@ class EnginePool:
         """Where the engine serving method `name` writes its output."""
         return self.logs / (re.sub(r"[^\w.=,-]", "_", name) + ".log") if self.logs is not None else None
 
-    def unit(self, unit: Unit, names: list[str], ask: Callable[[str, int], Asked]) -> list[Answer]:
-        """A unit's answers by `names`, in that order, each from `ask(name, seed)` (its turns and texts); at T=0 each
-        checked against vanilla's in this engine."""
-        seed = question_seed(self.cfg.seed, unit.question.id, unit.temperature)
-        answers = {name: self._answer(name, unit, *ask(name, seed), seed) for name in names}
-        key = (unit.task, unit.temperature, unit.question.id)
-        if "vanilla" in answers:
-            self.vanilla[key] = answers["vanilla"]
-        check_greedy(answers, self.vanilla.get(key) or unit.vanilla, unit.question, self.tokenizer, self._margin_model)
-        return list(answers.values())
+    def unit(self, unit: Unit, names: list[str], ask: Callable[[str, Question, int], Asked]) -> list[Answer]:
+        """A unit's answers by `names`, question by question and in that order, each from `ask(name, question, seed)`
+        (its turns and texts); at T=0 each checked against vanilla's in this engine."""
+        out: list[Answer] = []
+        for question in unit.questions:
+            seed = question_seed(self.cfg.seed, question.id, unit.temperature)
+            answers = {name: self._answer(name, unit, question, *ask(name, question, seed), seed) for name in names}
+            key = (unit.task, unit.temperature, question.id)
+            if "vanilla" in answers:
+                self.vanilla[key] = answers["vanilla"]
+            reference = self.vanilla.get(key) or unit.vanilla.get(question.id)
+            check_greedy(answers, reference, question, self.tokenizer, self._margin_model)
+            out += answers.values()
+        return out
 
-    def _answer(self, name: str, unit: Unit, turns: list[Turn], texts: list[str], seed: int) -> Answer:
+    def _answer(
+        self, name: str, unit: Unit, question: Question, turns: list[Turn], texts: list[str], seed: int
+    ) -> Answer:
         steps = []
         for t in turns:
             assert t.end is not None  # a finished request's
             steps.append(TurnSteps(t.tokens, t.end, *step_lengths(len(t.tokens), t.accepted, t.drafted)))
         return answer(
-            unit.question,
+            question,
             unit.task,
             name,
             unit.temperature,

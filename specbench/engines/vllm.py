@@ -11,6 +11,7 @@ from ..config import Plan, RunConfig, Unit, base_method
 from ..errors import SpecbenchError
 from ..machine import machine
 from ..results import Answer
+from ..tasks import Question
 from .pool import EnginePool
 from .process import EngineConfig, EngineProcess
 from .translate import speculative_config
@@ -65,8 +66,7 @@ class VllmPool(EnginePool):
         return engine.ask("sweep", sweep)[0]
 
     def _unit(self, unit: Unit, names: list[str], engines: dict[str, EngineProcess]) -> list[Answer]:
-        def ask(name: str, seed: int) -> tuple[list, list[str]]:
-            question, temperature = unit.question, unit.temperature
-            return engines[base_method(name)].ask("answer", question, temperature, unit.budget, seed)
+        def ask(name: str, question: Question, seed: int) -> tuple[list, list[str]]:
+            return engines[base_method(name)].ask("answer", question, unit.temperature, unit.budget, seed)
 
         return self.unit(unit, names, ask)

@@ -199,11 +199,9 @@ def _settings(cfg: RunConfig) -> None:
         raise SpecbenchError(f"--{'workers' if cfg.workers else 'repeats'} applies to our loop, not to {engine}")
     if min(cfg.batch, default=0) < 1:
         raise SpecbenchError(f"--batch sizes must be at least 1, got {','.join(map(str, cfg.batch)) or 'none'}")
-    if max(cfg.batch) > 1 and (cfg.engine != "specbench" or cfg.workers or cfg.repeats > 1):
-        flag = engine if cfg.engine != "specbench" else "--workers" if cfg.workers else "--repeats"
+    if max(cfg.batch) > 1 and cfg.engine != "specbench":
         raise SpecbenchError(
-            f"--batch above 1 runs in our loop on one device, timed once: drop {flag} (engine mode batches with "
-            "--concurrency)"
+            f"--batch above 1 runs in our loop: drop {engine} (engine mode batches with --concurrency)"
         )
     if cfg.acceptance is not None:
         synthetic.parse(cfg.acceptance)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import methods, tasks
-from ..config import AA, BatchUnit, RunConfig, Unit
+from ..config import AA, RunConfig, Unit
 from ..core import synthetic
 from ..core.static_lm import BUCKETS
 from ..engines import concurrency
@@ -115,16 +115,11 @@ class LocalPool:
     def check(self, units: list[Unit]) -> None:
         self.worker.check(units)
 
-    def answers(self, units: list[Unit | BatchUnit], bar: Progress) -> Iterator[tuple[int, list[Answer], list[dict]]]:
+    def answers(self, units: list[Unit], bar: Progress) -> Iterator[tuple[int, list[Answer], list[dict]]]:
         for unit in units:
-            if isinstance(unit, BatchUnit):
-                what = f"{len(unit.questions)} questions at batch {unit.batch}, {', '.join(unit.methods)}"
-                bar.set_description(f"{unit.task} T={unit.temperature:g} {what}")
-                for answers in self.worker.answer_batch(unit):  # one method's at a time
-                    yield 0, answers, []
-            else:
-                bar.set_description(f"{unit.task} T={unit.temperature:g} question {unit.question.id}")
-                yield 0, self.worker.answer(unit), []
+            bar.set_description(f"{unit.task} T={unit.temperature:g} {unit.label()}")
+            for answers in self.worker.answer(unit):  # a method's at a time
+                yield 0, answers, []
 
     def close(self) -> None:
         self.worker.close()
@@ -192,9 +187,8 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
         }
     _check_manifest(run_dir / "manifest.json", manifest)
     lock.record(plan, run_dir)  # the commits unpinned checkpoints ran at, for `run --lock`
-    units: list[Unit | BatchUnit] = [*_units(run_dir, task_list, cfg, names)]
-    pool.check([u for u in units if isinstance(u, Unit)])
-    units += _batch_units(run_dir, task_list, cfg, names)
+    units = _units(run_dir, task_list, cfg, names)
+    pool.check(units)
     sweeps = _sweeps(run_dir, task_list, cfg, names) if cfg.concurrency else []
     profile_path = run_dir / "forward_profile.json"
     if units or sweeps or not profile_path.exists():  # a resumed run with every answer written times nothing
@@ -204,11 +198,11 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
         profile_path.write_text(json.dumps(pool.profile()))
     if cfg.concurrency:
         pool.set_sweeps(sweeps)
-    total = sum(len(u.methods) * (len(u.questions) if isinstance(u, BatchUnit) else 1) for u in units)
+    total = sum(len(u.methods) * len(u.questions) for u in units)
     bar = Progress(total, "answers", "answers", enabled=cfg.progress)
     done = [0] * len(infos)
     start, warned = time.perf_counter(), False
-    for worker, answers, rows in pool.answers(units, bar):  # a unit's answers are written once all are done
+    for worker, answers, rows in pool.answers(units, bar):  # a method's answers are written once all are in
         if rows:
             concurrency.append(run_dir / concurrency.FILE, rows)
         done[worker] += len(answers)
@@ -258,46 +252,32 @@ def _sweeps(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) ->
 
 
 def _units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) -> list[Unit]:
-    """Work in question order; each question's methods rotate by one place per question, so no method always
-    runs first (or right after another) and slow drift of the machine spreads over all of them."""
-    if 1 not in cfg.batch:
-        return []
+    """The work not on disk yet. At batch 1, in question order: each question's methods rotate by one place per
+    question, so no method always runs first (or right after another) and slow drift of the machine spreads over all
+    of them. Then for each batch size above 1, task and temperature: the methods (vanilla first, then the A/A column)
+    whose answers at that batch size are not on disk yet. A method's answers at a batch size are written together,
+    once it has answered every question, so a file on disk is a whole one."""
     columns = [*names, AA] if cfg.noise_floor else names
     units = []
-    for task in task_list:
-        budget = _budget(task, cfg)
-        for temperature in cfg.temperatures:
-            done = {}
-            for name in columns:
-                path = answer_path(run_dir, task.name, name, temperature)
-                done[name] = {a.question_id: a for a in read_file(path)} if path.exists() else {}
-            for i, question in _questions(task, cfg):
-                order = columns[i % len(columns) :] + columns[: i % len(columns)]  # as in the unsharded run
-                todo = [n for n in order if question.id not in done[n]]
-                if todo:
-                    vanilla = done["vanilla"].get(question.id)
-                    units.append(Unit(task.name, question, budget, temperature, todo, vanilla, i))
-    return units
-
-
-def _batch_units(run_dir: Path, task_list: list, cfg: RunConfig, names: list[str]) -> list[BatchUnit]:
-    """For each batch size above 1, task and temperature: the methods (vanilla first, then the A/A column) whose
-    answers at that batch size are not on disk yet. A method's answers at a batch size are written together, once
-    it has answered every question, so a file on disk is a whole one."""
-    columns = [*names, AA] if cfg.noise_floor else names
-    units = []
-    for batch in sorted(b for b in set(cfg.batch) if b > 1):
+    for batch in sorted(set(cfg.batch)):
         for task in task_list:
-            questions = [q for _, q in _questions(task, cfg)]
+            budget, questions = _budget(task, cfg), _questions(task, cfg)
             for temperature in cfg.temperatures:
-                todo = [
-                    n for n in columns if not _whole(answer_path(run_dir, task.name, n, temperature, batch), questions)
-                ]
-                if not todo:
+                paths = {name: answer_path(run_dir, task.name, name, temperature, batch) for name in columns}
+                if batch == 1:
+                    done = {n: {a.question_id: a for a in read_file(p)} if p.exists() else {} for n, p in paths.items()}
+                    for i, q in questions:
+                        order = columns[i % len(columns) :] + columns[: i % len(columns)]  # as in the unsharded run
+                        todo = [n for n in order if q.id not in done[n]]
+                        vanilla = {q.id: done["vanilla"][q.id]} if q.id in done["vanilla"] else {}
+                        if todo:
+                            units.append(Unit(task.name, [q], budget, temperature, todo, 1, vanilla, i))
                     continue
-                vanilla = answer_path(run_dir, task.name, "vanilla", temperature, batch)
-                done = {a.question_id: a for a in read_file(vanilla)} if vanilla.exists() else {}
-                units.append(BatchUnit(task.name, questions, _budget(task, cfg), temperature, todo, batch, done))
+                every = [q for _, q in questions]
+                todo = [n for n in columns if not _whole(paths[n], every)]
+                vanilla = {a.question_id: a for a in read_file(paths["vanilla"])} if paths["vanilla"].exists() else {}
+                if todo:
+                    units.append(Unit(task.name, every, budget, temperature, todo, batch, vanilla))
     return units
 
 

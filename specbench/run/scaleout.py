@@ -51,8 +51,9 @@ class NodeWorker(Worker):
     def info(self) -> dict:
         return {**super().info(), "node": self.node}
 
-    def answer(self, unit: Unit) -> list[Answer]:
-        answers = super().answer(unit)
+    def answered(self, unit: Unit) -> list[Answer]:
+        """The unit's answers, every method's, in one list (what a Ray call returns whole)."""
+        answers = [a for part in self.answer(unit) for a in part]
         for a in answers:
             a.node = self.node
         return answers
@@ -162,7 +163,7 @@ class RayPool:
     def answers(self, units: list[Unit], bar: Progress) -> Iterator[tuple[int, list[Answer], list[dict]]]:
         """(worker index, a unit's answers, no sweep rows) as units finish, in whatever order they finish."""
         ray = self.ray
-        bar.set_description(f"{len(units)} questions on {len(self.actors)} workers")
+        bar.set_description(f"{len(units)} units on {len(self.actors)} workers")
         queue = deque((unit, 0) for unit in units)  # (unit, failures so far)
         idle = list(range(len(self.actors)))
         running: dict = {}  # object ref -> (worker index, unit, failures)
@@ -170,7 +171,7 @@ class RayPool:
         while queue or running:
             while queue and idle:
                 i, (unit, failures) = idle.pop(0), queue.popleft()
-                running[self.actors[i].answer.remote(unit)] = (i, unit, failures)
+                running[self.actors[i].answered.remote(unit)] = (i, unit, failures)
             deadline = min((d for _, _, d in pending.values()), default=None)
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, _ = ray.wait([*running, *pending], num_returns=1, timeout=wait)
@@ -200,11 +201,11 @@ class RayPool:
                     self._replace(i, 0, pending)
                 if failures >= RETRIES:
                     raise SpecbenchError(
-                        f"question {unit.question.id} ({unit.task}, T={unit.temperature:g}) failed {failures + 1} "
+                        f"{unit.label()} ({unit.task}, T={unit.temperature:g}) failed {failures + 1} "
                         f"times; the last time: {self._why(err)}"
                     ) from None
                 why = self._why(err)
-                bar.write(f"specbench: worker {i + 1} failed on question {unit.question.id} ({why}); retrying")
+                bar.write(f"specbench: worker {i + 1} failed on {unit.label()} ({why}); retrying")
                 queue.appendleft((unit, failures + 1))
                 if dead:
                     continue

@@ -1,5 +1,5 @@
-"""One device's share of a run: the target and every method's proposer loaded once, and a unit (one question at
-one temperature) answered by each of its methods back to back, timed, and checked against vanilla. The runner
+"""One device's share of a run: the target and every method's drafting loaded once, and a unit (questions at one
+temperature and batch size) answered by each of its methods in turn, timed, and checked against vanilla. The runner
 drives one Worker in its own process; `scaleout` drives one per Ray actor."""
 
 from __future__ import annotations
@@ -9,12 +9,14 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from .. import methods
-from ..config import BatchUnit, Plan, RunConfig, Unit, base_method, question_seed
+from ..config import Plan, RunConfig, Unit, base_method, question_seed
 from ..core.decode import Generation
+from ..core.one_slot import Target
 from ..core.proposer import Drafter
 from ..core.schedule import step_cost
 from ..interference import OtherLoad, set_aside, take_back, without_gc
@@ -32,6 +34,14 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters  # only under --compile: importing dynamo costs a second
 
     return counters["stats"]["unique_graphs"]
+
+
+class Decoded(NamedTuple):
+    """One timed decode of a unit's questions by one method."""
+
+    answered: list[tuple[list[Generation], list[list[int]], list[str]]]  # per question: generations, prompts, texts
+    wall: float  # seconds, the whole decode
+    busy: float | None  # CPUs other processes kept busy meanwhile (None: not measured)
 
 
 def batch_shares(gen: Generation, profile: dict[int, float]) -> list[float]:
@@ -57,11 +67,11 @@ class Worker:
             torch.set_num_threads(cfg.threads)
         self.cfg = cfg
         self.session = Session(cfg, plan, paths or fetch(plan, cfg))
-        self.proposers = {name: methods.build_batch(name, self.session.resources, 1) for name in plan.methods}
-        self.lossless = {name: methods.preset(name).lossless for name in plan.methods}
-        self.warmed: set[str] = set()
         self.drafters: dict[tuple[str, int], Drafter] = {}  # (method, batch size) -> its drafting for the batch
-        self.warmed_batches: set[tuple[str, int]] = set()  # (method, batch size) warmed up
+        for name in plan.methods:  # every method's weights load now, before anything is timed
+            self._drafter(name, 1)
+        self.lossless = {name: methods.preset(name).lossless for name in plan.methods}
+        self.warmed: set[tuple[str, int]] = set()  # (method, batch size) warmed up
         self.neighbours = 0.0  # CPUs other workers on this machine may keep busy: not a foreign load
         set_aside()  # what it loaded lives as long as it does
 
@@ -91,30 +101,58 @@ class Worker:
     def check(self, units: list[Unit]) -> None:
         """Every question's first prompt fits the target's context (a one-line error names the first that does not)."""
         for unit in units:
-            self.session.prompt(unit.question, [])
+            for question in unit.questions:
+                self.session.prompt(question, [])
 
-    def _decode(self, name: str, unit: Unit, seed: int):
+    def _drafter(self, name: str, batch: int) -> Drafter:
+        """The method `name`'s drafting for a batch of `batch` slots (the A/A column's is vanilla's): built once per
+        batch size, those of other batch sizes let go."""
         method = base_method(name)
-        return self.session.answer(method, self.proposers[method], unit.question, unit.budget, unit.temperature, seed)
+        for key in [k for k in self.drafters if k[1] != batch]:
+            del self.drafters[key]
+        if (method, batch) not in self.drafters:
+            self.drafters[method, batch] = methods.build_batch(method, self.session.resources, batch)
+        return self.drafters[method, batch]
 
-    def _timed(self, name: str, unit: Unit, seed: int) -> tuple[list, list[str], float | None]:
-        """One timed decode (generations, texts, other processes' CPU load). Under --compile, a decode that
-        compiled a new graph (a tree size or context length not seen yet) timed the compiler: it runs again."""
+    def _decode(self, name: str, unit: Unit, target: Target, questions: list, seeds: list[int]) -> tuple[list, float]:
+        """`questions` answered `unit.batch` at a time by `name`: each question's (generations, prompts, texts), and
+        the seconds of the whole decode."""
+        drafting = self._drafter(name, unit.batch)
+        return self.session.answer_batch(
+            base_method(name), target, drafting, questions, unit.budget, unit.temperature, seeds
+        )
+
+    def _warm(self, unit: Unit, target: Target, seeds: list[int]) -> None:
+        """Before a method's first timed decode at a batch size, a discarded one of the unit's first `batch`
+        questions' first turns (the A/A column shares vanilla's); then the GPU's clock settles."""
+        first = [dataclasses.replace(q, turns=q.turns[:1]) for q in unit.questions[: unit.batch]]
+        cold = {base_method(n): n for n in unit.methods if (base_method(n), unit.batch) not in self.warmed}
+        for method, name in cold.items():
+            if self.cfg.compile:  # minutes of compiling, silent otherwise
+                print(f"specbench: warming up {name} (torch.compile compiles it now)", file=sys.stderr, flush=True)
+            self._decode(name, unit, target, first, seeds[: len(first)])
+            self.warmed.add((method, unit.batch))
+        if cold:
+            warm_gpu(self.session.device)
+
+    def _timed(self, name: str, unit: Unit, target: Target, seeds: list[int]) -> Decoded:
+        """One timed decode of the unit's questions. Under --compile, a decode that compiled a new graph (a tree
+        size or context length not seen yet) timed the compiler: it runs again."""
         for attempt in range(1 + (RETIMES if self.cfg.compile else 0)):
             graphs = compiled_graphs() if self.cfg.compile else 0
             with without_gc(), OtherLoad() as load:
-                gens, _, texts = self._decode(name, unit, seed)
+                answered, wall = self._decode(name, unit, target, unit.questions, seeds)
             if not self.cfg.compile or compiled_graphs() == graphs:
                 break
             if attempt == RETIMES:
                 print(
-                    f"\nspecbench: warning: {name} still compiled new graphs on question {unit.question.id} after "
-                    f"{RETIMES} re-timings; its time includes compiling",
+                    f"\nspecbench: warning: {name} still compiled new graphs on {unit.label()} after {RETIMES} "
+                    "re-timings; its time includes compiling",
                     file=sys.stderr,
                 )
-        return gens, texts, None if load.value is None else max(0.0, load.value - self.neighbours)
+        return Decoded(answered, wall, None if load.value is None else max(0.0, load.value - self.neighbours))
 
-    def _record(self, name: str, unit: Unit | BatchUnit, question, seed: int, gens: list, texts: list[str]) -> Answer:
+    def _record(self, name: str, unit: Unit, question, seed: int, gens: list, texts: list[str]) -> Answer:
         turns = [
             TurnSteps(
                 g.tokens,
@@ -143,90 +181,60 @@ class Worker:
             synthetic=self.session.synthetic,
         )
 
-    def answer(self, unit: Unit) -> list[Answer]:
-        """The unit's answers, one per method in its order, each the median-time of `repeats` back-to-back rounds;
-        at T=0 each carries its greedy check against vanilla."""
-        if self.cfg.warmup:  # one discarded question per method before its first timed one
-            cold = [name for name in unit.methods if name in self.proposers and name not in self.warmed]
-            for name in cold:  # (the A/A column shares vanilla's warm-up)
-                if self.cfg.compile:  # minutes of compiling, silent otherwise
-                    print(f"specbench: warming up {name} (torch.compile compiles it now)", file=sys.stderr, flush=True)
-                self._decode(name, unit, 0)
-                self.warmed.add(name)
-            if cold:  # after loading or compiling, the GPU's clock settles before a timed question
-                warm_gpu(self.session.device)
-        seed = question_seed(self.cfg.seed, unit.question.id, unit.temperature)
-        timed: dict[str, list] = {name: [] for name in unit.methods}
-        for _ in range(self.cfg.repeats):  # rounds: every method back to back on this question, in the rotated order
-            for name in unit.methods:
-                gens, texts, busy = self._timed(name, unit, seed)
-                timed[name].append((sum(g.wall_time for g in gens), gens, texts, busy))
-        answers = {}
-        for name, runs in timed.items():
-            if len({tuple(map(tuple, (g.tokens for g in r[1]))) for r in runs}) > 1:
+    def _kept(self, name: str, unit: Unit, runs: list[Decoded], seeds: list[int], profile: dict[int, float]):
+        """A method's answers from its median-time decode of the unit, in question order."""
+        for i, question in enumerate(unit.questions):
+            if len({tuple(map(tuple, (g.tokens for g in run.answered[i][0]))) for run in runs}) > 1:
                 print(
-                    f"\nspecbench: warning: {name} gave different tokens across the {self.cfg.repeats} repeats of "
-                    f"question {unit.question.id} (nondeterministic kernels?); the median-time repeat is kept",
+                    f"\nspecbench: warning: {name} gave different tokens across the {len(runs)} repeats of "
+                    f"question {question.id} (nondeterministic kernels?); the median-time repeat is kept",
                     file=sys.stderr,
                 )
-            _, gens, texts, _ = sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]  # the median timing
-            answers[name] = a = self._record(name, unit, unit.question, seed, gens, texts)
-            a.busy_cpus = max((r[3] for r in runs if r[3] is not None), default=None)
-            a.position, a.order = unit.position, unit.methods.index(name)
-        check_greedy(
-            answers,
-            answers.get("vanilla") or unit.vanilla,
-            unit.question,
-            self.session.tokenizer,
-            lambda: self.session.model,
-        )
-        return list(answers.values())
-
-    def _drafter(self, name: str, batch: int) -> Drafter:
-        """The method `name`'s drafting for a batch of `batch` slots (the A/A column's is vanilla's): built once per
-        batch size, those of other batch sizes let go."""
-        method = base_method(name)
-        for key in [k for k in self.drafters if k[1] != batch]:
-            del self.drafters[key]
-        if (method, batch) not in self.drafters:
-            self.drafters[method, batch] = methods.build_batch(method, self.session.resources, batch)
-        return self.drafters[method, batch]
-
-    def answer_batch(self, unit: BatchUnit) -> Iterator[list[Answer]]:
-        """The unit's methods one after another (vanilla first), each answering every question `unit.batch` at a
-        time after a discarded warm-up of one batch of first turns: each method's answers, in question order, with
-        their greedy checks against vanilla's at the same batch size."""
-        session, questions = self.session, unit.questions
-        seeds = [question_seed(self.cfg.seed, q.id, unit.temperature) for q in questions]
-        target = session.batched(unit.batch, session.slot_context(questions, unit.budget))
-        profile = session.step_costs(unit.batch)
-        reference = dict(unit.vanilla)
-        for order, name in enumerate(unit.methods):
-            drafting = self._drafter(name, unit.batch)
-            method = base_method(name)
-            if self.cfg.warmup and (method, unit.batch) not in self.warmed_batches:
-                first = [dataclasses.replace(q, turns=q.turns[:1]) for q in questions[: unit.batch]]
-                session.answer_batch(
-                    method, target, drafting, first, unit.budget, unit.temperature, seeds[: len(first)]
-                )
-                self.warmed_batches.add((method, unit.batch))
-                warm_gpu(session.device)
-            with without_gc(), OtherLoad() as load:
-                answered, _ = session.answer_batch(
-                    method, target, drafting, questions, unit.budget, unit.temperature, seeds
-                )
-            busy = None if load.value is None else max(0.0, load.value - self.neighbours)
-            answers = []
-            for position, (question, seed, (gens, _, texts)) in enumerate(zip(questions, seeds, answered, strict=True)):
-                a = self._record(name, unit, question, seed, gens, texts)
+        kept = sorted(runs, key=lambda r: r.wall)[(len(runs) - 1) // 2]
+        busy = max((r.busy for r in runs if r.busy is not None), default=None)
+        answers = []
+        for i, (question, seed, (gens, _, texts)) in enumerate(zip(unit.questions, seeds, kept.answered, strict=True)):
+            a = self._record(name, unit, question, seed, gens, texts)
+            if unit.batch > 1:
                 a.batch_size, a.batch_times = unit.batch, [[g.started, g.ended] for g in gens]
                 a.batch_shares = [batch_shares(g, profile) for g in gens]
-                a.busy_cpus, a.position, a.order = busy, position, order
+            a.busy_cpus, a.position, a.order = busy, unit.position + i, unit.methods.index(name)
+            answers.append(a)
+        return answers
+
+    def answer(self, unit: Unit) -> Iterator[list[Answer]]:
+        """The unit's answers, a method's at a time (each in question order). Every method decodes the unit's
+        questions in each of `repeats` rounds, back to back in the unit's order, and its median-time round is kept.
+        At T=0 each answer carries its greedy check against vanilla's at the same batch size (this unit's, or on
+        disk): a method that runs before vanilla waits for it."""
+        session = self.session
+        seeds = [question_seed(self.cfg.seed, q.id, unit.temperature) for q in unit.questions]
+        if unit.batch == 1:  # the run's target (transformers' in the eager regime)
+            target: Target = session.target
+            profile: dict[int, float] = {}
+        else:
+            target = session.batched(unit.batch, session.slot_context(unit.questions, unit.budget))
+            profile = session.step_costs(unit.batch)
+        if self.cfg.warmup:
+            self._warm(unit, target, seeds)
+        reference = dict(unit.vanilla)
+        pending = "vanilla" in unit.methods  # vanilla has yet to answer: the others' checks wait for it
+        waiting: list[list[Answer]] = []
+        runs: dict[str, list[Decoded]] = {name: [] for name in unit.methods}
+        for last in [False] * (self.cfg.repeats - 1) + [True]:
+            for name in unit.methods:
+                runs[name].append(self._timed(name, unit, target, seeds))
+                if not last:
+                    continue
+                waiting.append(self._kept(name, unit, runs[name], seeds, profile))
                 if name == "vanilla":
-                    reference[question.id] = a
-                else:
-                    check_greedy(
-                        {name: a}, reference.get(question.id), question, session.tokenizer, lambda: session.model
-                    )
-                answers.append(a)
-            yield answers
+                    reference.update({a.question_id: a for a in waiting[-1]})
+                    pending = False
+                if pending:
+                    continue
+                for answers in waiting:
+                    for question, a in zip(unit.questions, answers, strict=True):
+                        model = lambda: session.model  # noqa: E731
+                        check_greedy({a.method: a}, reference.get(question.id), question, session.tokenizer, model)
+                    yield answers
+                waiting = []
