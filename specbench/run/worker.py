@@ -181,7 +181,9 @@ class Worker:
             synthetic=self.session.synthetic,
         )
 
-    def _kept(self, name: str, unit: Unit, runs: list[Decoded], seeds: list[int], profile: dict[int, float]):
+    def _kept(
+        self, name: str, unit: Unit, runs: list[Decoded], seeds: list[int], profile: dict[int, float]
+    ) -> list[Answer]:
         """A method's answers from its median-time decode of the unit, in question order."""
         for i, question in enumerate(unit.questions):
             if len({tuple(map(tuple, (g.tokens for g in run.answered[i][0]))) for run in runs}) > 1:
@@ -218,6 +220,10 @@ class Worker:
         if self.cfg.warmup:
             self._warm(unit, target, seeds)
         reference = dict(unit.vanilla)
+
+        def target_lm():  # (what measures a greedy mismatch's margin)
+            return session.model
+
         pending = "vanilla" in unit.methods  # vanilla has yet to answer: the others' checks wait for it
         waiting: list[list[Answer]] = []
         runs: dict[str, list[Decoded]] = {name: [] for name in unit.methods}
@@ -234,7 +240,6 @@ class Worker:
                     continue
                 for answers in waiting:
                     for question, a in zip(unit.questions, answers, strict=True):
-                        model = lambda: session.model  # noqa: E731
-                        check_greedy({a.method: a}, reference.get(question.id), question, session.tokenizer, model)
+                        check_greedy({a.method: a}, reference.get(question.id), question, session.tokenizer, target_lm)
                     yield answers
                 waiting = []
