@@ -226,7 +226,7 @@ def test_every_method_under_graphs_gives_the_eager_tokens_waiting_once_a_step(tm
     still on the device with it (`DeviceTree`); no copy onto the device from pageable host memory (on a GPU, a wait
     too). The report sets the regimes side by side. (Sampled: test_graphs_sampled.py.)"""
     counter = step_ops().StepCounter(ops=False)
-    eager_and_graphs(tmp_path, 0, counter.counting())
+    eager_and_graphs(tmp_path, 0, counter.counting(), tokens=12)
     once = [name for name in METHODS if name != "ouroboros"]  # ouroboros also waits at its draft's own checks
     assert {name: max(counter.reads[name]) for name in once} == dict.fromkeys(once, 1)
     assert {name: max(counter.uploads[name]) for name in METHODS} == dict.fromkeys(METHODS, 0)
