@@ -163,7 +163,7 @@ class RayPool:
     def answers(self, units: list[Unit], bar: Progress) -> Iterator[tuple[int, list[Answer], list[dict]]]:
         """(worker index, a unit's answers, no sweep rows) as units finish, in whatever order they finish."""
         ray = self.ray
-        bar.set_description(f"{len(units)} units on {len(self.actors)} workers")
+        bar.set_description(f"answering on {len(self.actors)} workers")
         queue = deque((unit, 0) for unit in units)  # (unit, failures so far)
         idle = list(range(len(self.actors)))
         running: dict = {}  # object ref -> (worker index, unit, failures)
