@@ -64,7 +64,7 @@ for regime in ${GPU_CHECK_REGIMES:-eager graphs}; do  # the eager loop (comparab
     eager) flags= ;;
     graphs) flags=--graphs ;;
     compiled) flags="--graphs --compile" methods=${GPU_CHECK_COMPILED_METHODS:-vanilla} ;;
-    batches)  # `run --batch`: 64 one-turn questions, B sequences at a time; drafting is per sequence (a drafter per slot)
+    batches)  # `run --batch`: 64 one-turn questions, B sequences at a time, the method's one drafter for every slot
       "$py" -c "import json, sys; [print(json.dumps({'turns': [f'Question {i}: tell me about the number {i}.']})) for i in range(64)]" \
         > "$out/batch-questions.jsonl"
       flags="--graphs --batch ${GPU_CHECK_BATCHES:-1,8,32,64} --no-noise-floor"
