@@ -202,7 +202,7 @@ def _drive(cfg: RunConfig, plan: planning.Plan, paths: dict[str, Path], task_lis
     bar = Progress(total, "answers", "answers", enabled=cfg.progress)
     done = [0] * len(infos)
     start, warned = time.perf_counter(), False
-    for worker, answers, rows in pool.answers(units, bar):  # a method's answers are written once all are in
+    for worker, answers, rows in pool.answers(units, bar):  # written as they come: a method's, or a whole unit
         if rows:
             concurrency.append(run_dir / concurrency.FILE, rows)
         done[worker] += len(answers)
