@@ -211,8 +211,14 @@ def test_repeats_keep_the_median_timing(tiny_models, tmp_path, monkeypatch, batc
         return answered, wall
 
     monkeypatch.setattr(session.Session, "answer_batch", timed)
+    from specbench.run import runner
+
+    doing = []
+    monkeypatch.setattr(runner, "_doing", lambda bar, unit, what: doing.append((unit, what)))
     cfg = config(tiny_models, tmp_path, methods=["vanilla"], warmup=False, noise_floor=False, repeats=3, batch=[batch])
     out = run(cfg)
+    label = "question 1" if batch == 1 else "6 questions at batch 2"  # the bar: the unit, then each decode's round
+    assert (f"quick T=0 {label}", "vanilla, round 2 of 3") in doing and len(doing) == 3 * (6 if batch == 1 else 1)
     answers = read_file(answer_path(out, "quick", "vanilla", 0.0, batch))
     assert len(answers) == 6 and all(sum(a.wall_time) == pytest.approx(2.0) for a in answers)
     with pytest.raises(SpecbenchError, match="repeats"):

@@ -10,6 +10,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -117,12 +118,18 @@ class LocalPool:
 
     def answers(self, units: list[Unit], bar: Progress) -> Iterator[tuple[int, list[Answer], list[dict]]]:
         for unit in units:
-            bar.set_description(f"{unit.task} T={unit.temperature:g} {unit.label()}")
-            for answers in self.worker.answer(unit):  # a method's at a time
-                yield 0, answers, []
+            what = f"{unit.task} T={unit.temperature:g} {unit.label()}"
+            bar.set_description(what)
+            for answers in self.worker.answer(unit, partial(_doing, bar, what)):
+                yield 0, answers, []  # a method's at a time
 
     def close(self) -> None:
         self.worker.close()
+
+
+def _doing(bar: Progress, unit: str, what: str) -> None:
+    """The bar names the unit and what decodes now (a method, its round)."""
+    bar.set_description(f"{unit}: {what}")
 
 
 def run(cfg: RunConfig) -> Path:

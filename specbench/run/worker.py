@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -204,11 +204,12 @@ class Worker:
             answers.append(a)
         return answers
 
-    def answer(self, unit: Unit) -> Iterator[list[Answer]]:
+    def answer(self, unit: Unit, said: Callable[[str], None] | None = None) -> Iterator[list[Answer]]:
         """The unit's answers, a method's at a time (each in question order). Every method decodes the unit's
         questions in each of `repeats` rounds, back to back in the unit's order, and its median-time round is kept.
         At T=0 each answer carries its greedy check against vanilla's at the same batch size (this unit's, or on
-        disk): a method that runs before vanilla waits for it."""
+        disk): a method that runs before vanilla waits for it. `said(what)`, if given, hears which method (and
+        round) decodes next: a batch's decode can take minutes between answers."""
         session = self.session
         seeds = [question_seed(self.cfg.seed, q.id, unit.temperature) for q in unit.questions]
         if unit.batch == 1:  # the run's target (transformers' in the eager regime)
@@ -227,8 +228,12 @@ class Worker:
         pending = "vanilla" in unit.methods  # vanilla has yet to answer: the others' checks wait for it
         waiting: list[list[Answer]] = []
         runs: dict[str, list[Decoded]] = {name: [] for name in unit.methods}
-        for last in [False] * (self.cfg.repeats - 1) + [True]:
+        repeats = self.cfg.repeats
+        for round_ in range(repeats):
+            last = round_ == repeats - 1
             for name in unit.methods:
+                if said is not None:
+                    said(name if repeats == 1 else f"{name}, round {round_ + 1} of {repeats}")
                 runs[name].append(self._timed(name, unit, target, seeds))
                 if not last:
                     continue
