@@ -225,6 +225,27 @@ def test_repeats_keep_the_median_timing(tiny_models, tmp_path, monkeypatch, batc
         run(config(tiny_models, tmp_path, methods=["vanilla"], repeats=1))  # resuming with other settings
 
 
+def test_repeats_that_differ_in_tokens_are_named(tiny_models, tmp_path, monkeypatch, capsys):
+    """A question whose tokens differ between a batch's repeats (nondeterministic kernels) gets a warning naming it;
+    the others none."""
+    from specbench.run import session
+
+    answer_batch, calls = session.Session.answer_batch, []
+
+    def drifting(self, *args):
+        answered, wall = answer_batch(self, *args)
+        calls.append(1)
+        if len(calls) == 2:  # the second repeat: the last question's first turn ends one token later
+            answered[-1].generations[0].tokens.append(3)  # (the last question: id 11)
+        return answered, wall
+
+    monkeypatch.setattr(session.Session, "answer_batch", drifting)
+    cfg = config(tiny_models, tmp_path, methods=["vanilla"], warmup=False, noise_floor=False, repeats=2, batch=[2])
+    run(cfg)
+    warned = [line for line in capsys.readouterr().err.splitlines() if "different tokens" in line]
+    assert len(warned) == 1 and "repeats of question 11 " in warned[0], warned
+
+
 def test_a_worker_sets_what_it_loaded_aside_from_the_collector_while_it_runs(tiny_models, tmp_path, monkeypatch):
     """The full collection before each timed decode walks only what decoding made, not the imports, models and
     proposers (a fifth of a second a decode otherwise); the run's end gives them back to the collector."""

@@ -7,6 +7,7 @@ import sys
 from collections import deque
 from collections.abc import Hashable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -26,6 +27,14 @@ from . import plan as planning
 from .profiling import forward_profile
 
 CONTEXT_SLACK = 16  # tokens an answer may grow by when tokenized again in the next prompt
+
+
+class Conversation(NamedTuple):
+    """A question's answer: each turn's generation, prompt ids and text."""
+
+    generations: list[Generation]
+    prompts: list[list[int]]
+    texts: list[str]
 
 
 def prepare(cfg: RunConfig) -> Plan:
@@ -112,7 +121,7 @@ class Session:
         max_new_tokens: int,
         temperature: float,
         seed: int,
-    ) -> tuple[list[Generation], list[list[int]], list[str]]:
+    ) -> Conversation:
         """One question answered alone (a batch of one on the run's target), every turn fed the model's own earlier
         answers: its generations, prompts and texts."""
         (answered,), _ = self.answer_batch(
@@ -161,7 +170,7 @@ class Session:
         max_new_tokens: int,
         temperature: float,
         seeds: list[int],
-    ) -> tuple[list[tuple[list[Generation], list[list[int]], list[str]]], float]:
+    ) -> tuple[list[Conversation], float]:
         """Every turn of every question decoded `target.batch` at a time, the method's `drafting` drafting for them: a
         question's next turn (its prompt holding the model's own answers) takes the slot its last turn freed, and
         otherwise the next question does. Returns each question's generations, prompts and texts, in order, and the
@@ -169,7 +178,7 @@ class Session:
         its turns."""
         if method not in self.rules:
             self.rules[method] = methods.rule(method)
-        answered: list[tuple[list[Generation], list[list[int]], list[str]]] = [([], [], []) for _ in questions]
+        answered = [Conversation([], [], []) for _ in questions]
         queue = deque(
             Job(
                 self.prompt(q, []),

@@ -24,7 +24,7 @@ from ..machine import machine, warm_gpu
 from ..results import Answer, TurnSteps, answer, check_greedy
 from .plan import fetch
 from .profiling import forward_profile
-from .session import Session
+from .session import Conversation, Session
 
 RETIMES = 3  # --compile: a timed decode during which torch.compile built a new graph runs again, at most this often
 
@@ -39,7 +39,7 @@ def compiled_graphs() -> int:
 class Decoded(NamedTuple):
     """One timed decode of a unit's questions by one method."""
 
-    answered: list[tuple[list[Generation], list[list[int]], list[str]]]  # per question: generations, prompts, texts
+    answered: list[Conversation]  # per question
     wall: float  # seconds, the whole decode
     busy: float | None  # CPUs other processes kept busy meanwhile (None: not measured)
 
@@ -186,7 +186,7 @@ class Worker:
     ) -> list[Answer]:
         """A method's answers from its median-time decode of the unit, in question order."""
         for i, question in enumerate(unit.questions):
-            if len({tuple(map(tuple, (g.tokens for g in run.answered[i][0]))) for run in runs}) > 1:
+            if len({tuple(tuple(g.tokens) for g in run.answered[i].generations) for run in runs}) > 1:
                 print(
                     f"\nspecbench: warning: {name} gave different tokens across the {len(runs)} repeats of "
                     f"question {question.id} (nondeterministic kernels?); the median-time repeat is kept",
