@@ -150,12 +150,11 @@ class DSpark(DFlash):
         drafts = torch.stack(tokens, dim=1)  # [m, k]
         drawn_from = torch.stack(laws, dim=1) if laws else None  # [m, k, V]
         verified = self._verified(ks, hidden, before)
-        cut = bool(self.threshold or self.costs)  # (a confidence's cut is recorded: drafted beside verified)
         return [
             Proposal(
                 chain(drafts[i, :k]),
                 drawn_from[i, :k] if drawn_from is not None and turn.temperature else None,
-                drafted=n if cut else None,
+                drafted=None if self.whole else n,  # (a confidence's cut is recorded: drafted beside verified)
             )
             if k
             else Proposal(EMPTY, drafted=n)
@@ -169,7 +168,7 @@ class DSpark(DFlash):
         if self.recorded is not None:
             self._logits = self.draft.confidence_logits(hidden, torch.stack(before, dim=1)).tolist()
             return ks
-        if not (self.threshold or self.costs):
+        if self.whole:
             return ks
         confidence = self.draft.confidence(hidden, torch.stack(before, dim=1), self.calibrated)  # [m, k]
         if self.costs:  # every slot's rows scheduled together

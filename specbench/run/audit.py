@@ -25,7 +25,7 @@ def _greedy(
     seeds = [question_seed(seed, q.id, 0.0) for q in questions]
     batched = None
     if batch > 1:
-        target = session.batched(batch, session.slot_context(questions, budget))
+        target = session.target_for(batch, questions, budget)
         batched = session.answer_batch(method, target, drafting, questions, budget, 0.0, seeds)[0]
     bar = Progress(len(questions), "greedy audit", "questions")
     for i, (q, s) in enumerate(zip(questions, seeds, strict=True)):

@@ -150,6 +150,11 @@ class Session:
             self.costs[batch] = forward_profile(target, repeats=5)
         return self.costs[batch]
 
+    def target_for(self, batch: int, questions: list[tasks.Question], budget: int) -> Target:
+        """The target a batch of `batch` answers `questions` on: the run's own for one slot (transformers' in the
+        eager regime), else a static cache of `batch` slots their conversations fit in (`batched`)."""
+        return self.target if batch == 1 else self.batched(batch, self.slot_context(questions, budget))
+
     def batched(self, batch: int, context: int) -> BatchedLM:
         """The target on a static cache of `batch` slots of `context` tokens (kept while the next batch fits in it;
         captured on a GPU with --graphs)."""

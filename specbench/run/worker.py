@@ -114,7 +114,9 @@ class Worker:
             self.drafters[method, batch] = methods.build_batch(method, self.session.resources, batch)
         return self.drafters[method, batch]
 
-    def _decode(self, name: str, unit: Unit, target: Target, questions: list, seeds: list[int]) -> tuple[list, float]:
+    def _decode(
+        self, name: str, unit: Unit, target: Target, questions: list, seeds: list[int]
+    ) -> tuple[list[Conversation], float]:
         """`questions` answered `unit.batch` at a time by `name`: each question's (generations, prompts, texts), and
         the seconds of the whole decode."""
         drafting = self._drafter(name, unit.batch)
@@ -212,12 +214,8 @@ class Worker:
         round) decodes next: a batch's decode can take minutes between answers."""
         session = self.session
         seeds = [question_seed(self.cfg.seed, q.id, unit.temperature) for q in unit.questions]
-        if unit.batch == 1:  # the run's target (transformers' in the eager regime)
-            target: Target = session.target
-            profile: dict[int, float] = {}
-        else:
-            target = session.batched(unit.batch, session.slot_context(unit.questions, unit.budget))
-            profile = session.step_costs(unit.batch)
+        target = session.target_for(unit.batch, unit.questions, unit.budget)
+        profile = session.step_costs(unit.batch) if unit.batch > 1 else {}  # (read by a batch's shares only)
         if self.cfg.warmup:
             self._warm(unit, target, seeds)
         reference = dict(unit.vanilla)

@@ -52,7 +52,7 @@ def calibrate(cfg: RunConfig, method: str, temperature: float, batch: int, out: 
     assert isinstance(drafting, DSpark) and drafting.recorded is not None  # (record: a DSpark recording)
     source = session.resources.head_path("dspark")
     budget = cfg.max_new_tokens or TOKENS
-    target = session.batched(batch, session.slot_context(questions, budget)) if batch > 1 else session.target
+    target = session.target_for(batch, questions, budget)
     bar = Progress(len(questions), f"calibrating {method}", "questions")
     for start in range(0, len(questions), batch):
         group = questions[start : start + batch]
